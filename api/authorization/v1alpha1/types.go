@@ -1,0 +1,164 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// +genclient
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,categories=onboarding
+
+// OnboardingPolicy authorizes workloads with a verified platform identity to
+// join WorkloadGroups in the policy's own namespace. Onboarding is denied by
+// default: a workload joins a WorkloadGroup only when some rule of some policy
+// in that namespace matches both its identity and the group.
+type OnboardingPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec holds the allow rules.
+	Spec OnboardingPolicySpec `json:"spec"`
+}
+
+// OnboardingPolicySpec is a list of allow rules; a workload is allowed when
+// any rule allows it.
+type OnboardingPolicySpec struct {
+	// Allow rules. Each rule allows the workloads it matches to join the
+	// WorkloadGroups it selects.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	Allow []AllowRule `json:"allow"`
+}
+
+// AllowRule allows workloads matching any of Workloads to join any
+// WorkloadGroup selected by OnboardTo.
+type AllowRule struct {
+	// Workloads are the identities this rule allows.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	Workloads []WorkloadMatcher `json:"workloads"`
+	// OnboardTo selects the WorkloadGroups (in the policy's namespace) the
+	// workloads may join.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=atomic
+	OnboardTo []OnboardTarget `json:"onboardTo"`
+}
+
+// WorkloadMatcher matches verified workload identities. Exactly one member is
+// set.
+// +kubebuilder:validation:XValidation:rule="has(self.aws) != has(self.jwt)",message="exactly one of aws or jwt must be set"
+type WorkloadMatcher struct {
+	// AWS matches workloads running on AWS compute.
+	// +optional
+	AWS *AWSMatcher `json:"aws,omitempty"`
+	// JWT matches workloads that present a JWT from a trusted issuer.
+	// +optional
+	JWT *JWTMatcher `json:"jwt,omitempty"`
+}
+
+// AWSPartition is an AWS partition.
+// +kubebuilder:validation:Enum=aws;aws-cn;aws-us-gov;aws-eusc;aws-iso;aws-iso-b;aws-iso-e;aws-iso-f
+type AWSPartition string
+
+// AWSMatcher matches AWS identities. Every field that is set must match; an
+// empty list matches any value, except Accounts, which must always be listed
+// explicitly.
+type AWSMatcher struct {
+	// Partitions the workload may be in; empty means any.
+	// +optional
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=set
+	Partitions []AWSPartition `json:"partitions,omitempty"`
+	// Accounts the workload may belong to, as 12-digit AWS account IDs. For
+	// security reasons accounts are always listed explicitly: there is no
+	// wildcard.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[0-9]{12}$`
+	Accounts []string `json:"accounts"`
+	// Regions the workload may be in, e.g. us-east-2; empty means any.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[a-z]{2,4}(-[a-z]+)+-[0-9]+$`
+	Regions []string `json:"regions,omitempty"`
+	// Zones the workload may be in, e.g. us-east-2b; empty means any.
+	// +optional
+	// +kubebuilder:validation:MaxItems=128
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[a-z]{2,4}(-[a-z0-9]+)+$`
+	Zones []string `json:"zones,omitempty"`
+	// EC2 restricts the rule to EC2 instances; `ec2: {}` matches any EC2
+	// instance in the accounts above. When unset, the rule matches any AWS
+	// compute the endpoint can verify (today: EC2 instances).
+	// +optional
+	EC2 *EC2Matcher `json:"ec2,omitempty"`
+}
+
+// EC2Matcher matches EC2 instances.
+type EC2Matcher struct {
+	// IAMRoleNames the instance's IAM role must be one of; empty means any.
+	// When set, the agent must prove the role with a signed
+	// sts:GetCallerIdentity request.
+	// +optional
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[\w+=,.@-]{1,64}$`
+	IAMRoleNames []string `json:"iamRoleNames,omitempty"`
+}
+
+// JWTMatcher matches hosts presenting a JWT from a trusted OIDC issuer (one
+// configured in the onboarding endpoint).
+type JWTMatcher struct {
+	// Issuer is the token's exact issuer (iss).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	Issuer string `json:"issuer"`
+	// Subjects the token's subject (sub) must be one of; empty means any.
+	// +optional
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=set
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=1024
+	Subjects []string `json:"subjects,omitempty"`
+	// Attributes the token must carry: each named attribute (as the endpoint
+	// configuration extracts it) must have one of the listed values.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=map
+	// +listMapKey=name
+	Attributes []JWTAttributeMatcher `json:"attributes,omitempty"`
+}
+
+// JWTAttributeMatcher requires a token attribute to have one of some values.
+type JWTAttributeMatcher struct {
+	// Name of the attribute.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// Values the attribute may have.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=set
+	Values []string `json:"values"`
+}
+
+// OnboardTarget selects WorkloadGroups in the policy's namespace.
+type OnboardTarget struct {
+	// WorkloadGroupSelector selects WorkloadGroups by their labels; `{}`
+	// selects every WorkloadGroup in the namespace.
+	WorkloadGroupSelector metav1.LabelSelector `json:"workloadGroupSelector"`
+}
+
+// +kubebuilder:object:root=true
+
+// OnboardingPolicyList is a list of OnboardingPolicies.
+type OnboardingPolicyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []OnboardingPolicy `json:"items"`
+}

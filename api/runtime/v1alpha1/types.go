@@ -1,0 +1,286 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Condition types of a WorkloadAutoRegistration.
+const (
+	// ConditionAgentConnected is True while the workload's sidecar holds an ADS
+	// stream to an onboarding endpoint replica.
+	ConditionAgentConnected = "AgentConnected"
+	// ConditionWorkloadGroupOutOfDate is True when the WorkloadGroup's spec no
+	// longer equals the snapshot held by the registration.
+	ConditionWorkloadGroupOutOfDate = "WorkloadGroupOutOfDate"
+	// ConditionFenced is True when the registration lost its WorkloadEntry to a
+	// newer registration holding the same address on the same network.
+	ConditionFenced = "Fenced"
+)
+
+// Condition reasons of a WorkloadAutoRegistration.
+const (
+	// ReasonAgentEstablishedConnection: the sidecar opened its first ADS stream.
+	ReasonAgentEstablishedConnection = "AgentEstablishedConnection"
+	// ReasonAgentDisconnected: the sidecar's last ADS stream closed.
+	ReasonAgentDisconnected = "AgentDisconnected"
+	// ReasonAgentNeverConnected: registered, but no ADS stream was seen yet.
+	ReasonAgentNeverConnected = "AgentNeverConnected"
+)
+
+// AddressType says how a host address can be reached.
+// +kubebuilder:validation:Enum=VPC;INTERNET
+type AddressType string
+
+const (
+	// AddressTypeVPC is an address reachable inside the host's private network.
+	AddressTypeVPC AddressType = "VPC"
+	// AddressTypeInternet is a public address.
+	AddressTypeInternet AddressType = "INTERNET"
+)
+
+// +genclient
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,shortName=war,categories=onboarding
+// +kubebuilder:printcolumn:name="Agent Connected",type=string,JSONPath=`.status.conditions[?(@.type=="AgentConnected")].status`,description="Whether the workload's sidecar is connected to an onboarding endpoint"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.spec.workloadGroup.name`,priority=1,description="The WorkloadGroup the workload joined"
+// +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.registration.host.addresses[0].ip`,priority=1,description="The workload's first host address"
+// +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.connection.replica`,priority=1,description="The endpoint replica holding the workload's connection"
+
+// WorkloadAutoRegistration is one workload (a VM or bare-metal host) onboarded
+// into the mesh. It is named <workload-group>-<workload-identity>, lives in the
+// WorkloadGroup's namespace and is owned by that WorkloadGroup. Deleting it makes
+// the workload's agent onboard again, taking a fresh WorkloadGroup snapshot.
+type WorkloadAutoRegistration struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the verified identity, the registration details and the
+	// WorkloadGroup snapshot. It is written once by the onboarding endpoint.
+	Spec WorkloadAutoRegistrationSpec `json:"spec"`
+	// Status is the workload's connection state, written by the endpoint replica
+	// holding its connection.
+	// +optional
+	Status WorkloadAutoRegistrationStatus `json:"status,omitempty"`
+}
+
+// WorkloadAutoRegistrationSpec is what is known about an onboarded workload.
+type WorkloadAutoRegistrationSpec struct {
+	// Identity is the workload's platform identity as the onboarding endpoint
+	// verified it, as opposed to what the workload reported about itself.
+	Identity WorkloadIdentity `json:"identity"`
+	// Registration holds what the workload's agent reported when it registered.
+	Registration Registration `json:"registration"`
+	// WorkloadGroup is the snapshot of the WorkloadGroup taken when the workload
+	// joined; the workload keeps this configuration until it onboards again.
+	WorkloadGroup WorkloadGroupSnapshot `json:"workloadGroup"`
+}
+
+// WorkloadIdentity is a verified platform identity. Exactly one member is set.
+// +kubebuilder:validation:XValidation:rule="has(self.aws) != has(self.jwt)",message="exactly one of aws or jwt must be set"
+type WorkloadIdentity struct {
+	// AWS is the identity of an AWS compute resource.
+	// +optional
+	AWS *AWSIdentity `json:"aws,omitempty"`
+	// JWT is the identity of a host that presented a JWT from a trusted issuer.
+	// +optional
+	JWT *JWTIdentity `json:"jwt,omitempty"`
+}
+
+// AWSIdentity is an AWS identity verified from the EC2 instance identity
+// document's signature (and an STS proof when IAMRole is set).
+type AWSIdentity struct {
+	// Partition is the AWS partition, e.g. aws, aws-cn or aws-us-gov.
+	// +kubebuilder:validation:MinLength=3
+	// +kubebuilder:validation:MaxLength=32
+	Partition string `json:"partition"`
+	// Account is the 12-digit AWS account ID.
+	// +kubebuilder:validation:Pattern=`^[0-9]{12}$`
+	Account string `json:"account"`
+	// Region is the AWS region, e.g. us-east-2.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=32
+	Region string `json:"region"`
+	// Zone is the availability zone, e.g. us-east-2b.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=48
+	Zone string `json:"zone"`
+	// EC2 is set for EC2 instances.
+	// +optional
+	EC2 *EC2Identity `json:"ec2,omitempty"`
+}
+
+// EC2Identity identifies an EC2 instance.
+type EC2Identity struct {
+	// InstanceID is the EC2 instance ID, e.g. i-1234567890abcdef0.
+	// +kubebuilder:validation:Pattern=`^i-[0-9a-f]{8,17}$`
+	InstanceID string `json:"instanceId"`
+	// IAMRole is the name of the instance's IAM role; set only when the agent
+	// proved it with a signed sts:GetCallerIdentity request.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	IAMRole string `json:"iamRole,omitempty"`
+}
+
+// JWTIdentity is the identity of a host that presented a valid JWT.
+type JWTIdentity struct {
+	// Issuer is the token's issuer (iss).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	Issuer string `json:"issuer"`
+	// ShortName is the issuer's short name from the endpoint configuration,
+	// used in the registration's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	ShortName string `json:"shortName"`
+	// Subject is the token's subject (sub).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Subject string `json:"subject"`
+	// Attributes are the claims the endpoint configuration extracts from the
+	// token, by attribute name.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	Attributes map[string]string `json:"attributes,omitempty"`
+}
+
+// Registration is what the workload's agent reported when it registered.
+type Registration struct {
+	// Agent describes the onboarding agent.
+	// +optional
+	Agent AgentInfo `json:"agent,omitempty"`
+	// Host describes the host the workload runs on.
+	Host HostInfo `json:"host"`
+	// Settings are the workload's onboarding settings.
+	// +optional
+	Settings Settings `json:"settings,omitempty"`
+	// Sidecar describes the workload's sidecar.
+	// +optional
+	Sidecar SidecarInfo `json:"sidecar,omitempty"`
+	// Workload describes the workload itself.
+	// +optional
+	Workload WorkloadInfo `json:"workload,omitempty"`
+}
+
+// AgentInfo describes the onboarding agent.
+type AgentInfo struct {
+	// Version is the agent's version, e.g. v1.4.0.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Version string `json:"version,omitempty"`
+}
+
+// HostInfo describes the host the workload runs on.
+type HostInfo struct {
+	// Addresses are the host's addresses; the first of the type named by
+	// settings.connectedOver is the workload's address in the mesh.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	Addresses []HostAddress `json:"addresses"`
+}
+
+// HostAddress is one address of a host.
+type HostAddress struct {
+	// IP is an IPv4 or IPv6 address.
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IPv4 or IPv6 address"
+	IP string `json:"ip"`
+	// Type says how the address can be reached.
+	Type AddressType `json:"type"`
+}
+
+// Settings are the workload's onboarding settings.
+type Settings struct {
+	// ConnectedOver is the type of address the workload is reached over.
+	// +optional
+	ConnectedOver AddressType `json:"connectedOver,omitempty"`
+}
+
+// SidecarInfo describes the workload's sidecar.
+type SidecarInfo struct {
+	// Istio describes the Istio sidecar.
+	// +optional
+	Istio IstioSidecarInfo `json:"istio,omitempty"`
+}
+
+// IstioSidecarInfo describes the Istio sidecar.
+type IstioSidecarInfo struct {
+	// Version is the Istio sidecar's version.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Version string `json:"version,omitempty"`
+}
+
+// WorkloadInfo describes the workload.
+type WorkloadInfo struct {
+	// Labels are the workload's own labels, added to the WorkloadGroup
+	// template's labels on its WorkloadEntry.
+	// +optional
+	// +kubebuilder:validation:MaxProperties=64
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// WorkloadGroupSnapshot is a WorkloadGroup as it was when the workload joined.
+type WorkloadGroupSnapshot struct {
+	// Name is the WorkloadGroup's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// UID is the WorkloadGroup's UID.
+	// +optional
+	UID types.UID `json:"uid,omitempty"`
+	// Generation is the WorkloadGroup's metadata.generation.
+	// +optional
+	Generation int64 `json:"generation,omitempty"`
+	// Spec is the WorkloadGroup's spec (networking.istio.io WorkloadGroup:
+	// metadata, template, probe), kept verbatim.
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Type=object
+	Spec runtime.RawExtension `json:"spec"`
+}
+
+// WorkloadAutoRegistrationStatus is the observed state of a workload.
+type WorkloadAutoRegistrationStatus struct {
+	// ObservedGeneration is the metadata.generation this status was written for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions: AgentConnected, WorkloadGroupOutOfDate, Fenced.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Connection is the state of the workload's connection to the endpoint.
+	// +optional
+	Connection *ConnectionStatus `json:"connection,omitempty"`
+}
+
+// ConnectionStatus is the state of a workload's connection. The timestamps
+// live here, not in an endpoint's memory, so that grace-period removal
+// survives endpoint restarts.
+type ConnectionStatus struct {
+	// Replica is the onboarding endpoint replica that holds (or last held) the
+	// workload's ADS stream.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Replica string `json:"replica,omitempty"`
+	// ConnectedAt is when the current (or last) connection was established.
+	// +optional
+	ConnectedAt *metav1.Time `json:"connectedAt,omitempty"`
+	// DisconnectedAt is when the last connection closed; unset while connected.
+	// +optional
+	DisconnectedAt *metav1.Time `json:"disconnectedAt,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// WorkloadAutoRegistrationList is a list of WorkloadAutoRegistrations.
+type WorkloadAutoRegistrationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []WorkloadAutoRegistration `json:"items"`
+}

@@ -1,0 +1,54 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Main starts a control plane for a test package, runs its tests and stops it.
+// Call it from TestMain:
+//
+//	var env *testenv.Env
+//	func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{}, &env) }
+//
+// A control plane that cannot start fails the package: tests are never
+// skipped for want of one.
+func Main(m *testing.M, opts Options, env **Env) {
+	e, err := Start(opts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+		os.Exit(1)
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Namespace creates a namespace with a generated name for one test and
+// deletes it when the test ends.
+func (e *Env) Namespace(t testing.TB) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "test-"}}
+	if err := e.Client.Create(t.Context(), ns); err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	t.Cleanup(func() {
+		// t.Context() is already canceled during cleanup.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = e.Client.Delete(ctx, ns)
+	})
+	return ns.Name
+}
