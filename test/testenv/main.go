@@ -11,29 +11,40 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Main starts a control plane for a test package, runs its tests and stops it.
-// Call it from TestMain:
+// Main starts a control plane for a test package, runs setup (if any) with a
+// context that stays live while the tests run, runs the tests and stops
+// everything. Call it from TestMain:
 //
 //	var env *testenv.Env
 //	func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{}, &env) }
 //
-// A control plane that cannot start fails the package: tests are never
-// skipped for want of one.
-func Main(m *testing.M, opts Options, env **Env) {
+// A control plane that cannot start, or a setup that fails, fails the
+// package: tests are never skipped for want of one.
+func Main(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) {
+	os.Exit(run(m, opts, env, setup))
+}
+
+func run(m *testing.M, opts Options, env **Env, setup []func(ctx context.Context) error) int {
 	e, err := Start(opts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
-		os.Exit(1)
+		return 1
 	}
 	*env = e
-	code := m.Run()
-	if err := e.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
-		if code == 0 {
-			code = 1
+	defer func() {
+		if err := e.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, fn := range setup {
+		if err := fn(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: setup: %v\n", err)
+			return 1
 		}
 	}
-	os.Exit(code)
+	return m.Run()
 }
 
 // Namespace creates a namespace with a generated name for one test and

@@ -49,8 +49,8 @@ type Options struct {
 type Env struct {
 	// Config is an admin rest.Config for the API server.
 	Config *rest.Config
-	// Client is a controller-runtime client (no cache) with Scheme.
-	Client client.Client
+	// Client is a controller-runtime client (no cache, with Watch) with Scheme.
+	Client client.WithWatch
 	// Scheme knows Kubernetes', Istio's and Embark's types.
 	Scheme *runtime.Scheme
 	// KubeconfigPath is an admin kubeconfig file, for kubectl and istioctl.
@@ -110,7 +110,7 @@ func Start(opts Options) (*Env, error) {
 		_ = e.Stop()
 		return nil, fmt.Errorf("write kubeconfig: %w", err)
 	}
-	e.Client, err = client.New(cfg, client.Options{Scheme: opts.Scheme})
+	e.Client, err = client.NewWithWatch(cfg, client.Options{Scheme: opts.Scheme})
 	if err != nil {
 		_ = e.Stop()
 		return nil, fmt.Errorf("create client: %w", err)

@@ -1,0 +1,99 @@
+package registry
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+const (
+	// hashLen is how many hex digits of a SHA-256 a shortened name keeps.
+	hashLen = 10
+	// minNameLen is the smallest length limit shorten honours.
+	minNameLen = hashLen + 2
+)
+
+// RegistrationName returns the name of the WorkloadAutoRegistration of a
+// workload: <workload-group>-<workload-identity> (seed 000), e.g.
+// ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0.
+//
+// The result is always a valid DNS-1123 subdomain of at most maxLen
+// characters (validation.DNS1123SubdomainMaxLength when maxLen <= 0 or larger):
+// characters outside [a-z0-9.-] become '-', and a name that is still invalid or
+// too long is cut and suffixed with a hash of the full name, so different
+// workloads never share a name and the same workload always gets the same one.
+func RegistrationName(group, identity string, maxLen int) string {
+	return shorten(group+"-"+identity, maxLen)
+}
+
+// IdentityName returns the workload-identity part of a registration's name:
+// aws-<partition>-<account>-<zone>-ec2-<instance-id> for EC2 instances,
+// jwt-<issuer-short-name>-<subject> for JWT identities. It is "" for an
+// identity with neither.
+func IdentityName(id runtimev1alpha1.WorkloadIdentity) string {
+	switch {
+	case id.AWS != nil && id.AWS.EC2 != nil:
+		return strings.Join([]string{"aws", id.AWS.Partition, id.AWS.Account, id.AWS.Zone, "ec2", id.AWS.EC2.InstanceID}, "-")
+	case id.AWS != nil:
+		return strings.Join([]string{"aws", id.AWS.Partition, id.AWS.Account, id.AWS.Zone}, "-")
+	case id.JWT != nil:
+		return "jwt-" + id.JWT.ShortName + "-" + id.JWT.Subject
+	default:
+		return ""
+	}
+}
+
+// shorten makes s a valid DNS-1123 subdomain of at most maxLen characters.
+func shorten(s string, maxLen int) string {
+	if maxLen <= 0 || maxLen > validation.DNS1123SubdomainMaxLength {
+		maxLen = validation.DNS1123SubdomainMaxLength
+	}
+	maxLen = max(maxLen, minNameLen)
+	clean := sanitize(s)
+	if len(clean) <= maxLen && clean == s && len(validation.IsDNS1123Subdomain(clean)) == 0 {
+		return clean
+	}
+	// Changed or too long: append a hash of the original so that two inputs
+	// that sanitize to the same text still get different names.
+	sum := sha256.Sum256([]byte(s))
+	suffix := hex.EncodeToString(sum[:])[:hashLen]
+	keep := min(maxLen-hashLen-1, len(clean))
+	head := strings.Trim(clean[:keep], ".-")
+	if head == "" {
+		return suffix
+	}
+	return head + "-" + suffix
+}
+
+// sanitize lowercases s and replaces every character a DNS-1123 subdomain
+// cannot hold with '-', collapsing runs and trimming the ends, and keeps each
+// dot-separated part non-empty.
+func sanitize(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	prev := byte(0)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'A' && c <= 'Z':
+			c += 'a' - 'A'
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case c == '.':
+			if prev == '.' || prev == '-' || prev == 0 {
+				continue
+			}
+		default:
+			c = '-'
+		}
+		if c == '-' && (prev == '-' || prev == '.' || prev == 0) {
+			continue
+		}
+		b.WriteByte(c)
+		prev = c
+	}
+	return strings.Trim(b.String(), ".-")
+}

@@ -1,0 +1,111 @@
+package registry
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+func TestRegistrationName(t *testing.T) {
+	ec2 := runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+		Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+		EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-1234567890abcdef0"},
+	}}
+	tests := []struct {
+		name     string
+		group    string
+		identity string
+		maxLen   int
+		want     string
+	}{
+		{
+			name:  "seed 000 example",
+			group: "ratings", identity: IdentityName(ec2),
+			want: "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0",
+		},
+		{
+			name:  "jwt identity with characters a name cannot hold",
+			group: "ratings", identity: "jwt-corp-Host_01@DC1",
+			want: "ratings-jwt-corp-host-01-dc1-" + hashOf("ratings-jwt-corp-Host_01@DC1"),
+		},
+		{
+			name:  "over-long name is cut and suffixed with a hash",
+			group: strings.Repeat("g", 200), identity: IdentityName(ec2),
+			want: (strings.Repeat("g", 200) + "-" + IdentityName(ec2))[:253-hashLen-1] + "-" + hashOf(strings.Repeat("g", 200)+"-"+IdentityName(ec2)),
+		},
+		{
+			name:  "shorter limit for derived names",
+			group: "ratings", identity: IdentityName(ec2), maxLen: 40,
+			want: "ratings-aws-aws-123456789012-" + hashOf("ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0"),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := RegistrationName(tt.group, tt.identity, tt.maxLen)
+			if got != tt.want {
+				t.Errorf("RegistrationName = %q, want %q", got, tt.want)
+			}
+			if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
+				t.Errorf("%q is not a DNS-1123 subdomain: %v", got, errs)
+			}
+			if again := RegistrationName(tt.group, tt.identity, tt.maxLen); again != got {
+				t.Errorf("not deterministic: %q then %q", got, again)
+			}
+		})
+	}
+}
+
+func TestIdentityName(t *testing.T) {
+	tests := []struct {
+		name string
+		id   runtimev1alpha1.WorkloadIdentity
+		want string
+	}{
+		{name: "ec2", id: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws-cn", Account: "123456789012", Zone: "cn-north-1a", EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0abc"}}}, want: "aws-aws-cn-123456789012-cn-north-1a-ec2-i-0abc"},
+		{name: "jwt", id: runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{ShortName: "corp", Subject: "host-1"}}, want: "jwt-corp-host-1"},
+		{name: "none", want: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := IdentityName(tt.id); got != tt.want {
+				t.Errorf("IdentityName = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func hashOf(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:hashLen]
+}
+
+func FuzzRegistrationName(f *testing.F) {
+	f.Add("ratings", "aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0", 0)
+	f.Add("", "", 0)
+	f.Add("..--", "ÄÖ..x", 12)
+	f.Add(strings.Repeat("a", 300), "b", 63)
+	f.Fuzz(func(t *testing.T, group, identity string, maxLen int) {
+		if maxLen < 0 || maxLen > 300 {
+			maxLen = 0
+		}
+		if maxLen > 0 && maxLen < minNameLen {
+			maxLen = minNameLen
+		}
+		got := RegistrationName(group, identity, maxLen)
+		if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
+			t.Fatalf("RegistrationName(%q, %q, %d) = %q: %v", group, identity, maxLen, got, errs)
+		}
+		limit := maxLen
+		if limit == 0 {
+			limit = validation.DNS1123SubdomainMaxLength
+		}
+		if len(got) > limit {
+			t.Fatalf("RegistrationName(%q, %q, %d) = %q is longer than %d", group, identity, maxLen, got, limit)
+		}
+	})
+}

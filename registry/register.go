@@ -1,0 +1,413 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strconv"
+	"time"
+
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+// Errors Register returns; the onboarding endpoint maps them to gRPC codes.
+var (
+	// ErrInvalidRegistration: what the workload reported is not acceptable.
+	ErrInvalidRegistration = errors.New("invalid registration")
+	// ErrIdentityConflict: a registration of that name holds another identity.
+	ErrIdentityConflict = errors.New("registration name held by another identity")
+	// ErrAddressConflict: the address is held by a WorkloadEntry Embark does not manage.
+	ErrAddressConflict = errors.New("address held by a WorkloadEntry not managed by Embark")
+)
+
+// Event reasons the registrar records.
+const (
+	ReasonRegistered = "Registered"
+	ReasonFenced     = "Fenced"
+)
+
+// addressIndex is the cache index of WorkloadEntries by network and address.
+const addressIndex = "embark.spec.networkAddress"
+
+// Options configures a Registrar. Every field documents its default.
+type Options struct {
+	// Client writes registrations and WorkloadEntries (and reads them when a
+	// write needs the current object). Required.
+	Client client.Client
+	// Cache is an informer-backed reader with the indexes of SetupIndexes,
+	// used to find WorkloadEntries holding an address. Required.
+	Cache client.Reader
+	// Recorder records Events on registrations. Default: none recorded.
+	Recorder record.EventRecorder
+	// Logger. Default: slog.Default().
+	Logger *slog.Logger
+	// Writes limits and retries every API write. Default: DefaultWriteOptions.
+	Writes WriteOptions
+	// Clock. Default: time.Now.
+	Clock func() time.Time
+}
+
+// Registrar creates and updates WorkloadAutoRegistrations and their
+// WorkloadEntries. It is safe for concurrent use, also by several replicas.
+type Registrar struct {
+	client   client.Client
+	cache    client.Reader
+	recorder record.EventRecorder
+	log      *slog.Logger
+	writer   *writer
+	now      func() time.Time
+}
+
+// NewRegistrar returns a Registrar.
+func NewRegistrar(opts Options) (*Registrar, error) {
+	if opts.Client == nil || opts.Cache == nil {
+		return nil, errors.New("registry: Client and Cache are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Recorder == nil {
+		opts.Recorder = &record.FakeRecorder{} // drops events when Events is nil
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	return &Registrar{
+		client:   opts.Client,
+		cache:    opts.Cache,
+		recorder: opts.Recorder,
+		log:      opts.Logger,
+		writer:   newWriter(opts.Writes),
+		now:      opts.Clock,
+	}, nil
+}
+
+// IndexFields is the field indexer a cache offers (controller-runtime's
+// cache.Cache and manager.Manager's FieldIndexer satisfy it).
+type IndexFields interface {
+	IndexField(ctx context.Context, obj client.Object, field string, extract client.IndexerFunc) error
+}
+
+// SetupIndexes adds the indexes the Registrar's cache needs. Call it before
+// the cache starts.
+func SetupIndexes(ctx context.Context, indexer IndexFields) error {
+	err := indexer.IndexField(ctx, &istionetworkingv1.WorkloadEntry{}, addressIndex, func(obj client.Object) []string {
+		we, ok := obj.(*istionetworkingv1.WorkloadEntry)
+		if !ok || we.Spec.Address == "" {
+			return nil
+		}
+		return []string{addressKey(we.Spec.Network, we.Spec.Address)}
+	})
+	if err != nil {
+		return fmt.Errorf("index WorkloadEntries by address: %w", err)
+	}
+	return nil
+}
+
+func addressKey(network, address string) string { return network + "/" + address }
+
+// Request is one workload's registration.
+type Request struct {
+	// Group is the WorkloadGroup the workload joins, as authorized; it is
+	// snapshotted into a new registration.
+	Group *istionetworkingv1.WorkloadGroup
+	// Identity is the verified identity.
+	Identity runtimev1alpha1.WorkloadIdentity
+	// Registration is what the workload reported.
+	Registration runtimev1alpha1.Registration
+}
+
+// Result is a registration as stored.
+type Result struct {
+	Registration  *runtimev1alpha1.WorkloadAutoRegistration
+	WorkloadEntry *istionetworkingv1.WorkloadEntry
+	// Created is true when this call created the registration.
+	Created bool
+}
+
+// Register creates the workload's WorkloadAutoRegistration (named as seed 000
+// says, owned by the WorkloadGroup, holding the identity, registration and a
+// snapshot of the group) and its WorkloadEntry (owned by the registration).
+// Registering the same identity again reuses the registration, keeps its
+// snapshot and updates what the workload reported. A new registration whose
+// WorkloadEntry cannot be written is removed again, so a failure leaves no
+// half-made registration; a reused one is repaired by the next call.
+//
+// When another registration's WorkloadEntry holds the same address on the
+// same network, that older registration is fenced: its WorkloadEntry is
+// removed, and a Fenced condition and an Event say why.
+func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) {
+	groupSpec := &req.Group.Spec
+	if errs := ValidateRegistration(req.Registration, groupSpec); len(errs) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, errs.ToAggregate())
+	}
+	identity := IdentityName(req.Identity)
+	if identity == "" {
+		return nil, fmt.Errorf("%w: no verified identity", ErrInvalidRegistration)
+	}
+	snap, err := Snapshot(req.Group)
+	if err != nil {
+		return nil, err
+	}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      RegistrationName(req.Group.Name, identity, 0),
+			Namespace: req.Group.Namespace,
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: istionetworkingv1.SchemeGroupVersion.String(),
+				Kind:       "WorkloadGroup",
+				Name:       req.Group.Name,
+				UID:        req.Group.UID,
+				Controller: ptr.To(true),
+			}},
+		},
+		Spec: runtimev1alpha1.WorkloadAutoRegistrationSpec{
+			Identity:      req.Identity,
+			Registration:  req.Registration,
+			WorkloadGroup: snap,
+		},
+	}
+	log := r.log.With("namespace", war.Namespace, "registration", war.Name)
+
+	created := false
+	err = r.writer.do(ctx, func(ctx context.Context) error {
+		return r.client.Create(ctx, war)
+	})
+	switch {
+	case err == nil:
+		created = true
+	case apierrors.IsAlreadyExists(err):
+		war, err = r.reuse(ctx, war)
+		if err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("create WorkloadAutoRegistration %s/%s: %w", war.Namespace, war.Name, err)
+	}
+
+	we, err := r.ensureWorkloadEntry(ctx, war)
+	if err != nil {
+		if created {
+			r.rollback(ctx, war, log)
+		}
+		return nil, err
+	}
+	if created {
+		log.Info("registered workload", "group", req.Group.Name, "address", we.Spec.Address)
+		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", identity, we.Spec.Address, req.Group.Name)
+	}
+	return &Result{Registration: war, WorkloadEntry: we, Created: created}, nil
+}
+
+// reuse updates an existing registration of the same identity with what the
+// workload reported now. Its snapshot is kept.
+func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAutoRegistration) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
+	cur := &runtimev1alpha1.WorkloadAutoRegistration{}
+	err := r.writer.do(ctx, func(ctx context.Context) error {
+		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
+			return err
+		}
+		if !reflect.DeepEqual(cur.Spec.Identity, want.Spec.Identity) {
+			return fmt.Errorf("%w: %s/%s", ErrIdentityConflict, cur.Namespace, cur.Name)
+		}
+		if cur.DeletionTimestamp != nil {
+			return apierrors.NewConflict(runtimev1alpha1.Resource("workloadautoregistrations"), cur.Name, errors.New("the registration is being deleted"))
+		}
+		if reflect.DeepEqual(cur.Spec.Registration, want.Spec.Registration) {
+			return nil
+		}
+		cur.Spec.Registration = want.Spec.Registration
+		return r.client.Update(ctx, cur)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("update WorkloadAutoRegistration %s/%s: %w", want.Namespace, want.Name, err)
+	}
+	return cur, nil
+}
+
+// ensureWorkloadEntry creates or updates the registration's WorkloadEntry,
+// fencing older registrations that hold its address.
+func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration) (*istionetworkingv1.WorkloadEntry, error) {
+	want, err := BuildWorkloadEntry(war)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, err)
+	}
+	if err := r.fenceAddressHolders(ctx, war, want); err != nil {
+		return nil, err
+	}
+	var we *istionetworkingv1.WorkloadEntry
+	err = r.writer.do(ctx, func(ctx context.Context) error {
+		we = want.DeepCopy()
+		err := r.client.Create(ctx, we)
+		if !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		cur := &istionetworkingv1.WorkloadEntry{}
+		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
+			return err
+		}
+		if ref, ok := ownedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
+			// Left behind by an earlier registration of the same name that
+			// the garbage collector has not removed yet: try again later.
+			return apierrors.NewConflict(istionetworkingv1.Resource("workloadentries"), cur.Name, errors.New("owned by an earlier registration"))
+		}
+		if workloadEntryUpToDate(cur, want) || builtFromNewer(cur, war) {
+			// Up to date, or written from a newer version of the
+			// registration by a concurrent register: never go back.
+			we = cur
+			return nil
+		}
+		cur.Labels = want.Labels
+		cur.Annotations = mergeAnnotations(cur.Annotations, want.Annotations)
+		cur.Spec.Address = want.Spec.Address
+		cur.Spec.Labels = want.Spec.Labels
+		cur.Spec.Ports = want.Spec.Ports
+		cur.Spec.Network = want.Spec.Network
+		cur.Spec.Locality = want.Spec.Locality
+		cur.Spec.Weight = want.Spec.Weight
+		cur.Spec.ServiceAccount = want.Spec.ServiceAccount
+		we = cur
+		return r.client.Update(ctx, cur)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("write WorkloadEntry %s/%s: %w", want.Namespace, want.Name, err)
+	}
+	if cond := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionFenced); cond != nil && cond.Status == metav1.ConditionTrue {
+		r.setFenced(ctx, war, metav1.ConditionFalse, "AddressReclaimed", fmt.Sprintf("registered again with address %s", want.Spec.Address))
+	}
+	return we, nil
+}
+
+// builtFromNewer reports whether cur was built from a later generation of the
+// registration than war.
+func builtFromNewer(cur *istionetworkingv1.WorkloadEntry, war *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	gen, err := strconv.ParseInt(cur.Annotations[AnnotationRegistrationGeneration], 10, 64)
+	return err == nil && gen > war.Generation
+}
+
+func workloadEntryUpToDate(cur, want *istionetworkingv1.WorkloadEntry) bool {
+	for k, v := range want.Annotations {
+		if cur.Annotations[k] != v {
+			return false
+		}
+	}
+	return reflect.DeepEqual(cur.Labels, want.Labels) &&
+		cur.Spec.Address == want.Spec.Address &&
+		reflect.DeepEqual(cur.Spec.Labels, want.Spec.Labels) &&
+		reflect.DeepEqual(cur.Spec.Ports, want.Spec.Ports) &&
+		cur.Spec.Network == want.Spec.Network &&
+		cur.Spec.Locality == want.Spec.Locality &&
+		cur.Spec.Weight == want.Spec.Weight &&
+		cur.Spec.ServiceAccount == want.Spec.ServiceAccount
+}
+
+func mergeAnnotations(cur, want map[string]string) map[string]string {
+	out := make(map[string]string, len(cur)+len(want))
+	for k, v := range cur {
+		out[k] = v
+	}
+	for k, v := range want {
+		out[k] = v
+	}
+	return out
+}
+
+// fenceAddressHolders removes the WorkloadEntries of other registrations that
+// hold want's address on want's network, so that no two live WorkloadEntries
+// share an address (an IP reused by a new VM while the old registration is
+// still in its grace period). A WorkloadEntry that Embark does not manage is
+// never touched: the registration is refused instead.
+func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, want *istionetworkingv1.WorkloadEntry) error {
+	holders := &istionetworkingv1.WorkloadEntryList{}
+	if err := r.cache.List(ctx, holders, client.MatchingFields{addressIndex: addressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
+		return fmt.Errorf("find WorkloadEntries holding %s: %w", want.Spec.Address, err)
+	}
+	for _, holder := range holders.Items {
+		if holder.Namespace == want.Namespace && holder.Name == want.Name {
+			continue
+		}
+		ref, managed := ownedBy(holder.OwnerReferences, "")
+		if !managed {
+			return fmt.Errorf("%w: WorkloadEntry %s/%s holds %s on network %q", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
+		}
+		// Delete exactly the entry we saw; a newer one of the same name is not ours to remove.
+		err := r.writer.do(ctx, func(ctx context.Context) error {
+			return r.client.Delete(ctx, holder, client.Preconditions{UID: &holder.UID})
+		})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("fence WorkloadEntry %s/%s holding %s: %w", holder.Namespace, holder.Name, want.Spec.Address, err)
+		}
+		older := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if err := r.client.Get(ctx, types.NamespacedName{Namespace: holder.Namespace, Name: ref.Name}, older); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("read fenced registration %s/%s: %w", holder.Namespace, ref.Name, err)
+		}
+		msg := fmt.Sprintf("address %s on network %q is now held by %s/%s; this registration's WorkloadEntry was removed", want.Spec.Address, want.Spec.Network, war.Namespace, war.Name)
+		r.log.Warn("fenced registration holding a reused address", "fenced", older.Namespace+"/"+older.Name, "by", war.Namespace+"/"+war.Name, "address", want.Spec.Address)
+		r.recorder.Event(older, corev1.EventTypeWarning, ReasonFenced, msg)
+		r.setFenced(ctx, older, metav1.ConditionTrue, "AddressReused", msg)
+	}
+	return nil
+}
+
+// setFenced writes the Fenced condition when it changes. Failing to write it
+// is logged, not returned: the Event and the removed WorkloadEntry already
+// tell the story, and the condition is informational.
+func (r *Registrar) setFenced(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, status metav1.ConditionStatus, reason, msg string) {
+	key := client.ObjectKeyFromObject(war)
+	err := r.writer.do(ctx, func(ctx context.Context) error {
+		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if err := r.client.Get(ctx, key, cur); err != nil {
+			return err
+		}
+		changed := meta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{
+			Type: runtimev1alpha1.ConditionFenced, Status: status, Reason: reason, Message: msg,
+			ObservedGeneration: cur.Generation, LastTransitionTime: metav1.NewTime(r.now()),
+		})
+		if !changed {
+			return nil
+		}
+		return r.client.Status().Update(ctx, cur)
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		r.log.Error("write Fenced condition", "registration", key.String(), "error", err)
+	}
+}
+
+// rollback deletes a registration this call created when its WorkloadEntry
+// could not be written.
+func (r *Registrar) rollback(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, log *slog.Logger) {
+	// The caller's context may be what failed; finish the cleanup regardless.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	err := r.writer.do(ctx, func(ctx context.Context) error {
+		err := r.client.Delete(ctx, war, client.Preconditions{UID: &war.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		log.Error("remove half-made registration; the next register repairs it", "error", err)
+		return
+	}
+	log.Info("removed registration whose WorkloadEntry could not be written")
+}
+
+// rawExtension wraps JSON in a RawExtension.
+func rawExtension(raw []byte) runtime.RawExtension { return runtime.RawExtension{Raw: raw} }

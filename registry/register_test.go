@@ -1,0 +1,497 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/testenv"
+)
+
+var (
+	env      *testenv.Env
+	cached   cache.Cache
+	recorder record.EventRecorder
+)
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+		var err error
+		cached, err = cache.New(env.Config, cache.Options{Scheme: env.Scheme})
+		if err != nil {
+			return err
+		}
+		if err := SetupIndexes(ctx, cached); err != nil {
+			return err
+		}
+		go func() { _ = cached.Start(ctx) }()
+		if !cached.WaitForCacheSync(ctx) {
+			return errors.New("cache did not sync")
+		}
+		// Informers start lazily: touch the ones the registrar reads.
+		if err := cached.List(ctx, &istionetworkingv1.WorkloadEntryList{}); err != nil {
+			return err
+		}
+		cs, err := kubernetes.NewForConfig(env.Config)
+		if err != nil {
+			return err
+		}
+		b := record.NewBroadcaster(record.WithContext(ctx))
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+		recorder = b.NewRecorder(env.Scheme, corev1.EventSource{Component: "embark-registry-test"})
+		return nil
+	})
+}
+
+func newRegistrar(t *testing.T, c client.Client) *Registrar {
+	t.Helper()
+	if c == nil {
+		c = env.Client
+	}
+	r, err := NewRegistrar(Options{
+		Client: c, Cache: cached, Recorder: recorder,
+		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// createGroup creates the seed 004 ratings WorkloadGroup in ns.
+func createGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
+	t.Helper()
+	wg := &istionetworkingv1.WorkloadGroup{
+		ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns, Labels: map[string]string{"app": "ratings"}},
+	}
+	wg.Spec.Template = &istioapi.WorkloadEntry{
+		Labels:         map[string]string{"app": "ratings", "class": "vm"},
+		ServiceAccount: "ratings-vm",
+		Network:        "virtual-machines",
+		Ports:          map[string]uint32{"http": 8080},
+	}
+	if err := env.Client.Create(t.Context(), wg); err != nil {
+		t.Fatal(err)
+	}
+	return wg
+}
+
+func ec2Identity(instance string) runtimev1alpha1.WorkloadIdentity {
+	return runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+		Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+		EC2: &runtimev1alpha1.EC2Identity{InstanceID: instance},
+	}}
+}
+
+func registration(ip string) runtimev1alpha1.Registration {
+	return runtimev1alpha1.Registration{
+		Agent:    runtimev1alpha1.AgentInfo{Version: "v1.4.0"},
+		Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
+		Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+		Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.9.8-15bc6e5e32"}},
+		Workload: runtimev1alpha1.WorkloadInfo{Labels: map[string]string{"version": "v5"}},
+	}
+}
+
+const seedName = "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0"
+
+func TestRegisterCreatesRegistrationAndWorkloadEntry(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Created || res.Registration.Name != seedName {
+		t.Fatalf("created=%v name=%q, want the seed 000 name", res.Created, res.Registration.Name)
+	}
+
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: seedName}, war); err != nil {
+		t.Fatal(err)
+	}
+	if ref := metav1.GetControllerOf(war); ref == nil || ref.Kind != "WorkloadGroup" || ref.UID != wg.UID {
+		t.Errorf("registration owner = %+v, want the WorkloadGroup", ref)
+	}
+	snap, err := GroupSpec(war.Spec.WorkloadGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if war.Spec.WorkloadGroup.UID != wg.UID || snap.GetTemplate().GetServiceAccount() != "ratings-vm" || snap.GetTemplate().GetNetwork() != "virtual-machines" {
+		t.Errorf("snapshot = %+v / %v", war.Spec.WorkloadGroup, snap)
+	}
+
+	we := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: seedName}, we); err != nil {
+		t.Fatal(err)
+	}
+	wantLabels := map[string]string{"app": "ratings", "class": "vm", "version": "v5", LabelNetwork: "virtual-machines"}
+	if fmt.Sprint(we.Labels) != fmt.Sprint(wantLabels) || fmt.Sprint(we.Spec.Labels) != fmt.Sprint(wantLabels) {
+		t.Errorf("labels = %v / spec %v, want %v", we.Labels, we.Spec.Labels, wantLabels)
+	}
+	if we.Spec.Address != "172.31.5.254" || we.Spec.Network != "virtual-machines" || we.Spec.Locality != "us-east-2/us-east-2b" ||
+		we.Spec.ServiceAccount != "ratings-vm" || we.Spec.Ports["http"] != 8080 {
+		t.Errorf("WorkloadEntry spec = %v", &we.Spec)
+	}
+	if we.Annotations[AnnotationAutoRegistrationGroup] != "ratings" {
+		t.Errorf("annotations = %v", we.Annotations)
+	}
+	if ref := metav1.GetControllerOf(we); ref == nil || ref.Kind != "WorkloadAutoRegistration" || ref.UID != war.UID || ref.BlockOwnerDeletion == nil || !*ref.BlockOwnerDeletion {
+		t.Errorf("WorkloadEntry owner = %+v", ref)
+	}
+	waitForEvent(t, ns, seedName, ReasonRegistered, "172.31.5.254")
+
+	// Deleting the registration removes its WorkloadEntry (owner reference).
+	if err := env.Client.Delete(ctx, war); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, we)
+}
+
+func TestRegisterAgainReusesTheRegistration(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	r := newRegistrar(t, nil)
+	req := Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")}
+	first, err := r.Register(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The same registration again writes nothing.
+	again, err := r.Register(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Created || again.Registration.UID != first.Registration.UID ||
+		again.Registration.ResourceVersion != first.Registration.ResourceVersion ||
+		again.WorkloadEntry.ResourceVersion != first.WorkloadEntry.ResourceVersion {
+		t.Errorf("re-register rewrote: registration rv %s -> %s, entry rv %s -> %s",
+			first.Registration.ResourceVersion, again.Registration.ResourceVersion,
+			first.WorkloadEntry.ResourceVersion, again.WorkloadEntry.ResourceVersion)
+	}
+
+	// The group changes, the workload comes back with a new address: the
+	// address is updated, the snapshot is kept.
+	wg.Spec.Template.ServiceAccount = "ratings-v2"
+	if err := env.Client.Update(ctx, wg); err != nil {
+		t.Fatal(err)
+	}
+	req.Group = wg
+	req.Registration = registration("172.31.9.9")
+	moved, err := r.Register(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved.Created || moved.Registration.UID != first.Registration.UID {
+		t.Error("a second registration was created")
+	}
+	if moved.WorkloadEntry.Spec.Address != "172.31.9.9" || moved.Registration.Spec.Registration.Host.Addresses[0].IP != "172.31.9.9" {
+		t.Errorf("address not updated: %s", moved.WorkloadEntry.Spec.Address)
+	}
+	if moved.WorkloadEntry.Spec.ServiceAccount != "ratings-vm" || moved.Registration.Spec.WorkloadGroup.Generation != first.Registration.Spec.WorkloadGroup.Generation {
+		t.Errorf("snapshot replaced on re-register: service account %q", moved.WorkloadEntry.Spec.ServiceAccount)
+	}
+	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+	if err := env.Client.List(ctx, list, client.InNamespace(ns)); err != nil || len(list.Items) != 1 {
+		t.Errorf("registrations in namespace: %d (%v), want 1", len(list.Items), err)
+	}
+}
+
+func TestConcurrentRegistersOfOneWorkloadMakeOneRegistration(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	// Two replicas race to register the same workload.
+	errs := make(chan error, 4)
+	for i := range 4 {
+		go func() {
+			_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration(fmt.Sprintf("172.31.5.%d", 10+i%2))})
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+	if err := env.Client.List(ctx, list, client.InNamespace(ns)); err != nil || len(list.Items) != 1 {
+		t.Fatalf("registrations: %d (%v), want 1", len(list.Items), err)
+	}
+	entries := &istionetworkingv1.WorkloadEntryList{}
+	if err := env.Client.List(ctx, entries, client.InNamespace(ns)); err != nil || len(entries.Items) != 1 {
+		t.Fatalf("entries: %d (%v), want 1", len(entries.Items), err)
+	}
+	if got, want := entries.Items[0].Spec.Address, list.Items[0].Spec.Registration.Host.Addresses[0].IP; got != want {
+		t.Errorf("entry address %s != registration address %s", got, want)
+	}
+}
+
+func TestIPReuseFencesTheOlderRegistration(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	r := newRegistrar(t, nil)
+	old, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000a"), Registration: registration("10.0.0.5")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCached(t, old.WorkloadEntry)
+
+	// A new instance got the same private IP while the old registration is
+	// still within its grace period.
+	fresh, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000b"), Registration: registration("10.0.0.5")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, old.WorkloadEntry)
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(fresh.WorkloadEntry), &istionetworkingv1.WorkloadEntry{}); err != nil {
+		t.Errorf("new WorkloadEntry: %v", err)
+	}
+	fenced := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(old.Registration), fenced); err != nil {
+		t.Fatal(err)
+	}
+	cond := meta.FindStatusCondition(fenced.Status.Conditions, runtimev1alpha1.ConditionFenced)
+	if cond == nil || cond.Status != metav1.ConditionTrue || !strings.Contains(cond.Message, "10.0.0.5") || !strings.Contains(cond.Message, fresh.Registration.Name) {
+		t.Errorf("Fenced condition = %+v", cond)
+	}
+	waitForEvent(t, ns, old.Registration.Name, ReasonFenced, fresh.Registration.Name)
+
+	entries := &istionetworkingv1.WorkloadEntryList{}
+	if err := env.Client.List(ctx, entries, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(entries.Items) != 1 {
+		t.Errorf("%d WorkloadEntries hold 10.0.0.5, want 1", len(entries.Items))
+	}
+
+	// The fenced workload comes back with a new address: it gets an entry
+	// again and the condition clears.
+	waitCached(t, fresh.WorkloadEntry)
+	back, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000a"), Registration: registration("10.0.0.6")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(back.Registration), fenced); err != nil {
+		t.Fatal(err)
+	}
+	if cond := meta.FindStatusCondition(fenced.Status.Conditions, runtimev1alpha1.ConditionFenced); cond == nil || cond.Status != metav1.ConditionFalse {
+		t.Errorf("Fenced condition after re-register = %+v", cond)
+	}
+}
+
+func TestAddressHeldByAnUnmanagedWorkloadEntryIsRefused(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	manual := &istionetworkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: "hand-made", Namespace: ns}}
+	manual.Spec.Address = "10.0.0.7"
+	manual.Spec.Network = "virtual-machines"
+	if err := env.Client.Create(ctx, manual); err != nil {
+		t.Fatal(err)
+	}
+	waitCached(t, manual)
+	_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000c"), Registration: registration("10.0.0.7")})
+	if !errors.Is(err, ErrAddressConflict) || !strings.Contains(err.Error(), "hand-made") {
+		t.Fatalf("err = %v, want ErrAddressConflict naming the entry", err)
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(manual), &istionetworkingv1.WorkloadEntry{}); err != nil {
+		t.Errorf("the unmanaged entry was touched: %v", err)
+	}
+	assertNoRegistrations(t, ns)
+}
+
+func TestFailureBetweenTheTwoWritesLeavesNothing(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	failing := interceptor.NewClient(env.Client, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*istionetworkingv1.WorkloadEntry); ok {
+				return apierrors.NewForbidden(istionetworkingv1.Resource("workloadentries"), obj.GetName(), errors.New("injected failure"))
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	})
+	_, err := newRegistrar(t, failing).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	if err == nil || !strings.Contains(err.Error(), "injected failure") {
+		t.Fatalf("err = %v, want the injected failure", err)
+	}
+	assertNoRegistrations(t, ns)
+
+	// When even the clean-up fails, the next register completes the
+	// registration instead of leaving it half-made.
+	noDelete := interceptor.NewClient(failing, interceptor.Funcs{
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			return apierrors.NewForbidden(runtimev1alpha1.Resource("workloadautoregistrations"), obj.GetName(), errors.New("injected delete failure"))
+		},
+	})
+	if _, err := newRegistrar(t, noDelete).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")}); err == nil {
+		t.Fatal("want the injected failure")
+	}
+	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Created || res.WorkloadEntry.Spec.Address != "172.31.5.254" {
+		t.Errorf("repair: created=%v entry=%v", res.Created, res.WorkloadEntry)
+	}
+}
+
+func TestInvalidRegistrationsWriteNothing(t *testing.T) {
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	tests := []struct {
+		name    string
+		mutate  func(*Request)
+		wantErr error
+		wantMsg string
+	}{
+		{
+			name:    "label overriding the template",
+			mutate:  func(r *Request) { r.Registration.Workload.Labels = map[string]string{"app": "reviews"} },
+			wantErr: ErrInvalidRegistration, wantMsg: "registration.workload.labels[app]",
+		},
+		{
+			name:    "no address of the connectedOver type",
+			mutate:  func(r *Request) { r.Registration.Settings.ConnectedOver = runtimev1alpha1.AddressTypeInternet },
+			wantErr: ErrInvalidRegistration, wantMsg: "no host address of type INTERNET",
+		},
+		{
+			name:    "not an IP",
+			mutate:  func(r *Request) { r.Registration.Host.Addresses[0].IP = "ratings.example" },
+			wantErr: ErrInvalidRegistration, wantMsg: "registration.host.addresses[0].ip",
+		},
+		{
+			name:    "no identity",
+			mutate:  func(r *Request) { r.Identity = runtimev1alpha1.WorkloadIdentity{} },
+			wantErr: ErrInvalidRegistration, wantMsg: "no verified identity",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")}
+			tt.mutate(&req)
+			_, err := newRegistrar(t, nil).Register(t.Context(), req)
+			if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("err = %v, want %v mentioning %q", err, tt.wantErr, tt.wantMsg)
+			}
+			assertNoRegistrations(t, ns)
+		})
+	}
+}
+
+func TestRegistrationNameHeldByAnotherIdentityIsRefused(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	r := newRegistrar(t, nil)
+	res, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Forge the stored identity, as a name collision would look.
+	res.Registration.Spec.Identity.AWS.Region = "us-west-2"
+	if err := env.Client.Update(ctx, res.Registration); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	if !errors.Is(err, ErrIdentityConflict) {
+		t.Errorf("err = %v, want ErrIdentityConflict", err)
+	}
+}
+
+func assertNoRegistrations(t *testing.T, ns string) {
+	t.Helper()
+	wars := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+	if err := env.Client.List(t.Context(), wars, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range wars.Items {
+		if w.DeletionTimestamp == nil {
+			t.Errorf("registration %s left behind", w.Name)
+		}
+	}
+	entries := &istionetworkingv1.WorkloadEntryList{}
+	if err := env.Client.List(t.Context(), entries, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries.Items {
+		if _, managed := ownedBy(e.OwnerReferences, ""); managed {
+			t.Errorf("WorkloadEntry %s left behind", e.Name)
+		}
+	}
+}
+
+func waitGone(t *testing.T, obj client.Object) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		t.Fatalf("%s still exists: %v", obj.GetName(), err)
+	}
+}
+
+// waitCached waits until the registrar's cache has seen obj.
+func waitCached(t *testing.T, obj client.Object) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := cached.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
+		return err == nil, client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		t.Fatalf("cache never saw %s: %v", obj.GetName(), err)
+	}
+}
+
+func waitForEvent(t *testing.T, ns, name, reason, contains string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		events := &corev1.EventList{}
+		if err := env.Client.List(ctx, events, client.InNamespace(ns), client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("involvedObject.name", name)}); err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if e.Reason == reason && strings.Contains(e.Message, contains) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("no %s event on %s mentioning %q: %v", reason, name, contains, err)
+	}
+}

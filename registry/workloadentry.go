@@ -1,0 +1,215 @@
+package registry
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"strconv"
+
+	istioapi "istio.io/api/networking/v1alpha3"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+// Annotations and labels Embark writes on WorkloadEntries, as Istio's own
+// auto-registration does.
+const (
+	// AnnotationAutoRegistrationGroup names the WorkloadGroup a WorkloadEntry
+	// was registered for.
+	AnnotationAutoRegistrationGroup = "istio.io/autoRegistrationGroup"
+	// AnnotationConnectedAt is when the workload's sidecar last connected.
+	AnnotationConnectedAt = "istio.io/connectedAt"
+	// AnnotationDisconnectedAt is when the workload's sidecar last disconnected.
+	AnnotationDisconnectedAt = "istio.io/disconnectedAt"
+	// AnnotationWorkloadController is the endpoint replica holding the stream.
+	AnnotationWorkloadController = "istio.io/workloadController"
+	// AnnotationRegistrationGeneration is the registration's generation the
+	// WorkloadEntry was built from, so a concurrent older write never
+	// replaces a newer one.
+	AnnotationRegistrationGeneration = "onboarding.tetrate.io/registration-generation"
+	// LabelNetwork is Istio's topology label for the workload's network.
+	LabelNetwork = "topology.istio.io/network"
+	// DefaultServiceAccount is used when the WorkloadGroup template names none.
+	DefaultServiceAccount = "default"
+)
+
+// GroupSpec decodes the WorkloadGroup spec held in a registration's snapshot.
+func GroupSpec(snap runtimev1alpha1.WorkloadGroupSnapshot) (*istioapi.WorkloadGroup, error) {
+	spec := &istioapi.WorkloadGroup{}
+	if len(snap.Spec.Raw) == 0 {
+		return spec, nil
+	}
+	if err := json.Unmarshal(snap.Spec.Raw, spec); err != nil {
+		return nil, fmt.Errorf("decode WorkloadGroup snapshot of %s: %w", snap.Name, err)
+	}
+	return spec, nil
+}
+
+// Snapshot takes the snapshot of a WorkloadGroup that a registration keeps.
+func Snapshot(group *istionetworkingv1.WorkloadGroup) (runtimev1alpha1.WorkloadGroupSnapshot, error) {
+	raw, err := json.Marshal(&group.Spec)
+	if err != nil {
+		return runtimev1alpha1.WorkloadGroupSnapshot{}, fmt.Errorf("snapshot WorkloadGroup %s/%s: %w", group.Namespace, group.Name, err)
+	}
+	return runtimev1alpha1.WorkloadGroupSnapshot{
+		Name:       group.Name,
+		UID:        group.UID,
+		Generation: group.Generation,
+		Spec:       rawExtension(raw),
+	}, nil
+}
+
+// WorkloadAddress returns the address the workload is reached at in the mesh:
+// the first host address of the type settings.connectedOver names (VPC when
+// unset).
+func WorkloadAddress(reg runtimev1alpha1.Registration) (string, error) {
+	want := reg.Settings.ConnectedOver
+	if want == "" {
+		want = runtimev1alpha1.AddressTypeVPC
+	}
+	for _, a := range reg.Host.Addresses {
+		if a.Type == want {
+			return a.IP, nil
+		}
+	}
+	return "", fmt.Errorf("no host address of type %s (settings.connectedOver)", want)
+}
+
+// ValidateRegistration checks what a workload reported against the
+// WorkloadGroup it joins. The workload's own labels may add to the template's
+// labels but never change them: a workload cannot move itself into another
+// service's selection.
+func ValidateRegistration(reg runtimev1alpha1.Registration, group *istioapi.WorkloadGroup) field.ErrorList {
+	var errs field.ErrorList
+	addrs := field.NewPath("registration", "host", "addresses")
+	if len(reg.Host.Addresses) == 0 {
+		errs = append(errs, field.Required(addrs, "at least one host address"))
+	}
+	if len(reg.Host.Addresses) > 16 {
+		errs = append(errs, field.TooMany(addrs, len(reg.Host.Addresses), 16))
+	}
+	for i, a := range reg.Host.Addresses {
+		if ip, err := netip.ParseAddr(a.IP); err != nil || ip.Zone() != "" || ip.IsUnspecified() || ip.IsMulticast() {
+			errs = append(errs, field.Invalid(addrs.Index(i).Child("ip"), a.IP, "must be a unicast IPv4 or IPv6 address"))
+		}
+		if a.Type != runtimev1alpha1.AddressTypeVPC && a.Type != runtimev1alpha1.AddressTypeInternet {
+			errs = append(errs, field.NotSupported(addrs.Index(i).Child("type"), a.Type, []string{string(runtimev1alpha1.AddressTypeVPC), string(runtimev1alpha1.AddressTypeInternet)}))
+		}
+	}
+	if c := reg.Settings.ConnectedOver; c != "" && c != runtimev1alpha1.AddressTypeVPC && c != runtimev1alpha1.AddressTypeInternet {
+		errs = append(errs, field.NotSupported(field.NewPath("registration", "settings", "connectedOver"), c, []string{string(runtimev1alpha1.AddressTypeVPC), string(runtimev1alpha1.AddressTypeInternet)}))
+	} else if len(errs) == 0 {
+		if _, err := WorkloadAddress(reg); err != nil {
+			errs = append(errs, field.Invalid(field.NewPath("registration", "settings", "connectedOver"), reg.Settings.ConnectedOver, err.Error()))
+		}
+	}
+	for _, v := range []struct {
+		path  *field.Path
+		value string
+	}{
+		{field.NewPath("registration", "agent", "version"), reg.Agent.Version},
+		{field.NewPath("registration", "sidecar", "istio", "version"), reg.Sidecar.Istio.Version},
+	} {
+		if len(v.value) > 128 {
+			errs = append(errs, field.TooLong(v.path, v.value, 128))
+		}
+	}
+	labels := field.NewPath("registration", "workload", "labels")
+	if len(reg.Workload.Labels) > 64 {
+		errs = append(errs, field.TooMany(labels, len(reg.Workload.Labels), 64))
+	}
+	template := group.GetTemplate().GetLabels()
+	for k, v := range reg.Workload.Labels {
+		for _, msg := range validation.IsQualifiedName(k) {
+			errs = append(errs, field.Invalid(labels.Key(k), k, msg))
+		}
+		for _, msg := range validation.IsValidLabelValue(v) {
+			errs = append(errs, field.Invalid(labels.Key(k), v, msg))
+		}
+		if tv, ok := template[k]; ok && tv != v {
+			errs = append(errs, field.Forbidden(labels.Key(k), fmt.Sprintf("the WorkloadGroup template sets %s=%s; a workload cannot change it", k, tv)))
+		}
+		if k == LabelNetwork {
+			errs = append(errs, field.Forbidden(labels.Key(k), "the network comes from the WorkloadGroup template"))
+		}
+	}
+	return errs
+}
+
+// BuildWorkloadEntry returns the WorkloadEntry of a registration, derived from
+// its WorkloadGroup snapshot (not the live WorkloadGroup: a workload keeps the
+// configuration it joined with) and what it registered. It is owned by the
+// registration, so deleting the registration deletes it.
+func BuildWorkloadEntry(war *runtimev1alpha1.WorkloadAutoRegistration) (*istionetworkingv1.WorkloadEntry, error) {
+	group, err := GroupSpec(war.Spec.WorkloadGroup)
+	if err != nil {
+		return nil, err
+	}
+	address, err := WorkloadAddress(war.Spec.Registration)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := group.GetTemplate()
+	labels := make(map[string]string, len(tmpl.GetLabels())+len(war.Spec.Registration.Workload.Labels)+1)
+	maps.Copy(labels, war.Spec.Registration.Workload.Labels)
+	maps.Copy(labels, tmpl.GetLabels()) // the template wins
+	if tmpl.GetNetwork() != "" {
+		labels[LabelNetwork] = tmpl.GetNetwork()
+	}
+	sa := tmpl.GetServiceAccount()
+	if sa == "" {
+		sa = DefaultServiceAccount
+	}
+	we := &istionetworkingv1.WorkloadEntry{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      war.Name,
+			Namespace: war.Namespace,
+			Labels:    labels,
+			Annotations: map[string]string{
+				AnnotationAutoRegistrationGroup:  war.Spec.WorkloadGroup.Name,
+				AnnotationRegistrationGeneration: strconv.FormatInt(war.Generation, 10),
+			},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion:         runtimev1alpha1.SchemeGroupVersion.String(),
+				Kind:               "WorkloadAutoRegistration",
+				Name:               war.Name,
+				UID:                war.UID,
+				Controller:         ptr.To(true),
+				BlockOwnerDeletion: ptr.To(true),
+			}},
+		},
+	}
+	we.Spec.Address = address
+	we.Spec.Labels = maps.Clone(labels)
+	we.Spec.Ports = maps.Clone(tmpl.GetPorts())
+	we.Spec.Network = tmpl.GetNetwork()
+	we.Spec.Locality = locality(war.Spec.Identity)
+	we.Spec.Weight = tmpl.GetWeight()
+	we.Spec.ServiceAccount = sa
+	return we, nil
+}
+
+// locality is Istio's region/zone locality of a workload, when known.
+func locality(id runtimev1alpha1.WorkloadIdentity) string {
+	if id.AWS != nil && id.AWS.Region != "" && id.AWS.Zone != "" {
+		return id.AWS.Region + "/" + id.AWS.Zone
+	}
+	return ""
+}
+
+// ownedBy reports whether obj's controller is the registration named name
+// with UID uid.
+func ownedBy(refs []metav1.OwnerReference, name string) (metav1.OwnerReference, bool) {
+	for _, ref := range refs {
+		if ref.Kind == "WorkloadAutoRegistration" && ref.APIVersion == runtimev1alpha1.SchemeGroupVersion.String() && ref.Controller != nil && *ref.Controller && (name == "" || ref.Name == name) {
+			return ref, true
+		}
+	}
+	return metav1.OwnerReference{}, false
+}
