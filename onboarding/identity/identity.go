@@ -1,0 +1,146 @@
+package identity
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Method says how an identity was proven.
+type Method string
+
+const (
+	// MethodAWSInstanceIdentityDocument: an EC2 instance identity document
+	// with a valid RSA-2048 PKCS#7 signature of AWS.
+	MethodAWSInstanceIdentityDocument Method = "aws-ec2-instance-identity-document"
+	// MethodAWSInstanceIdentityDocumentAndSTS: as above, plus a signed
+	// sts:GetCallerIdentity request answered with the instance's role
+	// session.
+	MethodAWSInstanceIdentityDocumentAndSTS Method = "aws-ec2-instance-identity-document+sts-get-caller-identity"
+	// MethodJWT: a JWT of a configured OIDC issuer.
+	MethodJWT Method = "jwt"
+)
+
+// Identity is a verified workload identity. Exactly one of AWS and JWT is
+// set. Verifiers fill it; nothing else should construct one from
+// unverified input.
+type Identity struct {
+	// Method says how the identity was proven.
+	Method Method
+	// AWS is set for identities proven by the AWS verifier.
+	AWS *AWSIdentity
+	// JWT is set for identities proven by the JWT verifier.
+	JWT *JWTIdentity
+}
+
+// AWSIdentity holds the verified facts about an EC2 instance.
+type AWSIdentity struct {
+	// Partition is derived from Region: aws, aws-cn, aws-us-gov, aws-eusc,
+	// aws-iso, aws-iso-b, aws-iso-e or aws-iso-f.
+	Partition string
+	// Account is the 12-digit AWS account ID.
+	Account string
+	// Region is the document's region, e.g. us-east-2.
+	Region string
+	// Zone is the document's availability zone, e.g. us-east-2b.
+	Zone string
+	// InstanceID is the EC2 instance ID, e.g. i-1234567890abcdef0.
+	InstanceID string
+	// InstanceType, ImageID, PrivateIP and PendingTime are copied from the
+	// signed document for information; they are not used for trust.
+	InstanceType string
+	ImageID      string
+	PrivateIP    string
+	PendingTime  time.Time
+	// STSProven says whether a signed sts:GetCallerIdentity request proved
+	// the instance's IAM role in this verification.
+	STSProven bool
+	// IAMRole is the name of the instance's IAM role; set only when
+	// STSProven.
+	IAMRole string
+	// CallerARN is the ARN STS answered with; set only when STSProven.
+	CallerARN string
+}
+
+// JWTIdentity holds the verified facts of an OIDC token.
+type JWTIdentity struct {
+	// Issuer is the token's iss, equal to a configured issuer URL.
+	Issuer string
+	// ShortName is the configured short name of the issuer, used in names.
+	ShortName string
+	// Subject is the token's sub.
+	Subject string
+	// Attributes are the values extracted from the token's claims by the
+	// issuer's configured attribute paths: strings as they are, numbers and
+	// booleans in their JSON text. A claim that is absent, null, an object
+	// or an array gives no attribute.
+	Attributes map[string]string
+	// Expiry is the token's exp.
+	Expiry time.Time
+}
+
+// ErrNoIdentity is returned by WorkloadName for an Identity with neither AWS
+// nor JWT facts.
+var ErrNoIdentity = errors.New("identity: no AWS or JWT identity")
+
+// WorkloadName derives the workload-identity part of a
+// WorkloadAutoRegistration name:
+//
+//   - EC2: aws-<partition>-<account>-<zone>-ec2-<instance-id>, e.g.
+//     aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0
+//   - JWT: jwt-<shortName>-<subject>, sanitised with [SanitizeDNSLabel].
+//
+// The result consists of DNS-1123 label characters only; it is not
+// shortened (the registry shortens over-long names deterministically).
+func (id *Identity) WorkloadName() (string, error) {
+	switch {
+	case id == nil:
+		return "", ErrNoIdentity
+	case id.AWS != nil:
+		a := id.AWS
+		return SanitizeDNSLabel("aws-" + a.Partition + "-" + a.Account + "-" + a.Zone + "-ec2-" + a.InstanceID), nil
+	case id.JWT != nil:
+		return SanitizeDNSLabel("jwt-" + id.JWT.ShortName + "-" + id.JWT.Subject), nil
+	default:
+		return "", ErrNoIdentity
+	}
+}
+
+// CheckIAMRole is the check a policy with ec2.iamRoleNames makes: the
+// identity must carry an STS proof of its IAM role (ReasonSTSProofRequired
+// otherwise) and the role must be one of allowed (ReasonRoleMismatch
+// otherwise). An empty allowed list requires the proof but accepts any role.
+func (id *Identity) CheckIAMRole(allowed []string) error {
+	if id == nil || id.AWS == nil {
+		return Refuse(ReasonSTSProofRequired, "not an AWS identity: an IAM role can only be proven by an EC2 instance")
+	}
+	if !id.AWS.STSProven || id.AWS.IAMRole == "" {
+		return Refuse(ReasonSTSProofRequired, "instance %s presented no signed sts:GetCallerIdentity request; the policy requires proof of its IAM role", id.AWS.InstanceID)
+	}
+	if len(allowed) > 0 && !slices.Contains(allowed, id.AWS.IAMRole) {
+		return Refuse(ReasonRoleMismatch, "instance %s has IAM role %q, the policy allows only %s", id.AWS.InstanceID, id.AWS.IAMRole, strings.Join(allowed, ", "))
+	}
+	return nil
+}
+
+// SanitizeDNSLabel maps s to DNS-1123 label characters: it lowercases,
+// replaces every run of characters outside [a-z0-9-] with one '-', collapses
+// runs of '-' and trims '-' at both ends. It does not shorten s.
+func SanitizeDNSLabel(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	dash := false
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+			dash = false
+			continue
+		}
+		if !dash {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	return strings.Trim(b.String(), "-")
+}

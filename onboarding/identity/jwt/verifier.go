@@ -1,0 +1,303 @@
+package jwt
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+	josejwt "github.com/go-jose/go-jose/v4/jwt"
+
+	"github.com/embark-mesh/embark/onboarding/identity"
+)
+
+// Defaults of the options.
+const (
+	// DefaultLeeway is the clock leeway for exp, nbf and iat.
+	DefaultLeeway = time.Minute
+	// DefaultRefreshInterval is how long a fetched JWKS is used before it is
+	// fetched again.
+	DefaultRefreshInterval = time.Hour
+	// DefaultMinRefreshInterval is the least time between two fetches of one
+	// JWKS, whatever tokens arrive.
+	DefaultMinRefreshInterval = 30 * time.Second
+	// DefaultFetchTimeout bounds one JWKS fetch with the default HTTP client.
+	DefaultFetchTimeout = 10 * time.Second
+	// MaxTokenSize is the largest token accepted.
+	MaxTokenSize = 16 << 10
+)
+
+// AllowedAlgorithms are the only signature algorithms accepted.
+var AllowedAlgorithms = []jose.SignatureAlgorithm{
+	jose.RS256, jose.RS384, jose.RS512,
+	jose.PS256, jose.PS384, jose.PS512,
+	jose.ES256, jose.ES384, jose.ES512,
+	jose.EdDSA,
+}
+
+type issuer struct {
+	cfg  IssuerConfig
+	keys keySource
+}
+
+// Verifier verifies JWTs of the configured issuers. It is safe for
+// concurrent use.
+type Verifier struct {
+	issuers map[string]*issuer
+	now     func() time.Time
+	leeway  time.Duration
+}
+
+var _ identity.Verifier[string] = (*Verifier)(nil)
+
+type options struct {
+	httpClient *http.Client
+	now        func() time.Time
+	leeway     time.Duration
+	refresh    time.Duration
+	minRefresh time.Duration
+	logger     *slog.Logger
+}
+
+// Option configures a Verifier.
+type Option func(*options)
+
+// WithHTTPClient sets the client that fetches JWKS URLs. Default: a client
+// with a DefaultFetchTimeout timeout.
+func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
+
+// WithClock sets the verifier's clock. Default: time.Now.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithLeeway sets the clock leeway for exp, nbf and iat. Default:
+// DefaultLeeway.
+func WithLeeway(d time.Duration) Option { return func(o *options) { o.leeway = d } }
+
+// WithJWKSRefresh sets how long a fetched JWKS is used (default
+// DefaultRefreshInterval) and the least time between two fetches of one
+// JWKS (default DefaultMinRefreshInterval), which also limits refetches
+// caused by unknown kids.
+func WithJWKSRefresh(refresh, minRefresh time.Duration) Option {
+	return func(o *options) { o.refresh, o.minRefresh = refresh, minRefresh }
+}
+
+// WithLogger sets the logger. Default: discard.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+func (o *options) setDefaults() error {
+	if o.httpClient == nil {
+		o.httpClient = &http.Client{Timeout: DefaultFetchTimeout}
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	if o.leeway == 0 {
+		o.leeway = DefaultLeeway
+	}
+	if o.refresh == 0 {
+		o.refresh = DefaultRefreshInterval
+	}
+	if o.minRefresh == 0 {
+		o.minRefresh = DefaultMinRefreshInterval
+	}
+	if o.leeway < 0 || o.refresh < 0 || o.minRefresh < 0 {
+		return errors.New("leeway and refresh intervals must not be negative")
+	}
+	if o.minRefresh > o.refresh {
+		return fmt.Errorf("minimum JWKS refresh interval %s is longer than the refresh interval %s", o.minRefresh, o.refresh)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return nil
+}
+
+// NewVerifier returns a Verifier trusting issuers. Inline key sets are
+// parsed now; key sets at URLs are fetched when first needed.
+func NewVerifier(issuers []IssuerConfig, opts ...Option) (*Verifier, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := o.setDefaults(); err != nil {
+		return nil, fmt.Errorf("jwt identity verifier: %w", err)
+	}
+	v := &Verifier{issuers: make(map[string]*issuer), now: o.now, leeway: o.leeway}
+	shortNames := map[string]bool{}
+	for _, cfg := range issuers {
+		if err := cfg.validate(); err != nil {
+			return nil, fmt.Errorf("jwt identity verifier: %w", err)
+		}
+		if v.issuers[cfg.Issuer] != nil {
+			return nil, fmt.Errorf("jwt identity verifier: issuer %q configured twice", cfg.Issuer)
+		}
+		if shortNames[cfg.ShortName] {
+			return nil, fmt.Errorf("jwt identity verifier: shortName %q used by two issuers", cfg.ShortName)
+		}
+		shortNames[cfg.ShortName] = true
+		is := &issuer{cfg: cfg}
+		if len(cfg.JWKS) > 0 {
+			set, err := parseKeySet(cfg.JWKS)
+			if err != nil {
+				return nil, fmt.Errorf("jwt identity verifier: issuer %q: %w", cfg.Issuer, err)
+			}
+			is.keys = &staticKeySet{set: set}
+		} else {
+			is.keys = &remoteKeySet{
+				url: cfg.JWKSURL, client: o.httpClient, now: o.now,
+				refresh: o.refresh, minRefresh: o.minRefresh,
+				log: o.logger.With("issuer", cfg.Issuer),
+			}
+		}
+		v.issuers[cfg.Issuer] = is
+	}
+	return v, nil
+}
+
+// joseHeader is the part of a JOSE header read before go-jose parses the
+// token, to name a refused algorithm precisely.
+type joseHeader struct {
+	Alg string `json:"alg"`
+}
+
+func refuseAlg(alg string) error {
+	switch {
+	case alg == "" || strings.EqualFold(alg, "none"):
+		return identity.Refuse(identity.ReasonDisallowedAlgorithm, "token alg %q: unsigned tokens are refused", alg)
+	case strings.HasPrefix(strings.ToUpper(alg), "HS"):
+		return identity.Refuse(identity.ReasonDisallowedAlgorithm, "token alg %s: HMAC (shared-secret) tokens are refused; only asymmetric algorithms are accepted", alg)
+	case !slices.Contains(AllowedAlgorithms, jose.SignatureAlgorithm(alg)):
+		return identity.Refuse(identity.ReasonDisallowedAlgorithm, "token alg %q is not one of RS256/384/512, PS256/384/512, ES256/384/512, EdDSA", alg)
+	}
+	return nil
+}
+
+// Verify verifies token and returns the identity it proves.
+func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity, error) {
+	if len(token) > MaxTokenSize {
+		return nil, identity.Refuse(identity.ReasonMalformed, "token is %d bytes, more than %d", len(token), MaxTokenSize)
+	}
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return nil, identity.Refuse(identity.ReasonMalformed, "token is not a signed JWT in compact serialization (%d parts, want 3)", len(parts))
+	}
+	rawHeader, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil {
+		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "token header is not base64url")
+	}
+	var hdr joseHeader
+	if err := json.Unmarshal(rawHeader, &hdr); err != nil {
+		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "token header is not a JSON object")
+	}
+	if err := refuseAlg(hdr.Alg); err != nil {
+		return nil, err
+	}
+	tok, err := josejwt.ParseSigned(token, AllowedAlgorithms)
+	if err != nil {
+		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "parse token")
+	}
+	if len(tok.Headers) != 1 {
+		return nil, identity.Refuse(identity.ReasonMalformed, "token has %d signatures, want 1", len(tok.Headers))
+	}
+	header := tok.Headers[0]
+	alg := jose.SignatureAlgorithm(header.Algorithm)
+	if err := refuseAlg(header.Algorithm); err != nil {
+		return nil, err
+	}
+
+	var unverified struct {
+		Issuer string `json:"iss"`
+	}
+	if err := tok.UnsafeClaimsWithoutVerification(&unverified); err != nil {
+		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "token claims are not a JSON object")
+	}
+	is, ok := v.issuers[unverified.Issuer]
+	if !ok {
+		return nil, identity.Refuse(identity.ReasonUnknownIssuer, "token issuer %q is not a configured issuer", truncate(unverified.Issuer, 200))
+	}
+
+	keys, err := is.keys.candidates(ctx, header.KeyID, alg)
+	if err != nil {
+		return nil, err
+	}
+	var payload []byte
+	var sigErr error
+	for _, k := range keys {
+		var raw json.RawMessage
+		if err := tok.Claims(k.Key, &raw); err != nil {
+			sigErr = err
+			continue
+		}
+		payload = raw
+		break
+	}
+	if payload == nil {
+		return nil, identity.RefuseWrap(identity.ReasonBadSignature, sigErr, "token signature does not verify with the key(s) of issuer %s for kid %q", is.cfg.Issuer, header.KeyID)
+	}
+	return v.checkClaims(is, payload)
+}
+
+func (v *Verifier) checkClaims(is *issuer, payload []byte) (*identity.Identity, error) {
+	var claims josejwt.Claims
+	if err := json.Unmarshal(payload, &claims); err != nil {
+		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "token claims")
+	}
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.UseNumber()
+	var raw map[string]any
+	if err := dec.Decode(&raw); err != nil {
+		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "token claims")
+	}
+	now := v.now()
+	if claims.Issuer != is.cfg.Issuer {
+		return nil, identity.Refuse(identity.ReasonUnknownIssuer, "token issuer %q is not %q", claims.Issuer, is.cfg.Issuer)
+	}
+	if claims.Expiry == nil {
+		return nil, identity.Refuse(identity.ReasonMalformed, "token has no exp")
+	}
+	if exp := claims.Expiry.Time(); !now.Before(exp.Add(v.leeway)) {
+		return nil, identity.Refuse(identity.ReasonExpired, "token expired at %s (now %s, leeway %s)", exp.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339), v.leeway)
+	}
+	if claims.NotBefore != nil {
+		if nbf := claims.NotBefore.Time(); now.Add(v.leeway).Before(nbf) {
+			return nil, identity.Refuse(identity.ReasonNotYetValid, "token is not valid before %s (now %s, leeway %s)", nbf.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339), v.leeway)
+		}
+	}
+	if claims.IssuedAt != nil {
+		if iat := claims.IssuedAt.Time(); now.Add(v.leeway).Before(iat) {
+			return nil, identity.Refuse(identity.ReasonNotYetValid, "token was issued in the future, at %s (now %s, leeway %s)", iat.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339), v.leeway)
+		}
+	}
+	if !slices.ContainsFunc(is.cfg.Audiences, claims.Audience.Contains) {
+		return nil, identity.Refuse(identity.ReasonWrongAudience, "token audience %v contains none of issuer %s's audiences %v", []string(claims.Audience), is.cfg.Issuer, is.cfg.Audiences)
+	}
+	if claims.Subject == "" {
+		return nil, identity.Refuse(identity.ReasonMalformed, "token has no sub")
+	}
+	return &identity.Identity{
+		Method: identity.MethodJWT,
+		JWT: &identity.JWTIdentity{
+			Issuer:     is.cfg.Issuer,
+			ShortName:  is.cfg.ShortName,
+			Subject:    claims.Subject,
+			Attributes: extractAttributes(raw, is.cfg.Attributes),
+			Expiry:     claims.Expiry.Time(),
+		},
+	}, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
