@@ -1,0 +1,269 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+// ReasonOnboardingDenied is the reason of the Warning Event the Authorizer
+// records on a WorkloadGroup when it denies a workload; the Event's message is
+// Decision.Message.
+const ReasonOnboardingDenied = "OnboardingDenied"
+
+// DefaultEventInterval is how long the Authorizer holds back a repeat of an
+// identical denial Event (same WorkloadGroup, same message), see
+// WithEventInterval.
+const DefaultEventInterval = 5 * time.Minute
+
+// maxTrackedEvents bounds the Authorizer's memory of recent denial Events.
+const maxTrackedEvents = 4096
+
+var (
+	// ErrWorkloadGroupNotFound: the WorkloadGroup a workload asked to join
+	// does not exist. The onboarding endpoint answers FailedPrecondition, as
+	// Istio does.
+	ErrWorkloadGroupNotFound = errors.New("WorkloadGroup not found")
+	// ErrDenied: no OnboardingPolicy allows the workload to join the
+	// WorkloadGroup. Errors for which errors.Is(err, ErrDenied) holds are
+	// *DeniedError values; the onboarding endpoint answers PermissionDenied
+	// with their message.
+	ErrDenied = errors.New("onboarding denied")
+)
+
+// DeniedError is the error Authorize returns for a denial. Its message is
+// Decision.Message; errors.Is(err, ErrDenied) holds.
+type DeniedError struct {
+	Decision Decision
+}
+
+var _ error = (*DeniedError)(nil)
+
+// Error returns the decision's operator-facing message.
+func (e *DeniedError) Error() string { return e.Decision.Message() }
+
+// Is makes errors.Is(err, ErrDenied) true.
+func (e *DeniedError) Is(target error) bool { return target == ErrDenied }
+
+// Option configures an Authorizer.
+type Option func(*options)
+
+type options struct {
+	logger        *slog.Logger
+	eventInterval time.Duration
+	clock         clock.PassiveClock
+}
+
+// WithLogger sets the logger. Default: discard.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// WithEventInterval sets how long an identical denial Event (same
+// WorkloadGroup, same message) is held back after one was recorded.
+// Default: DefaultEventInterval. Zero or less hands every denial to the
+// recorder, leaving all aggregation to client-go's event correlator.
+func WithEventInterval(d time.Duration) Option {
+	return func(o *options) { o.eventInterval = d }
+}
+
+// WithClock sets the clock for WithEventInterval. Default: the real clock.
+func WithClock(c clock.PassiveClock) Option {
+	return func(o *options) { o.clock = c }
+}
+
+// Authorizer decides onboarding requests from an informer-backed view of the
+// cluster and reports denials as Events on the WorkloadGroup.
+//
+// Events: a denial is handed to the recorder as a Warning Event with reason
+// OnboardingDenied on the WorkloadGroup, unless an identical one (same
+// WorkloadGroup UID, same message) was handed over less than the event
+// interval ago. A VM that retries every few seconds therefore costs one
+// Event per interval, not one per attempt. The recorder should come from a
+// k8s.io/client-go/tools/record EventBroadcaster, whose correlator adds its
+// own protection: identical Events become one Event whose count is increased
+// (a PATCH instead of a new object); from the 10th different message about
+// one WorkloadGroup within 10 minutes on, they are combined into one Event
+// showing the latest message; and a spam filter allows a burst of 25 Events
+// per WorkloadGroup and source, then one every 5 minutes. Recording never
+// blocks onboarding: the broadcaster drops Events when its queue is full.
+// (The events.k8s.io recorder of k8s.io/client-go/tools/events is not used
+// because it merges Events that differ only in their message into one
+// series that keeps the first message, hiding other workloads' denials.)
+//
+// An Authorizer is safe for concurrent use.
+type Authorizer struct {
+	reader   client.Reader
+	recorder record.EventRecorder
+	log      *slog.Logger
+	interval time.Duration
+	clock    clock.PassiveClock
+
+	mu     sync.Mutex
+	recent map[eventKey]time.Time
+}
+
+type eventKey struct {
+	namespace, name string
+	uid             types.UID
+	message         string
+}
+
+// NewAuthorizer returns an Authorizer that reads WorkloadGroups
+// (istio.io/client-go networking/v1) and OnboardingPolicies through reader,
+// typically the controller-runtime cache.Cache of the endpoint (its scheme
+// must know both types), and records denial Events with recorder.
+func NewAuthorizer(reader client.Reader, recorder record.EventRecorder, opts ...Option) (*Authorizer, error) {
+	if reader == nil {
+		return nil, errors.New("policy: NewAuthorizer: reader is nil")
+	}
+	if recorder == nil {
+		return nil, errors.New("policy: NewAuthorizer: recorder is nil")
+	}
+	o := options{eventInterval: DefaultEventInterval}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	if o.clock == nil {
+		o.clock = clock.RealClock{}
+	}
+	return &Authorizer{
+		reader:   reader,
+		recorder: recorder,
+		log:      o.logger,
+		interval: o.eventInterval,
+		clock:    o.clock,
+		recent:   make(map[eventKey]time.Time),
+	}, nil
+}
+
+// Authorize decides whether the workload with the verified identity id may
+// join the WorkloadGroup namespace/groupName, using the OnboardingPolicies of
+// that namespace (see Evaluate).
+//
+// It returns the Decision and:
+//   - nil when allowed;
+//   - an error wrapping ErrWorkloadGroupNotFound when the WorkloadGroup does
+//     not exist (the Decision is then empty);
+//   - a *DeniedError (errors.Is(err, ErrDenied)) when denied, after
+//     recording the OnboardingDenied Event on the WorkloadGroup;
+//   - another wrapped error when the reader fails.
+//
+// Invalid workloadGroupSelectors are logged as warnings.
+func (a *Authorizer) Authorize(ctx context.Context, namespace, groupName string, id runtimev1alpha1.WorkloadIdentity) (Decision, error) {
+	wg, policies, err := a.load(ctx, namespace, groupName)
+	if err != nil {
+		return Decision{}, err
+	}
+	d := Evaluate(policies, GroupRefOf(wg), id)
+	for _, s := range d.InvalidSelectors {
+		a.log.WarnContext(ctx, "OnboardingPolicy has an invalid workloadGroupSelector, which selects nothing",
+			"namespace", namespace, "policy", s.Policy, "rule", s.Rule, "onboardTo", s.Target, "error", s.Err)
+	}
+	if d.Allowed {
+		a.log.DebugContext(ctx, "onboarding allowed",
+			"namespace", namespace, "workloadGroup", groupName, "identity", DescribeIdentity(id),
+			"policy", d.AllowedBy.Policy, "rule", d.AllowedBy.Rule)
+		return d, nil
+	}
+	msg := d.Message()
+	a.log.InfoContext(ctx, "onboarding denied",
+		"namespace", namespace, "workloadGroup", groupName, "identity", DescribeIdentity(id),
+		"policies", d.Policies, "needsIAMRoleProof", d.NeedsIAMRoleProof, "message", msg)
+	a.recordDenial(ctx, wg, msg)
+	return d, &DeniedError{Decision: d}
+}
+
+// RequiresIAMRoleProof reports whether a rule of an OnboardingPolicy in the
+// namespace that selects the WorkloadGroup names IAM roles (see the function
+// RequiresIAMRoleProof). The endpoint asks an EC2 agent that sent no signed
+// sts:GetCallerIdentity request for one when this is true, before calling
+// Authorize, so that workloads that can prove their role are not first
+// denied (and reported in an Event) for lack of proof. A missing
+// WorkloadGroup gives an error wrapping ErrWorkloadGroupNotFound.
+func (a *Authorizer) RequiresIAMRoleProof(ctx context.Context, namespace, groupName string) (bool, error) {
+	wg, policies, err := a.load(ctx, namespace, groupName)
+	if err != nil {
+		return false, err
+	}
+	return RequiresIAMRoleProof(policies, GroupRefOf(wg)), nil
+}
+
+// load reads the WorkloadGroup and the OnboardingPolicies of its namespace.
+func (a *Authorizer) load(ctx context.Context, namespace, groupName string) (*networkingv1.WorkloadGroup, []authorizationv1alpha1.OnboardingPolicy, error) {
+	wg := &networkingv1.WorkloadGroup{}
+	if err := a.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: groupName}, wg); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil, fmt.Errorf("%w: %s/%s", ErrWorkloadGroupNotFound, namespace, groupName)
+		}
+		return nil, nil, fmt.Errorf("get WorkloadGroup %s/%s: %w", namespace, groupName, err)
+	}
+	var list authorizationv1alpha1.OnboardingPolicyList
+	if err := a.reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
+		return nil, nil, fmt.Errorf("list OnboardingPolicies in namespace %s: %w", namespace, err)
+	}
+	return wg, list.Items, nil
+}
+
+// recordDenial hands the denial Event to the recorder unless an identical
+// one was handed over within the event interval.
+func (a *Authorizer) recordDenial(ctx context.Context, wg *networkingv1.WorkloadGroup, msg string) {
+	if !a.shouldRecord(eventKey{namespace: wg.Namespace, name: wg.Name, uid: wg.UID, message: msg}) {
+		a.log.DebugContext(ctx, "denial Event held back: an identical one was recorded recently",
+			"namespace", wg.Namespace, "workloadGroup", wg.Name, "interval", a.interval)
+		return
+	}
+	// Called without holding a.mu: the recorder is outside code.
+	a.recorder.Event(wg, corev1.EventTypeWarning, ReasonOnboardingDenied, msg)
+}
+
+func (a *Authorizer) shouldRecord(k eventKey) bool {
+	if a.interval <= 0 {
+		return true
+	}
+	now := a.clock.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if last, ok := a.recent[k]; ok && now.Sub(last) < a.interval {
+		return false
+	}
+	if len(a.recent) >= maxTrackedEvents {
+		a.pruneLocked(now)
+	}
+	a.recent[k] = now
+	return true
+}
+
+// pruneLocked forgets expired entries and, if that is not enough, arbitrary
+// ones, so that the map stays below maxTrackedEvents. Forgetting an entry
+// early only lets one more Event through to client-go's correlator.
+func (a *Authorizer) pruneLocked(now time.Time) {
+	for k, t := range a.recent {
+		if now.Sub(t) >= a.interval {
+			delete(a.recent, k)
+		}
+	}
+	for k := range a.recent {
+		if len(a.recent) < maxTrackedEvents {
+			break
+		}
+		delete(a.recent, k)
+	}
+}

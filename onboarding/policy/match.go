@@ -1,0 +1,237 @@
+package policy
+
+import (
+	"fmt"
+	"math/bits"
+	"slices"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+// failure is a set of constraints of one workloads[] matcher that an identity
+// fails.
+type failure uint16
+
+const (
+	// failKind: the matcher is for the other kind of identity (aws vs jwt),
+	// or the identity has neither.
+	failKind failure = 1 << iota
+	// failMalformed: the matcher sets neither or both of aws and jwt
+	// (admission refuses this; it never matches).
+	failMalformed
+	failPartition
+	failAccount
+	failRegion
+	failZone
+	failNotEC2
+	failRoleUnproven
+	failRole
+	failIssuer
+	failSubject
+	failAttribute
+)
+
+// farAway is the distance of a matcher that cannot match this kind of
+// identity at all, so that rules for the right kind of identity are always
+// closer.
+const farAway = 1 << 10
+
+// distance is how far a failure set is from a match: the number of failed
+// constraints, or farAway for a matcher of the wrong kind.
+func (f failure) distance() int {
+	if f&(failKind|failMalformed) != 0 {
+		return farAway
+	}
+	return bits.OnesCount16(uint16(f))
+}
+
+// closestWorkload returns the index of the first matcher with the smallest
+// distance to id, that distance (0 = match), and whether some matcher fails
+// only for want of a proven IAM role.
+func closestWorkload(ws []authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.WorkloadIdentity) (index, dist int, roleOnly bool) {
+	dist = farAway + 1
+	for i := range ws {
+		f := matchWorkload(&ws[i], id)
+		if f == failRoleUnproven {
+			roleOnly = true
+		}
+		if d := f.distance(); d < dist {
+			index, dist = i, d
+			if d == 0 {
+				return index, 0, roleOnly
+			}
+		}
+	}
+	return index, dist, roleOnly
+}
+
+// matchWorkload returns the constraints of m that id fails; 0 is a match.
+func matchWorkload(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.WorkloadIdentity) failure {
+	switch {
+	case (m.AWS == nil) == (m.JWT == nil):
+		return failMalformed
+	case m.AWS != nil:
+		return matchAWS(m.AWS, id.AWS)
+	default:
+		return matchJWT(m.JWT, id.JWT)
+	}
+}
+
+func matchAWS(m *authorizationv1alpha1.AWSMatcher, id *runtimev1alpha1.AWSIdentity) failure {
+	if id == nil {
+		return failKind
+	}
+	var f failure
+	if len(m.Partitions) > 0 && !slices.Contains(m.Partitions, authorizationv1alpha1.AWSPartition(id.Partition)) {
+		f |= failPartition
+	}
+	// Accounts are never a wildcard: an empty list matches no account.
+	if !slices.Contains(m.Accounts, id.Account) {
+		f |= failAccount
+	}
+	if len(m.Regions) > 0 && !slices.Contains(m.Regions, id.Region) {
+		f |= failRegion
+	}
+	if len(m.Zones) > 0 && !slices.Contains(m.Zones, id.Zone) {
+		f |= failZone
+	}
+	if m.EC2 != nil {
+		switch {
+		case id.EC2 == nil:
+			f |= failNotEC2
+		case len(m.EC2.IAMRoleNames) == 0:
+		case id.EC2.IAMRole == "":
+			f |= failRoleUnproven
+		case !slices.Contains(m.EC2.IAMRoleNames, id.EC2.IAMRole):
+			f |= failRole
+		}
+	}
+	return f
+}
+
+func matchJWT(m *authorizationv1alpha1.JWTMatcher, id *runtimev1alpha1.JWTIdentity) failure {
+	if id == nil {
+		return failKind
+	}
+	var f failure
+	if id.Issuer != m.Issuer {
+		f |= failIssuer
+	}
+	if len(m.Subjects) > 0 && !slices.Contains(m.Subjects, id.Subject) {
+		f |= failSubject
+	}
+	for i := range m.Attributes {
+		a := &m.Attributes[i]
+		v, ok := id.Attributes[a.Name]
+		if !ok || !slices.Contains(a.Values, v) {
+			f |= failAttribute
+			break
+		}
+	}
+	return f
+}
+
+// workloadReasons describes, for an operator, every constraint of m that id
+// fails. It is only called for the few rules a Decision reports.
+func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.WorkloadIdentity) []string {
+	var out []string
+	switch {
+	case m.AWS != nil && m.JWT != nil:
+		return []string{"matcher sets both aws and jwt"}
+	case m.AWS == nil && m.JWT == nil:
+		return []string{"matcher sets neither aws nor jwt"}
+	case m.AWS != nil:
+		a, ida := m.AWS, id.AWS
+		if ida == nil {
+			return []string{fmt.Sprintf("rule matches aws workloads, identity is %s", identityKind(id))}
+		}
+		if len(a.Partitions) > 0 && !slices.Contains(a.Partitions, authorizationv1alpha1.AWSPartition(ida.Partition)) {
+			out = append(out, fmt.Sprintf("partition %s not in %s", clip(ida.Partition), formatList(a.Partitions)))
+		}
+		if !slices.Contains(a.Accounts, ida.Account) {
+			out = append(out, fmt.Sprintf("account %s not in %s", clip(ida.Account), formatList(a.Accounts)))
+		}
+		if len(a.Regions) > 0 && !slices.Contains(a.Regions, ida.Region) {
+			out = append(out, fmt.Sprintf("region %s not in %s", clip(ida.Region), formatList(a.Regions)))
+		}
+		if len(a.Zones) > 0 && !slices.Contains(a.Zones, ida.Zone) {
+			out = append(out, fmt.Sprintf("zone %s not in %s", clip(ida.Zone), formatList(a.Zones)))
+		}
+		if a.EC2 != nil {
+			switch {
+			case ida.EC2 == nil:
+				out = append(out, "not an EC2 instance (rule requires ec2)")
+			case len(a.EC2.IAMRoleNames) == 0:
+			case ida.EC2.IAMRole == "":
+				out = append(out, fmt.Sprintf("iam role not proven (policy requires one of %s)", formatList(a.EC2.IAMRoleNames)))
+			case !slices.Contains(a.EC2.IAMRoleNames, ida.EC2.IAMRole):
+				out = append(out, fmt.Sprintf("iam role %s not in %s", clip(ida.EC2.IAMRole), formatList(a.EC2.IAMRoleNames)))
+			}
+		}
+	default:
+		j, idj := m.JWT, id.JWT
+		if idj == nil {
+			return []string{fmt.Sprintf("rule matches jwt issuer %s, identity is %s", clip(j.Issuer), identityKind(id))}
+		}
+		if idj.Issuer != j.Issuer {
+			out = append(out, fmt.Sprintf("issuer %s is not %s", clip(idj.Issuer), clip(j.Issuer)))
+		}
+		if len(j.Subjects) > 0 && !slices.Contains(j.Subjects, idj.Subject) {
+			out = append(out, fmt.Sprintf("subject %s not in %s", clip(idj.Subject), formatList(j.Subjects)))
+		}
+		failed := 0
+		for i := range j.Attributes {
+			a := &j.Attributes[i]
+			v, ok := idj.Attributes[a.Name]
+			if ok && slices.Contains(a.Values, v) {
+				continue
+			}
+			failed++
+			switch {
+			case failed > maxListItems:
+				// Bounded: the rest are counted in one reason below.
+			case !ok:
+				out = append(out, fmt.Sprintf("attribute %s missing (policy requires one of %s)", clip(a.Name), formatList(a.Values)))
+			default:
+				out = append(out, fmt.Sprintf("attribute %s=%s not in %s", clip(a.Name), clip(v), formatList(a.Values)))
+			}
+		}
+		if failed > maxListItems {
+			out = append(out, fmt.Sprintf("(+%d more attributes)", failed-maxListItems))
+		}
+	}
+	return out
+}
+
+// groupReason describes why no target selects the group.
+func groupReason(targets []authorizationv1alpha1.OnboardTarget, group GroupRef) string {
+	sels := make([]string, 0, min(len(targets), maxListItems))
+	for i := range targets {
+		if i == maxListItems {
+			sels = append(sels, fmt.Sprintf("(+%d more selectors)", len(targets)-maxListItems))
+			break
+		}
+		s := &targets[i].WorkloadGroupSelector
+		if _, err := selectorOf(s); err != nil {
+			sels = append(sels, fmt.Sprintf("invalid onboardTo[%d].workloadGroupSelector (%s)", i, clip(err.Error())))
+			continue
+		}
+		sels = append(sels, describeSelector(s))
+	}
+	if len(sels) == 0 {
+		return "rule lists no onboardTo targets"
+	}
+	return fmt.Sprintf("WorkloadGroup labels %s not selected by %s", formatLabels(group.Labels), joinOr(sels))
+}
+
+func identityKind(id runtimev1alpha1.WorkloadIdentity) string {
+	switch {
+	case id.AWS != nil:
+		return "aws"
+	case id.JWT != nil:
+		return "jwt"
+	default:
+		return "empty"
+	}
+}
