@@ -10,6 +10,12 @@ TESTENV_BIN := $(BIN)/testenv
 
 CONTROLLER_GEN_VERSION := v0.23.0
 CONTROLLER_GEN := $(TOOLS_BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+# protoc-gen-go matches the google.golang.org/protobuf runtime in go.mod.
+PROTOC_GEN_GO_VERSION := $(shell go list -m -f '{{.Version}}' google.golang.org/protobuf)
+PROTOC_GEN_GO := $(TOOLS_BIN)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+PROTOC_GEN_GO_GRPC := $(TOOLS_BIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)
+PROTO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.proto')
 
 GO_TEST_FLAGS ?= -race -count=1
 # Integration tests find the kube-apiserver and etcd binaries here.
@@ -41,14 +47,19 @@ build: ## Build every package and the binaries under cmd/ into bin/.
 	@if compgen -G "cmd/*/main.go" >/dev/null; then GOBIN=$(BIN) go install ./cmd/...; fi
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Regenerate deepcopy functions and CRD YAML.
+generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate deepcopy, CRD YAML and protobuf/gRPC code.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/... output:crd:artifacts:config=$(CRD_DIR)
+	@command -v protoc >/dev/null || { echo "protoc not found: apt-get install protobuf-compiler" >&2; exit 1; }
+	protoc -I . -I /usr/include \
+		--plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/embark-mesh/embark \
+		--plugin=protoc-gen-go-grpc=$(PROTOC_GEN_GO_GRPC) --go-grpc_out=. --go-grpc_opt=module=github.com/embark-mesh/embark \
+		$(PROTO_FILES)
 
 .PHONY: verify
 verify: generate ## Fail when generated files are stale or code is not gofmt-clean.
-	@git diff --exit-code -- api/ || { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
-	@untracked=$$(git ls-files --others --exclude-standard -- api/); \
+	@git diff --exit-code -- api/ '*.pb.go' || { echo "generated files are stale: run 'make generate' and commit" >&2; exit 1; }
+	@untracked=$$(git ls-files --others --exclude-standard -- api/ '*.pb.go'); \
 		if [ -n "$$untracked" ]; then echo "untracked generated files: $$untracked" >&2; exit 1; fi
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
@@ -77,6 +88,16 @@ lint: ## Run gofmt and go vet.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
+
+$(PROTOC_GEN_GO):
+	mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	mv $(TOOLS_BIN)/protoc-gen-go $@
+
+$(PROTOC_GEN_GO_GRPC):
+	mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	mv $(TOOLS_BIN)/protoc-gen-go-grpc $@
 
 $(CONTROLLER_GEN):
 	mkdir -p $(TOOLS_BIN)

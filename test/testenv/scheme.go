@@ -1,35 +1,10 @@
 package testenv
 
 import (
-	"fmt"
-
-	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	istionetworkingv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
-	istionetworkingv1beta1 "istio.io/client-go/pkg/apis/networking/v1beta1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
-	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/api/scheme"
 )
 
-// Scheme returns a scheme with Kubernetes' built-in types, CRDs, Istio's
-// networking types and Embark's own types.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme,
-		apiextensionsv1.AddToScheme,
-		istionetworkingv1.AddToScheme,
-		istionetworkingv1beta1.AddToScheme,
-		istionetworkingv1alpha3.AddToScheme,
-		runtimev1alpha1.AddToScheme,
-		authorizationv1alpha1.AddToScheme,
-	} {
-		if err := add(s); err != nil {
-			return nil, fmt.Errorf("build scheme: %w", err)
-		}
-	}
-	return s, nil
-}
+// Scheme returns the scheme Embark's binaries use (package api/scheme).
+func Scheme() (*runtime.Scheme, error) { return scheme.New() }

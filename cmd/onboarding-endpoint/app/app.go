@@ -1,0 +1,291 @@
+// Package app wires the onboarding endpoint together from its configuration
+// file: Kubernetes clients and informer cache, identity verifiers, policy
+// authorizer, token issuer, registrar, the TLS-served gRPC API and the
+// metrics/health server.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	"github.com/embark-mesh/embark/api/scheme"
+	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/onboarding/endpoint"
+	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
+	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/policy"
+	"github.com/embark-mesh/embark/onboarding/servingcert"
+	"github.com/embark-mesh/embark/onboarding/token"
+	"github.com/embark-mesh/embark/registry"
+)
+
+// Options are the command line of the endpoint.
+type Options struct {
+	// ConfigFile is the OnboardingEndpointConfiguration. Required.
+	ConfigFile string
+	// Kubeconfig; empty means in-cluster (or $KUBECONFIG).
+	Kubeconfig string
+	// Replica names this process (default: the host name).
+	Replica string
+	Logger  *slog.Logger
+	// Ready, when set, is closed once the endpoint serves.
+	Ready chan<- struct{}
+}
+
+// Run runs the endpoint until ctx ends.
+func Run(ctx context.Context, opts Options) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg, err := config.Load(opts.ConfigFile)
+	if err != nil {
+		return err
+	}
+	if opts.Replica == "" {
+		opts.Replica, _ = os.Hostname()
+	}
+	restCfg, err := restConfig(opts.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	sch, err := scheme.New()
+	if err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+
+	informers, err := cache.New(restCfg, cache.Options{Scheme: sch})
+	if err != nil {
+		return fmt.Errorf("informer cache: %w", err)
+	}
+	if err := registry.SetupIndexes(ctx, informers); err != nil {
+		return err
+	}
+	kc, err := client.New(restCfg, client.Options{Scheme: sch, Cache: &client.CacheOptions{Reader: informers}})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	go func() {
+		if err := informers.Start(ctx); err != nil {
+			log.Error("informer cache stopped", "error", err)
+		}
+	}()
+	if !informers.WaitForCacheSync(ctx) {
+		return fmt.Errorf("informer cache did not start: %w", context.Cause(ctx))
+	}
+	for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadGroupList{}, &istionetworkingv1.WorkloadEntryList{}, &authorizationv1alpha1.OnboardingPolicyList{}} {
+		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
+			return fmt.Errorf("sync informer for %T: %w", l, err)
+		}
+	}
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+	recorder := broadcaster.NewRecorder(sch, corev1.EventSource{Component: "onboarding-endpoint", Host: opts.Replica})
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := endpoint.NewMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+
+	// Onboarding token keys: created on first start, shared by replicas.
+	if _, err := token.EnsureKeySecret(ctx, cs.CoreV1(), cfg.Namespace, cfg.TokenIssuer.JWT.SigningKeySecret); err != nil {
+		return fmt.Errorf("onboarding token signing key: %w", err)
+	}
+	keys := token.NewSecretKeySource(cs.CoreV1(), cfg.Namespace, cfg.TokenIssuer.JWT.SigningKeySecret, token.WithSourceLogger(log))
+	go func() {
+		if err := keys.Start(ctx); err != nil && ctx.Err() == nil {
+			log.Error("onboarding token key watch stopped", "error", err)
+		}
+	}()
+	if err := keys.WaitForKeys(ctx); err != nil {
+		return fmt.Errorf("onboarding token signing key: %w", err)
+	}
+	tokens, err := token.NewIssuer(keys, "https://"+cfg.Audience(), cfg.Audience(),
+		token.WithLifetime(cfg.TokenIssuer.JWT.Expiration.Duration), token.WithLogger(log))
+	if err != nil {
+		return fmt.Errorf("onboarding token issuer: %w", err)
+	}
+
+	awsVerifier, err := newAWSVerifier(cfg, log)
+	if err != nil {
+		return err
+	}
+	var jwtVerifier endpoint.JWTVerifier
+	if len(cfg.Identity.JWT) > 0 {
+		if jwtVerifier, err = newJWTVerifier(cfg, log); err != nil {
+			return err
+		}
+	}
+	authz, err := policy.NewAuthorizer(informers, recorder, policy.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	registrar, err := registry.NewRegistrar(registry.Options{
+		Client: kc, Cache: informers, Recorder: recorder, Logger: log,
+		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+	})
+	if err != nil {
+		return err
+	}
+	server, err := endpoint.NewServer(endpoint.Options{
+		AWS: awsVerifier, JWT: jwtVerifier, Authorizer: authz, Tokens: tokens, Registrar: registrar, Client: kc,
+		Bootstrap: endpoint.BootstrapSettings{
+			DiscoveryAddress: cfg.Mesh.DiscoveryAddress, ClusterID: cfg.Mesh.ClusterID, TrustDomain: cfg.Mesh.TrustDomain,
+		},
+		PropagationDelay: cfg.Registration.PropagationDelay.Duration,
+		Logger:           log,
+		Metrics:          metrics,
+	})
+	if err != nil {
+		return err
+	}
+
+	grpcOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor())}
+	switch {
+	case cfg.Endpoint.Plaintext:
+		log.Warn("serving the onboarding API WITHOUT TLS (endpoint.plaintext): for tests on loopback only")
+	case cfg.Endpoint.SecretName != "":
+		src, err := servingcert.FromSecret(ctx, cs, cfg.Namespace, cfg.Endpoint.SecretName, log)
+		if err != nil {
+			return err
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+	default:
+		src, err := servingcert.FromFiles(ctx, cfg.Endpoint.CertFile, cfg.Endpoint.KeyFile, 0, log)
+		if err != nil {
+			return err
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+	}
+	g := grpc.NewServer(grpcOpts...)
+	server.RegisterService(g)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(g, hs)
+
+	lis, err := net.Listen("tcp", cfg.Listen.Onboarding)
+	if err != nil {
+		return fmt.Errorf("listen on %s (listen.onboarding): %w", cfg.Listen.Onboarding, err)
+	}
+	mlis, err := net.Listen("tcp", cfg.Listen.Metrics)
+	if err != nil {
+		_ = lis.Close()
+		return fmt.Errorf("listen on %s (listen.metrics): %w", cfg.Listen.Metrics, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if keys.KeySet() == nil {
+			http.Error(w, "no onboarding token key", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+
+	errc := make(chan error, 2)
+	go func() { errc <- g.Serve(lis) }()
+	go func() { errc <- msrv.Serve(mlis) }()
+	log.Info("onboarding endpoint serving", "onboarding", lis.Addr().String(), "metrics", mlis.Addr().String(), "replica", opts.Replica)
+	if opts.Ready != nil {
+		close(opts.Ready)
+	}
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	hs.Shutdown()
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_ = msrv.Shutdown(shutdownCtx)
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-shutdownCtx.Done():
+		g.Stop()
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if kubeconfig != "" {
+		rules.ExplicitPath = kubeconfig
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+func newAWSVerifier(cfg *config.Configuration, log *slog.Logger) (*awsidentity.Verifier, error) {
+	opts := []awsidentity.Option{awsidentity.WithLogger(log)}
+	if dir := cfg.Identity.AWS.CertificatesDir; dir != "" {
+		set, err := certs.LoadDirPath(dir)
+		if err != nil {
+			return nil, fmt.Errorf("identity.aws.certificatesDir: %w", err)
+		}
+		opts = append(opts, awsidentity.WithTrustedCertificates(set))
+	}
+	if ep := cfg.Identity.AWS.STSEndpoint; ep != "" {
+		opts = append(opts, awsidentity.WithSTSEndpoint(ep))
+	}
+	v, err := awsidentity.NewVerifier(cfg.Audience(), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("AWS identity verifier: %w", err)
+	}
+	return v, nil
+}
+
+func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.Verifier, error) {
+	issuers := make([]jwtidentity.IssuerConfig, 0, len(cfg.Identity.JWT))
+	for _, j := range cfg.Identity.JWT {
+		issuers = append(issuers, jwtidentity.IssuerConfig{
+			Issuer: j.Issuer, ShortName: j.ShortName, Audiences: j.Audiences,
+			JWKS: []byte(j.JWKS), JWKSURL: j.JWKSURL, Attributes: j.Attributes,
+		})
+	}
+	v, err := jwtidentity.NewVerifier(issuers, jwtidentity.WithLogger(log))
+	if err != nil {
+		return nil, fmt.Errorf("identity.jwt: %w", err)
+	}
+	return v, nil
+}

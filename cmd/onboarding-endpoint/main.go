@@ -1,0 +1,30 @@
+// Command onboarding-endpoint runs Embark's onboarding endpoint beside istiod.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+)
+
+func main() {
+	var opts app.Options
+	flag.StringVar(&opts.ConfigFile, "config", "/etc/onboarding-endpoint/config.yaml", "OnboardingEndpointConfiguration file")
+	flag.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster or $KUBECONFIG)")
+	flag.StringVar(&opts.Replica, "replica", os.Getenv("POD_NAME"), "name of this replica (default: $POD_NAME, else the host name)")
+	flag.Parse()
+	opts.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := app.Run(ctx, opts); err != nil {
+		fmt.Fprintf(os.Stderr, "onboarding-endpoint: %v\n", err)
+		os.Exit(1)
+	}
+}

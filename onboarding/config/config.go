@@ -1,0 +1,361 @@
+// Package config holds the onboarding endpoint's configuration file: a
+// versioned YAML document that mirrors spec.meshExpansion.onboarding of the
+// control-plane configuration (endpoint hosts and TLS secret, token
+// expiration, local repository) plus Embark's own settings. Load reads,
+// defaults and validates it; a bad file fails with the field named.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/yaml"
+)
+
+// APIVersion and Kind identify the configuration file.
+const (
+	APIVersion = "config.onboarding.tetrate.io/v1alpha1"
+	Kind       = "OnboardingEndpointConfiguration"
+)
+
+// Defaults.
+const (
+	DefaultListenAddress      = ":15443"
+	DefaultXDSListenAddress   = ":15012"
+	DefaultMetricsAddress     = ":15014"
+	DefaultTokenExpiration    = time.Hour
+	DefaultGracePeriod        = 5 * time.Minute
+	DefaultPropagationDelay   = 5 * time.Second
+	DefaultNamespace          = "istio-system"
+	DefaultSigningKeySecret   = "onboarding-token-signing-key"
+	DefaultClusterID          = "Kubernetes"
+	DefaultTrustDomain        = "cluster.local"
+	DefaultRepositoryDir      = "/var/lib/onboarding-endpoint/repository"
+	minTokenExpiration        = time.Minute
+	maxTokenExpiration        = 24 * time.Hour
+	minGracePeriod            = time.Second
+	defaultWriteQPS           = 50
+	defaultWriteBurst         = 100
+	defaultSweepRatePerSecond = 20
+)
+
+// Configuration is the onboarding endpoint's configuration file.
+type Configuration struct {
+	metav1.TypeMeta `json:",inline"`
+	// Endpoint is where agents reach the endpoint (meshExpansion.onboarding.endpoint).
+	Endpoint Endpoint `json:"endpoint"`
+	// TokenIssuer configures the onboarding token (meshExpansion.onboarding.tokenIssuer).
+	TokenIssuer TokenIssuer `json:"tokenIssuer,omitempty"`
+	// LocalRepository, when set (even to {}), serves the DEB/RPM packages of
+	// the agent and sidecar (meshExpansion.onboarding.localRepository).
+	LocalRepository *LocalRepository `json:"localRepository,omitempty"`
+	// Namespace of the endpoint's own Secrets and Lease. Default istio-system.
+	Namespace string `json:"namespace,omitempty"`
+	// Mesh describes the mesh the workloads join.
+	Mesh Mesh `json:"mesh,omitempty"`
+	// Identity configures how platform identities are verified.
+	Identity Identity `json:"identity,omitempty"`
+	// Registration configures the lifecycle of registrations.
+	Registration Registration `json:"registration,omitempty"`
+	// Listen addresses.
+	Listen Listen `json:"listen,omitempty"`
+}
+
+// Endpoint is meshExpansion.onboarding.endpoint.
+type Endpoint struct {
+	// Hosts are the endpoint's DNS names. Required. The first is the
+	// audience of onboarding tokens and STS proofs.
+	Hosts []string `json:"hosts"`
+	// SecretName is the Kubernetes TLS Secret (in Namespace) holding the
+	// endpoint's serving certificate. Required unless CertFile/KeyFile are set.
+	SecretName string `json:"secretName,omitempty"`
+	// CertFile and KeyFile are a PEM serving certificate and key, reloaded when
+	// they change; an alternative to SecretName.
+	CertFile string `json:"certFile,omitempty"`
+	KeyFile  string `json:"keyFile,omitempty"`
+	// Plaintext serves without TLS. Only for tests on loopback.
+	Plaintext bool `json:"plaintext,omitempty"`
+}
+
+// TokenIssuer is meshExpansion.onboarding.tokenIssuer.
+type TokenIssuer struct {
+	JWT JWTTokenIssuer `json:"jwt,omitempty"`
+}
+
+// JWTTokenIssuer configures the onboarding JWT.
+type JWTTokenIssuer struct {
+	// Expiration is the token lifetime. Default 1h; between 1m and 24h.
+	Expiration *metav1.Duration `json:"expiration,omitempty"`
+	// SigningKeySecret is the Secret (in Namespace) with the signing keys;
+	// created when missing. Default onboarding-token-signing-key.
+	SigningKeySecret string `json:"signingKeySecret,omitempty"`
+}
+
+// LocalRepository is meshExpansion.onboarding.localRepository.
+type LocalRepository struct {
+	// Directory holding install/... Default /var/lib/onboarding-endpoint/repository.
+	Directory string `json:"directory,omitempty"`
+}
+
+// Mesh describes the mesh.
+type Mesh struct {
+	// ClusterID of this cluster. Default Kubernetes.
+	ClusterID string `json:"clusterID,omitempty"`
+	// TrustDomain of the mesh. Default cluster.local.
+	TrustDomain string `json:"trustDomain,omitempty"`
+	// DiscoveryAddress is the xDS address sidecars connect to, host:port.
+	// Default: the first endpoint host with the xDS port.
+	DiscoveryAddress string `json:"discoveryAddress,omitempty"`
+}
+
+// Identity configures platform identity verification.
+type Identity struct {
+	// AWS verification.
+	AWS AWSIdentity `json:"aws,omitempty"`
+	// JWT lists the OIDC issuers trusted for on-prem hosts.
+	JWT []JWTIssuer `json:"jwt,omitempty"`
+}
+
+// AWSIdentity configures AWS verification.
+type AWSIdentity struct {
+	// CertificatesDir replaces the embedded AWS region certificates with the
+	// <region>.pem files of this directory.
+	CertificatesDir string `json:"certificatesDir,omitempty"`
+	// STSEndpoint overrides the STS endpoint (tests, private endpoints).
+	STSEndpoint string `json:"stsEndpoint,omitempty"`
+}
+
+// JWTIssuer is one trusted OIDC issuer.
+type JWTIssuer struct {
+	Issuer    string `json:"issuer"`
+	ShortName string `json:"shortName"`
+	// Audiences the token must carry one of. Default: the endpoint's first host.
+	Audiences []string `json:"audiences,omitempty"`
+	// JWKS inline (a JSON Web Key Set) or JWKSURL (https).
+	JWKS    string `json:"jwks,omitempty"`
+	JWKSURL string `json:"jwksURL,omitempty"`
+	// Attributes maps attribute names to dotted claim paths.
+	Attributes map[string]string `json:"attributes,omitempty"`
+}
+
+// Registration configures the lifecycle of registrations.
+type Registration struct {
+	// GracePeriod after a workload's last stream closed before its
+	// registration is removed. Default 5m.
+	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
+	// PropagationDelay the agent waits after unregistering. Default 5s.
+	PropagationDelay *metav1.Duration `json:"propagationDelay,omitempty"`
+	// WriteQPS and WriteBurst limit API writes of one replica. Default 50/100.
+	WriteQPS   float64 `json:"writeQPS,omitempty"`
+	WriteBurst int     `json:"writeBurst,omitempty"`
+	// SweepRatePerSecond limits grace-period deletions. Default 20.
+	SweepRatePerSecond float64 `json:"sweepRatePerSecond,omitempty"`
+}
+
+// Listen holds listen addresses.
+type Listen struct {
+	// Onboarding API (gRPC) and local repository (HTTPS). Default :15443.
+	Onboarding string `json:"onboarding,omitempty"`
+	// XDS server. Default :15012.
+	XDS string `json:"xds,omitempty"`
+	// Metrics and health. Default :15014.
+	Metrics string `json:"metrics,omitempty"`
+}
+
+// Load reads, defaults and validates the configuration file at path.
+func Load(path string) (*Configuration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read configuration: %w", err)
+	}
+	cfg, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("configuration %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes, defaults and validates a configuration. Unknown fields are
+// errors.
+func Parse(data []byte) (*Configuration, error) {
+	cfg := &Configuration{}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, errors.New("empty configuration")
+	}
+	if err := yaml.UnmarshalStrict(data, cfg); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	if errs := cfg.validateType(); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	cfg.SetDefaults()
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	return cfg, nil
+}
+
+func (c *Configuration) validateType() field.ErrorList {
+	var errs field.ErrorList
+	if c.APIVersion != APIVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), c.APIVersion, []string{APIVersion}))
+	}
+	if c.Kind != Kind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), c.Kind, []string{Kind}))
+	}
+	return errs
+}
+
+// SetDefaults fills every unset field with its default.
+func (c *Configuration) SetDefaults() {
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.TokenIssuer.JWT.Expiration == nil {
+		c.TokenIssuer.JWT.Expiration = &metav1.Duration{Duration: DefaultTokenExpiration}
+	}
+	if c.TokenIssuer.JWT.SigningKeySecret == "" {
+		c.TokenIssuer.JWT.SigningKeySecret = DefaultSigningKeySecret
+	}
+	if c.LocalRepository != nil && c.LocalRepository.Directory == "" {
+		c.LocalRepository.Directory = DefaultRepositoryDir
+	}
+	if c.Mesh.ClusterID == "" {
+		c.Mesh.ClusterID = DefaultClusterID
+	}
+	if c.Mesh.TrustDomain == "" {
+		c.Mesh.TrustDomain = DefaultTrustDomain
+	}
+	if c.Listen.Onboarding == "" {
+		c.Listen.Onboarding = DefaultListenAddress
+	}
+	if c.Listen.XDS == "" {
+		c.Listen.XDS = DefaultXDSListenAddress
+	}
+	if c.Listen.Metrics == "" {
+		c.Listen.Metrics = DefaultMetricsAddress
+	}
+	if c.Mesh.DiscoveryAddress == "" && len(c.Endpoint.Hosts) > 0 {
+		_, port, err := net.SplitHostPort(c.Listen.XDS)
+		if err == nil {
+			c.Mesh.DiscoveryAddress = net.JoinHostPort(c.Endpoint.Hosts[0], port)
+		}
+	}
+	for i := range c.Identity.JWT {
+		if len(c.Identity.JWT[i].Audiences) == 0 && len(c.Endpoint.Hosts) > 0 {
+			c.Identity.JWT[i].Audiences = []string{c.Endpoint.Hosts[0]}
+		}
+	}
+	r := &c.Registration
+	if r.GracePeriod == nil {
+		r.GracePeriod = &metav1.Duration{Duration: DefaultGracePeriod}
+	}
+	if r.PropagationDelay == nil {
+		r.PropagationDelay = &metav1.Duration{Duration: DefaultPropagationDelay}
+	}
+	if r.WriteQPS == 0 {
+		r.WriteQPS = defaultWriteQPS
+	}
+	if r.WriteBurst == 0 {
+		r.WriteBurst = defaultWriteBurst
+	}
+	if r.SweepRatePerSecond == 0 {
+		r.SweepRatePerSecond = defaultSweepRatePerSecond
+	}
+}
+
+// Validate checks a defaulted configuration.
+func (c *Configuration) Validate() field.ErrorList {
+	var errs field.ErrorList
+	ep := field.NewPath("endpoint")
+	if len(c.Endpoint.Hosts) == 0 {
+		errs = append(errs, field.Required(ep.Child("hosts"), "the endpoint's DNS name(s)"))
+	}
+	for i, h := range c.Endpoint.Hosts {
+		if net.ParseIP(h) != nil {
+			continue
+		}
+		for _, msg := range validation.IsDNS1123Subdomain(h) {
+			errs = append(errs, field.Invalid(ep.Child("hosts").Index(i), h, msg))
+		}
+	}
+	files := c.Endpoint.CertFile != "" || c.Endpoint.KeyFile != ""
+	switch {
+	case c.Endpoint.Plaintext && (files || c.Endpoint.SecretName != ""):
+		errs = append(errs, field.Invalid(ep.Child("plaintext"), true, "plaintext excludes secretName and certFile/keyFile"))
+	case c.Endpoint.Plaintext:
+	case files && c.Endpoint.SecretName != "":
+		errs = append(errs, field.Invalid(ep.Child("secretName"), c.Endpoint.SecretName, "set either secretName or certFile/keyFile"))
+	case files && (c.Endpoint.CertFile == "" || c.Endpoint.KeyFile == ""):
+		errs = append(errs, field.Required(ep.Child("keyFile"), "certFile and keyFile go together"))
+	case !files && c.Endpoint.SecretName == "":
+		errs = append(errs, field.Required(ep.Child("secretName"), "the TLS Secret of the endpoint (or certFile/keyFile)"))
+	case c.Endpoint.SecretName != "":
+		for _, msg := range validation.IsDNS1123Subdomain(c.Endpoint.SecretName) {
+			errs = append(errs, field.Invalid(ep.Child("secretName"), c.Endpoint.SecretName, msg))
+		}
+	}
+	exp := c.TokenIssuer.JWT.Expiration.Duration
+	if exp < minTokenExpiration || exp > maxTokenExpiration {
+		errs = append(errs, field.Invalid(field.NewPath("tokenIssuer", "jwt", "expiration"), exp.String(), fmt.Sprintf("must be between %s and %s", minTokenExpiration, maxTokenExpiration)))
+	}
+	for _, msg := range validation.IsDNS1123Label(c.Namespace) {
+		errs = append(errs, field.Invalid(field.NewPath("namespace"), c.Namespace, msg))
+	}
+	if c.LocalRepository != nil && c.LocalRepository.Directory == "" {
+		errs = append(errs, field.Required(field.NewPath("localRepository", "directory"), ""))
+	}
+	if _, _, err := net.SplitHostPort(c.Mesh.DiscoveryAddress); err != nil {
+		errs = append(errs, field.Invalid(field.NewPath("mesh", "discoveryAddress"), c.Mesh.DiscoveryAddress, "must be host:port"))
+	}
+	seen := map[string]bool{}
+	for i, j := range c.Identity.JWT {
+		p := field.NewPath("identity", "jwt").Index(i)
+		if j.Issuer == "" {
+			errs = append(errs, field.Required(p.Child("issuer"), ""))
+		}
+		if msgs := validation.IsDNS1123Label(j.ShortName); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(p.Child("shortName"), j.ShortName, msgs[0]))
+		}
+		if seen[j.ShortName] {
+			errs = append(errs, field.Duplicate(p.Child("shortName"), j.ShortName))
+		}
+		seen[j.ShortName] = true
+		if (j.JWKS == "") == (j.JWKSURL == "") {
+			errs = append(errs, field.Invalid(p.Child("jwks"), j.JWKS, "set exactly one of jwks and jwksURL"))
+		}
+	}
+	r := field.NewPath("registration")
+	if c.Registration.GracePeriod.Duration < minGracePeriod {
+		errs = append(errs, field.Invalid(r.Child("gracePeriod"), c.Registration.GracePeriod.Duration.String(), "must be at least 1s"))
+	}
+	if c.Registration.PropagationDelay.Duration < 0 {
+		errs = append(errs, field.Invalid(r.Child("propagationDelay"), c.Registration.PropagationDelay.Duration.String(), "must not be negative"))
+	}
+	if c.Registration.WriteQPS < 0 {
+		errs = append(errs, field.Invalid(r.Child("writeQPS"), c.Registration.WriteQPS, "must be positive"))
+	}
+	if c.Registration.WriteBurst < 0 {
+		errs = append(errs, field.Invalid(r.Child("writeBurst"), c.Registration.WriteBurst, "must be positive"))
+	}
+	if c.Registration.SweepRatePerSecond < 0 {
+		errs = append(errs, field.Invalid(r.Child("sweepRatePerSecond"), c.Registration.SweepRatePerSecond, "must be positive"))
+	}
+	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}} {
+		if _, _, err := net.SplitHostPort(l.addr); err != nil {
+			errs = append(errs, field.Invalid(field.NewPath("listen", l.name), l.addr, "must be [host]:port"))
+		}
+	}
+	return errs
+}
+
+// Audience is the audience of onboarding tokens and STS proofs: this
+// onboarding plane's first host name.
+func (c *Configuration) Audience() string { return c.Endpoint.Hosts[0] }

@@ -1,0 +1,106 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+const minimal = `apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+endpoint:
+  hosts: [onboarding-endpoint.example.corp]
+  secretName: onboarding-endpoint-tls-cert
+`
+
+func TestParseDefaults(t *testing.T) {
+	cfg, err := Parse([]byte(minimal))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"token expiration", cfg.TokenIssuer.JWT.Expiration.Duration, time.Hour},
+		{"grace period", cfg.Registration.GracePeriod.Duration, 5 * time.Minute},
+		{"namespace", cfg.Namespace, "istio-system"},
+		{"discovery address", cfg.Mesh.DiscoveryAddress, "onboarding-endpoint.example.corp:15012"},
+		{"audience", cfg.Audience(), "onboarding-endpoint.example.corp"},
+		{"local repository off", cfg.LocalRepository == nil, true},
+		{"onboarding listen", cfg.Listen.Onboarding, ":15443"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.got != tt.want {
+				t.Errorf("got %v, want %v", tt.got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseSeed004Shape(t *testing.T) {
+	cfg, err := Parse([]byte(minimal + `tokenIssuer:
+  jwt:
+    expiration: 30m
+localRepository: {}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TokenIssuer.JWT.Expiration.Duration != 30*time.Minute {
+		t.Errorf("expiration = %v", cfg.TokenIssuer.JWT.Expiration)
+	}
+	if cfg.LocalRepository == nil || cfg.LocalRepository.Directory != DefaultRepositoryDir {
+		t.Errorf("localRepository = %+v", cfg.LocalRepository)
+	}
+}
+
+func TestParseRefusesNamingTheField(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		wantErr string
+	}{
+		{name: "empty", yaml: "", wantErr: "empty configuration"},
+		{name: "wrong kind", yaml: strings.Replace(minimal, "OnboardingEndpointConfiguration", "Other", 1), wantErr: "kind: Unsupported value"},
+		{name: "unknown field", yaml: minimal + "tokenIssuer: {jwt: {expiry: 1h}}\n", wantErr: `unknown field "expiry"`},
+		{name: "no hosts", yaml: strings.Replace(minimal, "hosts: [onboarding-endpoint.example.corp]", "hosts: []", 1), wantErr: "endpoint.hosts: Required value"},
+		{name: "bad host", yaml: strings.Replace(minimal, "onboarding-endpoint.example.corp", "Bad_Host", 1), wantErr: "endpoint.hosts[0]"},
+		{name: "no TLS", yaml: strings.Replace(minimal, "  secretName: onboarding-endpoint-tls-cert\n", "", 1), wantErr: "endpoint.secretName: Required value"},
+		{name: "secret and files", yaml: minimal + "  certFile: /c\n  keyFile: /k\n", wantErr: "endpoint.secretName: Invalid value"},
+		{name: "expiration too long", yaml: minimal + "tokenIssuer: {jwt: {expiration: 48h}}\n", wantErr: "tokenIssuer.jwt.expiration"},
+		{name: "expiration not a duration", yaml: minimal + "tokenIssuer: {jwt: {expiration: soon}}\n", wantErr: "soon"},
+		{name: "grace period too short", yaml: minimal + "registration: {gracePeriod: 10ms}\n", wantErr: "registration.gracePeriod"},
+		{name: "jwt issuer without keys", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp}]}\n", wantErr: "identity.jwt[0].jwks"},
+		{name: "jwt duplicate short name", yaml: minimal + "identity: {jwt: [{issuer: 'https://a', shortName: idp, jwksURL: 'https://a/keys'}, {issuer: 'https://b', shortName: idp, jwksURL: 'https://b/keys'}]}\n", wantErr: "identity.jwt[1].shortName: Duplicate value"},
+		{name: "bad listen", yaml: minimal + "listen: {xds: '15012'}\n", wantErr: "listen.xds"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("err = %v, want it to contain %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(minimal))
+	f.Add([]byte(minimal + "registration: {gracePeriod: 1s}\n"))
+	f.Add([]byte("{"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse(data)
+		if err != nil {
+			return
+		}
+		// Whatever parses is complete: defaults set, invariants hold.
+		if len(cfg.Endpoint.Hosts) == 0 || cfg.TokenIssuer.JWT.Expiration == nil || cfg.Registration.GracePeriod == nil {
+			t.Fatalf("accepted an incomplete configuration: %+v", cfg)
+		}
+		if errs := cfg.Validate(); len(errs) > 0 {
+			t.Fatalf("accepted an invalid configuration: %v", errs)
+		}
+	})
+}

@@ -1,0 +1,366 @@
+// Package endpoint implements the onboarding endpoint's gRPC API
+// (OnboardingService): it verifies a workload's platform identity, checks the
+// OnboardingPolicies, issues the onboarding token, and registers the workload
+// through the registry. It is the only place that turns errors into gRPC
+// status codes.
+package endpoint
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/identity"
+	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
+	"github.com/embark-mesh/embark/onboarding/policy"
+	"github.com/embark-mesh/embark/onboarding/token"
+	"github.com/embark-mesh/embark/registry"
+)
+
+// AWSVerifier verifies AWS credentials (awsidentity.Verifier).
+type AWSVerifier interface {
+	Verify(ctx context.Context, cred awsidentity.Credential) (*identity.Identity, error)
+}
+
+// JWTVerifier verifies JWT credentials (jwt.Verifier).
+type JWTVerifier interface {
+	Verify(ctx context.Context, token string) (*identity.Identity, error)
+}
+
+// Authorizer checks OnboardingPolicies (policy.Authorizer).
+type Authorizer interface {
+	Authorize(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity) (policy.Decision, error)
+}
+
+// Registrar registers workloads (registry.Registrar).
+type Registrar interface {
+	Register(ctx context.Context, req registry.Request) (*registry.Result, error)
+}
+
+// TokenIssuer issues and verifies onboarding tokens (token.Issuer).
+type TokenIssuer interface {
+	Issue(req token.Request) (string, *token.Claims, error)
+	Verify(raw string) (*token.Claims, error)
+}
+
+var (
+	_ AWSVerifier = (*awsidentity.Verifier)(nil)
+	_ Authorizer  = (*policy.Authorizer)(nil)
+	_ Registrar   = (*registry.Registrar)(nil)
+	_ TokenIssuer = (*token.Issuer)(nil)
+
+	_ onboardingv1alpha1.OnboardingServiceServer = (*Server)(nil)
+)
+
+// Options configures a Server. Every field documents its default.
+type Options struct {
+	// AWS verifies EC2 credentials. Default: AWS credentials are refused.
+	AWS AWSVerifier
+	// JWT verifies on-prem JWTs. Default: JWT credentials are refused.
+	JWT JWTVerifier
+	// Authorizer checks policies. Required.
+	Authorizer Authorizer
+	// Tokens issues onboarding tokens. Required.
+	Tokens TokenIssuer
+	// Registrar registers workloads. Required.
+	Registrar Registrar
+	// Client reads WorkloadGroups (an informer cache) and deletes
+	// registrations on Unregister. Required.
+	Client client.Client
+	// Bootstrap is what every sidecar is told.
+	Bootstrap BootstrapSettings
+	// PropagationDelay the agent waits after Unregister. Default 5s.
+	PropagationDelay time.Duration
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Metrics. Default: metrics are not recorded.
+	Metrics *Metrics
+}
+
+// BootstrapSettings are the mesh settings every sidecar's bootstrap carries.
+type BootstrapSettings struct {
+	DiscoveryAddress string
+	ClusterID        string
+	TrustDomain      string
+	RootCertificates []byte
+}
+
+// Server implements OnboardingService.
+type Server struct {
+	onboardingv1alpha1.UnimplementedOnboardingServiceServer
+	opts Options
+	log  *slog.Logger
+}
+
+// NewServer returns a Server.
+func NewServer(opts Options) (*Server, error) {
+	if opts.Authorizer == nil || opts.Tokens == nil || opts.Registrar == nil || opts.Client == nil {
+		return nil, errors.New("endpoint: Authorizer, Tokens, Registrar and Client are required")
+	}
+	if opts.PropagationDelay == 0 {
+		opts.PropagationDelay = 5 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Server{opts: opts, log: opts.Logger}, nil
+}
+
+// RegisterService adds the service to a gRPC server.
+func (s *Server) RegisterService(g *grpc.Server) {
+	onboardingv1alpha1.RegisterOnboardingServiceServer(g, s)
+}
+
+// Authorize implements OnboardingService.
+func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.AuthorizeRequest) (*onboardingv1alpha1.AuthorizeResponse, error) {
+	if err := ValidateAuthorizeRequest(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	ns, group := req.GetWorkloadGroup().GetNamespace(), req.GetWorkloadGroup().GetName()
+	id, err := s.verify(ctx, req)
+	if err != nil {
+		s.opts.Metrics.denied("authorize", reasonOf(err))
+		s.log.Info("refused platform credential", "group", ns+"/"+group, "error", err)
+		return nil, status.Errorf(codes.Unauthenticated, "platform credential refused: %v", err)
+	}
+	apiID := APIIdentity(id)
+	if _, err := s.opts.Authorizer.Authorize(ctx, ns, group, apiID); err != nil {
+		return nil, s.authzStatus(err, "authorize")
+	}
+	name := registry.RegistrationName(group, registry.IdentityName(apiID), 0)
+	raw, claims, err := s.opts.Tokens.Issue(token.Request{
+		Namespace:        ns,
+		Name:             name,
+		WorkloadGroup:    group,
+		WorkloadIdentity: registry.IdentityName(apiID),
+		Verified:         &apiID,
+	})
+	if err != nil {
+		s.log.Error("issue onboarding token", "error", err)
+		return nil, status.Error(codes.Unavailable, "cannot issue an onboarding token right now; try again")
+	}
+	s.log.Info("authorized workload", "group", ns+"/"+group, "registration", name, "method", id.Method)
+	return &onboardingv1alpha1.AuthorizeResponse{
+		Token:            raw,
+		ExpiresAt:        timestamppb.New(claims.Expiry),
+		Namespace:        ns,
+		RegistrationName: name,
+	}, nil
+}
+
+// verify checks the request's platform credential.
+func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRequest) (*identity.Identity, error) {
+	switch c := req.GetCredential().(type) {
+	case *onboardingv1alpha1.AuthorizeRequest_Aws:
+		if s.opts.AWS == nil {
+			return nil, errors.New("this endpoint does not accept AWS credentials")
+		}
+		cred := awsidentity.Credential{Document: c.Aws.GetInstanceIdentityDocument(), Signature: []byte(c.Aws.GetRsa2048Signature())}
+		if r := c.Aws.GetStsGetCallerIdentity(); r != nil {
+			h := http.Header{}
+			for _, kv := range r.GetHeaders() {
+				h.Add(kv.GetName(), kv.GetValue())
+			}
+			cred.STS = &awsidentity.STSRequest{Method: r.GetMethod(), URL: r.GetUrl(), Headers: h, Body: r.GetBody()}
+		}
+		return s.opts.AWS.Verify(ctx, cred)
+	case *onboardingv1alpha1.AuthorizeRequest_Jwt:
+		if s.opts.JWT == nil {
+			return nil, errors.New("this endpoint trusts no JWT issuer")
+		}
+		return s.opts.JWT.Verify(ctx, c.Jwt.GetToken())
+	default:
+		return nil, errors.New("no credential")
+	}
+}
+
+// Register implements OnboardingService.
+func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterRequest) (*onboardingv1alpha1.RegisterResponse, error) {
+	claims, err := s.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := ValidateRegisterRequest(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	ns, groupName, _ := strings.Cut(claims.Workload.WorkloadGroup, "/")
+	id := *claims.Workload.Verified
+	// The policy may have changed since the token was issued.
+	if _, err := s.opts.Authorizer.Authorize(ctx, ns, groupName, id); err != nil {
+		return nil, s.authzStatus(err, "register")
+	}
+	group := &istionetworkingv1.WorkloadGroup{}
+	if err := s.opts.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: groupName}, group); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.FailedPrecondition, "WorkloadGroup %s/%s does not exist", ns, groupName)
+		}
+		return nil, status.Errorf(codes.Unavailable, "read WorkloadGroup %s/%s: %v", ns, groupName, err)
+	}
+	res, err := s.opts.Registrar.Register(ctx, registry.Request{Group: group, Identity: id, Registration: registrationOf(req)})
+	if err != nil {
+		return nil, s.registerStatus(err)
+	}
+	boot, err := s.bootstrap(res)
+	if err != nil {
+		s.log.Error("build sidecar bootstrap", "registration", res.Registration.Name, "error", err)
+		return nil, status.Errorf(codes.Internal, "build sidecar bootstrap: %v", err)
+	}
+	s.opts.Metrics.registered(res.Created)
+	return &onboardingv1alpha1.RegisterResponse{
+		Namespace:        res.Registration.Namespace,
+		RegistrationName: res.Registration.Name,
+		Bootstrap:        boot,
+	}, nil
+}
+
+// Unregister implements OnboardingService.
+func (s *Server) Unregister(ctx context.Context, _ *onboardingv1alpha1.UnregisterRequest) (*onboardingv1alpha1.UnregisterResponse, error) {
+	claims, err := s.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ns, name, _ := strings.Cut(claims.Subject, "/")
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := s.opts.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, war); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &onboardingv1alpha1.UnregisterResponse{PropagationDelay: durationpb.New(0)}, nil
+		}
+		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", claims.Subject, err)
+	}
+	if registry.IdentityName(war.Spec.Identity) != claims.Workload.Identity {
+		return nil, status.Errorf(codes.PermissionDenied, "registration %s belongs to another workload", claims.Subject)
+	}
+	if err := s.opts.Client.Delete(ctx, war, client.Preconditions{UID: &war.UID}); client.IgnoreNotFound(err) != nil {
+		return nil, status.Errorf(codes.Unavailable, "delete registration %s: %v", claims.Subject, err)
+	}
+	s.log.Info("unregistered workload", "registration", claims.Subject)
+	return &onboardingv1alpha1.UnregisterResponse{PropagationDelay: durationpb.New(s.opts.PropagationDelay)}, nil
+}
+
+// session verifies the onboarding token in the request's metadata.
+func (s *Server) session(ctx context.Context) (*token.Claims, error) {
+	raw, err := bearer(ctx)
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	claims, err := s.opts.Tokens.Verify(raw)
+	if err != nil {
+		s.opts.Metrics.denied("token", reasonOf(err))
+		return nil, status.Errorf(codes.Unauthenticated, "onboarding token refused: %v", err)
+	}
+	if claims.Workload.Verified == nil || !strings.Contains(claims.Workload.WorkloadGroup, "/") {
+		return nil, status.Error(codes.Unauthenticated, "onboarding token refused: it names no verified workload")
+	}
+	return claims, nil
+}
+
+// bearer returns the token of the `authorization: Bearer` metadata.
+func bearer(ctx context.Context) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("authorization")
+	if len(vals) != 1 {
+		return "", errors.New("missing onboarding token: send `authorization: Bearer <token>` from Authorize")
+	}
+	scheme, tok, ok := strings.Cut(vals[0], " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return "", errors.New("malformed authorization metadata: want `Bearer <token>`")
+	}
+	return tok, nil
+}
+
+// authzStatus maps a policy error to a gRPC status.
+func (s *Server) authzStatus(err error, stage string) error {
+	var denied *policy.DeniedError
+	switch {
+	case errors.Is(err, policy.ErrWorkloadGroupNotFound):
+		s.opts.Metrics.denied(stage, "WorkloadGroupNotFound")
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.As(err, &denied):
+		s.opts.Metrics.denied(stage, "PolicyDenied")
+		s.log.Info("onboarding denied", "stage", stage, "reason", denied.Error())
+		return status.Error(codes.PermissionDenied, denied.Error())
+	default:
+		s.log.Error("authorize", "stage", stage, "error", err)
+		return status.Errorf(codes.Unavailable, "cannot check OnboardingPolicies right now: %v", err)
+	}
+}
+
+// registerStatus maps a registry error to a gRPC status.
+func (s *Server) registerStatus(err error) error {
+	switch {
+	case errors.Is(err, registry.ErrInvalidRegistration):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, registry.ErrIdentityConflict), errors.Is(err, registry.ErrAddressConflict):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	default:
+		s.log.Error("register workload", "error", err)
+		return status.Errorf(codes.Unavailable, "register workload: %v", err)
+	}
+}
+
+// reasonOf names an error's refusal reason for metrics.
+func reasonOf(err error) string {
+	if r := identity.ReasonOf(err); r != "" {
+		return string(r)
+	}
+	var te *token.Error
+	if errors.As(err, &te) {
+		return string(te.Reason)
+	}
+	return "Other"
+}
+
+func registrationOf(req *onboardingv1alpha1.RegisterRequest) runtimev1alpha1.Registration {
+	reg := runtimev1alpha1.Registration{
+		Agent:    runtimev1alpha1.AgentInfo{Version: req.GetAgentVersion()},
+		Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressType(req.GetConnectedOver())},
+		Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: req.GetIstioSidecarVersion()}},
+		Workload: runtimev1alpha1.WorkloadInfo{Labels: req.GetLabels()},
+	}
+	if reg.Settings.ConnectedOver == "" {
+		reg.Settings.ConnectedOver = runtimev1alpha1.AddressTypeVPC
+	}
+	for _, a := range req.GetAddresses() {
+		reg.Host.Addresses = append(reg.Host.Addresses, runtimev1alpha1.HostAddress{IP: a.GetIp(), Type: runtimev1alpha1.AddressType(a.GetType())})
+	}
+	return reg
+}
+
+// APIIdentity converts a verified identity to the form registrations and
+// policies use.
+func APIIdentity(id *identity.Identity) runtimev1alpha1.WorkloadIdentity {
+	switch {
+	case id.AWS != nil:
+		a := &runtimev1alpha1.AWSIdentity{Partition: id.AWS.Partition, Account: id.AWS.Account, Region: id.AWS.Region, Zone: id.AWS.Zone}
+		if id.AWS.InstanceID != "" {
+			a.EC2 = &runtimev1alpha1.EC2Identity{InstanceID: id.AWS.InstanceID}
+			if id.AWS.STSProven {
+				a.EC2.IAMRole = id.AWS.IAMRole
+			}
+		}
+		return runtimev1alpha1.WorkloadIdentity{AWS: a}
+	case id.JWT != nil:
+		return runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{
+			Issuer: id.JWT.Issuer, ShortName: id.JWT.ShortName, Subject: id.JWT.Subject, Attributes: id.JWT.Attributes,
+		}}
+	default:
+		return runtimev1alpha1.WorkloadIdentity{}
+	}
+}

@@ -1,0 +1,555 @@
+package endpoint
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
+	"github.com/embark-mesh/embark/onboarding/policy"
+	"github.com/embark-mesh/embark/onboarding/token"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/testenv"
+)
+
+const audience = "onboarding-endpoint.example.corp"
+
+var (
+	env      *testenv.Env
+	cached   cache.Cache
+	recorder record.EventRecorder
+)
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+		var err error
+		if cached, err = cache.New(env.Config, cache.Options{Scheme: env.Scheme}); err != nil {
+			return err
+		}
+		if err := registry.SetupIndexes(ctx, cached); err != nil {
+			return err
+		}
+		go func() { _ = cached.Start(ctx) }()
+		if !cached.WaitForCacheSync(ctx) {
+			return errors.New("cache did not start")
+		}
+		for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadEntryList{}, &istionetworkingv1.WorkloadGroupList{}, &authorizationv1alpha1.OnboardingPolicyList{}} {
+			if err := cached.List(ctx, l); err != nil {
+				return err
+			}
+		}
+		cs, err := kubernetes.NewForConfig(env.Config)
+		if err != nil {
+			return err
+		}
+		b := record.NewBroadcaster(record.WithContext(ctx))
+		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
+		recorder = b.NewRecorder(env.Scheme, corev1.EventSource{Component: "embark-endpoint-test"})
+		return nil
+	})
+}
+
+// harness is an onboarding endpoint served over TLS on loopback, with the
+// real verifiers, policy authorizer, token issuer and registrar, plus an AWS
+// region (CA, STS) whose instances agents run on.
+type harness struct {
+	t      *testing.T
+	ns     string
+	aws    *awstest.Env
+	west   *awstest.CA
+	keys   *token.StaticKeySource
+	tokens *token.Issuer
+	client onboardingv1alpha1.OnboardingServiceClient
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	h := &harness{t: t, ns: env.Namespace(t)}
+	h.aws = awstest.Start(t, awstest.Instance{Role: "ratings-role"})
+	var err error
+	if h.west, err = awstest.NewCA("us-west-2"); err != nil {
+		t.Fatal(err)
+	}
+	verifier, err := awsidentity.NewVerifier(audience,
+		awsidentity.WithTrustedCertificates(map[string]*x509.Certificate{"us-east-2": h.aws.CA.Certificate, "us-west-2": h.west.Certificate}),
+		awsidentity.WithSTSEndpoint(h.aws.STS.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := token.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks, err := token.NewKeySet(key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.keys = token.NewStaticKeySource(ks)
+	if h.tokens, err = token.NewIssuer(h.keys, "https://"+audience, audience); err != nil {
+		t.Fatal(err)
+	}
+	authz, err := policy.NewAuthorizer(cached, recorder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: cached, Recorder: recorder, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(Options{
+		AWS: verifier, Authorizer: authz, Tokens: h.tokens, Registrar: reg, Client: cachedClient(t),
+		Bootstrap: BootstrapSettings{DiscoveryAddress: audience + ":15012", ClusterID: "Kubernetes", TrustDomain: "cluster.local"},
+		Logger:    slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.client = serve(t, srv)
+	return h
+}
+
+// cachedClient reads from the informer cache and writes to the API server,
+// as the endpoint's manager client does.
+func cachedClient(t *testing.T) client.Client {
+	t.Helper()
+	c, err := client.New(env.Config, client.Options{Scheme: env.Scheme, Cache: &client.CacheOptions{Reader: cached}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// serve runs srv on a TLS listener on loopback and returns a client that
+// trusts its certificate.
+func serve(t *testing.T, srv *Server) onboardingv1alpha1.OnboardingServiceClient {
+	t.Helper()
+	cert, pool := serverCert(t)
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	srv.RegisterService(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: audience})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return onboardingv1alpha1.NewOnboardingServiceClient(conn)
+}
+
+func serverCert(t *testing.T) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: audience}, DNSNames: []string{audience},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
+}
+
+// credential is what the onboarding agent of inst sends, fetched through the
+// real AWS SDK clients from the instance's IMDS (and signed for STS when the
+// instance has a role).
+func (h *harness) credential(m *awstest.IMDS) *onboardingv1alpha1.AuthorizeRequest_Aws {
+	h.t.Helper()
+	ctx := h.t.Context()
+	ic := imds.New(imds.Options{Endpoint: m.URL})
+	var sc awsclient.CallerIdentityAPI
+	if m.Instance().Role != "" {
+		sc = awsclient.NewSTSClient(ic, m.Instance().Region, func(o *sts.Options) { o.BaseEndpoint = &h.aws.STS.URL })
+	}
+	cred, err := awsclient.Credential(ctx, ic, sc, audience)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := &onboardingv1alpha1.AWSCredential{InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature)}
+	if cred.STS != nil {
+		r := &onboardingv1alpha1.SignedHTTPRequest{Method: cred.STS.Method, Url: cred.STS.URL, Body: cred.STS.Body}
+		for name, vals := range cred.STS.Headers {
+			for _, v := range vals {
+				r.Headers = append(r.Headers, &onboardingv1alpha1.Header{Name: name, Value: v})
+			}
+		}
+		out.StsGetCallerIdentity = r
+	}
+	return &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: out}
+}
+
+// instance starts the IMDS of another instance (in us-east-2 unless the
+// instance says otherwise).
+func (h *harness) instance(inst awstest.Instance) *awstest.IMDS {
+	h.t.Helper()
+	ca := h.aws.CA
+	if inst.Region == "us-west-2" {
+		ca = h.west
+	}
+	return h.aws.AddInstance(h.t, ca, inst)
+}
+
+func (h *harness) apply(path string) {
+	h.t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	obj := &authorizationv1alpha1.OnboardingPolicy{}
+	if err := yaml.UnmarshalStrict(data, obj); err != nil {
+		h.t.Fatal(err)
+	}
+	obj.Namespace = h.ns
+	if err := env.Client.Create(h.t.Context(), obj); err != nil {
+		h.t.Fatal(err)
+	}
+	waitCached(h.t, obj)
+}
+
+func (h *harness) group(name string, labels map[string]string) *istionetworkingv1.WorkloadGroup {
+	h.t.Helper()
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: h.ns, Labels: labels}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{
+		Labels: map[string]string{"app": name, "class": "vm"}, ServiceAccount: name + "-vm", Network: "virtual-machines",
+	}
+	if err := env.Client.Create(h.t.Context(), wg); err != nil {
+		h.t.Fatal(err)
+	}
+	waitCached(h.t, wg)
+	return wg
+}
+
+func (h *harness) authorize(group string, m *awstest.IMDS) (*onboardingv1alpha1.AuthorizeResponse, error) {
+	return h.client.Authorize(h.t.Context(), &onboardingv1alpha1.AuthorizeRequest{
+		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: group},
+		Credential:    h.credential(m),
+	})
+}
+
+func (h *harness) register(tok string, ip string) (*onboardingv1alpha1.RegisterResponse, error) {
+	ctx := metadata.AppendToOutgoingContext(h.t.Context(), "authorization", "Bearer "+tok)
+	return h.client.Register(ctx, &onboardingv1alpha1.RegisterRequest{
+		Addresses:           []*onboardingv1alpha1.HostAddress{{Ip: ip, Type: "VPC"}},
+		ConnectedOver:       "VPC",
+		AgentVersion:        "v1.4.0",
+		IstioSidecarVersion: "1.9.8-15bc6e5e32",
+		Labels:              map[string]string{"version": "v5"},
+	})
+}
+
+func TestSeed004PoliciesAgainstIdentities(t *testing.T) {
+	tests := []struct {
+		name     string
+		policy   string
+		group    string
+		labels   map[string]string
+		instance awstest.Instance
+		wantCode codes.Code
+		wantMsg  string
+	}{
+		{name: "narrow: matching instance", policy: "narrow", group: "ratings", labels: map[string]string{"app": "ratings"},
+			instance: awstest.Instance{Role: "ratings-role"}, wantCode: codes.OK},
+		{name: "narrow: other account", policy: "narrow", group: "ratings", labels: map[string]string{"app": "ratings"},
+			instance: awstest.Instance{Account: "999999999999", Role: "ratings-role", InstanceID: "i-0aaaaaaaaaaaaaaa1"}, wantCode: codes.PermissionDenied, wantMsg: "account 999999999999"},
+		{name: "narrow: other zone", policy: "narrow", group: "ratings", labels: map[string]string{"app": "ratings"},
+			instance: awstest.Instance{Zone: "us-east-2a", Role: "ratings-role", InstanceID: "i-0aaaaaaaaaaaaaaa2"}, wantCode: codes.PermissionDenied, wantMsg: "zone us-east-2a"},
+		{name: "narrow: other region", policy: "narrow", group: "ratings", labels: map[string]string{"app": "ratings"},
+			instance: awstest.Instance{Region: "us-west-2", Role: "ratings-role", InstanceID: "i-0aaaaaaaaaaaaaaa3"}, wantCode: codes.PermissionDenied, wantMsg: "region us-west-2"},
+		{name: "narrow: other role", policy: "narrow", group: "ratings", labels: map[string]string{"app": "ratings"},
+			instance: awstest.Instance{Role: "details-role", InstanceID: "i-0aaaaaaaaaaaaaaa4"}, wantCode: codes.PermissionDenied, wantMsg: "details-role"},
+		{name: "narrow: no role to prove", policy: "narrow", group: "ratings", labels: map[string]string{"app": "ratings"},
+			instance: awstest.Instance{InstanceID: "i-0aaaaaaaaaaaaaaa5"}, wantCode: codes.PermissionDenied, wantMsg: "iam role"},
+		{name: "narrow: group labels not selected", policy: "narrow", group: "details", labels: map[string]string{"app": "details"},
+			instance: awstest.Instance{Role: "ratings-role", InstanceID: "i-0aaaaaaaaaaaaaaa6"}, wantCode: codes.PermissionDenied, wantMsg: "not selected by"},
+		{name: "wide: any instance of the account, any group", policy: "wide", group: "details", labels: map[string]string{"app": "details"},
+			instance: awstest.Instance{Zone: "us-east-2c", InstanceID: "i-0aaaaaaaaaaaaaaa7"}, wantCode: codes.OK},
+		{name: "wide: second listed account", policy: "wide", group: "ratings",
+			instance: awstest.Instance{Account: "234567890123", InstanceID: "i-0aaaaaaaaaaaaaaa8"}, wantCode: codes.OK},
+		{name: "wide: unlisted account", policy: "wide", group: "ratings",
+			instance: awstest.Instance{Account: "345678901234", InstanceID: "i-0aaaaaaaaaaaaaaa9"}, wantCode: codes.PermissionDenied, wantMsg: "345678901234"},
+	}
+	files := map[string]string{
+		"narrow": "../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml",
+		"wide":   "../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml",
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.apply(files[tt.policy])
+			h.group(tt.group, tt.labels)
+			resp, err := h.authorize(tt.group, h.instance(tt.instance))
+			if got := status.Code(err); got != tt.wantCode {
+				t.Fatalf("code = %v (%v), want %v", got, err, tt.wantCode)
+			}
+			if err != nil {
+				if msg := status.Convert(err).Message(); !strings.Contains(msg, tt.wantMsg) || !strings.Contains(msg, tt.group) {
+					t.Errorf("message %q does not name %q and the group", msg, tt.wantMsg)
+				}
+				return
+			}
+			if resp.GetToken() == "" || resp.GetNamespace() != h.ns || !strings.HasPrefix(resp.GetRegistrationName(), tt.group+"-aws-aws-") {
+				t.Errorf("response = %v", resp)
+			}
+		})
+	}
+}
+
+func TestOnboardRegisterRenewUnregister(t *testing.T) {
+	ctx := t.Context()
+	h := newHarness(t)
+	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	h.group("ratings", map[string]string{"app": "ratings"})
+
+	auth, err := h.authorize("ratings", h.aws.IMDS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const seedName = "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0"
+	if auth.GetRegistrationName() != seedName {
+		t.Errorf("registration name %q, want the seed's %q", auth.GetRegistrationName(), seedName)
+	}
+	if d := time.Until(auth.GetExpiresAt().AsTime()); d < 59*time.Minute || d > time.Hour+time.Minute {
+		t.Errorf("token lifetime %v, want 1h", d)
+	}
+
+	reg, err := h.register(auth.GetToken(), "172.31.5.254")
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := reg.GetBootstrap()
+	if reg.GetRegistrationName() != seedName || boot.GetNodeId() != "sidecar~172.31.5.254~"+seedName+"."+h.ns+"~"+h.ns+".svc.cluster.local" {
+		t.Errorf("register response = %v", reg)
+	}
+	if boot.GetServiceAccount() != "ratings-vm" || boot.GetNetwork() != "virtual-machines" || boot.GetDiscoveryAddress() != audience+":15012" || boot.GetLabels()["version"] != "v5" {
+		t.Errorf("bootstrap = %v", boot)
+	}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: seedName}, war); err != nil {
+		t.Fatal(err)
+	}
+	if war.Spec.Identity.AWS.EC2.IAMRole != "ratings-role" || war.Spec.Registration.Agent.Version != "v1.4.0" {
+		t.Errorf("registration spec = %+v", war.Spec)
+	}
+	we := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: seedName}, we); err != nil {
+		t.Fatal(err)
+	}
+	if we.Spec.Address != "172.31.5.254" || we.Spec.Locality != "us-east-2/us-east-2b" || we.Annotations[registry.AnnotationAutoRegistrationGroup] != "ratings" {
+		t.Errorf("WorkloadEntry = %v %v", we.Annotations, &we.Spec)
+	}
+
+	// Renewal: a fresh credential before expiry gives a new token and the
+	// same registration.
+	renewed, err := h.authorize("ratings", h.aws.IMDS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.register(renewed.GetToken(), "172.31.5.254"); err != nil {
+		t.Fatal(err)
+	}
+	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+	if err := env.Client.List(ctx, list, client.InNamespace(h.ns)); err != nil || len(list.Items) != 1 || list.Items[0].UID != war.UID {
+		t.Fatalf("after renewal: %d registrations (%v), want the one", len(list.Items), err)
+	}
+
+	// Graceful shutdown.
+	out, err := h.client.Unregister(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+renewed.GetToken()), &onboardingv1alpha1.UnregisterRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.GetPropagationDelay().AsDuration() != 5*time.Second {
+		t.Errorf("propagation delay = %v", out.GetPropagationDelay().AsDuration())
+	}
+	waitGone(t, war)
+	waitGone(t, we)
+}
+
+func TestMissingWorkloadGroupIsAFailedPrecondition(t *testing.T) {
+	h := newHarness(t)
+	h.apply("../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
+	_, err := h.authorize("ratings", h.aws.IMDS)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "ratings") {
+		t.Errorf("err = %v, want FailedPrecondition naming the group", err)
+	}
+}
+
+func TestPolicyChangesTakeEffectWithoutRestart(t *testing.T) {
+	h := newHarness(t)
+	h.group("ratings", map[string]string{"app": "ratings"})
+	if _, err := h.authorize("ratings", h.aws.IMDS); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "no OnboardingPolicy") {
+		t.Fatalf("without a policy: %v, want PermissionDenied", err)
+	}
+	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	if _, err := h.authorize("ratings", h.aws.IMDS); err != nil {
+		t.Fatalf("after the policy was created: %v", err)
+	}
+}
+
+func TestBadTokensAreUnauthenticated(t *testing.T) {
+	h := newHarness(t)
+	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	h.group("ratings", map[string]string{"app": "ratings"})
+	req := token.Request{Namespace: h.ns, Name: "ratings-x", WorkloadGroup: "ratings", WorkloadIdentity: "aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0",
+		Verified: &runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-1234567890abcdef0", IAMRole: "ratings-role"}}}}
+	otherKey, err := token.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherSet, err := token.NewKeySet(otherKey, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(keys token.KeySource, aud string, opts ...token.Option) string {
+		iss, err := token.NewIssuer(keys, "https://"+audience, aud, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _, err := iss.Issue(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	tests := []struct {
+		name    string
+		token   string
+		wantMsg string
+	}{
+		{name: "expired", token: issue(h.keys, audience, token.WithClock(func() time.Time { return time.Now().Add(-2 * time.Hour) })), wantMsg: "expired"},
+		{name: "wrong audience", token: issue(h.keys, "another-plane.example"), wantMsg: "audience"},
+		{name: "wrong key", token: issue(token.NewStaticKeySource(otherSet), audience), wantMsg: "key"},
+		{name: "garbage", token: "not-a-jwt", wantMsg: "onboarding token refused"},
+		{name: "none", token: "", wantMsg: "missing onboarding token"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := t.Context()
+			if tt.token != "" {
+				ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tt.token)
+			}
+			_, err := h.client.Register(ctx, &onboardingv1alpha1.RegisterRequest{Addresses: []*onboardingv1alpha1.HostAddress{{Ip: "10.1.1.1", Type: "VPC"}}})
+			if status.Code(err) != codes.Unauthenticated || !strings.Contains(strings.ToLower(err.Error()), tt.wantMsg) {
+				t.Errorf("err = %v, want Unauthenticated mentioning %q", err, tt.wantMsg)
+			}
+		})
+	}
+	assertNoRegistrations(t, h.ns)
+}
+
+func TestMalformedRequestsAreRefused(t *testing.T) {
+	h := newHarness(t)
+	h.group("ratings", nil)
+	tests := []struct {
+		name     string
+		req      *onboardingv1alpha1.AuthorizeRequest
+		wantCode codes.Code
+		wantMsg  string
+	}{
+		{name: "no group", req: &onboardingv1alpha1.AuthorizeRequest{Credential: h.credential(h.aws.IMDS)}, wantCode: codes.InvalidArgument, wantMsg: "workload_group"},
+		{name: "bad namespace", req: &onboardingv1alpha1.AuthorizeRequest{WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: "Bad_NS", Name: "ratings"}, Credential: h.credential(h.aws.IMDS)}, wantCode: codes.InvalidArgument, wantMsg: "workload_group.namespace"},
+		{name: "no credential", req: &onboardingv1alpha1.AuthorizeRequest{WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: "ratings"}}, wantCode: codes.InvalidArgument, wantMsg: "credential"},
+		{name: "forged document", req: &onboardingv1alpha1.AuthorizeRequest{
+			WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: "ratings"},
+			Credential: &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: &onboardingv1alpha1.AWSCredential{
+				InstanceIdentityDocument: []byte(`{"accountId":"123456789012","region":"us-east-2"}`), Rsa2048Signature: string(h.aws.IMDS.Signature()),
+			}},
+		}, wantCode: codes.Unauthenticated, wantMsg: "platform credential refused"},
+		{name: "jwt not configured", req: &onboardingv1alpha1.AuthorizeRequest{
+			WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: "ratings"},
+			Credential:    &onboardingv1alpha1.AuthorizeRequest_Jwt{Jwt: &onboardingv1alpha1.JWTCredential{Token: "a.b.c"}},
+		}, wantCode: codes.Unauthenticated, wantMsg: "trusts no JWT issuer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := h.client.Authorize(t.Context(), tt.req)
+			if status.Code(err) != tt.wantCode || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("err = %v, want %v mentioning %q", err, tt.wantCode, tt.wantMsg)
+			}
+		})
+	}
+}
+
+func assertNoRegistrations(t *testing.T, ns string) {
+	t.Helper()
+	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+	if err := env.Client.List(t.Context(), list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 0 {
+		t.Errorf("%d registrations written", len(list.Items))
+	}
+}
+
+func waitCached(t *testing.T, obj client.Object) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := cached.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
+		return err == nil, client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		t.Fatalf("cache never saw %s: %v", obj.GetName(), err)
+	}
+}
+
+func waitGone(t *testing.T, obj client.Object) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		t.Fatalf("%s still exists: %v", obj.GetName(), err)
+	}
+}
