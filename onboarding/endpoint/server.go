@@ -20,7 +20,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
@@ -90,6 +93,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Metrics. Default: metrics are not recorded.
 	Metrics *Metrics
+	// Recorder records Events where operators look. Default: none.
+	Recorder record.EventRecorder
 }
 
 // BootstrapSettings are the mesh settings every sidecar's bootstrap carries.
@@ -211,7 +216,11 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 		}
 		return nil, status.Errorf(codes.Unavailable, "read WorkloadGroup %s/%s: %v", ns, groupName, err)
 	}
-	res, err := s.opts.Registrar.Register(ctx, registry.Request{Group: group, Identity: id, Registration: registrationOf(req)})
+	regInfo := registrationOf(req)
+	if err := s.checkReuse(ctx, claims, id, regInfo); err != nil {
+		return nil, err
+	}
+	res, err := s.opts.Registrar.Register(ctx, registry.Request{Group: group, Identity: id, Registration: regInfo})
 	if err != nil {
 		return nil, s.registerStatus(err)
 	}
@@ -250,6 +259,40 @@ func (s *Server) Unregister(ctx context.Context, _ *onboardingv1alpha1.Unregiste
 	}
 	s.log.Info("unregistered workload", "registration", claims.Subject)
 	return &onboardingv1alpha1.UnregisterResponse{PropagationDelay: durationpb.New(s.opts.PropagationDelay)}, nil
+}
+
+// checkReuse refuses an AWS instance identity document that is already bound
+// to a live (connected) registration when it comes from another address
+// without a fresh STS proof: a document is not a secret, so a copy of it must
+// not move a running workload's registration elsewhere.
+func (s *Server) checkReuse(ctx context.Context, claims *token.Claims, id runtimev1alpha1.WorkloadIdentity, reg runtimev1alpha1.Registration) error {
+	if id.AWS == nil || id.AWS.EC2 == nil {
+		return nil
+	}
+	cur := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := s.opts.Client.Get(ctx, client.ObjectKey{Namespace: claims.Namespace(), Name: claims.Name()}, cur); err != nil {
+		return nil // nothing bound yet (or unreadable: the registrar decides)
+	}
+	if !meta.IsStatusConditionTrue(cur.Status.Conditions, runtimev1alpha1.ConditionAgentConnected) {
+		return nil
+	}
+	addr, err := registry.WorkloadAddress(reg)
+	if err != nil {
+		return nil // the registrar refuses it with the precise reason
+	}
+	var bound []string
+	for _, a := range cur.Spec.Registration.Host.Addresses {
+		bound = append(bound, a.IP)
+	}
+	if err := awsidentity.ReuseDecision(bound, addr, id.AWS.EC2.IAMRole != ""); err != nil {
+		s.opts.Metrics.denied("register", reasonOf(err))
+		s.log.Warn("refused a reused instance identity document", "registration", claims.Subject, "address", addr, "error", err)
+		if s.opts.Recorder != nil {
+			s.opts.Recorder.Eventf(cur, corev1.EventTypeWarning, "DocumentReuseRefused", "refused a registration from %s: %v", addr, err)
+		}
+		return status.Errorf(codes.Unauthenticated, "%v", err)
+	}
+	return nil
 }
 
 // session verifies the onboarding token in the request's metadata.

@@ -415,6 +415,59 @@ func TestOnboardRegisterRenewUnregister(t *testing.T) {
 	waitGone(t, we)
 }
 
+func TestReusedDocumentOfALiveRegistration(t *testing.T) {
+	ctx := t.Context()
+	h := newHarness(t)
+	h.apply("../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
+	h.group("ratings", map[string]string{"app": "ratings"})
+	noRole := h.instance(awstest.Instance{InstanceID: "i-0bbbbbbbbbbbbbbb1", PrivateIP: "10.0.0.10"})
+	auth, err := h.authorize("ratings", noRole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.register(auth.GetToken(), "10.0.0.10"); err != nil {
+		t.Fatal(err)
+	}
+	// The workload's sidecar is connected (the xDS server writes this).
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: auth.GetRegistrationName()}, war); err != nil {
+		t.Fatal(err)
+	}
+	war.Status.Conditions = []metav1.Condition{{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionTrue, Reason: runtimev1alpha1.ReasonAgentEstablishedConnection, LastTransitionTime: metav1.Now()}}
+	if err := env.Client.Status().Update(ctx, war); err != nil {
+		t.Fatal(err)
+	}
+	waitCached(t, war)
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if err := cached.Get(ctx, client.ObjectKeyFromObject(war), got); err != nil {
+			return false, err
+		}
+		return len(got.Status.Conditions) > 0, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A copy of the document presented from elsewhere, with no STS proof.
+	copied, err := h.authorize("ratings", noRole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.register(copied.GetToken(), "10.9.9.9")
+	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "without a fresh STS proof") {
+		t.Fatalf("err = %v, want Unauthenticated for a reused document", err)
+	}
+	// From its own address it is accepted again (an agent restart).
+	if _, err := h.register(copied.GetToken(), "10.0.0.10"); err != nil {
+		t.Errorf("same address: %v", err)
+	}
+	got := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: auth.GetRegistrationName()}, got); err != nil || got.Spec.Address != "10.0.0.10" {
+		t.Errorf("WorkloadEntry address %q (%v), want the original", got.Spec.Address, err)
+	}
+}
+
 func TestMissingWorkloadGroupIsAFailedPrecondition(t *testing.T) {
 	h := newHarness(t)
 	h.apply("../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")

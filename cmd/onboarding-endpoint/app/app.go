@@ -167,6 +167,7 @@ func Run(ctx context.Context, opts Options) error {
 		PropagationDelay: cfg.Registration.PropagationDelay.Duration,
 		Logger:           log,
 		Metrics:          metrics,
+		Recorder:         recorder,
 	})
 	if err != nil {
 		return err
