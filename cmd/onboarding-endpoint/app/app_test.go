@@ -1,0 +1,211 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
+	"github.com/embark-mesh/embark/test/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{GarbageCollector: true}, &env) }
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// The endpoint binary's wiring, from its configuration file to a workload
+// registered through its gRPC API, against the real API server.
+func TestRunServesTheOnboardingAPI(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	ns := env.Namespace(t)
+	aws := awstest.Start(t, awstest.Instance{})
+
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "aws-certs")
+	if err := os.MkdirAll(certs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	cfgFile := filepath.Join(dir, "config.yaml")
+	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+namespace: %s
+endpoint:
+  hosts: [onboarding-endpoint.example.corp]
+  plaintext: true
+tokenIssuer:
+  jwt:
+    expiration: 30m
+identity:
+  aws:
+    certificatesDir: %s
+    stsEndpoint: %s
+registration:
+  gracePeriod: 1m
+listen:
+  onboarding: %s
+  metrics: %s
+  xds: %s
+`, ns, certs, aws.STS.URL, onboardingAddr, metricsAddr, xdsAddr)
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// The seed 004 objects, in the test's namespace.
+	policyYAML, err := os.ReadFile("../../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := &authorizationv1alpha1.OnboardingPolicy{}
+	if err := yaml.UnmarshalStrict(policyYAML, policy); err != nil {
+		t.Fatal(err)
+	}
+	policy.Namespace = ns
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns, Labels: map[string]string{"app": "ratings"}}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
+	for _, obj := range []client.Object{policy, wg, sa} {
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-test-0",
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("endpoint not ready")
+	}
+
+	conn, err := grpc.NewClient(onboardingAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	api := onboardingv1alpha1.NewOnboardingServiceClient(conn)
+	cred, err := awsclient.Credential(ctx, imds.New(imds.Options{Endpoint: aws.IMDS.URL}), nil, "onboarding-endpoint.example.corp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth, err := api.Authorize(ctx, &onboardingv1alpha1.AuthorizeRequest{
+		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: ns, Name: "ratings"},
+		Credential: &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: &onboardingv1alpha1.AWSCredential{
+			InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature),
+		}},
+	})
+	if err != nil {
+		t.Fatalf("Authorize: %v", err)
+	}
+	if d := time.Until(auth.GetExpiresAt().AsTime()); d > 31*time.Minute || d < 29*time.Minute {
+		t.Errorf("token lifetime %v, want the configured 30m", d)
+	}
+	reg, err := api.Register(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+auth.GetToken()), &onboardingv1alpha1.RegisterRequest{
+		Addresses: []*onboardingv1alpha1.HostAddress{{Ip: "172.31.5.254", Type: "VPC"}},
+	})
+	if err != nil {
+		t.Fatalf("Register: %v", err)
+	}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: reg.GetRegistrationName()}, war); err != nil {
+		t.Fatalf("registration %s: %v", reg.GetRegistrationName(), err)
+	}
+	if reg.GetRegistrationName() != "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0" {
+		t.Errorf("registration name %q", reg.GetRegistrationName())
+	}
+
+	// A credential the endpoint does not trust is refused as the API says.
+	_, err = api.Authorize(ctx, &onboardingv1alpha1.AuthorizeRequest{
+		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: ns, Name: "ratings"},
+		Credential:    &onboardingv1alpha1.AuthorizeRequest_Jwt{Jwt: &onboardingv1alpha1.JWTCredential{Token: "a.b.c"}},
+	})
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("JWT without issuers: %v, want Unauthenticated", err)
+	}
+
+	// Metrics and health are served.
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`embark_onboarding_requests_total{code="OK",method="/embark.onboarding.v1alpha1.OnboardingService/Register"} 1`,
+		`embark_onboarding_registrations_total{result="created"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	resp, err = http.Get("http://" + metricsAddr + "/readyz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("readyz: %v %v", resp, err)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run returned %v after shutdown", err)
+		}
+	case <-time.After(time.Minute):
+		t.Error("Run did not stop")
+	}
+}
+
+func TestRunRefusesABadConfiguration(t *testing.T) {
+	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(cfgFile, []byte("apiVersion: config.onboarding.tetrate.io/v1alpha1\nkind: OnboardingEndpointConfiguration\nendpoint: {hosts: []}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := Run(t.Context(), Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath})
+	if err == nil || !strings.Contains(err.Error(), "endpoint.hosts") {
+		t.Errorf("err = %v, want it to name endpoint.hosts", err)
+	}
+}
