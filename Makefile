@@ -80,8 +80,10 @@ e2e: testenv ## Run end-to-end tests (none beyond 'make test' yet).
 	@echo "e2e: no end-to-end suite exists yet; 'make test' covers the control-plane integration tests."
 
 .PHONY: bench
-bench: testenv ## Run the benchmarks in benchmarks/.
-	go test -run='^$$' -bench=. -benchmem ./benchmarks/...
+BENCH_COUNT ?= 3
+bench: testenv ## Run the benchmarks in benchmarks/ (BENCH_COUNT runs of each).
+	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./benchmarks/identity/
+	go test -run='^$$' -bench=. -benchtime=200x -count=$(BENCH_COUNT) ./benchmarks/onboarding/
 
 .PHONY: lint
 lint: ## Run gofmt and go vet.

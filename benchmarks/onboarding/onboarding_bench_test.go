@@ -1,0 +1,342 @@
+// Package onboarding benchmarks whole onboardings (Authorize + Register
+// through the gRPC API) against a real kube-apiserver + etcd, next to the
+// API server's raw create rate of the same objects measured in the same run.
+//
+//	go test -run='^$' -bench=. -benchtime=200x ./benchmarks/onboarding/
+//
+// Each benchmark reports onboardings/s (or creates/s), p50-ms and p99-ms of
+// one operation, and for onboardings the API writes per onboarding.
+package onboarding
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/endpoint"
+	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/onboarding/policy"
+	"github.com/embark-mesh/embark/onboarding/token"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/testenv"
+)
+
+const audience = "onboarding-endpoint.bench"
+
+var (
+	env    *testenv.Env
+	cached cache.Cache
+	ca     *awstest.CA
+)
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{}, &env, func(ctx context.Context) error {
+		var err error
+		if ca, err = awstest.NewCA("us-east-2"); err != nil {
+			return err
+		}
+		if cached, err = cache.New(env.Config, cache.Options{Scheme: env.Scheme}); err != nil {
+			return err
+		}
+		if err := registry.SetupIndexes(ctx, cached); err != nil {
+			return err
+		}
+		go func() { _ = cached.Start(ctx) }()
+		if !cached.WaitForCacheSync(ctx) {
+			return errors.New("cache did not start")
+		}
+		for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadEntryList{}, &istionetworkingv1.WorkloadGroupList{}, &authorizationv1alpha1.OnboardingPolicyList{}} {
+			if err := cached.List(ctx, l); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// writeCounter counts the API writes made through a client.
+type writeCounter struct{ n atomic.Int64 }
+
+func (w *writeCounter) wrap(c client.WithWatch) client.WithWatch {
+	count := func() { w.n.Add(1) }
+	return interceptor.NewClient(c, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			count()
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			count()
+			return c.Update(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, p client.Patch, opts ...client.PatchOption) error {
+			count()
+			return c.Patch(ctx, obj, p, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			count()
+			return c.Delete(ctx, obj, opts...)
+		},
+		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			count()
+			return c.SubResource(sub).Create(ctx, obj, subObj, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			count()
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, p client.Patch, opts ...client.SubResourcePatchOption) error {
+			count()
+			return c.SubResource(sub).Patch(ctx, obj, p, opts...)
+		},
+	})
+}
+
+// stack is an onboarding endpoint served on loopback for one benchmark.
+type stack struct {
+	api    onboardingv1alpha1.OnboardingServiceClient
+	writes *writeCounter
+	ns     string
+}
+
+func newStack(b *testing.B) *stack {
+	b.Helper()
+	ctx := b.Context()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "bench-"}}
+	if err := env.Client.Create(ctx, ns); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = env.Client.Delete(context.WithoutCancel(ctx), ns) })
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns.Name, Labels: map[string]string{"app": "ratings"}}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
+	pol := &authorizationv1alpha1.OnboardingPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "any-ec2", Namespace: ns.Name},
+		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
+			Workloads: []authorizationv1alpha1.WorkloadMatcher{{AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{"123456789012"}, EC2: &authorizationv1alpha1.EC2Matcher{}}}},
+			OnboardTo: []authorizationv1alpha1.OnboardTarget{{}},
+		}}},
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns.Name}}
+	for _, obj := range []client.Object{wg, pol, sa} {
+		if err := env.Client.Create(ctx, obj); err != nil {
+			b.Fatal(err)
+		}
+	}
+	waitCached(b, wg)
+	waitCached(b, pol)
+
+	verifier, err := awsidentity.NewVerifier(audience, awsidentity.WithTrustedCertificates(map[string]*x509.Certificate{"us-east-2": ca.Certificate}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, err := token.GenerateKey()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ks, err := token.NewKeySet(key, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tokens, err := token.NewIssuer(token.NewStaticKeySource(ks), "https://"+audience, audience)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rec := &record.FakeRecorder{}
+	authz, err := policy.NewAuthorizer(cached, rec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	writes := &writeCounter{}
+	writing := writes.wrap(env.Client)
+	reg, err := registry.NewRegistrar(registry.Options{Client: writing, Cache: cached, Recorder: rec, Logger: slog.New(slog.DiscardHandler),
+		Writes: registry.WriteOptions{QPS: 1e6, Burst: 1e6}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	readCached, err := client.New(env.Config, client.Options{Scheme: env.Scheme, Cache: &client.CacheOptions{Reader: cached}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := endpoint.NewServer(endpoint.Options{AWS: verifier, Authorizer: authz, Tokens: tokens, Registrar: reg, Client: readCached,
+		Bootstrap: endpoint.BootstrapSettings{DiscoveryAddress: audience + ":15012"}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := grpc.NewServer()
+	srv.RegisterService(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = g.Serve(lis) }()
+	b.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	return &stack{api: onboardingv1alpha1.NewOnboardingServiceClient(conn), writes: writes, ns: ns.Name}
+}
+
+func waitCached(b *testing.B, obj client.Object) {
+	b.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := cached.Get(b.Context(), client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object)); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("cache never saw %s", obj.GetName())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// agent is one simulated EC2 instance's credential, signed by the demo CA.
+type agent struct {
+	doc, sig []byte
+	ip       string
+}
+
+// workloads numbers simulated instances across the whole run, so that no two
+// benchmarks' workloads share an address (which the registry would fence).
+var workloads atomic.Int64
+
+func agents(b *testing.B, n int) []agent {
+	b.Helper()
+	out := make([]agent, n)
+	for i := range out {
+		w := workloads.Add(1)
+		inst := awstest.Instance{InstanceID: fmt.Sprintf("i-%017x", w), PrivateIP: fmt.Sprintf("10.%d.%d.%d", w>>16&255, w>>8&255, w&255)}
+		doc := inst.Document()
+		sig, err := ca.Sign(doc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[i] = agent{doc: doc, sig: sig, ip: inst.PrivateIP}
+	}
+	return out
+}
+
+// run executes op for each of n items with conc workers and reports
+// throughput and latency percentiles.
+func run(b *testing.B, conc, n int, unit string, op func(ctx context.Context, i int) error) {
+	b.Helper()
+	lat := make([]time.Duration, n)
+	next := atomic.Int64{}
+	var wg sync.WaitGroup
+	errs := make(chan error, conc)
+	b.ResetTimer()
+	start := time.Now()
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				t0 := time.Now()
+				if err := op(b.Context(), i); err != nil {
+					errs <- err
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(n)/elapsed.Seconds(), unit+"/s")
+	b.ReportMetric(float64(lat[n/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[min(n-1, n*99/100)].Microseconds())/1000, "p99-ms")
+}
+
+func BenchmarkOnboarding(b *testing.B) {
+	for _, conc := range []int{1, 10, 50} {
+		b.Run(fmt.Sprintf("agents=%d", conc), func(b *testing.B) {
+			s := newStack(b)
+			as := agents(b, b.N)
+			run(b, conc, b.N, "onboardings", func(ctx context.Context, i int) error {
+				auth, err := s.api.Authorize(ctx, &onboardingv1alpha1.AuthorizeRequest{
+					WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: s.ns, Name: "ratings"},
+					Credential: &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: &onboardingv1alpha1.AWSCredential{
+						InstanceIdentityDocument: as[i].doc, Rsa2048Signature: string(as[i].sig)}},
+				})
+				if err != nil {
+					return fmt.Errorf("authorize: %w", err)
+				}
+				_, err = s.api.Register(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+auth.GetToken()), &onboardingv1alpha1.RegisterRequest{
+					Addresses: []*onboardingv1alpha1.HostAddress{{Ip: as[i].ip, Type: "VPC"}},
+				})
+				if err != nil {
+					return fmt.Errorf("register: %w", err)
+				}
+				return nil
+			})
+			b.ReportMetric(float64(s.writes.n.Load())/float64(b.N), "writes/onboarding")
+		})
+	}
+}
+
+// BenchmarkRawCreate is the baseline: the API server creating the same two
+// objects per workload (a WorkloadAutoRegistration and a WorkloadEntry)
+// straight from a client, with no verification, policy or token.
+func BenchmarkRawCreate(b *testing.B) {
+	for _, conc := range []int{1, 10, 50} {
+		b.Run(fmt.Sprintf("clients=%d", conc), func(b *testing.B) {
+			s := newStack(b)
+			run(b, conc, b.N, "creates", func(ctx context.Context, i int) error {
+				name := fmt.Sprintf("raw-%d", i)
+				war := &runtimev1alpha1.WorkloadAutoRegistration{
+					ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns},
+					Spec: runtimev1alpha1.WorkloadAutoRegistrationSpec{
+						Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+							EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i+1)}}},
+						Registration:  runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: "10.0.0.1", Type: runtimev1alpha1.AddressTypeVPC}}}},
+						WorkloadGroup: runtimev1alpha1.WorkloadGroupSnapshot{Name: "ratings", Spec: runtime.RawExtension{Raw: []byte(`{"template":{"serviceAccount":"ratings-vm"}}`)}},
+					},
+				}
+				if err := env.Client.Create(ctx, war); err != nil {
+					return err
+				}
+				we := &istionetworkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns}}
+				w := workloads.Add(1)
+				we.Spec.Address = fmt.Sprintf("10.%d.%d.%d", w>>16&255, w>>8&255, w&255)
+				we.Spec.Network = "virtual-machines"
+				return env.Client.Create(ctx, we)
+			})
+		})
+	}
+}
