@@ -36,10 +36,8 @@ help: ## Show this help.
 ##@ Run
 
 .PHONY: demo
-demo: ## Run Embark locally: control plane, endpoint, simulated EC2 VMs (not built yet).
-	@echo "make demo: the end-to-end demo is not implemented yet (see issue 'One command runs it all')."
-	@echo "What exists today: 'make test' starts a real kube-apiserver + etcd with Embark's and Istio's CRDs."
-	@exit 1
+demo: testenv ## Run Embark locally: control plane, endpoint, simulated EC2 VMs onboarding.
+	go run ./test/demo
 
 ##@ Build
 

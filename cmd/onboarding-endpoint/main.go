@@ -10,6 +10,9 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 )
 
@@ -19,7 +22,9 @@ func main() {
 	flag.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster or $KUBECONFIG)")
 	flag.StringVar(&opts.Replica, "replica", os.Getenv("POD_NAME"), "name of this replica (default: $POD_NAME, else the host name)")
 	flag.Parse()
-	opts.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	handler := slog.NewJSONHandler(os.Stderr, nil)
+	opts.Logger = slog.New(handler)
+	ctrllog.SetLogger(logr.FromSlogHandler(handler))
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
