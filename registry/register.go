@@ -58,6 +58,9 @@ type Options struct {
 	Writes WriteOptions
 	// Clock. Default: time.Now.
 	Clock func() time.Time
+	// Sidecar configures the sidecar's token. Default: see
+	// SidecarCredentialOptions.
+	Sidecar SidecarCredentialOptions
 }
 
 // Registrar creates and updates WorkloadAutoRegistrations and their
@@ -69,6 +72,7 @@ type Registrar struct {
 	log      *slog.Logger
 	writer   *writer
 	now      func() time.Time
+	sidecar  SidecarCredentialOptions
 }
 
 // NewRegistrar returns a Registrar.
@@ -85,6 +89,7 @@ func NewRegistrar(opts Options) (*Registrar, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
+	opts.Sidecar.setDefaults()
 	return &Registrar{
 		client:   opts.Client,
 		cache:    opts.Cache,
@@ -92,6 +97,7 @@ func NewRegistrar(opts Options) (*Registrar, error) {
 		log:      opts.Logger,
 		writer:   newWriter(opts.Writes),
 		now:      opts.Clock,
+		sidecar:  opts.Sidecar,
 	}, nil
 }
 
@@ -136,6 +142,9 @@ type Result struct {
 	WorkloadEntry *istionetworkingv1.WorkloadEntry
 	// Created is true when this call created the registration.
 	Created bool
+	// SidecarToken is a fresh token for the workload's sidecar, bound to
+	// the registration's Secret.
+	SidecarToken *SidecarToken
 }
 
 // Register creates the workload's WorkloadAutoRegistration (named as seed 000
@@ -149,6 +158,11 @@ type Result struct {
 // When another registration's WorkloadEntry holds the same address on the
 // same network, that older registration is fenced: its WorkloadEntry is
 // removed, and a Fenced condition and an Event say why.
+//
+// It also creates the registration's sidecar credential Secret (owned by the
+// registration) and returns a token of the WorkloadGroup's service account
+// bound to it; a missing service account fails with ErrServiceAccountMissing
+// before anything is written.
 func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) {
 	groupSpec := &req.Group.Spec
 	if errs := ValidateRegistration(req.Registration, groupSpec); len(errs) > 0 {
@@ -162,9 +176,13 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	if err != nil {
 		return nil, err
 	}
+	name := RegistrationName(req.Group.Name, identity, 0)
+	if err := r.checkServiceAccount(ctx, r.sidecarServiceAccount(ctx, req.Group, name)); err != nil {
+		return nil, err
+	}
 	war := &runtimev1alpha1.WorkloadAutoRegistration{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      RegistrationName(req.Group.Name, identity, 0),
+			Name:      name,
 			Namespace: req.Group.Namespace,
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: istionetworkingv1.SchemeGroupVersion.String(),
@@ -205,11 +223,22 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 		}
 		return nil, err
 	}
+	var tok *SidecarToken
+	secret, err := r.ensureSidecarSecret(ctx, war)
+	if err == nil {
+		tok, err = r.requestSidecarToken(ctx, war, secret)
+	}
+	if err != nil {
+		if created {
+			r.rollback(ctx, war, log)
+		}
+		return nil, err
+	}
 	if created {
 		log.Info("registered workload", "group", req.Group.Name, "address", we.Spec.Address)
 		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", identity, we.Spec.Address, req.Group.Name)
 	}
-	return &Result{Registration: war, WorkloadEntry: we, Created: created}, nil
+	return &Result{Registration: war, WorkloadEntry: we, Created: created, SidecarToken: tok}, nil
 }
 
 // reuse updates an existing registration of the same identity with what the

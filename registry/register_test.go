@@ -100,7 +100,18 @@ func createGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
 	if err := env.Client.Create(t.Context(), wg); err != nil {
 		t.Fatal(err)
 	}
+	createServiceAccount(t, ns, "ratings-vm")
 	return wg
+}
+
+// createServiceAccount creates the service account a WorkloadGroup names;
+// Embark never creates it itself.
+func createServiceAccount(t *testing.T, ns, name string) {
+	t.Helper()
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	if err := env.Client.Create(t.Context(), sa); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 }
 
 func ec2Identity(instance string) runtimev1alpha1.WorkloadIdentity {

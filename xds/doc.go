@@ -1,7 +1,14 @@
-// Package xds will own Embark's ADS server, built on go-control-plane: stream
-// authentication, binding a sidecar's stream to its WorkloadAutoRegistration,
-// liveness events to the registry, health reports, and istio.io/debug/syncz
-// for `istioctl proxy-status`.
+// Package xds is Embark's ADS server, built on go-control-plane (SotW and
+// Delta). It authenticates every stream with the sidecar's bound
+// service-account token (TokenReview, then the token's bound Secret must be
+// the registration's, and the node ID must name that same registration),
+// binds streams to their WorkloadAutoRegistration, reports connects and
+// disconnects to the registry's Connections tracker, passes health reports
+// (istio.v1.HealthInformation) to a HealthSink, closes a workload's streams
+// when its registration is deleted, and answers istio.io/debug/syncz for
+// `istioctl proxy-status` on a separate loopback-only debug listener.
 //
-// Nothing is implemented here yet; see the xDS server issue.
+// What a workload is served comes from a ConfigSource, one snapshot per node;
+// until the translation of Sidecar resources plugs in, every workload gets an
+// empty but valid configuration.
 package xds

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
@@ -32,7 +33,7 @@ func (s *Server) bootstrap(res *registry.Result) (*onboardingv1alpha1.SidecarBoo
 		return nil, fmt.Errorf("encode ProxyConfig: %w", err)
 	}
 	we := res.WorkloadEntry
-	return &onboardingv1alpha1.SidecarBootstrap{
+	boot := &onboardingv1alpha1.SidecarBootstrap{
 		NodeId:           NodeID(we.Spec.Address, res.Registration.Name, res.Registration.Namespace),
 		DiscoveryAddress: s.opts.Bootstrap.DiscoveryAddress,
 		ClusterId:        s.opts.Bootstrap.ClusterID,
@@ -43,5 +44,10 @@ func (s *Server) bootstrap(res *registry.Result) (*onboardingv1alpha1.SidecarBoo
 		InstanceIp:       we.Spec.Address,
 		ProxyConfigJson:  string(pcJSON),
 		RootCertificates: s.opts.Bootstrap.RootCertificates,
-	}, nil
+	}
+	if tok := res.SidecarToken; tok != nil {
+		boot.SidecarToken = tok.Token
+		boot.SidecarTokenExpiresAt = timestamppb.New(tok.ExpiresAt)
+	}
+	return boot, nil
 }

@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -50,9 +51,11 @@ type Authorizer interface {
 	Authorize(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity) (policy.Decision, error)
 }
 
-// Registrar registers workloads (registry.Registrar).
+// Registrar registers workloads and renews their sidecar tokens
+// (registry.Registrar).
 type Registrar interface {
 	Register(ctx context.Context, req registry.Request) (*registry.Result, error)
+	RenewSidecarToken(ctx context.Context, key types.NamespacedName) (*registry.SidecarToken, error)
 }
 
 // TokenIssuer issues and verifies onboarding tokens (token.Issuer).
@@ -261,6 +264,36 @@ func (s *Server) Unregister(ctx context.Context, _ *onboardingv1alpha1.Unregiste
 	return &onboardingv1alpha1.UnregisterResponse{PropagationDelay: durationpb.New(s.opts.PropagationDelay)}, nil
 }
 
+// RenewSidecarToken implements OnboardingService.
+func (s *Server) RenewSidecarToken(ctx context.Context, _ *onboardingv1alpha1.RenewSidecarTokenRequest) (*onboardingv1alpha1.RenewSidecarTokenResponse, error) {
+	claims, err := s.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	key := types.NamespacedName{Namespace: claims.Namespace(), Name: claims.Name()}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := s.opts.Client.Get(ctx, key, war); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.NotFound, "registration %s does not exist: register again", key)
+		}
+		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", key, err)
+	}
+	if registry.IdentityName(war.Spec.Identity) != claims.Workload.Identity {
+		return nil, status.Errorf(codes.PermissionDenied, "registration %s belongs to another workload", key)
+	}
+	tok, err := s.opts.Registrar.RenewSidecarToken(ctx, key)
+	switch {
+	case errors.Is(err, registry.ErrRegistrationNotFound):
+		return nil, status.Errorf(codes.NotFound, "%v", err)
+	case errors.Is(err, registry.ErrServiceAccountMissing):
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	case err != nil:
+		s.log.Error("renew sidecar token", "registration", key.String(), "error", err)
+		return nil, status.Errorf(codes.Unavailable, "renew sidecar token: %v", err)
+	}
+	return &onboardingv1alpha1.RenewSidecarTokenResponse{SidecarToken: tok.Token, ExpiresAt: timestamppb.New(tok.ExpiresAt)}, nil
+}
+
 // checkReuse refuses an AWS instance identity document that is already bound
 // to a live (connected) registration when it comes from another address
 // without a fresh STS proof: a document is not a secret, so a copy of it must
@@ -348,7 +381,7 @@ func (s *Server) registerStatus(err error) error {
 	switch {
 	case errors.Is(err, registry.ErrInvalidRegistration):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, registry.ErrIdentityConflict), errors.Is(err, registry.ErrAddressConflict):
+	case errors.Is(err, registry.ErrIdentityConflict), errors.Is(err, registry.ErrAddressConflict), errors.Is(err, registry.ErrServiceAccountMissing):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()

@@ -266,6 +266,11 @@ func (h *harness) group(name string, labels map[string]string) *istionetworkingv
 	if err := env.Client.Create(h.t.Context(), wg); err != nil {
 		h.t.Fatal(err)
 	}
+	// Embark never creates the group's service account itself.
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name + "-vm", Namespace: h.ns}}
+	if err := env.Client.Create(h.t.Context(), sa); err != nil && !apierrors.IsAlreadyExists(err) {
+		h.t.Fatal(err)
+	}
 	waitCached(h.t, wg)
 	return wg
 }
@@ -605,4 +610,80 @@ func waitGone(t *testing.T, obj client.Object) {
 	if err != nil {
 		t.Fatalf("%s still exists: %v", obj.GetName(), err)
 	}
+}
+
+func TestBootstrapCarriesARenewableSidecarToken(t *testing.T) {
+	ctx := t.Context()
+	h := newHarness(t)
+	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	h.group("ratings", map[string]string{"app": "ratings"})
+	auth, err := h.authorize("ratings", h.aws.IMDS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := h.register(auth.GetToken(), "172.31.5.254")
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := reg.GetBootstrap()
+	first, err := registry.DecodeBoundClaims(boot.GetSidecarToken())
+	if err != nil {
+		t.Fatalf("bootstrap sidecar token: %v", err)
+	}
+	secretName, secretUID, ok := first.SecretRef()
+	if !ok || secretName != registry.SidecarSecretName(reg.GetRegistrationName()) || first.Kubernetes.ServiceAccount.Name != "ratings-vm" {
+		t.Errorf("sidecar token claims = %+v", first.Kubernetes)
+	}
+	if d := time.Until(boot.GetSidecarTokenExpiresAt().AsTime()); d < 55*time.Minute || d > time.Hour+time.Minute {
+		t.Errorf("sidecar token lifetime %v, want 1h", d)
+	}
+
+	renewCtx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+auth.GetToken())
+	renewed, err := h.client.RenewSidecarToken(renewCtx, &onboardingv1alpha1.RenewSidecarTokenRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := registry.DecodeBoundClaims(renewed.GetSidecarToken())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, uid, _ := rc.SecretRef(); uid != secretUID || rc.ID == first.ID || renewed.GetExpiresAt() == nil {
+		t.Errorf("renewed token: secret %s (want %s), jti %s (first %s)", uid, secretUID, rc.ID, first.ID)
+	}
+
+	// Without an onboarding token, or after the registration is gone, no token.
+	if _, err := h.client.RenewSidecarToken(ctx, &onboardingv1alpha1.RenewSidecarTokenRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("renew without onboarding token: %v, want Unauthenticated", err)
+	}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: reg.GetRegistrationName()}, war); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, war); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, war)
+	if _, err := h.client.RenewSidecarToken(renewCtx, &onboardingv1alpha1.RenewSidecarTokenRequest{}); status.Code(err) != codes.NotFound {
+		t.Errorf("renew after the registration was deleted: %v, want NotFound", err)
+	}
+}
+
+func TestMissingServiceAccountIsAFailedPrecondition(t *testing.T) {
+	h := newHarness(t)
+	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: h.ns, Labels: map[string]string{"app": "ratings"}}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "nobody-made-me", Network: "virtual-machines"}
+	if err := env.Client.Create(t.Context(), wg); err != nil {
+		t.Fatal(err)
+	}
+	waitCached(t, wg)
+	auth, err := h.authorize("ratings", h.aws.IMDS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.register(auth.GetToken(), "172.31.5.254")
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), h.ns+"/nobody-made-me") {
+		t.Errorf("register: %v, want FailedPrecondition naming %s/nobody-made-me", err, h.ns)
+	}
+	assertNoRegistrations(t, h.ns)
 }

@@ -691,8 +691,17 @@ type SidecarBootstrap struct {
 	ProxyConfigJson string `protobuf:"bytes,9,opt,name=proxy_config_json,json=proxyConfigJson,proto3" json:"proxy_config_json,omitempty"`
 	// PEM root certificates the sidecar trusts for the discovery address.
 	RootCertificates []byte `protobuf:"bytes,10,opt,name=root_certificates,json=rootCertificates,proto3" json:"root_certificates,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The sidecar's token: a Kubernetes service-account token of the
+	// WorkloadGroup's service account with audiences istio-ca and the xDS
+	// server's, bound to the registration's Secret (deleting the registration
+	// revokes it). Write it to the sidecar's token file
+	// (./var/run/secrets/tokens/istio-token); it is sent as
+	// `authorization: Bearer` to the discovery address and the CA.
+	SidecarToken string `protobuf:"bytes,11,opt,name=sidecar_token,json=sidecarToken,proto3" json:"sidecar_token,omitempty"`
+	// When sidecar_token expires; renew it before with RenewSidecarToken.
+	SidecarTokenExpiresAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=sidecar_token_expires_at,json=sidecarTokenExpiresAt,proto3" json:"sidecar_token_expires_at,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *SidecarBootstrap) Reset() {
@@ -795,6 +804,110 @@ func (x *SidecarBootstrap) GetRootCertificates() []byte {
 	return nil
 }
 
+func (x *SidecarBootstrap) GetSidecarToken() string {
+	if x != nil {
+		return x.SidecarToken
+	}
+	return ""
+}
+
+func (x *SidecarBootstrap) GetSidecarTokenExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SidecarTokenExpiresAt
+	}
+	return nil
+}
+
+// RenewSidecarTokenRequest asks for a fresh sidecar token.
+type RenewSidecarTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewSidecarTokenRequest) Reset() {
+	*x = RenewSidecarTokenRequest{}
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewSidecarTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewSidecarTokenRequest) ProtoMessage() {}
+
+func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewSidecarTokenRequest.ProtoReflect.Descriptor instead.
+func (*RenewSidecarTokenRequest) Descriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
+}
+
+// RenewSidecarTokenResponse carries it.
+type RenewSidecarTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SidecarToken  string                 `protobuf:"bytes,1,opt,name=sidecar_token,json=sidecarToken,proto3" json:"sidecar_token,omitempty"`
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewSidecarTokenResponse) Reset() {
+	*x = RenewSidecarTokenResponse{}
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewSidecarTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewSidecarTokenResponse) ProtoMessage() {}
+
+func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewSidecarTokenResponse.ProtoReflect.Descriptor instead.
+func (*RenewSidecarTokenResponse) Descriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RenewSidecarTokenResponse) GetSidecarToken() string {
+	if x != nil {
+		return x.SidecarToken
+	}
+	return ""
+}
+
+func (x *RenewSidecarTokenResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 // UnregisterRequest asks to remove the caller's registration.
 type UnregisterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -804,7 +917,7 @@ type UnregisterRequest struct {
 
 func (x *UnregisterRequest) Reset() {
 	*x = UnregisterRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +929,7 @@ func (x *UnregisterRequest) String() string {
 func (*UnregisterRequest) ProtoMessage() {}
 
 func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +942,7 @@ func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
 }
 
 // UnregisterResponse says how long the removal takes to reach peers.
@@ -842,7 +955,7 @@ type UnregisterResponse struct {
 
 func (x *UnregisterResponse) Reset() {
 	*x = UnregisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +967,7 @@ func (x *UnregisterResponse) String() string {
 func (*UnregisterResponse) ProtoMessage() {}
 
 func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +980,7 @@ func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UnregisterResponse) GetPropagationDelay() *durationpb.Duration {
@@ -926,7 +1039,7 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"\x10RegisterResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12+\n" +
 	"\x11registration_name\x18\x02 \x01(\tR\x10registrationName\x12J\n" +
-	"\tbootstrap\x18\x03 \x01(\v2,.embark.onboarding.v1alpha1.SidecarBootstrapR\tbootstrap\"\xe4\x03\n" +
+	"\tbootstrap\x18\x03 \x01(\v2,.embark.onboarding.v1alpha1.SidecarBootstrapR\tbootstrap\"\xde\x04\n" +
 	"\x10SidecarBootstrap\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11discovery_address\x18\x02 \x01(\tR\x10discoveryAddress\x12\x1d\n" +
@@ -940,18 +1053,26 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"instanceIp\x12*\n" +
 	"\x11proxy_config_json\x18\t \x01(\tR\x0fproxyConfigJson\x12+\n" +
 	"\x11root_certificates\x18\n" +
-	" \x01(\fR\x10rootCertificates\x1a9\n" +
+	" \x01(\fR\x10rootCertificates\x12#\n" +
+	"\rsidecar_token\x18\v \x01(\tR\fsidecarToken\x12S\n" +
+	"\x18sidecar_token_expires_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\x15sidecarTokenExpiresAt\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x13\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1a\n" +
+	"\x18RenewSidecarTokenRequest\"{\n" +
+	"\x19RenewSidecarTokenResponse\x12#\n" +
+	"\rsidecar_token\x18\x01 \x01(\tR\fsidecarToken\x129\n" +
+	"\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x13\n" +
 	"\x11UnregisterRequest\"\\\n" +
 	"\x12UnregisterResponse\x12F\n" +
-	"\x11propagation_delay\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x10propagationDelay2\xd1\x02\n" +
+	"\x11propagation_delay\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x10propagationDelay2\xd4\x03\n" +
 	"\x11OnboardingService\x12h\n" +
 	"\tAuthorize\x12,.embark.onboarding.v1alpha1.AuthorizeRequest\x1a-.embark.onboarding.v1alpha1.AuthorizeResponse\x12e\n" +
 	"\bRegister\x12+.embark.onboarding.v1alpha1.RegisterRequest\x1a,.embark.onboarding.v1alpha1.RegisterResponse\x12k\n" +
 	"\n" +
-	"Unregister\x12-.embark.onboarding.v1alpha1.UnregisterRequest\x1a..embark.onboarding.v1alpha1.UnregisterResponseBJZHgithub.com/embark-mesh/embark/onboarding/api/v1alpha1;onboardingv1alpha1b\x06proto3"
+	"Unregister\x12-.embark.onboarding.v1alpha1.UnregisterRequest\x1a..embark.onboarding.v1alpha1.UnregisterResponse\x12\x80\x01\n" +
+	"\x11RenewSidecarToken\x124.embark.onboarding.v1alpha1.RenewSidecarTokenRequest\x1a5.embark.onboarding.v1alpha1.RenewSidecarTokenResponseBJZHgithub.com/embark-mesh/embark/onboarding/api/v1alpha1;onboardingv1alpha1b\x06proto3"
 
 var (
 	file_onboarding_api_v1alpha1_onboarding_proto_rawDescOnce sync.Once
@@ -965,25 +1086,27 @@ func file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP() []byte {
 	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescData
 }
 
-var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
-	(*WorkloadGroupRef)(nil),      // 0: embark.onboarding.v1alpha1.WorkloadGroupRef
-	(*AWSCredential)(nil),         // 1: embark.onboarding.v1alpha1.AWSCredential
-	(*SignedHTTPRequest)(nil),     // 2: embark.onboarding.v1alpha1.SignedHTTPRequest
-	(*Header)(nil),                // 3: embark.onboarding.v1alpha1.Header
-	(*JWTCredential)(nil),         // 4: embark.onboarding.v1alpha1.JWTCredential
-	(*AuthorizeRequest)(nil),      // 5: embark.onboarding.v1alpha1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),     // 6: embark.onboarding.v1alpha1.AuthorizeResponse
-	(*HostAddress)(nil),           // 7: embark.onboarding.v1alpha1.HostAddress
-	(*RegisterRequest)(nil),       // 8: embark.onboarding.v1alpha1.RegisterRequest
-	(*RegisterResponse)(nil),      // 9: embark.onboarding.v1alpha1.RegisterResponse
-	(*SidecarBootstrap)(nil),      // 10: embark.onboarding.v1alpha1.SidecarBootstrap
-	(*UnregisterRequest)(nil),     // 11: embark.onboarding.v1alpha1.UnregisterRequest
-	(*UnregisterResponse)(nil),    // 12: embark.onboarding.v1alpha1.UnregisterResponse
-	nil,                           // 13: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	nil,                           // 14: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*WorkloadGroupRef)(nil),          // 0: embark.onboarding.v1alpha1.WorkloadGroupRef
+	(*AWSCredential)(nil),             // 1: embark.onboarding.v1alpha1.AWSCredential
+	(*SignedHTTPRequest)(nil),         // 2: embark.onboarding.v1alpha1.SignedHTTPRequest
+	(*Header)(nil),                    // 3: embark.onboarding.v1alpha1.Header
+	(*JWTCredential)(nil),             // 4: embark.onboarding.v1alpha1.JWTCredential
+	(*AuthorizeRequest)(nil),          // 5: embark.onboarding.v1alpha1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),         // 6: embark.onboarding.v1alpha1.AuthorizeResponse
+	(*HostAddress)(nil),               // 7: embark.onboarding.v1alpha1.HostAddress
+	(*RegisterRequest)(nil),           // 8: embark.onboarding.v1alpha1.RegisterRequest
+	(*RegisterResponse)(nil),          // 9: embark.onboarding.v1alpha1.RegisterResponse
+	(*SidecarBootstrap)(nil),          // 10: embark.onboarding.v1alpha1.SidecarBootstrap
+	(*RenewSidecarTokenRequest)(nil),  // 11: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	(*RenewSidecarTokenResponse)(nil), // 12: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	(*UnregisterRequest)(nil),         // 13: embark.onboarding.v1alpha1.UnregisterRequest
+	(*UnregisterResponse)(nil),        // 14: embark.onboarding.v1alpha1.UnregisterResponse
+	nil,                               // 15: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	nil,                               // 16: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 17: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
 }
 var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	2,  // 0: embark.onboarding.v1alpha1.AWSCredential.sts_get_caller_identity:type_name -> embark.onboarding.v1alpha1.SignedHTTPRequest
@@ -991,23 +1114,27 @@ var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	0,  // 2: embark.onboarding.v1alpha1.AuthorizeRequest.workload_group:type_name -> embark.onboarding.v1alpha1.WorkloadGroupRef
 	1,  // 3: embark.onboarding.v1alpha1.AuthorizeRequest.aws:type_name -> embark.onboarding.v1alpha1.AWSCredential
 	4,  // 4: embark.onboarding.v1alpha1.AuthorizeRequest.jwt:type_name -> embark.onboarding.v1alpha1.JWTCredential
-	15, // 5: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	17, // 5: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
 	7,  // 6: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
-	13, // 7: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	15, // 7: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
 	10, // 8: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
-	14, // 9: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	16, // 10: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
-	5,  // 11: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
-	8,  // 12: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
-	11, // 13: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
-	6,  // 14: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
-	9,  // 15: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
-	12, // 16: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
-	14, // [14:17] is the sub-list for method output_type
-	11, // [11:14] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	16, // 9: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	17, // 10: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
+	17, // 11: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 12: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
+	5,  // 13: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
+	8,  // 14: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
+	13, // 15: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
+	11, // 16: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	6,  // 17: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
+	9,  // 18: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
+	14, // 19: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
+	12, // 20: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_onboarding_api_v1alpha1_onboarding_proto_init() }
@@ -1025,7 +1152,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc), len(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,9 +22,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	OnboardingService_Authorize_FullMethodName  = "/embark.onboarding.v1alpha1.OnboardingService/Authorize"
-	OnboardingService_Register_FullMethodName   = "/embark.onboarding.v1alpha1.OnboardingService/Register"
-	OnboardingService_Unregister_FullMethodName = "/embark.onboarding.v1alpha1.OnboardingService/Unregister"
+	OnboardingService_Authorize_FullMethodName         = "/embark.onboarding.v1alpha1.OnboardingService/Authorize"
+	OnboardingService_Register_FullMethodName          = "/embark.onboarding.v1alpha1.OnboardingService/Register"
+	OnboardingService_Unregister_FullMethodName        = "/embark.onboarding.v1alpha1.OnboardingService/Unregister"
+	OnboardingService_RenewSidecarToken_FullMethodName = "/embark.onboarding.v1alpha1.OnboardingService/RenewSidecarToken"
 )
 
 // OnboardingServiceClient is the client API for OnboardingService service.
@@ -51,6 +52,14 @@ type OnboardingServiceClient interface {
 	// agent waits the returned propagation delay before stopping its sidecar,
 	// so peers stop sending it traffic first. Authorized like Register.
 	Unregister(ctx context.Context, in *UnregisterRequest, opts ...grpc.CallOption) (*UnregisterResponse, error)
+	// RenewSidecarToken returns a fresh sidecar token (see
+	// SidecarBootstrap.sidecar_token) for the caller's registration, bound to
+	// the same Secret. The agent calls it before the token expires and
+	// rewrites the sidecar's token file. Authorized like Register; it writes
+	// nothing. Errors: UNAUTHENTICATED (onboarding token), NOT_FOUND (the
+	// registration is gone: register again), FAILED_PRECONDITION (the service
+	// account is missing).
+	RenewSidecarToken(ctx context.Context, in *RenewSidecarTokenRequest, opts ...grpc.CallOption) (*RenewSidecarTokenResponse, error)
 }
 
 type onboardingServiceClient struct {
@@ -91,6 +100,16 @@ func (c *onboardingServiceClient) Unregister(ctx context.Context, in *Unregister
 	return out, nil
 }
 
+func (c *onboardingServiceClient) RenewSidecarToken(ctx context.Context, in *RenewSidecarTokenRequest, opts ...grpc.CallOption) (*RenewSidecarTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewSidecarTokenResponse)
+	err := c.cc.Invoke(ctx, OnboardingService_RenewSidecarToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OnboardingServiceServer is the server API for OnboardingService service.
 // All implementations must embed UnimplementedOnboardingServiceServer
 // for forward compatibility.
@@ -115,6 +134,14 @@ type OnboardingServiceServer interface {
 	// agent waits the returned propagation delay before stopping its sidecar,
 	// so peers stop sending it traffic first. Authorized like Register.
 	Unregister(context.Context, *UnregisterRequest) (*UnregisterResponse, error)
+	// RenewSidecarToken returns a fresh sidecar token (see
+	// SidecarBootstrap.sidecar_token) for the caller's registration, bound to
+	// the same Secret. The agent calls it before the token expires and
+	// rewrites the sidecar's token file. Authorized like Register; it writes
+	// nothing. Errors: UNAUTHENTICATED (onboarding token), NOT_FOUND (the
+	// registration is gone: register again), FAILED_PRECONDITION (the service
+	// account is missing).
+	RenewSidecarToken(context.Context, *RenewSidecarTokenRequest) (*RenewSidecarTokenResponse, error)
 	mustEmbedUnimplementedOnboardingServiceServer()
 }
 
@@ -133,6 +160,9 @@ func (UnimplementedOnboardingServiceServer) Register(context.Context, *RegisterR
 }
 func (UnimplementedOnboardingServiceServer) Unregister(context.Context, *UnregisterRequest) (*UnregisterResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unregister not implemented")
+}
+func (UnimplementedOnboardingServiceServer) RenewSidecarToken(context.Context, *RenewSidecarTokenRequest) (*RenewSidecarTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewSidecarToken not implemented")
 }
 func (UnimplementedOnboardingServiceServer) mustEmbedUnimplementedOnboardingServiceServer() {}
 func (UnimplementedOnboardingServiceServer) testEmbeddedByValue()                           {}
@@ -209,6 +239,24 @@ func _OnboardingService_Unregister_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OnboardingService_RenewSidecarToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewSidecarTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OnboardingServiceServer).RenewSidecarToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OnboardingService_RenewSidecarToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OnboardingServiceServer).RenewSidecarToken(ctx, req.(*RenewSidecarTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // OnboardingService_ServiceDesc is the grpc.ServiceDesc for OnboardingService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -227,6 +275,10 @@ var OnboardingService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Unregister",
 			Handler:    _OnboardingService_Unregister_Handler,
+		},
+		{
+			MethodName: "RenewSidecarToken",
+			Handler:    _OnboardingService_RenewSidecarToken_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,487 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+// Workload names the registration a sidecar's streams are bound to.
+type Workload struct {
+	// Key is the registration's namespace and name.
+	Key types.NamespacedName
+	// UID is the registration's UID; events of an earlier registration of
+	// the same name never touch a newer one.
+	UID types.UID
+	// Group is the WorkloadGroup's name (a metrics label).
+	Group string
+}
+
+// ConnectionOptions configures Connections. Every field documents its default.
+type ConnectionOptions struct {
+	// Client reads registrations and WorkloadEntries fresh from the API
+	// server (not from a cache: writes use their resourceVersion) and writes
+	// them. Required.
+	Client client.Client
+	// Replica is this endpoint replica's name, written as the connection's
+	// owner. Required.
+	Replica string
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Writes limits and retries each API write. Default DefaultWriteOptions.
+	Writes WriteOptions
+	// Retry is the backoff between attempts of a state that could not be
+	// stored (its writes ran out of retries); a state is retried until it is
+	// stored, superseded by a newer one, or the tracker stops. Default: 100ms
+	// doubling, capped at 10s.
+	Retry wait.Backoff
+	// Metrics. Default: not recorded.
+	Metrics *ConnectionMetrics
+	// Clock. Default time.Now.
+	Clock func() time.Time
+}
+
+// Connections tracks which workloads hold ADS streams to this replica and
+// writes the connection state to their WorkloadAutoRegistration (condition
+// AgentConnected, status.connection) and WorkloadEntry (annotations
+// istio.io/connectedAt, istio.io/disconnectedAt, istio.io/workloadController).
+//
+// Opened and Closed never block on the API server: each workload has a queue
+// of one pending state that a newer event replaces (coalescing), written by a
+// goroutine of its own with optimistic concurrency until stored. Several
+// streams of one workload count once. Only the replica holding the stream
+// writes; a disconnect never overwrites a newer connection by another replica.
+type Connections struct {
+	ctx     context.Context
+	client  client.Client
+	replica string
+	log     *slog.Logger
+	writer  *writer
+	retry   wait.Backoff
+	metrics *ConnectionMetrics
+	now     func() time.Time
+
+	mu      sync.Mutex
+	entries map[types.NamespacedName]*connEntry
+	active  int // running writers
+	wg      sync.WaitGroup
+}
+
+// connEntry is one workload's streams on this replica and its pending state.
+type connEntry struct {
+	workload    Workload
+	streams     map[int64]struct{}
+	connectedAt time.Time // when the current (or last) connection began
+	pending     *connState
+	running     bool
+}
+
+// connState is a connection state to store.
+type connState struct {
+	workload       Workload
+	connected      bool
+	connectedAt    time.Time
+	disconnectedAt time.Time
+}
+
+// NewConnections returns a tracker whose writes run until ctx ends.
+func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, error) {
+	if opts.Client == nil || opts.Replica == "" {
+		return nil, errors.New("registry: Client and Replica are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Retry.Steps <= 0 {
+		opts.Retry = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 10 * time.Second}
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	return &Connections{
+		ctx: ctx, client: opts.Client, replica: opts.Replica, log: opts.Logger,
+		writer: newWriter(opts.Writes), retry: opts.Retry, metrics: opts.Metrics, now: opts.Clock,
+		entries: map[types.NamespacedName]*connEntry{},
+	}, nil
+}
+
+// Replica returns the name this tracker writes as the connection's owner.
+func (c *Connections) Replica() string { return c.replica }
+
+// Opened records that stream streamID of workload w is open. The first
+// stream of a workload marks it connected.
+func (c *Connections) Opened(w Workload, streamID int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[w.Key]
+	if e == nil || (e.workload.UID != w.UID && len(e.streams) == 0) {
+		if e != nil && e.running {
+			// The old registration's state is still being written: keep
+			// the entry (its writer drains it) but start afresh.
+			e.workload = w
+		} else {
+			e = &connEntry{workload: w, streams: map[int64]struct{}{}}
+			c.entries[w.Key] = e
+		}
+	}
+	if _, dup := e.streams[streamID]; dup {
+		return
+	}
+	e.streams[streamID] = struct{}{}
+	if len(e.streams) > 1 {
+		return
+	}
+	e.workload = w
+	e.connectedAt = c.now()
+	c.metrics.opened(w)
+	c.enqueueLocked(e, &connState{workload: w, connected: true, connectedAt: e.connectedAt})
+}
+
+// Closed records that stream streamID of workload w closed. When it was the
+// workload's last stream on this replica, the workload is marked
+// disconnected.
+func (c *Connections) Closed(w Workload, streamID int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[w.Key]
+	if e == nil {
+		return
+	}
+	if _, ok := e.streams[streamID]; !ok {
+		return
+	}
+	delete(e.streams, streamID)
+	if len(e.streams) > 0 {
+		return
+	}
+	now := c.now()
+	c.metrics.closed(e.workload)
+	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now})
+}
+
+// Streams returns how many streams of the workload are open on this replica.
+func (c *Connections) Streams(key types.NamespacedName) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.entries[key]; e != nil {
+		return len(e.streams)
+	}
+	return 0
+}
+
+// Flush waits until every pending state is stored (or dropped), or ctx ends.
+func (c *Connections) Flush(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		n := c.active
+		c.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("flush connection states: %d writers busy: %w", n, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// Wait waits for every writer goroutine to end; call it after the tracker's
+// context ended.
+func (c *Connections) Wait() { c.wg.Wait() }
+
+// enqueueLocked replaces e's pending state and starts its writer.
+func (c *Connections) enqueueLocked(e *connEntry, st *connState) {
+	e.pending = st
+	if e.running || c.ctx.Err() != nil {
+		return
+	}
+	e.running = true
+	c.active++
+	c.wg.Add(1)
+	go c.drain(e)
+}
+
+// drain writes e's pending states until none is left.
+func (c *Connections) drain(e *connEntry) {
+	defer c.wg.Done()
+	for {
+		c.mu.Lock()
+		st := e.pending
+		e.pending = nil
+		if st == nil || c.ctx.Err() != nil {
+			e.running = false
+			c.active--
+			if len(e.streams) == 0 && c.entries[e.workload.Key] == e {
+				delete(c.entries, e.workload.Key)
+			}
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.storeUntilDone(e, st)
+	}
+}
+
+// superseded reports whether a newer state waits for e.
+func (c *Connections) superseded(e *connEntry) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return e.pending != nil
+}
+
+// storeUntilDone stores st, retrying until it is stored, superseded or the
+// tracker stops.
+func (c *Connections) storeUntilDone(e *connEntry, st *connState) {
+	b := c.retry
+	for {
+		err := c.store(st)
+		if err == nil {
+			return
+		}
+		if apierrors.IsNotFound(err) || errors.Is(err, errRegistrationReplaced) {
+			c.log.Debug("connection state not stored: registration gone", "registration", st.workload.Key.String(), "error", err)
+			return
+		}
+		c.log.Error("store connection state; retrying", "registration", st.workload.Key.String(), "connected", st.connected, "error", err)
+		t := time.NewTimer(b.Step())
+		select {
+		case <-c.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if c.superseded(e) {
+			return
+		}
+	}
+}
+
+var errRegistrationReplaced = errors.New("registration replaced by a newer one of the same name")
+
+// store writes one state to the registration, then to its WorkloadEntry.
+func (c *Connections) store(st *connState) error {
+	written, err := c.storeRegistration(st)
+	if err != nil {
+		return err
+	}
+	if !st.connected && written {
+		c.metrics.statusWritten(c.now().Sub(st.disconnectedAt))
+	}
+	return c.storeWorkloadEntry(st)
+}
+
+// storeRegistration writes the AgentConnected condition and status.connection.
+// It reports whether the registration shows st afterwards.
+func (c *Connections) storeRegistration(st *connState) (bool, error) {
+	shows := false
+	err := c.writer.do(c.ctx, func(ctx context.Context) error {
+		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if err := c.client.Get(ctx, st.workload.Key, cur); err != nil {
+			return err
+		}
+		if st.workload.UID != "" && cur.UID != st.workload.UID {
+			return errRegistrationReplaced
+		}
+		conn := cur.Status.Connection
+		connectedAt := metav1.NewTime(st.connectedAt.Truncate(time.Second))
+		if st.connected {
+			if conn != nil && conn.Replica != c.replica && conn.DisconnectedAt == nil && conn.ConnectedAt != nil && conn.ConnectedAt.After(connectedAt.Time) {
+				return nil // a newer connection held by another replica
+			}
+			conn = &runtimev1alpha1.ConnectionStatus{Replica: c.replica, ConnectedAt: &connectedAt}
+		} else {
+			if conn == nil || conn.Replica != c.replica || conn.DisconnectedAt != nil ||
+				(conn.ConnectedAt != nil && conn.ConnectedAt.After(connectedAt.Time)) {
+				// Not ours (another replica connected since), or already
+				// marked disconnected: never overwrite it.
+				return nil
+			}
+			conn = conn.DeepCopy()
+			disconnectedAt := metav1.NewTime(st.disconnectedAt)
+			conn.DisconnectedAt = &disconnectedAt
+		}
+		cond := c.condition(st, cur.Generation)
+		changed := meta.SetStatusCondition(&cur.Status.Conditions, cond)
+		if !equalConnection(cur.Status.Connection, conn) {
+			cur.Status.Connection = conn
+			changed = true
+		}
+		shows = true
+		if !changed {
+			return nil
+		}
+		return c.client.Status().Update(ctx, cur)
+	})
+	if err != nil {
+		return false, fmt.Errorf("write connection state of %s: %w", st.workload.Key, err)
+	}
+	return shows, nil
+}
+
+func (c *Connections) condition(st *connState, generation int64) metav1.Condition {
+	if st.connected {
+		return metav1.Condition{
+			Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionTrue,
+			Reason:  runtimev1alpha1.ReasonAgentEstablishedConnection,
+			Message: "the sidecar holds an ADS stream to replica " + c.replica,
+			// SetStatusCondition keeps the old time when the status does not change.
+			LastTransitionTime: metav1.NewTime(st.connectedAt), ObservedGeneration: generation,
+		}
+	}
+	return metav1.Condition{
+		Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse,
+		Reason:             runtimev1alpha1.ReasonAgentDisconnected,
+		Message:            "the sidecar's last ADS stream to replica " + c.replica + " closed",
+		LastTransitionTime: metav1.NewTime(st.disconnectedAt), ObservedGeneration: generation,
+	}
+}
+
+func equalConnection(a, b *runtimev1alpha1.ConnectionStatus) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	eq := func(x, y *metav1.Time) bool {
+		if x == nil || y == nil {
+			return x == y
+		}
+		return x.Equal(y)
+	}
+	return a.Replica == b.Replica && eq(a.ConnectedAt, b.ConnectedAt) && eq(a.DisconnectedAt, b.DisconnectedAt)
+}
+
+// storeWorkloadEntry writes the connection annotations of the registration's
+// WorkloadEntry. A missing entry (fenced, or not written yet) is skipped.
+func (c *Connections) storeWorkloadEntry(st *connState) error {
+	err := c.writer.do(c.ctx, func(ctx context.Context) error {
+		we := &istionetworkingv1.WorkloadEntry{}
+		if err := c.client.Get(ctx, st.workload.Key, we); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if ref, ok := ownedBy(we.OwnerReferences, st.workload.Key.Name); !ok || (st.workload.UID != "" && ref.UID != st.workload.UID) {
+			return nil
+		}
+		ann := we.Annotations
+		holder := ann[AnnotationWorkloadController]
+		heldSince, _ := time.Parse(time.RFC3339Nano, ann[AnnotationConnectedAt])
+		want := make(map[string]string, len(ann)+3)
+		for k, v := range ann {
+			want[k] = v
+		}
+		if st.connected {
+			if holder != "" && holder != c.replica && ann[AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt) {
+				return nil
+			}
+			want[AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
+			want[AnnotationWorkloadController] = c.replica
+			delete(want, AnnotationDisconnectedAt)
+		} else {
+			if holder != c.replica || ann[AnnotationDisconnectedAt] != "" || heldSince.After(st.connectedAt) {
+				return nil
+			}
+			want[AnnotationDisconnectedAt] = st.disconnectedAt.UTC().Format(time.RFC3339Nano)
+		}
+		if equalStrings(ann, want) {
+			return nil
+		}
+		we.Annotations = want
+		return c.client.Update(ctx, we)
+	})
+	if err != nil {
+		return fmt.Errorf("write connection annotations of WorkloadEntry %s: %w", st.workload.Key, err)
+	}
+	return nil
+}
+
+func equalStrings(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// ConnectionMetrics are the connection tracker's metrics.
+type ConnectionMetrics struct {
+	connected   *prometheus.GaugeVec
+	connects    *prometheus.CounterVec
+	disconnects *prometheus.CounterVec
+	latency     prometheus.Histogram
+}
+
+// NewConnectionMetrics registers the connection metrics with reg:
+// embark_xds_connected_workloads{namespace,group},
+// embark_xds_connects_total{namespace,group},
+// embark_xds_disconnects_total{namespace,group} and
+// embark_registry_disconnect_status_write_seconds (from a workload's last
+// stream closing to its registration showing it).
+func NewConnectionMetrics(reg prometheus.Registerer) (*ConnectionMetrics, error) {
+	m := &ConnectionMetrics{
+		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "embark_xds_connected_workloads",
+			Help: "Workloads whose sidecar holds at least one ADS stream to this replica.",
+		}, []string{"namespace", "group"}),
+		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "embark_xds_connects_total",
+			Help: "Workloads that went from no stream to one stream on this replica.",
+		}, []string{"namespace", "group"}),
+		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "embark_xds_disconnects_total",
+			Help: "Workloads whose last stream on this replica closed.",
+		}, []string{"namespace", "group"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "embark_registry_disconnect_status_write_seconds",
+			Help:    "Time from a workload's last stream closing to its registration's status saying so.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
+	}
+	for _, col := range []prometheus.Collector{m.connected, m.connects, m.disconnects, m.latency} {
+		if err := reg.Register(col); err != nil {
+			return nil, fmt.Errorf("register connection metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *ConnectionMetrics) opened(w Workload) {
+	if m == nil {
+		return
+	}
+	m.connected.WithLabelValues(w.Key.Namespace, w.Group).Inc()
+	m.connects.WithLabelValues(w.Key.Namespace, w.Group).Inc()
+}
+
+func (m *ConnectionMetrics) closed(w Workload) {
+	if m == nil {
+		return
+	}
+	m.connected.WithLabelValues(w.Key.Namespace, w.Group).Dec()
+	m.disconnects.WithLabelValues(w.Key.Namespace, w.Group).Inc()
+}
+
+func (m *ConnectionMetrics) statusWritten(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.latency.Observe(d.Seconds())
+}

@@ -1,0 +1,165 @@
+package xds
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// OnStreamOpen binds go-control-plane's stream ID to the server's stream and
+// tells the registry that a workload's stream opened.
+func (s *Server) OnStreamOpen(ctx context.Context, id int64, _ string) error {
+	st := streamFrom(ctx)
+	if st == nil {
+		return status.Error(codes.Internal, "stream without binding")
+	}
+	st.opened = s.opts.Clock()
+	s.mu.Lock()
+	s.streams[id] = st
+	s.mu.Unlock()
+	if st.counted {
+		s.opts.Connections.Opened(st.proxy.Workload, id)
+	}
+	return nil
+}
+
+// OnStreamClosed tells the registry that a workload's stream closed.
+func (s *Server) OnStreamClosed(id int64, _ *core.Node) {
+	s.mu.Lock()
+	st := s.streams[id]
+	delete(s.streams, id)
+	s.mu.Unlock()
+	if st != nil && st.counted {
+		s.opts.Connections.Closed(st.proxy.Workload, id)
+	}
+}
+
+// OnDeltaStreamOpen is OnStreamOpen for Delta streams.
+func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, typeURL string) error {
+	return s.OnStreamOpen(ctx, id, typeURL)
+}
+
+// OnDeltaStreamClosed is OnStreamClosed for Delta streams.
+func (s *Server) OnDeltaStreamClosed(id int64, node *core.Node) { s.OnStreamClosed(id, node) }
+
+func (s *Server) stream(id int64) *stream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.streams[id]
+}
+
+// checkType decides what a request of typeURL on st means: an error ends the
+// stream; health reports are passed on and never subscribe.
+func (s *Server) checkType(st *stream, typeURL string, errorDetail *rpcstatus.Status) (track bool, err error) {
+	isDebug := strings.HasPrefix(typeURL, debugTypePrefix)
+	switch {
+	case st == nil:
+		return false, status.Error(codes.Internal, "unknown stream")
+	case st.debug && typeURL != TypeSyncz:
+		return false, status.Errorf(codes.PermissionDenied, "the debug listener serves only %s", TypeSyncz)
+	case st.debug:
+		return false, nil
+	case isDebug:
+		return false, status.Errorf(codes.PermissionDenied, "debug type %s is served only on the loopback debug listener", typeURL)
+	case typeURL == TypeHealthInformation:
+		h := Health{Healthy: errorDetail == nil, At: s.opts.Clock()}
+		if errorDetail != nil {
+			h.Message = errorDetail.GetMessage()
+		}
+		s.opts.Health.ReportHealth(s.ctx, st.proxy.Workload, h)
+		return false, nil
+	default:
+		return true, nil
+	}
+}
+
+// OnStreamRequest tracks ACKs and handles health reports and debug types.
+func (s *Server) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error {
+	st := s.stream(id)
+	track, err := s.checkType(st, req.GetTypeUrl(), req.GetErrorDetail())
+	if err != nil || !track {
+		return err
+	}
+	st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, s.opts.Clock())
+	return nil
+}
+
+// OnStreamResponse records what was sent.
+func (s *Server) OnStreamResponse(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+	if st := s.stream(id); st != nil && !st.debug {
+		st.sent(resp.GetTypeUrl(), resp.GetNonce(), resp.GetVersionInfo(), s.opts.Clock())
+	}
+}
+
+// OnStreamDeltaRequest is OnStreamRequest for Delta streams.
+func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
+	st := s.stream(id)
+	track, err := s.checkType(st, req.GetTypeUrl(), req.GetErrorDetail())
+	if err != nil || !track {
+		return err
+	}
+	st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, s.opts.Clock())
+	return nil
+}
+
+// OnStreamDeltaResponse is OnStreamResponse for Delta streams.
+func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+	if st := s.stream(id); st != nil && !st.debug {
+		st.sent(resp.GetTypeUrl(), resp.GetNonce(), resp.GetSystemVersionInfo(), s.opts.Clock())
+	}
+}
+
+// OnFetchRequest refuses REST fetches: only streams are served.
+func (s *Server) OnFetchRequest(context.Context, *discovery.DiscoveryRequest) error {
+	return status.Error(codes.Unimplemented, "REST fetch is not served")
+}
+
+// OnFetchResponse implements serverv3.Callbacks.
+func (s *Server) OnFetchResponse(*discovery.DiscoveryRequest, *discovery.DiscoveryResponse) {}
+
+// watcher routes go-control-plane's watches: syncz is answered from the
+// server's streams, health reports open no watch, the rest comes from the
+// per-node snapshots.
+type watcher struct{ s *Server }
+
+func noop() {}
+
+// CreateWatch implements cache.ConfigWatcher.
+func (w *watcher) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
+	switch t := req.GetTypeUrl(); {
+	case t == TypeSyncz:
+		// Answer the stream's first syncz request only: the subscription
+		// remembers that it was answered, so ACKs are not answered again
+		// (which would loop). Clients send a nonce even on a first request
+		// (istioctl does), so the nonce cannot tell.
+		if len(sub.ReturnedResources()) == 0 {
+			resp := w.s.syncz()
+			out <- &cache.PassthroughResponse{Request: req, DiscoveryResponse: resp, ReturnedResources: map[string]string{TypeSyncz: resp.GetVersionInfo()}}
+		}
+		return noop, nil
+	case t == TypeHealthInformation || strings.HasPrefix(t, debugTypePrefix):
+		return noop, nil
+	default:
+		return w.s.snapshots.CreateWatch(req, sub, out)
+	}
+}
+
+// CreateDeltaWatch implements cache.ConfigWatcher.
+func (w *watcher) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, out chan cache.DeltaResponse) (func(), error) {
+	if t := req.GetTypeUrl(); t == TypeHealthInformation || strings.HasPrefix(t, debugTypePrefix) {
+		return noop, nil
+	}
+	return w.s.snapshots.CreateDeltaWatch(req, sub, out)
+}
+
+// Fetch implements cache.ConfigFetcher; REST is not served.
+func (w *watcher) Fetch(context.Context, *cache.Request) (cache.Response, error) {
+	return nil, errors.New("fetch is not served")
+}

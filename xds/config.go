@@ -1,0 +1,97 @@
+package xds
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+)
+
+// Type URLs the server treats specially.
+const (
+	// TypeHealthInformation is how Istio's agent reports the workload's
+	// health: a request of this type, error_detail set when unhealthy. It is
+	// never a subscription.
+	TypeHealthInformation = "type.googleapis.com/istio.v1.HealthInformation"
+	// TypeSyncz is istiod's debug type that `istioctl proxy-status` asks for.
+	TypeSyncz = "istio.io/debug/syncz"
+	// debugTypePrefix prefixes every Istio debug type.
+	debugTypePrefix = "istio.io/debug"
+)
+
+// Proxy is a workload's sidecar as one of its streams describes it.
+type Proxy struct {
+	// Workload is the registration the stream is bound to.
+	Workload registry.Workload
+	// NodeID is the proxy's node ID.
+	NodeID string
+	// IP is the address in the node ID.
+	IP string
+	// Metadata is the node metadata the proxy sent.
+	Metadata *structpb.Struct
+	// Registration is the registration as the server last read it; do not
+	// modify it.
+	Registration *runtimev1alpha1.WorkloadAutoRegistration
+}
+
+// ConfigSource computes what a proxy is served. The translation of Sidecar
+// resources implements it; the server asks it when a node's first stream
+// binds and on Refresh.
+type ConfigSource interface {
+	// Snapshot returns the proxy's whole configuration. It must not block
+	// for long: it runs on the stream's goroutine.
+	Snapshot(ctx context.Context, p *Proxy) (cache.ResourceSnapshot, error)
+}
+
+// EmptyConfig serves every proxy an empty but valid configuration.
+type EmptyConfig struct{}
+
+var _ ConfigSource = EmptyConfig{}
+
+// Snapshot implements ConfigSource.
+func (EmptyConfig) Snapshot(context.Context, *Proxy) (cache.ResourceSnapshot, error) {
+	return cache.NewSnapshot("empty", map[resource.Type][]types.Resource{
+		resource.ClusterType:  {},
+		resource.ListenerType: {},
+		resource.RouteType:    {},
+		resource.EndpointType: {},
+	})
+}
+
+// Health is one health report of a workload.
+type Health struct {
+	// Healthy is false when the report carries an error detail.
+	Healthy bool
+	// Message is the error detail's message, if any.
+	Message string
+	// At is when the report arrived.
+	At time.Time
+}
+
+// HealthSink receives the health reports of bound workloads. It must not
+// block: it runs on the stream's goroutine.
+type HealthSink interface {
+	ReportHealth(ctx context.Context, w registry.Workload, h Health)
+}
+
+// LogHealth logs health reports (until the registry mirrors them onto the
+// WorkloadEntry).
+type LogHealth struct{ Logger *slog.Logger }
+
+var _ HealthSink = LogHealth{}
+
+// ReportHealth implements HealthSink.
+func (l LogHealth) ReportHealth(ctx context.Context, w registry.Workload, h Health) {
+	log := l.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log.InfoContext(ctx, "workload health report", "registration", w.Key.String(), "healthy", h.Healthy, "message", h.Message)
+}

@@ -1,0 +1,605 @@
+package xds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+)
+
+// Informers gives the informers the server watches (controller-runtime's
+// cache.Cache satisfies it).
+type Informers interface {
+	GetInformer(ctx context.Context, obj client.Object, opts ...crcache.InformerGetOption) (crcache.Informer, error)
+}
+
+// Options configures a Server. Every field documents its default.
+type Options struct {
+	// Connections receives stream opens and closes and writes them to the
+	// registrations; its replica name is the control-plane ID syncz reports.
+	// Required.
+	Connections *registry.Connections
+	// TokenReviews reviews sidecar tokens. Required.
+	TokenReviews TokenReviewer
+	// Reader reads WorkloadAutoRegistrations and the sidecar credential
+	// Secrets (label registry.LabelSidecarCredential), normally from an
+	// informer cache. Required.
+	Reader client.Reader
+	// APIReader is asked when Reader does not (yet) have an object.
+	// Default: none.
+	APIReader client.Reader
+	// Informers notify the server of deleted registrations and Secrets, whose
+	// streams it then closes. Required.
+	Informers Informers
+	// Audience a sidecar token must carry. Default registry.DefaultXDSAudience.
+	Audience string
+	// Config computes what each proxy is served. Default EmptyConfig.
+	Config ConfigSource
+	// Health receives health reports. Default LogHealth.
+	Health HealthSink
+	// ClusterID reported in syncz when a proxy did not send CLUSTER_ID.
+	// Default "Kubernetes".
+	ClusterID string
+	// ReviewCacheTTL is how long a positive token review is reused; a
+	// negative value disables the cache. Default 10s.
+	ReviewCacheTTL time.Duration
+	// ReviewCacheSize bounds the cached reviews. Default 4096.
+	ReviewCacheSize int
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Clock. Default time.Now.
+	Clock func() time.Time
+}
+
+func (o *Options) setDefaults() error {
+	if o.Connections == nil || o.TokenReviews == nil || o.Reader == nil || o.Informers == nil {
+		return errors.New("xds: Connections, TokenReviews, Reader and Informers are required")
+	}
+	if o.Audience == "" {
+		o.Audience = registry.DefaultXDSAudience
+	}
+	if o.Config == nil {
+		o.Config = EmptyConfig{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Health == nil {
+		o.Health = LogHealth{Logger: o.Logger}
+	}
+	if o.ClusterID == "" {
+		o.ClusterID = "Kubernetes"
+	}
+	if o.ReviewCacheTTL == 0 {
+		o.ReviewCacheTTL = 10 * time.Second
+	}
+	if o.ReviewCacheSize == 0 {
+		o.ReviewCacheSize = 4096
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	return nil
+}
+
+// Server is the ADS server. Register it on a gRPC server with Register, and
+// its debug service (syncz) on a loopback-only one with RegisterDebug; Run
+// watches for deleted registrations.
+type Server struct {
+	opts      Options
+	log       *slog.Logger
+	auth      *authenticator
+	snapshots cache.SnapshotCache
+	xds       serverv3.Server
+	ctx       context.Context
+
+	mu         sync.Mutex
+	streams    map[int64]*stream                             // by go-control-plane stream ID
+	byWorkload map[types.NamespacedName]map[*stream]struct{} // bound workload streams
+	nodes      map[string]int                                // streams per node ID holding a snapshot
+}
+
+var (
+	_ serverv3.Callbacks                         = (*Server)(nil)
+	_ discovery.AggregatedDiscoveryServiceServer = (*adsService)(nil)
+	_ discovery.AggregatedDiscoveryServiceServer = (*debugService)(nil)
+	_ cache.Cache                                = (*watcher)(nil)
+)
+
+// NewServer returns a Server whose streams run until ctx ends.
+func NewServer(ctx context.Context, opts Options) (*Server, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		opts: opts, log: opts.Logger, ctx: ctx,
+		auth:       newAuthenticator(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
+		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, nil),
+		streams:    map[int64]*stream{},
+		byWorkload: map[types.NamespacedName]map[*stream]struct{}{},
+		nodes:      map[string]int{},
+	}
+	s.xds = serverv3.NewServer(ctx, &watcher{s: s}, s)
+	return s, nil
+}
+
+// Register adds the authenticated ADS service to g.
+func (s *Server) Register(g *grpc.Server) {
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, &adsService{s: s})
+}
+
+// RegisterDebug adds the debug ADS service (istio.io/debug/syncz, no
+// authentication) to g. Serve g only on a loopback address (see
+// CheckLoopback): whoever reaches it learns which workloads are connected.
+func (s *Server) RegisterDebug(g *grpc.Server) {
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, &debugService{s: s})
+}
+
+// CheckLoopback fails unless addr ([host]:port) listens on loopback only.
+func CheckLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("debug listen address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !ip.IsLoopback() {
+		return fmt.Errorf("debug listen address %q must be a loopback address (127.0.0.1, ::1 or localhost): it serves unauthenticated debug data", addr)
+	}
+	return nil
+}
+
+// Run closes the streams of registrations (and sidecar Secrets) as they are
+// deleted, until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	type handle struct {
+		inf crcache.Informer
+		reg toolscache.ResourceEventHandlerRegistration
+	}
+	var handles []handle
+	defer func() {
+		for _, h := range handles {
+			_ = h.inf.RemoveEventHandler(h.reg)
+		}
+	}()
+	for _, w := range []struct {
+		obj     client.Object
+		deleted func(client.Object)
+	}{
+		{&runtimev1alpha1.WorkloadAutoRegistration{}, func(o client.Object) {
+			s.closeWorkload(types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}, o.GetUID(), "its WorkloadAutoRegistration was deleted; onboard again")
+		}},
+		{&corev1.Secret{}, func(o client.Object) {
+			s.auth.forget(o.GetUID())
+			s.closeSecret(o.GetUID())
+		}},
+	} {
+		inf, err := s.opts.Informers.GetInformer(ctx, w.obj)
+		if err != nil {
+			return fmt.Errorf("watch %T: %w", w.obj, err)
+		}
+		deleted := w.deleted
+		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			UpdateFunc: func(_, obj any) {
+				if o, ok := obj.(client.Object); ok && o.GetDeletionTimestamp() != nil {
+					deleted(o)
+				}
+			},
+			DeleteFunc: func(obj any) {
+				if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+					obj = t.Obj
+				}
+				if o, ok := obj.(client.Object); ok {
+					deleted(o)
+				}
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("watch %T: %w", w.obj, err)
+		}
+		handles = append(handles, handle{inf, reg})
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// Refresh recomputes the configuration of every node of the registration
+// key from the ConfigSource (the translation calls it when inputs change).
+func (s *Server) Refresh(ctx context.Context, key types.NamespacedName) {
+	s.mu.Lock()
+	var proxies []*Proxy
+	seen := map[string]bool{}
+	for st := range s.byWorkload[key] {
+		if !seen[st.proxy.NodeID] {
+			seen[st.proxy.NodeID] = true
+			proxies = append(proxies, st.proxy)
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range proxies {
+		if err := s.setSnapshot(ctx, p); err != nil {
+			s.log.Error("refresh proxy configuration", "node", p.NodeID, "error", err)
+		}
+	}
+}
+
+// stream is one ADS stream as the server knows it.
+type stream struct {
+	debug     bool
+	proxy     *Proxy // nil on debug streams
+	counted   bool   // a workload's sidecar (not a debug client): counts as connected
+	secretUID types.UID
+	opened    time.Time
+
+	killOnce sync.Once
+	kill     chan struct{}
+	reason   string // why the server closed it; set before kill is closed
+
+	mu   sync.Mutex
+	acks map[string]*typeState
+}
+
+func newStream() *stream {
+	return &stream{kill: make(chan struct{}), acks: map[string]*typeState{}}
+}
+
+func (st *stream) close(reason string) {
+	st.killOnce.Do(func() {
+		st.reason = reason
+		close(st.kill)
+	})
+}
+
+type streamKey struct{}
+
+func withStream(ctx context.Context, st *stream) context.Context {
+	return context.WithValue(ctx, streamKey{}, st)
+}
+
+func streamFrom(ctx context.Context) *stream {
+	st, _ := ctx.Value(streamKey{}).(*stream)
+	return st
+}
+
+// admit authenticates a workload stream and binds it to its registration.
+// A refusal changes no state.
+func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
+	raw, err := bearerToken(ctx)
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	cred, err := s.auth.authenticate(ctx, raw)
+	switch {
+	case errors.Is(err, errReviewFailed):
+		s.log.Error("review sidecar token", "error", err)
+		return nil, status.Error(codes.Unavailable, err.Error())
+	case err != nil:
+		s.log.Info("refused xDS stream", "reason", err.Error())
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	proxy, err := s.authorize(ctx, cred, node)
+	if err != nil {
+		s.log.Info("refused xDS stream", "node", node.GetId(), "serviceAccount", cred.ServiceAccount.String(), "reason", err.Error())
+		return nil, err
+	}
+	st := newStream()
+	st.proxy = proxy
+	st.secretUID = cred.SecretUID
+	_, st.counted = node.GetMetadata().GetFields()["PROXY_CONFIG"]
+	return st, nil
+}
+
+// authorize checks that the node ID names the registration whose Secret the
+// credential is bound to.
+func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Node) (*Proxy, error) {
+	denied := func(format string, args ...any) error {
+		return status.Errorf(codes.PermissionDenied, format, args...)
+	}
+	info, err := ParseNodeID(node.GetId())
+	if err != nil {
+		return nil, denied("%v", err)
+	}
+	key := info.Registration
+	if cred.ServiceAccount.Namespace != key.Namespace || cred.SecretName != registry.SidecarSecretName(key.Name) {
+		return nil, denied("the sidecar token is bound to Secret %s/%s, not to the credential of registration %s named by node ID %q",
+			cred.ServiceAccount.Namespace, cred.SecretName, key, node.GetId())
+	}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := s.get(ctx, key, war); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, denied("registration %s does not exist; onboard again", key)
+		}
+		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", key, err)
+	}
+	if war.DeletionTimestamp != nil {
+		return nil, denied("registration %s is being deleted; onboard again", key)
+	}
+	secret := &corev1.Secret{}
+	if err := s.get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: cred.SecretName}, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, denied("the sidecar credential Secret %s/%s does not exist", key.Namespace, cred.SecretName)
+		}
+		return nil, status.Errorf(codes.Unavailable, "read Secret %s/%s: %v", key.Namespace, cred.SecretName, err)
+	}
+	ref := metav1.GetControllerOf(secret)
+	if secret.UID != cred.SecretUID || ref == nil || ref.Kind != "WorkloadAutoRegistration" || ref.UID != war.UID {
+		return nil, denied("the sidecar token is bound to another incarnation of Secret %s/%s than registration %s owns", key.Namespace, cred.SecretName, key)
+	}
+	group, err := registry.GroupSpec(war.Spec.WorkloadGroup)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	if sa := registry.ServiceAccountOf(group.GetTemplate().GetServiceAccount()); sa != cred.ServiceAccount.Name {
+		return nil, denied("the sidecar token is of service account %s, registration %s runs as %s", cred.ServiceAccount, key, sa)
+	}
+	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
+		return nil, denied("node ID address %s is not an address of registration %s", info.IP, key)
+	}
+	return &Proxy{
+		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
+		NodeID:       node.GetId(),
+		IP:           info.IP,
+		Metadata:     node.GetMetadata(),
+		Registration: war,
+	}, nil
+}
+
+// get reads from the cache, then from the API server when the cache has not
+// seen the object yet.
+func (s *Server) get(ctx context.Context, key types.NamespacedName, obj client.Object) error {
+	err := s.opts.Reader.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) && s.opts.APIReader != nil {
+		err = s.opts.APIReader.Get(ctx, key, obj)
+	}
+	return err
+}
+
+// attach makes st known as a stream of its workload and makes sure its node
+// has a snapshot.
+func (s *Server) attach(ctx context.Context, st *stream) error {
+	key := st.proxy.Workload.Key
+	s.mu.Lock()
+	set := s.byWorkload[key]
+	if set == nil {
+		set = map[*stream]struct{}{}
+		s.byWorkload[key] = set
+	}
+	set[st] = struct{}{}
+	s.nodes[st.proxy.NodeID]++
+	s.mu.Unlock()
+	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil {
+		if err := s.setSnapshot(ctx, st.proxy); err != nil {
+			return status.Errorf(codes.Unavailable, "compute configuration: %v", err)
+		}
+	}
+	// The registration may have been deleted between authorize and now,
+	// before its deletion could find this stream.
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := s.opts.Reader.Get(ctx, key, war); err == nil && (war.UID != st.proxy.Workload.UID || war.DeletionTimestamp != nil) {
+		st.close("its WorkloadAutoRegistration was deleted; onboard again")
+	}
+	return nil
+}
+
+func (s *Server) detach(st *stream) {
+	key := st.proxy.Workload.Key
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if set := s.byWorkload[key]; set != nil {
+		delete(set, st)
+		if len(set) == 0 {
+			delete(s.byWorkload, key)
+		}
+	}
+	node := st.proxy.NodeID
+	if s.nodes[node]--; s.nodes[node] <= 0 {
+		delete(s.nodes, node)
+		s.snapshots.ClearSnapshot(node) // no sends: safe under s.mu
+	}
+}
+
+func (s *Server) setSnapshot(ctx context.Context, p *Proxy) error {
+	snap, err := s.opts.Config.Snapshot(ctx, p)
+	if err != nil {
+		return fmt.Errorf("configuration of %s: %w", p.NodeID, err)
+	}
+	return s.snapshots.SetSnapshot(ctx, p.NodeID, snap)
+}
+
+func (s *Server) closeWorkload(key types.NamespacedName, uid types.UID, reason string) {
+	s.mu.Lock()
+	var victims []*stream
+	for st := range s.byWorkload[key] {
+		if uid == "" || st.proxy.Workload.UID == uid {
+			victims = append(victims, st)
+		}
+	}
+	s.mu.Unlock()
+	for _, st := range victims {
+		s.log.Info("closing xDS stream", "registration", key.String(), "reason", reason)
+		st.close(reason)
+	}
+}
+
+func (s *Server) closeSecret(uid types.UID) {
+	s.mu.Lock()
+	var victims []*stream
+	for _, set := range s.byWorkload {
+		for st := range set {
+			if st.secretUID == uid {
+				victims = append(victims, st)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, st := range victims {
+		st.close("its sidecar credential Secret was deleted; onboard again")
+	}
+}
+
+// serve runs one admitted workload stream through go-control-plane.
+func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, handle func(*boundStream[Req, Resp]) error) error {
+	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st.kill)
+	go bs.pump()
+	err := handle(bs)
+	select {
+	case <-st.kill:
+		return status.Errorf(codes.Unavailable, "stream closed by the server: %s", st.reason)
+	default:
+	}
+	return err
+}
+
+// adsService is the authenticated ADS service.
+type adsService struct {
+	discovery.UnimplementedAggregatedDiscoveryServiceServer
+	s *Server
+}
+
+// StreamAggregatedResources serves a SotW ADS stream.
+func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	s := a.s
+	if _, err := bearerToken(ss.Context()); err != nil {
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	first, err := ss.Recv()
+	if err != nil {
+		return err
+	}
+	st, err := s.admit(ss.Context(), first.GetNode())
+	if err != nil {
+		return err
+	}
+	if err := s.attach(ss.Context(), st); err != nil {
+		s.detach(st)
+		return err
+	}
+	defer s.detach(st)
+	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		return s.xds.StreamHandler(bs, resource.AnyType)
+	})
+}
+
+// DeltaAggregatedResources serves a Delta ADS stream.
+func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	s := a.s
+	if _, err := bearerToken(ss.Context()); err != nil {
+		return status.Error(codes.Unauthenticated, err.Error())
+	}
+	first, err := ss.Recv()
+	if err != nil {
+		return err
+	}
+	st, err := s.admit(ss.Context(), first.GetNode())
+	if err != nil {
+		return err
+	}
+	if err := s.attach(ss.Context(), st); err != nil {
+		s.detach(st)
+		return err
+	}
+	defer s.detach(st)
+	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+		return s.xds.DeltaStreamHandler(bs, resource.AnyType)
+	})
+}
+
+// debugService serves istio.io/debug/syncz without authentication.
+type debugService struct {
+	discovery.UnimplementedAggregatedDiscoveryServiceServer
+	s *Server
+}
+
+// StreamAggregatedResources serves a SotW debug stream.
+func (d *debugService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	st := newStream()
+	st.debug = true
+	return serveStream(d.s, ss, st, nil, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		return d.s.xds.StreamHandler(bs, resource.AnyType)
+	})
+}
+
+// boundStream hands go-control-plane a stream whose context carries the
+// server's stream and whose Recv ends when the server closes the stream.
+type boundStream[Req, Resp any] struct {
+	grpc.BidiStreamingServer[Req, Resp]
+	ctx   context.Context
+	first *Req
+	in    chan *Req
+	kill  <-chan struct{}
+	err   error // why in was closed; written before close(in)
+}
+
+func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, kill <-chan struct{}) *boundStream[Req, Resp] {
+	return &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, in: make(chan *Req), kill: kill}
+}
+
+// Context implements grpc.ServerStream.
+func (b *boundStream[Req, Resp]) Context() context.Context { return b.ctx }
+
+// Recv returns the first request (already read), then what the client sends,
+// until the client or the server ends the stream. Only go-control-plane's
+// single receiving goroutine calls it.
+func (b *boundStream[Req, Resp]) Recv() (*Req, error) {
+	if f := b.first; f != nil {
+		b.first = nil
+		return f, nil
+	}
+	select {
+	case r, ok := <-b.in:
+		if !ok {
+			return nil, b.err
+		}
+		return r, nil
+	case <-b.kill:
+		return nil, errors.New("stream closed by the server")
+	}
+}
+
+// pump reads the client's requests; it ends when the gRPC stream ends (the
+// handler returned) or the server closed the stream.
+func (b *boundStream[Req, Resp]) pump() {
+	defer close(b.in)
+	for {
+		r, err := b.BidiStreamingServer.Recv()
+		if err != nil {
+			b.err = err
+			return
+		}
+		select {
+		case b.in <- r:
+		case <-b.kill:
+			b.err = errors.New("stream closed by the server")
+			return
+		case <-b.ctx.Done():
+			b.err = b.ctx.Err()
+			return
+		}
+	}
+}

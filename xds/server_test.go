@@ -1,0 +1,673 @@
+package xds
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.uber.org/goleak"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/testenv"
+)
+
+var (
+	env       *testenv.Env
+	informers cache.Cache
+	clientset *kubernetes.Clientset
+)
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+		var err error
+		informers, err = cache.New(env.Config, cache.Options{
+			Scheme: env.Scheme,
+			ByObject: map[client.Object]cache.ByObject{
+				&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{registry.LabelSidecarCredential: "true"})},
+			},
+		})
+		if err != nil {
+			return err
+		}
+		if err := registry.SetupIndexes(ctx, informers); err != nil {
+			return err
+		}
+		go func() { _ = informers.Start(ctx) }()
+		if !informers.WaitForCacheSync(ctx) {
+			return errors.New("cache did not sync")
+		}
+		for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadEntryList{}, &runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{}} {
+			if err := informers.List(ctx, l); err != nil {
+				return err
+			}
+		}
+		clientset, err = kubernetes.NewForConfig(env.Config)
+		return err
+	})
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// recordingHealth records health reports.
+type recordingHealth struct {
+	mu      sync.Mutex
+	reports []Health
+}
+
+func (r *recordingHealth) ReportHealth(_ context.Context, _ registry.Workload, h Health) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reports = append(r.reports, h)
+}
+
+func (r *recordingHealth) all() []Health {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Health(nil), r.reports...)
+}
+
+// replica is one endpoint replica's xDS server, served on loopback.
+type replica struct {
+	name      string
+	server    *Server
+	conns     *registry.Connections
+	health    *recordingHealth
+	addr      string
+	debugAddr string
+	stop      func()
+}
+
+func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: name, Logger: log, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := &recordingHealth{}
+	srv, err := NewServer(ctx, Options{
+		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
+		Reader: informers, APIReader: env.Client, Informers: informers,
+		Health: health, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, dg := grpc.NewServer(), grpc.NewServer()
+	srv.Register(g)
+	srv.RegisterDebug(dg)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); _ = g.Serve(lis) }()
+	go func() { defer wg.Done(); _ = dg.Serve(dlis) }()
+	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
+	r := &replica{name: name, server: srv, conns: conns, health: health, addr: lis.Addr().String(), debugAddr: dlis.Addr().String()}
+	var once sync.Once
+	r.stop = func() {
+		once.Do(func() {
+			g.Stop()
+			dg.Stop()
+			flush, done := context.WithTimeout(context.Background(), 10*time.Second)
+			defer done()
+			_ = conns.Flush(flush)
+			cancel()
+			wg.Wait()
+			conns.Wait()
+		})
+	}
+	t.Cleanup(r.stop)
+	return r
+}
+
+// workload is a registered workload.
+type workload struct {
+	key    types.NamespacedName
+	ip     string
+	token  string
+	nodeID string
+	res    *registry.Result
+}
+
+func register(t *testing.T, ns, instance, ip string) *workload {
+	t.Helper()
+	ctx := t.Context()
+	wg := &istionetworkingv1.WorkloadGroup{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "ratings"}, wg); err != nil {
+		wg = &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+		wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm", Network: "vms"}
+		if err := env.Client.Create(ctx, wg); err != nil {
+			t.Fatal(err)
+		}
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
+		if err := env.Client.Create(ctx, sa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: informers, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := reg.Register(ctx, registry.Request{
+		Group: wg,
+		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+			EC2: &runtimev1alpha1.EC2Identity{InstanceID: instance},
+		}},
+		Registration: runtimev1alpha1.Registration{
+			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
+			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+			Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(res.Registration)
+	return &workload{
+		key: key, ip: ip, token: res.SidecarToken.Token, res: res,
+		nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local",
+	}
+}
+
+func sidecarNode(id string) *core.Node {
+	return &core.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"PROXY_CONFIG":  structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"discoveryAddress": structpb.NewStringValue("embark:15012")}}),
+		"ISTIO_VERSION": structpb.NewStringValue("1.30.0"),
+		"CLUSTER_ID":    structpb.NewStringValue("vm-cluster"),
+	}}}
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// adsClient is a SotW or Delta ADS client speaking like Istio's agent.
+type adsClient struct {
+	cancel context.CancelFunc
+	sotw   discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	delta  discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+}
+
+func withToken(ctx context.Context, token string) context.Context {
+	if token == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+}
+
+// open opens a stream, subscribes to listeners and waits for the first
+// response (or the refusal).
+func open(t *testing.T, conn *grpc.ClientConn, delta bool, token string, node *core.Node) (*adsClient, error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(withToken(t.Context(), token))
+	c := &adsClient{cancel: cancel}
+	t.Cleanup(cancel)
+	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
+	var err error
+	if delta {
+		if c.delta, err = ads.DeltaAggregatedResources(ctx); err != nil {
+			return nil, err
+		}
+		// A stream the server refused at once fails Send with io.EOF; Recv
+		// has the status.
+		_ = c.delta.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: resource.ListenerType})
+		resp, err := c.delta.Recv()
+		if err != nil {
+			return nil, err
+		}
+		return c, c.delta.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ListenerType, ResponseNonce: resp.GetNonce()})
+	}
+	if c.sotw, err = ads.StreamAggregatedResources(ctx); err != nil {
+		return nil, err
+	}
+	_ = c.sotw.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType})
+	resp, err := c.sotw.Recv()
+	if err != nil {
+		return nil, err
+	}
+	return c, c.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+}
+
+// recvErr waits for the stream to end and returns why.
+func (c *adsClient) recvErr() error {
+	for {
+		var err error
+		if c.delta != nil {
+			_, err = c.delta.Recv()
+		} else {
+			_, err = c.sotw.Recv()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+type connState struct {
+	status       metav1.ConditionStatus
+	replica      string
+	disconnected bool
+	weController string
+	weConnected  bool
+	weDisconn    bool
+}
+
+func readState(t *testing.T, key types.NamespacedName) connState {
+	t.Helper()
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(t.Context(), key, war); err != nil {
+		t.Fatal(err)
+	}
+	we := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(t.Context(), key, we); err != nil {
+		t.Fatal(err)
+	}
+	var s connState
+	if c := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected); c != nil {
+		s.status = c.Status
+	}
+	if c := war.Status.Connection; c != nil {
+		s.replica, s.disconnected = c.Replica, c.DisconnectedAt != nil
+	}
+	s.weController = we.Annotations[registry.AnnotationWorkloadController]
+	s.weConnected = we.Annotations[registry.AnnotationConnectedAt] != ""
+	s.weDisconn = we.Annotations[registry.AnnotationDisconnectedAt] != ""
+	return s
+}
+
+func connected(r string) connState {
+	return connState{status: metav1.ConditionTrue, replica: r, weController: r, weConnected: true}
+}
+
+func disconnected(r string) connState {
+	return connState{status: metav1.ConditionFalse, replica: r, disconnected: true, weController: r, weConnected: true, weDisconn: true}
+}
+
+func waitState(t *testing.T, key types.NamespacedName, want connState) {
+	t.Helper()
+	var got connState
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		got = readState(t, key)
+		return got == want, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: state %+v, want %+v", key, got, want)
+	}
+}
+
+func TestStreamLivenessBecomesStatus(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		delta bool
+	}{{"SotW", false}, {"Delta", true}} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := startReplica(t, "replica-a", nil)
+			w := register(t, env.Namespace(t), "i-0000000000000000a", "10.0.0.1")
+			conn := dial(t, r.addr)
+
+			first, err := open(t, conn, tt.delta, w.token, sidecarNode(w.nodeID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitState(t, w.key, connected("replica-a"))
+
+			// A second concurrent stream of the same workload counts once.
+			second, err := open(t, conn, tt.delta, w.token, sidecarNode(w.nodeID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := r.conns.Streams(w.key); n != 2 {
+				t.Errorf("streams = %d, want 2", n)
+			}
+			first.cancel()
+			waitFor(t, func() bool { return r.conns.Streams(w.key) == 1 })
+			if err := r.conns.Flush(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if got := readState(t, w.key); got != connected("replica-a") {
+				t.Errorf("after one of two streams closed: %+v", got)
+			}
+
+			second.cancel()
+			waitState(t, w.key, disconnected("replica-a"))
+
+			// Reconnecting flips it back.
+			if _, err := open(t, conn, tt.delta, w.token, sidecarNode(w.nodeID)); err != nil {
+				t.Fatal(err)
+			}
+			waitState(t, w.key, connected("replica-a"))
+		})
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
+		t.Fatal("condition never held")
+	}
+}
+
+// requestToken asks the API server for a token of the workload's service
+// account, optionally bound to the workload's Secret.
+func requestToken(t *testing.T, w *workload, audience string, bound bool) string {
+	t.Helper()
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{audience}, ExpirationSeconds: ptr.To(int64(600))}}
+	if bound {
+		secret := &corev1.Secret{}
+		if err := env.Client.Get(t.Context(), types.NamespacedName{Namespace: w.key.Namespace, Name: registry.SidecarSecretName(w.key.Name)}, secret); err != nil {
+			t.Fatal(err)
+		}
+		tr.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Secret", Name: secret.Name, UID: secret.UID}
+	}
+	out, err := clientset.CoreV1().ServiceAccounts(w.key.Namespace).CreateToken(t.Context(), "ratings-vm", tr, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Status.Token
+}
+
+func TestRefusedStreamsChangeNothing(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	ns := env.Namespace(t)
+	a := register(t, ns, "i-0000000000000000a", "10.0.1.1")
+	b := register(t, ns, "i-0000000000000000b", "10.0.1.2")
+	other := register(t, env.Namespace(t), "i-0000000000000000c", "10.0.1.3")
+	conn := dial(t, r.addr)
+	tests := []struct {
+		name     string
+		token    string
+		node     string
+		wantCode codes.Code
+		wantMsg  string
+	}{
+		{name: "no token", node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "no sidecar token"},
+		{name: "garbage token", token: "not-a-token", node: a.nodeID, wantCode: codes.Unauthenticated},
+		{name: "wrong audience", token: requestToken(t, a, "someone-else", true), node: a.nodeID, wantCode: codes.Unauthenticated},
+		{name: "service-account token not bound to a Secret", token: requestToken(t, a, registry.DefaultXDSAudience, false), node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "not bound"},
+		{name: "A's token with B's node ID", token: a.token, node: b.nodeID, wantCode: codes.PermissionDenied, wantMsg: b.key.Name},
+		{name: "A's token with another namespace's node ID", token: a.token, node: other.nodeID, wantCode: codes.PermissionDenied},
+		{name: "A's token with another address", token: a.token, node: strings.Replace(a.nodeID, a.ip, "10.9.9.9", 1), wantCode: codes.PermissionDenied, wantMsg: "10.9.9.9"},
+		{name: "not a sidecar node ID", token: a.token, node: "router~10.0.1.1~x.y~y.svc.cluster.local", wantCode: codes.PermissionDenied},
+	}
+	for _, tt := range tests {
+		for _, delta := range []bool{false, true} {
+			t.Run(tt.name, func(t *testing.T) {
+				_, err := open(t, conn, delta, tt.token, sidecarNode(tt.node))
+				if got := status.Code(err); got != tt.wantCode || !strings.Contains(status.Convert(err).Message(), tt.wantMsg) {
+					t.Errorf("delta=%v: %v, want %v mentioning %q", delta, err, tt.wantCode, tt.wantMsg)
+				}
+			})
+		}
+	}
+	for _, w := range []*workload{a, b, other} {
+		if got := readState(t, w.key); got != (connState{}) {
+			t.Errorf("%s: refused streams changed its state: %+v", w.key.Name, got)
+		}
+	}
+}
+
+func TestDeletingTheRegistrationClosesItsStream(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	w := register(t, env.Namespace(t), "i-0000000000000000a", "10.0.2.1")
+	c, err := open(t, dial(t, r.addr), false, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.key, connected("replica-a"))
+	if err := env.Client.Delete(t.Context(), w.res.Registration); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- c.recvErr() }()
+	select {
+	case err := <-errc:
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "onboard again") {
+			t.Errorf("stream ended with %v, want Unavailable telling it to onboard again", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stream of a deleted registration stays open")
+	}
+	waitFor(t, func() bool { return r.conns.Streams(w.key) == 0 })
+	// Its token no longer opens a stream.
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.key.Namespace, Name: registry.SidecarSecretName(w.key.Name)}}
+	waitFor(t, func() bool {
+		return apierrors.IsNotFound(informers.Get(t.Context(), client.ObjectKeyFromObject(secret), &corev1.Secret{}))
+	})
+	_, err = open(t, dial(t, r.addr), false, w.token, sidecarNode(w.nodeID))
+	if code := status.Code(err); code != codes.Unauthenticated && code != codes.PermissionDenied {
+		t.Errorf("revoked token: %v, want Unauthenticated or PermissionDenied", err)
+	}
+}
+
+func TestAStaleDisconnectDoesNotOverwriteANewerConnect(t *testing.T) {
+	a := startReplica(t, "replica-a", nil)
+	b := startReplica(t, "replica-b", func() time.Time { return time.Now().Add(2 * time.Second) })
+	w := register(t, env.Namespace(t), "i-0000000000000000a", "10.0.3.1")
+	onA, err := open(t, dial(t, a.addr), false, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.key, connected("replica-a"))
+	// The sidecar reconnects to replica B before A notices its old stream died.
+	onB, err := open(t, dial(t, b.addr), true, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.key, connected("replica-b"))
+	onA.cancel()
+	waitFor(t, func() bool { return a.conns.Streams(w.key) == 0 })
+	if err := a.conns.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := readState(t, w.key); got != connected("replica-b") {
+		t.Errorf("replica A's disconnect overwrote B's connection: %+v", got)
+	}
+	onB.cancel()
+	waitState(t, w.key, disconnected("replica-b"))
+}
+
+func TestHealthReportsAreNotSubscriptions(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	w := register(t, env.Namespace(t), "i-0000000000000000a", "10.0.4.1")
+	c, err := open(t, dial(t, r.addr), false, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, detail := range []*rpcstatus.Status{nil, {Code: int32(codes.Internal), Message: "readiness probe failed"}} {
+		if err := c.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: TypeHealthInformation, ErrorDetail: detail}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return len(r.health.all()) == 2 })
+	got := r.health.all()
+	if !got[0].Healthy || got[1].Healthy || got[1].Message != "readiness probe failed" {
+		t.Errorf("health reports = %+v", got)
+	}
+	// No HealthInformation response comes back; the stream still serves.
+	if err := c.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.sotw.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetTypeUrl() != resource.ClusterType {
+		t.Errorf("got a response of %s, want only clusters", resp.GetTypeUrl())
+	}
+	if r.conns.Streams(w.key) != 1 {
+		t.Error("health reports changed the stream count")
+	}
+}
+
+func syncz(t *testing.T, addr string) (*discovery.DiscoveryResponse, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(dial(t, addr)).StreamAggregatedResources(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Send(&discovery.DiscoveryRequest{Node: &core.Node{Id: "debug~0.0.0.0~istioctl~.svc.cluster.local"}, TypeUrl: TypeSyncz}); err != nil {
+		return nil, err
+	}
+	return s.Recv()
+}
+
+func TestSynczListsConnectedWorkloads(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	ns := env.Namespace(t)
+	w := register(t, ns, "i-0000000000000000a", "10.0.5.1")
+	idle := register(t, ns, "i-0000000000000000b", "10.0.5.2")
+	_ = idle
+	conn := dial(t, r.addr)
+	if _, err := open(t, conn, false, w.token, sidecarNode(w.nodeID)); err != nil {
+		t.Fatal(err)
+	}
+	// A debug client with the workload's token (no PROXY_CONFIG) is not a workload.
+	if _, err := open(t, conn, false, w.token, &core.Node{Id: w.nodeID}); err != nil {
+		t.Fatal(err)
+	}
+
+	resp, err := syncz(t, r.debugAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetControlPlane().GetIdentifier() != `{"ID":"replica-a"}` {
+		t.Errorf("control plane = %v", resp.GetControlPlane())
+	}
+	if len(resp.GetResources()) != 1 {
+		t.Fatalf("%d ClientConfigs, want 1", len(resp.GetResources()))
+	}
+	cc := &statusv3.ClientConfig{}
+	if err := resp.GetResources()[0].UnmarshalTo(cc); err != nil {
+		t.Fatal(err)
+	}
+	md := cc.GetNode().GetMetadata().GetFields()
+	if cc.GetNode().GetId() != w.key.Name+"."+ns || md["CLUSTER_ID"].GetStringValue() != "vm-cluster" || md["ISTIO_VERSION"].GetStringValue() != "1.30.0" {
+		t.Errorf("node = %v", cc.GetNode())
+	}
+	want := map[string]statusv3.ConfigStatus{
+		resource.ListenerType: statusv3.ConfigStatus_SYNCED,
+		resource.ClusterType:  statusv3.ConfigStatus_NOT_SENT,
+		resource.EndpointType: statusv3.ConfigStatus_NOT_SENT,
+		resource.RouteType:    statusv3.ConfigStatus_NOT_SENT,
+	}
+	got := map[string]statusv3.ConfigStatus{}
+	for _, c := range cc.GetGenericXdsConfigs() {
+		got[c.GetTypeUrl()] = c.GetConfigStatus()
+	}
+	for typ, st := range want {
+		if got[typ] != st {
+			t.Errorf("%s: %v, want %v (all: %v)", typ, got[typ], st, got)
+		}
+	}
+
+	// The authenticated port never serves debug types.
+	c, err := open(t, conn, false, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: TypeSyncz}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.recvErr(); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("syncz on the workload port: %v, want PermissionDenied", err)
+	}
+}
+
+func TestCheckLoopback(t *testing.T) {
+	for _, tt := range []struct {
+		addr    string
+		wantErr bool
+	}{
+		{"127.0.0.1:15010", false}, {"[::1]:15010", false}, {"localhost:15010", false},
+		{":15010", true}, {"0.0.0.0:15010", true}, {"10.0.0.1:15010", true}, {"nonsense", true},
+	} {
+		if err := CheckLoopback(tt.addr); (err != nil) != tt.wantErr {
+			t.Errorf("CheckLoopback(%q) = %v, wantErr %v", tt.addr, err, tt.wantErr)
+		}
+	}
+}
+
+func TestNoGoroutineOutlivesAStream(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	w := register(t, env.Namespace(t), "i-0000000000000000a", "10.0.6.1")
+	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Connect()
+	waitFor(t, func() bool { return conn.GetState().String() == "READY" || conn.GetState().String() == "IDLE" })
+	// Everything running now (control plane clients, informers, the server)
+	// may stay; what a stream starts must end with it.
+	ignore := goleak.IgnoreCurrent()
+	for _, delta := range []bool{false, true} {
+		c, err := open(t, conn, delta, w.token, sidecarNode(w.nodeID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, w.key, connected("replica-a"))
+		c.cancel()
+		waitState(t, w.key, disconnected("replica-a"))
+		// A refused stream leaves nothing behind either.
+		if _, err := open(t, conn, delta, "garbage", sidecarNode(w.nodeID)); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("garbage token: %v", err)
+		}
+	}
+	if err := r.conns.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close()
+	goleak.VerifyNone(t, ignore)
+}

@@ -1,0 +1,166 @@
+package xds
+
+import (
+	"encoding/json"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// typeState is what a stream was sent of one type and what it acknowledged.
+type typeState struct {
+	sentNonce    string
+	sentVersion  string
+	ackedVersion string
+	nacked       bool
+	updated      time.Time
+}
+
+// requested records a request of typeURL answering nonce.
+func (st *stream) requested(typeURL, nonce string, nack bool, now time.Time) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ts := st.acks[typeURL]
+	if ts == nil {
+		ts = &typeState{}
+		st.acks[typeURL] = ts
+	}
+	if nonce == "" || nonce != ts.sentNonce {
+		return // a new subscription, or an answer to an older response
+	}
+	ts.nacked = nack
+	if !nack {
+		ts.ackedVersion = ts.sentVersion
+	}
+	ts.updated = now
+}
+
+// sent records a response of typeURL.
+func (st *stream) sent(typeURL, nonce, version string, now time.Time) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ts := st.acks[typeURL]
+	if ts == nil {
+		ts = &typeState{}
+		st.acks[typeURL] = ts
+	}
+	ts.sentNonce, ts.sentVersion, ts.nacked, ts.updated = nonce, version, false, now
+}
+
+// coreTypes are always reported, NOT_SENT when never sent.
+var coreTypes = []string{resource.ClusterType, resource.ListenerType, resource.EndpointType, resource.RouteType}
+
+// configs reports each type's sync state.
+func (st *stream) configs() []*statusv3.ClientConfig_GenericXdsConfig {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	typeURLs := slices.Sorted(maps.Keys(st.acks))
+	for _, t := range coreTypes {
+		if _, ok := st.acks[t]; !ok {
+			typeURLs = append(typeURLs, t)
+		}
+	}
+	slices.Sort(typeURLs)
+	out := make([]*statusv3.ClientConfig_GenericXdsConfig, 0, len(typeURLs))
+	for _, t := range typeURLs {
+		c := &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: t, ConfigStatus: statusv3.ConfigStatus_NOT_SENT}
+		if ts := st.acks[t]; ts != nil && ts.sentNonce != "" {
+			c.VersionInfo = ts.sentVersion
+			c.LastUpdated = timestamppb.New(ts.updated)
+			switch {
+			case ts.nacked:
+				c.ConfigStatus = statusv3.ConfigStatus_ERROR
+			case ts.ackedVersion == ts.sentVersion:
+				c.ConfigStatus = statusv3.ConfigStatus_SYNCED
+			default:
+				c.ConfigStatus = statusv3.ConfigStatus_STALE
+			}
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// controlPlaneID is how istiod identifies itself; istioctl prints ID.
+type controlPlaneID struct {
+	ID string `json:"ID"`
+}
+
+// syncz answers istio.io/debug/syncz: one ClientConfig per workload connected
+// to this replica (its newest stream), as istiod does, so that `istioctl
+// proxy-status` lists them.
+func (s *Server) syncz() *discovery.DiscoveryResponse {
+	s.mu.Lock()
+	newest := map[types.NamespacedName]*stream{}
+	for key, set := range s.byWorkload {
+		for st := range set {
+			if !st.counted {
+				continue
+			}
+			if cur := newest[key]; cur == nil || st.opened.After(cur.opened) {
+				newest[key] = st
+			}
+		}
+	}
+	s.mu.Unlock()
+
+	keys := slices.SortedFunc(maps.Keys(newest), func(a, b types.NamespacedName) int {
+		if a.Namespace != b.Namespace {
+			if a.Namespace < b.Namespace {
+				return -1
+			}
+			return 1
+		}
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	resp := &discovery.DiscoveryResponse{
+		TypeUrl:     TypeSyncz,
+		VersionInfo: strconv.FormatInt(s.opts.Clock().UnixNano(), 10),
+	}
+	for _, key := range keys {
+		st := newest[key]
+		meta := st.proxy.Metadata.GetFields()
+		str := func(name, fallback string) *structpb.Value {
+			if v := meta[name].GetStringValue(); v != "" {
+				return structpb.NewStringValue(v)
+			}
+			return structpb.NewStringValue(fallback)
+		}
+		cc := &statusv3.ClientConfig{
+			Node: &core.Node{
+				Id: key.Name + "." + key.Namespace,
+				Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+					"CLUSTER_ID":    str("CLUSTER_ID", s.opts.ClusterID),
+					"ISTIO_VERSION": str("ISTIO_VERSION", st.proxy.Registration.Spec.Registration.Sidecar.Istio.Version),
+					"NAMESPACE":     structpb.NewStringValue(key.Namespace),
+				}},
+			},
+			GenericXdsConfigs: st.configs(),
+		}
+		a, err := anypb.New(cc)
+		if err != nil {
+			s.log.Error("encode syncz ClientConfig", "registration", key.String(), "error", err)
+			continue
+		}
+		resp.Resources = append(resp.Resources, a)
+	}
+	id, _ := json.Marshal(controlPlaneID{ID: s.opts.Connections.Replica()})
+	resp.ControlPlane = &core.ControlPlane{Identifier: string(id)}
+	return resp
+}
