@@ -1,7 +1,15 @@
-// Package registry will own the lifecycle of WorkloadAutoRegistration and
-// Istio WorkloadEntry resources: naming, the WorkloadGroup snapshot,
-// connect/disconnect state, grace-period removal, replica ownership and health
-// mirroring. It is the only package that writes these resources.
+// Package registry owns the lifecycle of WorkloadAutoRegistration and Istio
+// WorkloadEntry resources, and is the only package that writes them:
 //
-// Nothing is implemented here yet; see the onboarding-endpoint and xDS issues.
+//   - Registrar: naming (seed 000), the WorkloadGroup snapshot, the
+//     registration and its WorkloadEntry, IP-reuse fencing, the sidecar's
+//     Secret-bound service-account token (credential.go);
+//   - Connections: AgentConnected and the connection timestamps, written by
+//     the replica holding a workload's ADS stream (connection.go);
+//   - Lifecycle: replica liveness Leases, Lease-elected grace-period removal
+//     and the WorkloadGroupOutOfDate condition (replica.go, sweeper.go,
+//     drift.go).
+//
+// Every write is rate-limited and retried with bounded backoff, and uses
+// optimistic concurrency where two replicas may write.
 package registry
