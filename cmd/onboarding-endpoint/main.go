@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/go-logr/logr"
+	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
@@ -25,6 +26,7 @@ func main() {
 	handler := slog.NewJSONHandler(os.Stderr, nil)
 	opts.Logger = slog.New(handler)
 	ctrllog.SetLogger(logr.FromSlogHandler(handler))
+	klog.SetSlogLogger(opts.Logger)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
@@ -53,6 +54,7 @@ const endpointHost = "onboarding-endpoint.demo.embark"
 func main() {
 	// Libraries that log through controller-runtime's logger: keep them quiet.
 	ctrllog.SetLogger(logr.Discard())
+	klog.SetLogger(logr.Discard())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fmt.Println("Embark demo: onboarding simulated EC2 instances into a local control plane")
@@ -160,11 +162,20 @@ func run(ctx context.Context) error {
 		return err
 	}
 
+	endpointDone := make(chan error, 1)
+	// The endpoint stops before the control plane does (defers run last first).
+	endpointCtx, stopEndpoint := context.WithCancel(ctx)
+	defer func() {
+		stopEndpoint()
+		select {
+		case <-endpointDone:
+		case <-time.After(30 * time.Second):
+		}
+	}()
 	var (
 		pool           *x509.CertPool
 		onboardingAddr string
 		metricsAddr    string
-		endpointDone   = make(chan error, 1)
 	)
 	if err := st.do("start the onboarding endpoint (TLS, demo certificate, demo AWS trust)", func() error {
 		certFile, keyFile, p, err := writeServingCert(work)
@@ -207,7 +218,7 @@ listen:
 			return err
 		}
 		go func() {
-			endpointDone <- app.Run(ctx, app.Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-demo-0",
+			endpointDone <- app.Run(endpointCtx, app.Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-demo-0",
 				Logger: slog.New(slog.NewTextHandler(logFile, nil)), Ready: ready})
 		}()
 		select {
@@ -282,8 +293,8 @@ listen:
 		return err
 	}
 
-	fmt.Println("\nNot in this demo yet: the sidecar's xDS connection (AgentConnected, istioctl proxy-status),")
-	fmt.Println("health mirroring and grace-period removal; they come with the xDS and health issues.")
+	fmt.Println("\nNot in this demo yet: sidecars (pilot-agent) connecting over xDS (AgentConnected, istioctl proxy-status),")
+	fmt.Println("health mirroring and grace-period removal shown live; the xDS server and sweeper run already.")
 	if !interactive {
 		fmt.Println("\ndemo: done (non-interactive: not waiting for Ctrl-C)")
 		return nil

@@ -1,7 +1,8 @@
 // Package app wires the onboarding endpoint together from its configuration
 // file: Kubernetes clients and informer cache, identity verifiers, policy
-// authorizer, token issuer, registrar, the TLS-served gRPC API and the
-// metrics/health server.
+// authorizer, token issuer, registrar, the TLS-served gRPC API, the xDS
+// server (with its loopback-only debug listener) and the metrics/health
+// server.
 package app
 
 import (
@@ -23,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -32,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/api/scheme"
 	"github.com/embark-mesh/embark/onboarding/config"
 	"github.com/embark-mesh/embark/onboarding/endpoint"
@@ -42,6 +45,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/xds"
 )
 
 // Options are the command line of the endpoint.
@@ -55,7 +59,15 @@ type Options struct {
 	Logger  *slog.Logger
 	// Ready, when set, is closed once the endpoint serves.
 	Ready chan<- struct{}
+	// DebugXDS is the loopback-only address of the unauthenticated xDS
+	// debug listener (istio.io/debug/syncz for `istioctl proxy-status`,
+	// reached with `kubectl port-forward`). Default 127.0.0.1:15010;
+	// "off" disables it.
+	DebugXDS string
 }
+
+// DefaultDebugXDS is the default address of the xDS debug listener.
+const DefaultDebugXDS = "127.0.0.1:15010"
 
 // Run runs the endpoint until ctx ends.
 func Run(ctx context.Context, opts Options) error {
@@ -83,7 +95,19 @@ func Run(ctx context.Context, opts Options) error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 
-	informers, err := cache.New(restCfg, cache.Options{Scheme: sch})
+	if opts.DebugXDS == "" {
+		opts.DebugXDS = DefaultDebugXDS
+	}
+	if opts.DebugXDS != "off" {
+		if err := xds.CheckLoopback(opts.DebugXDS); err != nil {
+			return err
+		}
+	}
+	// Only the sidecar credential Secrets are cached (the xDS server checks
+	// a token's bound Secret against them).
+	informers, err := cache.New(restCfg, cache.Options{Scheme: sch, ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{registry.LabelSidecarCredential: "true"})},
+	}})
 	if err != nil {
 		return fmt.Errorf("informer cache: %w", err)
 	}
@@ -102,7 +126,8 @@ func Run(ctx context.Context, opts Options) error {
 	if !informers.WaitForCacheSync(ctx) {
 		return fmt.Errorf("informer cache did not start: %w", context.Cause(ctx))
 	}
-	for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadGroupList{}, &istionetworkingv1.WorkloadEntryList{}, &authorizationv1alpha1.OnboardingPolicyList{}} {
+	for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadGroupList{}, &istionetworkingv1.WorkloadEntryList{}, &authorizationv1alpha1.OnboardingPolicyList{},
+		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{}} {
 		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
 			return fmt.Errorf("sync informer for %T: %w", l, err)
 		}
@@ -173,7 +198,61 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 
+	// Connection state is written until the xDS streams are closed and
+	// flushed at shutdown, after ctx ends.
+	trackerCtx, stopTracker := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopTracker()
+	connMetrics, err := registry.NewConnectionMetrics(reg)
+	if err != nil {
+		return err
+	}
+	apiReader, err := client.New(restCfg, client.Options{Scheme: sch})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	conns, err := registry.NewConnections(trackerCtx, registry.ConnectionOptions{
+		Client: apiReader, Replica: opts.Replica, Logger: log, Metrics: connMetrics,
+		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+	})
+	if err != nil {
+		return err
+	}
+	// Grace-period removal, replica liveness and WorkloadGroup drift.
+	lifecycleMetrics, err := registry.NewLifecycleMetrics(reg)
+	if err != nil {
+		return err
+	}
+	lifecycle, err := registry.NewLifecycle(registry.LifecycleOptions{
+		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
+		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
+		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
+		Writes:   registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Recorder: recorder, Metrics: lifecycleMetrics, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	lifecycleErr := make(chan error, 1)
+	go func() { lifecycleErr <- lifecycle.Start(ctx) }()
+	select {
+	case <-lifecycle.Ready():
+	case err := <-lifecycleErr:
+		return fmt.Errorf("replica lease: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	xdsServer, err := xds.NewServer(ctx, xds.Options{
+		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
+		Reader: informers, APIReader: apiReader, Informers: informers,
+		ClusterID: cfg.Mesh.ClusterID, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
 	grpcOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor())}
+	var xdsOpts []grpc.ServerOption
 	switch {
 	case cfg.Endpoint.Plaintext:
 		log.Warn("serving the onboarding API WITHOUT TLS (endpoint.plaintext): for tests on loopback only")
@@ -183,13 +262,19 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 	default:
 		src, err := servingcert.FromFiles(ctx, cfg.Endpoint.CertFile, cfg.Endpoint.KeyFile, 0, log)
 		if err != nil {
 			return err
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 	}
+	xg := grpc.NewServer(xdsOpts...)
+	xdsServer.Register(xg)
+	dg := grpc.NewServer()
+	xdsServer.RegisterDebug(dg)
 	g := grpc.NewServer(grpcOpts...)
 	server.RegisterService(g)
 	hs := health.NewServer()
@@ -204,6 +289,21 @@ func Run(ctx context.Context, opts Options) error {
 		_ = lis.Close()
 		return fmt.Errorf("listen on %s (listen.metrics): %w", cfg.Listen.Metrics, err)
 	}
+	xlis, err := net.Listen("tcp", cfg.Listen.XDS)
+	if err != nil {
+		_ = lis.Close()
+		_ = mlis.Close()
+		return fmt.Errorf("listen on %s (listen.xds): %w", cfg.Listen.XDS, err)
+	}
+	var dlis net.Listener
+	if opts.DebugXDS != "off" {
+		if dlis, err = net.Listen("tcp", opts.DebugXDS); err != nil {
+			_ = lis.Close()
+			_ = mlis.Close()
+			_ = xlis.Close()
+			return fmt.Errorf("listen on %s (xDS debug): %w", opts.DebugXDS, err)
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -216,10 +316,24 @@ func Run(ctx context.Context, opts Options) error {
 	})
 	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 6)
+	go func() {
+		if err := <-lifecycleErr; err != nil {
+			errc <- err
+		}
+	}()
 	go func() { errc <- g.Serve(lis) }()
 	go func() { errc <- msrv.Serve(mlis) }()
-	log.Info("onboarding endpoint serving", "onboarding", lis.Addr().String(), "metrics", mlis.Addr().String(), "replica", opts.Replica)
+	go func() { errc <- xg.Serve(xlis) }()
+	if dlis != nil {
+		go func() { errc <- dg.Serve(dlis) }()
+	}
+	go func() {
+		if err := xdsServer.Run(ctx); err != nil {
+			errc <- err
+		}
+	}()
+	log.Info("onboarding endpoint serving", "onboarding", lis.Addr().String(), "xds", xlis.Addr().String(), "metrics", mlis.Addr().String(), "replica", opts.Replica)
 	if opts.Ready != nil {
 		close(opts.Ready)
 	}
@@ -239,6 +353,15 @@ func Run(ctx context.Context, opts Options) error {
 	case <-shutdownCtx.Done():
 		g.Stop()
 	}
+	// xDS streams never end by themselves: close them, then store the
+	// disconnects before the tracker stops.
+	xg.Stop()
+	dg.Stop()
+	if err := conns.Flush(shutdownCtx); err != nil {
+		log.Error("connection states not stored at shutdown; the sweeper's replica leases cover them", "error", err)
+	}
+	stopTracker()
+	conns.Wait()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,6 +32,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -166,6 +168,12 @@ listen:
 	})
 	if status.Code(err) != codes.Unauthenticated {
 		t.Errorf("JWT without issuers: %v, want Unauthenticated", err)
+	}
+
+	// The replica holds its liveness Lease (grace-period removal is wired).
+	lease := &coordinationv1.Lease{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: registry.ReplicaLeaseName("embark-test-0")}, lease); err != nil {
+		t.Errorf("replica Lease: %v", err)
 	}
 
 	// Metrics and health are served.
