@@ -71,7 +71,7 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, or go v
 ##@ Test
 
 .PHONY: testenv
-testenv: ## Build the real kube-apiserver, etcd and kube-controller-manager used by tests.
+testenv: ## Build the real kube-apiserver, etcd, kube-controller-manager, pilot-agent and istioctl used by tests.
 	TESTENV_BIN=$(TESTENV_BIN) test/tools/install.sh
 
 .PHONY: test
