@@ -173,6 +173,28 @@ func (c *Connections) Closed(w Workload, streamID int64) {
 	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now})
 }
 
+// Reassert writes the workload connected again when this replica holds
+// streams for war but war's stored status no longer says so (another
+// component, e.g. the sweeper after this replica's Lease lapsed, marked it
+// disconnected while its streams stayed open). The stored state then follows
+// the truth instead of letting a connected workload be removed.
+func (c *Connections) Reassert(war *runtimev1alpha1.WorkloadAutoRegistration) {
+	key := types.NamespacedName{Namespace: war.Namespace, Name: war.Name}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[key]
+	if e == nil || len(e.streams) == 0 || e.workload.UID != war.UID || e.pending != nil || war.DeletionTimestamp != nil {
+		return
+	}
+	conn := war.Status.Connection
+	if meta.IsStatusConditionTrue(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected) && conn != nil && conn.Replica == c.replica {
+		return
+	}
+	c.log.Info("reasserting a live connection the stored status lost", "registration", key.String())
+	e.connectedAt = c.now()
+	c.enqueueLocked(e, &connState{workload: e.workload, connected: true, connectedAt: e.connectedAt})
+}
+
 // Streams returns how many streams of the workload are open on this replica.
 func (c *Connections) Streams(key types.NamespacedName) int {
 	c.mu.Lock()

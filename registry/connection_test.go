@@ -180,3 +180,58 @@ func TestEventsOfADeletedRegistrationAreDropped(t *testing.T) {
 	cancel()
 	c.Wait()
 }
+
+// A replica holding live streams writes the workload connected again when
+// the stored status lost it (the sweeper marked it ReplicaGone after this
+// replica's Lease lapsed), and does nothing for workloads it holds no stream of.
+func TestReassertRestoresALiveConnection(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w, _ := registerForConnections(t)
+	c := newConnections(t, ctx, "replica-a", nil)
+	c.Opened(w, 1)
+	waitObserved(t, w.Key, connectedTo("replica-a"))
+
+	markGone := func() *runtimev1alpha1.WorkloadAutoRegistration {
+		t.Helper()
+		war := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if err := env.Client.Get(ctx, w.Key, war); err != nil {
+			t.Fatal(err)
+		}
+		meta.SetStatusCondition(&war.Status.Conditions, metav1.Condition{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: ReasonReplicaGone})
+		now := metav1.Now()
+		war.Status.Connection.DisconnectedAt = &now
+		if err := env.Client.Status().Update(ctx, war); err != nil {
+			t.Fatal(err)
+		}
+		return war
+	}
+	c.Reassert(markGone())
+	waitObserved(t, w.Key, connectedTo("replica-a"))
+
+	// No stream here any more: a lost connection is not reasserted.
+	c.Closed(w, 1)
+	waitObserved(t, w.Key, disconnectedFrom("replica-a"))
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, w.Key, war); err != nil {
+		t.Fatal(err)
+	}
+	war.Status.Connection.Replica = "replica-b"
+	meta.SetStatusCondition(&war.Status.Conditions, metav1.Condition{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionTrue, Reason: runtimev1alpha1.ReasonAgentEstablishedConnection})
+	if err := env.Client.Status().Update(ctx, war); err != nil {
+		t.Fatal(err)
+	}
+	c.Reassert(war)
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, w.Key, after); err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != war.ResourceVersion {
+		t.Errorf("a replica without streams rewrote the status: %+v", after.Status)
+	}
+	cancel()
+	c.Wait()
+}
