@@ -3,28 +3,23 @@ package istioagent
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/embark-mesh/embark/test/testenv"
 )
 
 // BinaryPath finds one of the binaries test/tools/install.sh builds (`make
 // testenv`): in dir when set, else in $KUBEBUILDER_ASSETS, else in bin/testenv
 // of the repository root.
 func BinaryPath(name, dir string) (string, error) {
-	if dir == "" {
-		dir = os.Getenv("KUBEBUILDER_ASSETS")
-	}
-	if dir == "" {
-		root, err := repoRoot()
-		if err != nil {
-			return "", err
-		}
-		dir = filepath.Join(root, "bin", "testenv")
+	dir, err := testenv.AssetsDir(dir)
+	if err != nil {
+		return "", err
 	}
 	path := filepath.Join(dir, name)
 	fi, err := os.Stat(path)
@@ -35,25 +30,6 @@ func BinaryPath(name, dir string) (string, error) {
 		return "", fmt.Errorf("%s in %s is not executable: run `make testenv`", name, dir)
 	}
 	return path, nil
-}
-
-// repoRoot walks up from the working directory to the go.mod of Embark's module.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("get working directory: %w", err)
-	}
-	for {
-		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.HasPrefix(bytes.TrimSpace(b), []byte("module github.com/embark-mesh/embark\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("repository root (go.mod of github.com/embark-mesh/embark) not found above the working directory")
-		}
-		dir = parent
-	}
 }
 
 // Istioctl runs the istioctl built by `make testenv` with args and returns its

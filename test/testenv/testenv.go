@@ -208,8 +208,10 @@ func allCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	return append(own, istio...), nil
 }
 
-// assetsDir finds the directory holding the control-plane binaries.
-func assetsDir(dir string) (string, error) {
+// AssetsDir returns the directory holding the binaries `make testenv`
+// builds: dir when set, else $KUBEBUILDER_ASSETS, else bin/testenv in the
+// repository root.
+func AssetsDir(dir string) (string, error) {
 	if dir == "" {
 		dir = os.Getenv("KUBEBUILDER_ASSETS")
 	}
@@ -219,6 +221,16 @@ func assetsDir(dir string) (string, error) {
 			return "", err
 		}
 		dir = filepath.Join(root, "bin", "testenv")
+	}
+	return dir, nil
+}
+
+// assetsDir finds the directory holding the control-plane binaries and
+// checks they are there.
+func assetsDir(dir string) (string, error) {
+	dir, err := AssetsDir(dir)
+	if err != nil {
+		return "", err
 	}
 	for _, name := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
