@@ -17,8 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -37,29 +35,13 @@ var (
 func TestMain(m *testing.M) {
 	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
 		var err error
-		cached, err = cache.New(env.Config, cache.Options{Scheme: env.Scheme})
+		cached, err = env.StartCache(ctx, func(c cache.Cache) error { return SetupIndexes(ctx, c) },
+			&istionetworkingv1.WorkloadEntryList{}) // the informer the registrar reads
 		if err != nil {
 			return err
 		}
-		if err := SetupIndexes(ctx, cached); err != nil {
-			return err
-		}
-		go func() { _ = cached.Start(ctx) }()
-		if !cached.WaitForCacheSync(ctx) {
-			return errors.New("cache did not sync")
-		}
-		// Informers start lazily: touch the ones the registrar reads.
-		if err := cached.List(ctx, &istionetworkingv1.WorkloadEntryList{}); err != nil {
-			return err
-		}
-		cs, err := kubernetes.NewForConfig(env.Config)
-		if err != nil {
-			return err
-		}
-		b := record.NewBroadcaster(record.WithContext(ctx))
-		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
-		recorder = b.NewRecorder(env.Scheme, corev1.EventSource{Component: "embark-registry-test"})
-		return nil
+		recorder, err = env.EventRecorder(ctx, "embark-registry-test")
+		return err
 	})
 }
 

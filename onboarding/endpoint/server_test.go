@@ -8,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"errors"
 	"log/slog"
 	"math/big"
 	"net"
@@ -30,8 +29,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -60,29 +57,13 @@ var (
 func TestMain(m *testing.M) {
 	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
 		var err error
-		if cached, err = cache.New(env.Config, cache.Options{Scheme: env.Scheme}); err != nil {
-			return err
-		}
-		if err := registry.SetupIndexes(ctx, cached); err != nil {
-			return err
-		}
-		go func() { _ = cached.Start(ctx) }()
-		if !cached.WaitForCacheSync(ctx) {
-			return errors.New("cache did not start")
-		}
-		for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadEntryList{}, &istionetworkingv1.WorkloadGroupList{}, &authorizationv1alpha1.OnboardingPolicyList{}} {
-			if err := cached.List(ctx, l); err != nil {
-				return err
-			}
-		}
-		cs, err := kubernetes.NewForConfig(env.Config)
+		cached, err = env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) },
+			&istionetworkingv1.WorkloadEntryList{}, &istionetworkingv1.WorkloadGroupList{}, &authorizationv1alpha1.OnboardingPolicyList{})
 		if err != nil {
 			return err
 		}
-		b := record.NewBroadcaster(record.WithContext(ctx))
-		b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
-		recorder = b.NewRecorder(env.Scheme, corev1.EventSource{Component: "embark-endpoint-test"})
-		return nil
+		recorder, err = env.EventRecorder(ctx, "embark-endpoint-test")
+		return err
 	})
 }
 
