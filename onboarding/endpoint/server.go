@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 
@@ -178,14 +177,7 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 		if s.opts.AWS == nil {
 			return nil, errors.New("this endpoint does not accept AWS credentials")
 		}
-		cred := awsidentity.Credential{Document: c.Aws.GetInstanceIdentityDocument(), Signature: []byte(c.Aws.GetRsa2048Signature())}
-		if r := c.Aws.GetStsGetCallerIdentity(); r != nil {
-			h := http.Header{}
-			for _, kv := range r.GetHeaders() {
-				h.Add(kv.GetName(), kv.GetValue())
-			}
-			cred.STS = &awsidentity.STSRequest{Method: r.GetMethod(), URL: r.GetUrl(), Headers: h, Body: r.GetBody()}
-		}
+		cred := awsCredentialFromProto(c.Aws)
 		return s.opts.AWS.Verify(ctx, cred)
 	case *onboardingv1alpha1.AuthorizeRequest_Jwt:
 		if s.opts.JWT == nil {

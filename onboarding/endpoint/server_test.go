@@ -197,16 +197,7 @@ func (h *harness) credential(m *awstest.IMDS) *onboardingv1alpha1.AuthorizeReque
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	out := &onboardingv1alpha1.AWSCredential{InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature)}
-	if cred.STS != nil {
-		r := &onboardingv1alpha1.SignedHTTPRequest{Method: cred.STS.Method, Url: cred.STS.URL, Body: cred.STS.Body}
-		for name, vals := range cred.STS.Headers {
-			for _, v := range vals {
-				r.Headers = append(r.Headers, &onboardingv1alpha1.Header{Name: name, Value: v})
-			}
-		}
-		out.StsGetCallerIdentity = r
-	}
+	out := AWSCredentialToProto(cred)
 	return &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: out}
 }
 

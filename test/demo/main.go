@@ -44,6 +44,7 @@ import (
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/endpoint"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -317,16 +318,7 @@ func onboard(ctx context.Context, api onboardingv1alpha1.OnboardingServiceClient
 	if err != nil {
 		return "", fmt.Errorf("read the platform credential: %w", err)
 	}
-	ac := &onboardingv1alpha1.AWSCredential{InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature)}
-	if cred.STS != nil {
-		r := &onboardingv1alpha1.SignedHTTPRequest{Method: cred.STS.Method, Url: cred.STS.URL, Body: cred.STS.Body}
-		for name, vals := range cred.STS.Headers {
-			for _, v := range vals {
-				r.Headers = append(r.Headers, &onboardingv1alpha1.Header{Name: name, Value: v})
-			}
-		}
-		ac.StsGetCallerIdentity = r
-	}
+	ac := endpoint.AWSCredentialToProto(cred)
 	auth, err := api.Authorize(ctx, &onboardingv1alpha1.AuthorizeRequest{
 		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: "bookinfo", Name: "ratings"},
 		Credential:    &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: ac},
