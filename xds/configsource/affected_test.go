@@ -144,4 +144,3 @@ func TestUnknownLabelsAreInScope(t *testing.T) {
 		t.Error("a selector of bookinfo includes a workload of another namespace")
 	}
 }
-
