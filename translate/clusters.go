@@ -248,7 +248,35 @@ func (b *builder) serviceEntryEndpoints(se *istionetworkingv1.ServiceEntry, sp *
 		}
 		out = append(out, endpoint{addr: we.Spec.GetAddress(), port: entryPort(&we.Spec, sp), weight: we.Spec.GetWeight(), sa: we.Spec.GetServiceAccount()})
 	}
+	// Pods are selected too (seed 003: VMs and pods load-balance together).
+	for _, p := range b.in.Pods {
+		if p == nil || p.Namespace != se.Namespace || !labelsMatch(sel, p.Labels) || !podReady(p) {
+			continue
+		}
+		sa := p.Spec.ServiceAccountName
+		if sa == "" {
+			sa = "default"
+		}
+		port := sp.GetNumber()
+		if sp.GetTargetPort() != 0 {
+			port = sp.GetTargetPort()
+		}
+		out = append(out, endpoint{addr: p.Status.PodIP, port: port, sa: sa})
+	}
 	return out
+}
+
+// podReady reports a running pod with an IP whose Ready condition is True.
+func podReady(p *corev1.Pod) bool {
+	if p.Status.PodIP == "" || p.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func (b *builder) inlineEndpoints(se *istionetworkingv1.ServiceEntry, sp *networkingv1alpha3.ServicePort) []endpoint {
