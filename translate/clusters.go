@@ -300,7 +300,6 @@ func entryPort(we *networkingv1alpha3.WorkloadEntry, sp *networkingv1alpha3.Serv
 	return sp.GetNumber()
 }
 
-
 // weHealthy leaves out WorkloadEntries whose Healthy condition is False,
 // and those with health checks enabled that have not reported Healthy=True
 // yet (Istio counts them unhealthy until the first success).
