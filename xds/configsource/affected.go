@@ -6,6 +6,7 @@ import (
 
 	"istio.io/api/annotation"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -126,7 +127,10 @@ func serviceExportTo(svc *corev1.Service) []string {
 //     is gone);
 //   - a WorkloadEntry: as every Service and ServiceEntry of its namespace
 //     (those are what may select it), and its own namespace;
-//   - a WorkloadAutoRegistration: that workload.
+//   - a PeerAuthentication: every proxy in the root namespace's case, else
+//     the proxies of its namespace;
+//   - a WorkloadAutoRegistration: that workload;
+//   - anything else: every proxy.
 func (s *scope) affected(ctx context.Context, c change, rootNamespace string, ex exports) {
 	obj := c.object()
 	if obj == nil {
@@ -178,6 +182,12 @@ func (s *scope) affected(ctx context.Context, c change, rootNamespace string, ex
 		}
 	case *runtimev1alpha1.WorkloadAutoRegistration:
 		s.workloads[types.NamespacedName{Namespace: ns, Name: obj.GetName()}] = true
+	case *istiosecurityv1.PeerAuthentication:
+		if ns == rootNamespace {
+			s.all = true
+			return
+		}
+		s.namespaces[ns] = true
 	default:
 		// An input kind this rule does not know: be correct.
 		s.all = true

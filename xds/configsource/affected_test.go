@@ -6,6 +6,7 @@ import (
 
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -97,6 +98,8 @@ func TestAffectedWorkloads(t *testing.T) {
 		{name: "WorkloadEntry: exports of its namespace", new: we("data"), want: all},
 		{name: "WorkloadEntry of a private namespace", new: we("private"), want: nil},
 		{name: "registration: that workload", new: &runtimev1alpha1.WorkloadAutoRegistration{ObjectMeta: metav1.ObjectMeta{Namespace: "data", Name: "db-1"}}, want: []string{"data/db-1"}},
+		{name: "root PeerAuthentication: everyone", new: &istiosecurityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Namespace: "istio-system", Name: "default"}}, want: all},
+		{name: "namespace PeerAuthentication: its namespace", old: &istiosecurityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Namespace: "data", Name: "strict"}}, want: []string{"data/db-1"}},
 		{name: "unknown kind: everyone", new: &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "y"}}, want: all},
 	}
 	for _, tt := range tests {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -32,7 +33,7 @@ func Watched() []client.ObjectList {
 	return []client.ObjectList{
 		&istionetworkingv1.SidecarList{}, &corev1.ServiceList{}, &discoveryv1.EndpointSliceList{},
 		&istionetworkingv1.ServiceEntryList{}, &istionetworkingv1.WorkloadEntryList{},
-		&runtimev1alpha1.WorkloadAutoRegistrationList{},
+		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &istiosecurityv1.PeerAuthenticationList{},
 	}
 }
 
@@ -41,7 +42,7 @@ func watched() []client.Object {
 	return []client.Object{
 		&istionetworkingv1.Sidecar{}, &corev1.Service{}, &discoveryv1.EndpointSlice{},
 		&istionetworkingv1.ServiceEntry{}, &istionetworkingv1.WorkloadEntry{},
-		&runtimev1alpha1.WorkloadAutoRegistration{},
+		&runtimev1alpha1.WorkloadAutoRegistration{}, &istiosecurityv1.PeerAuthentication{},
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -169,13 +170,8 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 	if err != nil {
 		return nil, blameFor(err, in, p), reasonSidecar, err
 	}
-	byType := map[resource.Type][]types.Resource{
-		resource.ListenerType: res.Listeners,
-		resource.RouteType:    res.Routes,
-		resource.ClusterType:  res.Clusters,
-		resource.EndpointType: res.Endpoints,
-	}
-	if err := validate(byType); err != nil {
+	byType := res.ByType()
+	if err := res.Validate(); err != nil {
 		var blame runtime.Object = p.Registration
 		if res.Sidecar != nil {
 			blame = res.Sidecar
@@ -204,18 +200,21 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 		},
 		RootNamespace: s.opts.RootNamespace,
 	}
-	sidecarNamespaces := []string{ns}
+	namespaces := []string{ns}
 	if s.opts.RootNamespace != ns {
-		sidecarNamespaces = append(sidecarNamespaces, s.opts.RootNamespace)
+		namespaces = append(namespaces, s.opts.RootNamespace)
 	}
-	for _, n := range sidecarNamespaces {
+	for _, n := range namespaces {
 		l := &istionetworkingv1.SidecarList{}
 		if err := s.opts.Cache.List(ctx, l, client.InNamespace(n)); err != nil {
 			return nil, fmt.Errorf("list Sidecars: %w", err)
 		}
-		for _, o := range l.Items {
-			in.Sidecars = append(in.Sidecars, o)
+		in.Sidecars = append(in.Sidecars, l.Items...)
+		pas := &istiosecurityv1.PeerAuthenticationList{}
+		if err := s.opts.Cache.List(ctx, pas, client.InNamespace(n)); err != nil {
+			return nil, fmt.Errorf("list PeerAuthentications: %w", err)
 		}
+		in.PeerAuthentications = append(in.PeerAuthentications, pas.Items...)
 	}
 	services := &corev1.ServiceList{}
 	if err := s.opts.Cache.List(ctx, services); err != nil {
@@ -246,37 +245,6 @@ func pointers[T any](items []T) []*T {
 		out[i] = &items[i]
 	}
 	return out
-}
-
-// validator is what protoc-gen-validate generates for every Envoy message.
-type validator interface{ ValidateAll() error }
-
-// validate runs every resource's ValidateAll.
-func validate(byType map[resource.Type][]types.Resource) error {
-	var errs []error
-	for _, t := range slices.Sorted(mapsKeys(byType)) {
-		for _, r := range byType[t] {
-			v, ok := r.(validator)
-			if !ok {
-				errs = append(errs, fmt.Errorf("%s %q cannot be validated", t, cache.GetResourceName(r)))
-				continue
-			}
-			if err := v.ValidateAll(); err != nil {
-				errs = append(errs, fmt.Errorf("%s %q: %w", t, cache.GetResourceName(r), err))
-			}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // versioned builds a snapshot whose every type's version is a hash of the
@@ -323,4 +291,10 @@ func blameFor(err error, in *translate.Inputs, p *xds.Proxy) runtime.Object {
 }
 
 // sidecarOf is the "<namespace>/<name>" of the Sidecar err blames, if any.
-func sidecarOf(error) string { return "" }
+func sidecarOf(err error) string {
+	var se *translate.SidecarError
+	if errors.As(err, &se) {
+		return se.Sidecar
+	}
+	return ""
+}
