@@ -115,6 +115,13 @@ type replica struct {
 
 func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 	t.Helper()
+	return startReplicaWith(t, name, clock, nil)
+}
+
+// startReplicaWith starts a replica whose health reports go to the sink sink
+// makes (nil: recorded in replica.health).
+func startReplicaWith(t *testing.T, name string, clock func() time.Time, sink func(context.Context, *registry.Connections) (HealthSink, func())) *replica {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: name, Logger: log, Clock: clock})
@@ -122,10 +129,15 @@ func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 		t.Fatal(err)
 	}
 	health := &recordingHealth{}
+	var hs HealthSink = health
+	stopSink := func() {}
+	if sink != nil {
+		hs, stopSink = sink(ctx, conns)
+	}
 	srv, err := NewServer(ctx, Options{
 		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: env.Client, Informers: informers,
-		Health: health, Logger: log,
+		Health: hs, Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -158,6 +170,7 @@ func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 			cancel()
 			wg.Wait()
 			conns.Wait()
+			stopSink()
 		})
 	}
 	t.Cleanup(r.stop)
