@@ -530,6 +530,30 @@ func TestAStaleDisconnectDoesNotOverwriteANewerConnect(t *testing.T) {
 	waitState(t, w.key, disconnected("replica-b"))
 }
 
+// TestDeltaHealthReports checks that HealthInformation requests on a Delta
+// stream are reports, as Istio's agent sends them (no error detail: healthy).
+func TestDeltaHealthReports(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	w := register(t, env.Namespace(t), "i-0000000000000000d", "10.0.4.2")
+	c, err := open(t, dial(t, r.addr), true, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, detail := range []*rpcstatus.Status{{Code: int32(codes.Internal), Message: "HTTP probe failed with statuscode: 503"}, nil} {
+		if err := c.delta.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: TypeHealthInformation, ErrorDetail: detail}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return len(r.health.all()) == 2 })
+	got := r.health.all()
+	if got[0].Healthy || got[0].Message != "HTTP probe failed with statuscode: 503" || !got[1].Healthy || got[1].Message != "" || got[1].At.IsZero() {
+		t.Errorf("delta health reports = %+v", got)
+	}
+	if r.conns.Streams(w.key) != 1 {
+		t.Error("health reports changed the stream count")
+	}
+}
+
 func TestHealthReportsAreNotSubscriptions(t *testing.T) {
 	r := startReplica(t, "replica-a", nil)
 	w := register(t, env.Namespace(t), "i-0000000000000000a", "10.0.4.1")
