@@ -157,6 +157,9 @@ type Registration struct {
 	WriteBurst int     `json:"writeBurst,omitempty"`
 	// SweepRatePerSecond limits grace-period deletions. Default 20.
 	SweepRatePerSecond float64 `json:"sweepRatePerSecond,omitempty"`
+	// SweepBurst is how many grace-period deletions may happen at once
+	// before SweepRatePerSecond applies. Default 1.
+	SweepBurst int `json:"sweepBurst,omitempty"`
 }
 
 // Listen holds listen addresses.
@@ -269,6 +272,9 @@ func (c *Configuration) SetDefaults() {
 	if r.SweepRatePerSecond == 0 {
 		r.SweepRatePerSecond = defaultSweepRatePerSecond
 	}
+	if r.SweepBurst == 0 {
+		r.SweepBurst = 1
+	}
 }
 
 // Validate checks a defaulted configuration.
@@ -347,6 +353,9 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.Registration.SweepRatePerSecond < 0 {
 		errs = append(errs, field.Invalid(r.Child("sweepRatePerSecond"), c.Registration.SweepRatePerSecond, "must be positive"))
+	}
+	if c.Registration.SweepBurst < 0 {
+		errs = append(errs, field.Invalid(r.Child("sweepBurst"), c.Registration.SweepBurst, "must be positive"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}} {
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {
