@@ -243,10 +243,14 @@ func Run(ctx context.Context, opts Options) error {
 		return ctx.Err()
 	}
 
+	xdsMetrics, err := xds.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
 	xdsServer, err := xds.NewServer(ctx, xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: apiReader, Informers: informers,
-		ClusterID: cfg.Mesh.ClusterID, Logger: log,
+		ClusterID: cfg.Mesh.ClusterID, Logger: log, Metrics: xdsMetrics,
 	})
 	if err != nil {
 		return err
