@@ -181,6 +181,9 @@ type Registration struct {
 	// than this before is stored only once it has lasted this long. 0
 	// disables damping. Default 10s.
 	HealthDamping *metav1.Duration `json:"healthDamping,omitempty"`
+	// SweepBurst is how many grace-period deletions may happen at once
+	// before SweepRatePerSecond applies. Default 1.
+	SweepBurst int `json:"sweepBurst,omitempty"`
 }
 
 // Listen holds listen addresses.
@@ -302,6 +305,9 @@ func (c *Configuration) SetDefaults() {
 	if r.SweepRatePerSecond == 0 {
 		r.SweepRatePerSecond = defaultSweepRatePerSecond
 	}
+	if r.SweepBurst == 0 {
+		r.SweepBurst = 1
+	}
 }
 
 // Validate checks a defaulted configuration.
@@ -389,6 +395,9 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	for _, msg := range validation.IsDNS1123Label(c.Mesh.RootNamespace) {
 		errs = append(errs, field.Invalid(field.NewPath("mesh", "rootNamespace"), c.Mesh.RootNamespace, msg))
+	}
+	if c.Registration.SweepBurst < 0 {
+		errs = append(errs, field.Invalid(r.Child("sweepBurst"), c.Registration.SweepBurst, "must be positive"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}} {
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {
