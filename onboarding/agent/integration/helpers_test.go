@@ -76,6 +76,8 @@ type world struct {
 	caFile   string
 	cfgFile  string
 	addr     string
+	repoDir  string
+	repoAddr string
 	endpoint *runningEndpoint
 }
 
@@ -93,7 +95,9 @@ func newWorld(t *testing.T) *world {
 	must(t, os.WriteFile(filepath.Join(certs, "us-east-2.pem"), w.aws.CA.CertificatePEM(), 0o644))
 	certFile, keyFile, caFile := writeServingCert(t, w.dir)
 	w.caFile = caFile
-	w.addr = freeAddr(t)
+	w.addr, w.repoAddr = freeAddr(t), freeAddr(t)
+	w.repoDir = filepath.Join(w.dir, "repository")
+	must(t, os.MkdirAll(w.repoDir, 0o755))
 	w.cfgFile = filepath.Join(w.dir, "endpoint.yaml")
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
@@ -112,11 +116,14 @@ identity:
 registration:
   gracePeriod: 1h
   propagationDelay: 1s
+localRepository:
+  directory: %s
 listen:
+  repository: %s
   onboarding: %s
   metrics: %s
   xds: %s
-`, w.ns, endpointHost, certFile, keyFile, certs, w.aws.STS.URL, w.addr, freeAddr(t), freeAddr(t))
+`, w.ns, endpointHost, certFile, keyFile, certs, w.aws.STS.URL, w.repoDir, w.repoAddr, w.addr, freeAddr(t), freeAddr(t))
 	must(t, os.WriteFile(w.cfgFile, []byte(cfg), 0o600))
 
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: w.ns}}
