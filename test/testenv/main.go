@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -20,8 +21,32 @@ import (
 //
 // A control plane that cannot start, or a setup that fails, fails the
 // package: tests are never skipped for want of one.
+//
+// Fuzzing starts no control plane (see Fuzzing): *env stays nil there, so
+// fuzz targets must not use it.
 func Main(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) {
+	if Fuzzing() {
+		os.Exit(m.Run())
+	}
 	os.Exit(run(m, opts, env, setup))
+}
+
+// Fuzzing reports whether this test process only fuzzes: a fuzz worker
+// (-test.fuzzworker), or the coordinator of `go test -run='^$' -fuzz=X`,
+// which runs nothing but the fuzz target. Such processes must not start a
+// control plane each (test/fuzz/run.sh runs every target this way). It
+// parses the test flags, as TestMain may.
+func Fuzzing() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	value := func(name string) string {
+		if f := flag.Lookup(name); f != nil {
+			return f.Value.String()
+		}
+		return ""
+	}
+	return value("test.fuzzworker") == "true" || (value("test.fuzz") != "" && value("test.run") == "^$")
 }
 
 func run(m *testing.M, opts Options, env **Env, setup []func(ctx context.Context) error) int {
