@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
@@ -32,6 +33,7 @@ type Agent struct {
 	Registration string
 	token        string
 	nodeID       string
+	proxyConfig  *structpb.Struct
 
 	connected  atomic.Bool
 	connects   atomic.Int64
@@ -75,6 +77,12 @@ func (a *Agent) Onboard(ctx context.Context, api onboardingv1alpha1.OnboardingSe
 	a.Registration = reg.GetRegistrationName()
 	a.token = reg.GetBootstrap().GetSidecarToken()
 	a.nodeID = reg.GetBootstrap().GetNodeId()
+	// Istio's agent sends its ProxyConfig as node metadata PROXY_CONFIG,
+	// which marks the stream as a sidecar's.
+	a.proxyConfig = &structpb.Struct{}
+	if err := protojson.Unmarshal([]byte(reg.GetBootstrap().GetProxyConfigJson()), a.proxyConfig); err != nil {
+		return fmt.Errorf("proxy config of %s: %w", a.Registration, err)
+	}
 	return nil
 }
 
@@ -130,6 +138,7 @@ func (a *Agent) stream(ctx context.Context, conn *grpc.ClientConn) error {
 		return err
 	}
 	node := &core.Node{Id: a.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"PROXY_CONFIG":  structpb.NewStructValue(a.proxyConfig),
 		"ISTIO_VERSION": structpb.NewStringValue("1.30.0"),
 		"CLUSTER_ID":    structpb.NewStringValue("Kubernetes"),
 	}}}

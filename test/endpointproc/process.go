@@ -221,6 +221,9 @@ func (r *Replica) tail() string {
 	return string(data)
 }
 
+// LogTail returns the last 4000 bytes of the replica's log.
+func (r *Replica) LogTail() string { return r.tail() }
+
 // LogContains reports whether the replica's log contains s.
 func (r *Replica) LogContains(s string) bool {
 	data, _ := os.ReadFile(r.log)

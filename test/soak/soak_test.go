@@ -149,6 +149,10 @@ func TestSoak(t *testing.T) {
 		}
 	}
 
+	if t.Failed() {
+		t.Logf("endpoint log:\n%s", r.LogTail())
+	}
+
 	// Flatness: skip the warm-up (the first fifth, while the first
 	// connected agents and the first sweeps build up).
 	warm := len(samples) / 5
@@ -157,6 +161,9 @@ func TestSoak(t *testing.T) {
 		xs = append(xs, s.at.Minutes())
 		heap = append(heap, s.heapMiB)
 		gor = append(gor, s.goroutines)
+	}
+	if len(xs) < 5 {
+		t.Fatalf("%d samples after the warm-up: too few to tell a trend (SOAK_DURATION of at least 2m)", len(xs))
 	}
 	var report strings.Builder
 	fmt.Fprintf(&report, "soak %v: %d onboardings (%d/s target, %d held, grace %v), %d failed; %d samples, warm-up %d\n",
