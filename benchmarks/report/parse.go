@@ -46,9 +46,18 @@ func ParseGoBench(r io.Reader) (*Output, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	line := 0
+	// pending is a benchmark name printed alone: its figures follow on a
+	// later line when the benchmark logged in between (as a library
+	// writing to the same stream does).
+	pending := ""
 	for sc.Scan() {
 		line++
 		text := strings.TrimSpace(sc.Text())
+		if f := strings.Fields(text); pending != "" && len(f) >= 3 && len(f)%2 == 1 {
+			if _, err := strconv.Atoi(f[0]); err == nil {
+				text = pending + " " + text
+			}
+		}
 		switch {
 		case strings.HasPrefix(text, "pkg: "):
 			pkg = strings.TrimSpace(strings.TrimPrefix(text, "pkg: "))
@@ -65,12 +74,21 @@ func ParseGoBench(r io.Reader) (*Output, error) {
 		fields := strings.Fields(text)
 		// "BenchmarkX-2" alone is the name printed before a benchmark's
 		// own log lines; its figures follow on a later line.
-		if len(fields) < 4 || len(fields)%2 != 0 {
+		pending = ""
+		if len(fields) == 1 {
+			pending = fields[0]
 			continue
 		}
 		n, err := strconv.Atoi(fields[1])
 		if err != nil {
-			// A log line that merely starts with "Benchmark".
+			// A name followed by someone else's output, or a log line
+			// that merely starts with "Benchmark".
+			if procsSuffix.MatchString(fields[0]) {
+				pending = fields[0]
+			}
+			continue
+		}
+		if len(fields) < 4 || len(fields)%2 != 0 {
 			continue
 		}
 		name := strings.TrimPrefix(fields[0], "Benchmark")

@@ -121,8 +121,10 @@ func runPackage(ctx context.Context, p pkgInfo, opts RunOptions, extra []string,
 		var buf bytes.Buffer
 		cmd := exec.CommandContext(ctx, bin, args...)
 		cmd.Dir = p.Dir
+		// Only standard output is parsed: libraries' warnings on standard
+		// error would split benchmark lines.
 		cmd.Stdout = io.MultiWriter(&buf, opts.Log)
-		cmd.Stderr = io.MultiWriter(&buf, opts.Log)
+		cmd.Stderr = opts.Log
 		runErr := cmd.Run()
 		out, err := ParseGoBench(&buf)
 		if err != nil {
