@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -101,6 +102,9 @@ func Start(opts Options) (*Env, error) {
 	}
 	if opts.Restartable {
 		te.ControlPlane.GetAPIServer().CertDir = filepath.Join(workDir, "apiserver")
+		// A busy kube-apiserver can take over a minute to drain its
+		// watches after SIGTERM; past this it is killed (StopAPIServer).
+		te.ControlPlane.APIServer.StopTimeout = 10 * time.Second
 		te.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(workDir, "etcd")}
 		for _, d := range []string{te.ControlPlane.APIServer.CertDir, te.ControlPlane.Etcd.DataDir} {
 			if err := os.MkdirAll(d, 0o700); err != nil {
@@ -161,12 +165,28 @@ func (e *Env) Stop() error {
 }
 
 // StopAPIServer stops kube-apiserver (Restartable only); etcd keeps
-// running.
+// running. An API server that has not exited 10 s after SIGTERM is killed
+// (SIGKILL), as a crash would; StopAPIServer returns once its port refuses
+// connections.
 func (e *Env) StopAPIServer() error {
-	if err := e.env.ControlPlane.APIServer.Stop(); err != nil {
+	as := e.env.ControlPlane.APIServer
+	err := as.Stop()
+	if err != nil && !strings.Contains(err.Error(), "timeout waiting for process") {
 		return fmt.Errorf("stop kube-apiserver: %w", err)
 	}
-	return nil
+	addr := net.JoinHostPort(as.SecureServing.Address, as.SecureServing.Port)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, derr := net.DialTimeout("tcp", addr, time.Second)
+		if derr != nil {
+			return nil
+		}
+		_ = c.Close()
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kube-apiserver still listens on %s 30s after it was stopped (%v)", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // StartAPIServer starts kube-apiserver again on the same address with the
