@@ -295,6 +295,7 @@ func TestAPIServerOutage(t *testing.T) {
 		}
 	}()
 	t.Logf("kube-apiserver stopped in %v; down for %v", time.Since(start), down)
+	start = time.Now()
 	time.Sleep(down / 4)
 	disconnect(leaving)
 	hold(arriving, conns)

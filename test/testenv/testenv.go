@@ -104,7 +104,7 @@ func Start(opts Options) (*Env, error) {
 		te.ControlPlane.GetAPIServer().CertDir = filepath.Join(workDir, "apiserver")
 		// A busy kube-apiserver can take over a minute to drain its
 		// watches after SIGTERM; past this it is killed (StopAPIServer).
-		te.ControlPlane.APIServer.StopTimeout = 10 * time.Second
+		te.ControlPlaneStopTimeout = 10 * time.Second
 		te.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(workDir, "etcd")}
 		for _, d := range []string{te.ControlPlane.APIServer.CertDir, te.ControlPlane.Etcd.DataDir} {
 			if err := os.MkdirAll(d, 0o700); err != nil {
