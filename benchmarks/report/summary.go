@@ -46,7 +46,7 @@ type Rule struct {
 var Rules = []Rule{
 	{Package: "benchmarks/onboarding", Name: regexp.MustCompile(`^Onboarding/agents=(\d+)$`), Unit: "onboardings/s",
 		Baseline: "RawCreate/clients=$1", BaselineUnit: "creates/s"},
-	{Package: "benchmarks/onboarding", Name: regexp.MustCompile(`^VerifyAndAuthorize$`), Unit: "ops/s/core",
+	{Package: "benchmarks/authorize", Name: regexp.MustCompile(`^VerifyAndAuthorize$`), Unit: "ops/s/core",
 		Baseline: "BaselineRSA2048Verify", BaselineUnit: "ops/s/core"},
 	{Package: "benchmarks/identity", Name: regexp.MustCompile(`^(EC2|JWT)`), Unit: "verifications/s",
 		Baseline: "BaselineRSA2048PKCS1v15Verify"},
