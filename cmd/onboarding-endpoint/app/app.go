@@ -89,6 +89,14 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if restCfg.QPS == 0 {
+		// client-go's default (5 QPS, burst 10 per client) would throttle
+		// far below registration.writeQPS: the soak (test/soak) showed
+		// connection bookkeeping falling minutes behind at 2 onboardings/s.
+		// Every write is read first, so allow twice the write budget.
+		restCfg.QPS = float32(2 * cfg.Registration.WriteQPS)
+		restCfg.Burst = 2 * cfg.Registration.WriteBurst
+	}
 	sch, err := scheme.New()
 	if err != nil {
 		return err
