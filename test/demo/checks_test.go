@@ -102,7 +102,11 @@ func TestCheckContains(t *testing.T) {
 func TestRunStepsNamesTheFailedStep(t *testing.T) {
 	ran := 0
 	steps := []step{
-		{"first", func(_ context.Context, out io.Writer) error { ran++; _, err := io.WriteString(out, "shown\n"); return err }},
+		{"first", func(_ context.Context, out io.Writer) error {
+			ran++
+			_, err := io.WriteString(out, "shown\n")
+			return err
+		}},
 		{"second", func(_ context.Context, out io.Writer) error {
 			ran++
 			_, _ = io.WriteString(out, "partial output\n")

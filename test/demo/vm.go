@@ -178,4 +178,3 @@ func (v *vm) close() {
 		_ = v.app.Close()
 	}
 }
-
