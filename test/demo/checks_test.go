@@ -129,7 +129,7 @@ func TestRunStepsNamesTheFailedStep(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, b.String())
 		}
 	}
-	if !strings.Contains(err.Error(), "step 2/3 (second) failed: pilot-agent exited: exit status 1") {
+	if !strings.Contains(err.Error(), "step 2/3 (second): pilot-agent exited: exit status 1") {
 		t.Errorf("error %q does not say which step and why", err)
 	}
 }

@@ -446,11 +446,12 @@ Embark is running. Try:
     %s get war -A
     %s describe war -n bookinfo %s
     %s get workloadentries -n bookinfo -o yaml
-    %s proxy-status --xds-address %s --plaintext -r default
+    %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default
     curl -s http://%s/metrics | grep ^embark_
-Onboarding API https://%s (as %s), xDS %s.
+Onboarding API https://%s (as %s), xDS %s; logs and files in %s.
 Press Ctrl-C to stop and clean up.
-`, kc, kc, d.vms[0].registration, kc, filepath.Join(mustAssets(), "istioctl"), d.addrs.debugXDS, d.addrs.metrics, d.addrs.onboarding, endpointHost, d.addrs.xds)
+`, kc, kc, d.vms[0].registration, kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS, d.addrs.metrics,
+		d.addrs.onboarding, endpointHost, d.addrs.xds, d.work)
 }
 
 // showLogsOnFailure prints where the logs are cut short: the endpoint's last

@@ -25,7 +25,7 @@ type stepError struct {
 }
 
 func (e *stepError) Error() string {
-	return fmt.Sprintf("step %d/%d (%s) failed: %v", e.n, e.total, e.title, e.err)
+	return fmt.Sprintf("step %d/%d (%s): %v", e.n, e.total, e.title, e.err)
 }
 
 func (e *stepError) Unwrap() error { return e.err }
