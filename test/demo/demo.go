@@ -56,6 +56,7 @@ type demo struct {
 	stopEndpoint context.CancelFunc
 	serving      servingCert
 	addrs        struct{ onboarding, xds, debugXDS, metrics string }
+	appPort      int // the port of every VM's application, on its own IP
 	api          onboardingv1alpha1.OnboardingServiceClient
 	conn         *grpc.ClientConn
 }
@@ -164,8 +165,11 @@ func (d *demo) simulateAWS(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	d.aws.sts = awstest.NewSTS()
+	// Each VM's private IP is a loopback address of its own, where its
+	// application listens: pilot-agent's INSTANCE_IP and the readiness probe
+	// reach it on this machine.
 	for i, v := range d.vms {
-		inst := awstest.Instance{Role: "ratings-role", PrivateIP: fmt.Sprintf("172.31.%d.%d", 5+2*i, 20+i)}
+		inst := awstest.Instance{Role: "ratings-role", PrivateIP: fmt.Sprintf("127.0.1.%d", i+1)}
 		if i > 0 {
 			inst.InstanceID = fmt.Sprintf("i-0de%014d", i)
 		}
@@ -174,7 +178,7 @@ func (d *demo) simulateAWS(ctx context.Context, out io.Writer) error {
 		}
 	}
 	// An instance of an account no policy allows.
-	if d.denied.imds, err = d.aws.instance(awstest.Instance{Account: "999999999999", Role: "ratings-role", PrivateIP: "172.31.3.3", InstanceID: "i-0de99999999999999"}); err != nil {
+	if d.denied.imds, err = d.aws.instance(awstest.Instance{Account: "999999999999", Role: "ratings-role", PrivateIP: "127.0.1.99", InstanceID: "i-0de99999999999999"}); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "STS %s\n", d.aws.sts.URL)
@@ -198,6 +202,9 @@ func (d *demo) startEndpoint(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	d.addrs.onboarding, d.addrs.xds, d.addrs.debugXDS, d.addrs.metrics = freeAddr(), freeAddr(), freeAddr(), freeAddr()
+	if d.appPort, err = freePort(); err != nil {
+		return err
+	}
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
 endpoint:
@@ -208,13 +215,15 @@ identity:
   aws:
     certificatesDir: %s
     stsEndpoint: %s
+mesh:
+  discoveryAddress: %s
 registration:
   gracePeriod: %s
 listen:
   onboarding: %s
   metrics: %s
   xds: %s
-`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds)
+`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds)
 	cfgFile := filepath.Join(d.work, "endpoint.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return err
@@ -256,7 +265,7 @@ listen:
 }
 
 func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm) error {
-	if err := v.startApp(); err != nil {
+	if err := v.startApp(d.appPort); err != nil {
 		return err
 	}
 	resp, err := v.onboard(ctx, d.api, d.aws.sts.URL)
@@ -269,7 +278,7 @@ func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm) error {
 	}
 	fmt.Fprintf(out, "%s registered as bookinfo/%s\n", v.imds.Instance().InstanceID, v.registration)
 	fmt.Fprintf(out, "node ID %s\n", v.bootstrap.GetNodeId())
-	if err := v.startSidecar(ctx, d.tb, sidecarSettings{discoveryAddress: d.addrs.xds, serverName: endpointHost, rootCA: d.serving.caPEM}); err != nil {
+	if err := v.startSidecar(ctx, d.tb, sidecarSettings{serverName: endpointHost, rootCA: d.serving.caPEM}); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "pilot-agent (DISABLE_ENVOY=true) in %s, token file var/run/secrets/tokens/istio-token\n", v.sidecar.WorkDir())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
@@ -38,10 +39,11 @@ type vm struct {
 	stopEnvoy    context.CancelFunc
 }
 
-// startApp starts the VM's application: an HTTP server on loopback whose
-// /ready answers 200 while the VM is healthy and 503 otherwise.
-func (v *vm) startApp() error {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// startApp starts the VM's application: an HTTP server on the VM's private
+// IP (a loopback address) and port whose /ready answers 200 while the VM is
+// healthy and 503 otherwise.
+func (v *vm) startApp(port int) error {
+	l, err := net.Listen("tcp", net.JoinHostPort(v.imds.Instance().PrivateIP, strconv.Itoa(port)))
 	if err != nil {
 		return fmt.Errorf("listen for %s's application: %w", v.name, err)
 	}
@@ -90,16 +92,16 @@ func (v *vm) onboard(ctx context.Context, api onboardingv1alpha1.OnboardingServi
 // sidecarSettings are what the demo knows about reaching Embark's xDS
 // server that the bootstrap does not carry.
 type sidecarSettings struct {
-	discoveryAddress string // the xDS listener on loopback
-	serverName       string // the name its certificate holds
-	rootCA           []byte // PEM of the CA that signed it
+	serverName string // the name its certificate holds
+	rootCA     []byte // PEM of the CA that signed it
 }
 
 // startSidecar runs Istio's pilot-agent (DISABLE_ENVOY=true) as the VM's
 // sidecar, configured from the registration's bootstrap as the onboarding
-// agent configures it: node ID parts, cluster, labels, ProxyConfig (with the
-// WorkloadGroup's readiness probe), and the bound sidecar token in its token
-// file. It then plays Envoy's part on pilot-agent's XDS socket (CDS and LDS,
+// agent configures it: node ID parts, cluster, labels, ProxyConfig (the
+// discovery address and the WorkloadGroup's readiness probe), and the bound
+// sidecar token in its token file; the xDS server's TLS is verified with
+// the demo CA. It then plays Envoy's part on pilot-agent's XDS socket (CDS and LDS,
 // ACKing every response), which makes pilot-agent open its authenticated ADS
 // stream to Embark.
 func (v *vm) startSidecar(ctx context.Context, t *demoTB, s sidecarSettings) error {
@@ -108,13 +110,7 @@ func (v *vm) startSidecar(ctx context.Context, t *demoTB, s sidecarSettings) err
 	if err := protojson.Unmarshal([]byte(b.GetProxyConfigJson()), pc); err != nil {
 		return fmt.Errorf("decode the bootstrap's ProxyConfig: %w", err)
 	}
-	// On this machine every VM is 127.0.0.1: the xDS server is reached on
-	// loopback, and the readiness probe reaches the application there.
-	pc.DiscoveryAddress = s.discoveryAddress
 	pc.ControlPlaneAuthPolicy = meshconfig.AuthenticationPolicy_MUTUAL_TLS
-	if p := pc.GetReadinessProbe().GetHttpGet(); p != nil {
-		p.Host = "127.0.0.1"
-	}
 	v.sidecar = istioagent.Start(t, istioagent.Options{
 		PodName:        v.registration,
 		PodNamespace:   "bookinfo",
