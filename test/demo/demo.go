@@ -142,6 +142,9 @@ func (d *demo) applySeeds(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if d.appPort, err = freePort(); err != nil {
+		return err
+	}
 	for _, ns := range []string{"bookinfo", "istio-system"} {
 		if err := d.env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			return err
@@ -154,6 +157,12 @@ func (d *demo) applySeeds(ctx context.Context, out io.Writer) error {
 	seeds := filepath.Join(root, "api/crds/testdata/seed004")
 	args := []string{"apply", "-f", filepath.Join(seeds, "workloadgroup.yaml"), "-f", filepath.Join(seeds, "policy-narrow-ec2-subset.yaml"), "-f", filepath.Join(seeds, "sidecar.yaml")}
 	if err := d.kubectl(ctx, out, args...); err != nil {
+		return err
+	}
+	// The seed's WorkloadGroup has no probe; the demo adds one that each
+	// VM's sidecar runs against its application.
+	probe := fmt.Sprintf(`{"spec":{"probe":{"periodSeconds":1,"failureThreshold":1,"successThreshold":1,"httpGet":{"path":"/ready","port":%d}}}}`, d.appPort)
+	if err := d.kubectl(ctx, out, "patch", "workloadgroup", "ratings", "-n", "bookinfo", "--type=merge", "-p", probe); err != nil {
 		return err
 	}
 	return checkCreated(ctx, d.env, "bookinfo")
@@ -202,9 +211,7 @@ func (d *demo) startEndpoint(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	d.addrs.onboarding, d.addrs.xds, d.addrs.debugXDS, d.addrs.metrics = freeAddr(), freeAddr(), freeAddr(), freeAddr()
-	if d.appPort, err = freePort(); err != nil {
-		return err
-	}
+
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
 endpoint:
