@@ -27,6 +27,11 @@ import (
 )
 
 func main() {
+	// The simulated VMs' onboarding agents run the demo binary as their
+	// systemctl to restart and stop the sidecar (see sidecarUnit).
+	if len(os.Args) > 1 && os.Args[1] == systemctlArg {
+		os.Exit(systemctl(os.Args[2:]))
+	}
 	// Libraries that log through controller-runtime's logger or klog: keep
 	// them quiet (the endpoint logs to a file in the demo's directory).
 	ctrllog.SetLogger(logr.Discard())
