@@ -158,3 +158,31 @@ func sortedKeys(m map[string]string) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// checkSynced checks `istioctl proxy-status -v 1` output: n proxies, each
+// with every one of types SYNCED (sent and ACKed).
+func checkSynced(out string, n int, types ...string) error {
+	t, err := parseTable(out)
+	if err != nil {
+		return err
+	}
+	if len(t.rows) != n {
+		return fmt.Errorf("%d proxies listed, want %d", len(t.rows), n)
+	}
+	var problems []string
+	for _, typ := range types {
+		col, err := t.column("NAME", typ)
+		if err != nil {
+			return err
+		}
+		for _, name := range sortedKeys(col) {
+			if !strings.HasPrefix(col[name], "SYNCED") {
+				problems = append(problems, fmt.Sprintf("%s: %s is %q, want SYNCED", name, typ, col[name]))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s", strings.Join(problems, "; "))
+	}
+	return nil
+}

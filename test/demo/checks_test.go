@@ -161,3 +161,14 @@ func checkErr(t *testing.T, err error, want string) {
 		t.Errorf("error %q, want one containing %q", err, want)
 	}
 }
+
+func TestCheckSynced(t *testing.T) {
+	out := `NAME                  CLUSTER        CDS               LDS               EDS          RDS          ECDS         ISTIOD            VERSION
+vm-1.bookinfo         Kubernetes     SYNCED (2s)       SYNCED (2s)       NOT SENT     NOT SENT     NOT SENT     embark-demo-0     1.31-dev
+vm-2.bookinfo         Kubernetes     SYNCED (1s)       STALE (1s)        NOT SENT     NOT SENT     NOT SENT     embark-demo-0     1.31-dev
+`
+	checkErr(t, checkSynced(out, 2, "CDS"), "")
+	checkErr(t, checkSynced(out, 2, "CDS", "LDS"), `vm-2.bookinfo: LDS is "STALE (1s)", want SYNCED`)
+	checkErr(t, checkSynced(out, 3, "CDS"), "2 proxies listed, want 3")
+	checkErr(t, checkSynced(out, 2, "XDS"), "columns NAME and XDS expected")
+}

@@ -365,6 +365,21 @@ func (d *demo) proxyStatus(ctx context.Context, out io.Writer) error {
 		return checkProxyStatus(s, want)
 	})
 	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
+	if err != nil {
+		return err
+	}
+	// Per type: the configuration Embark serves reached each sidecar
+	// (through pilot-agent, to the Envoy part the demo plays) and was ACKed.
+	args = append(args, "-v", "1")
+	err = eventually(ctx, waitFor, func() error {
+		s, err := istioagent.Istioctl(ctx, d.tb, args...)
+		if err != nil {
+			return err
+		}
+		shown = s
+		return checkSynced(s, len(want), "CDS", "LDS")
+	})
+	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
 	return err
 }
 
