@@ -115,6 +115,13 @@ type replica struct {
 
 func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 	t.Helper()
+	return startReplicaWith(t, name, clock, nil)
+}
+
+// startReplicaWith starts a replica whose health reports go to the sink sink
+// makes (nil: recorded in replica.health).
+func startReplicaWith(t *testing.T, name string, clock func() time.Time, sink func(context.Context, *registry.Connections) (HealthSink, func())) *replica {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: name, Logger: log, Clock: clock})
@@ -122,10 +129,15 @@ func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 		t.Fatal(err)
 	}
 	health := &recordingHealth{}
+	var hs HealthSink = health
+	stopSink := func() {}
+	if sink != nil {
+		hs, stopSink = sink(ctx, conns)
+	}
 	srv, err := NewServer(ctx, Options{
 		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: env.Client, Informers: informers,
-		Health: health, Logger: log,
+		Health: hs, Logger: log,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -158,6 +170,7 @@ func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 			cancel()
 			wg.Wait()
 			conns.Wait()
+			stopSink()
 		})
 	}
 	t.Cleanup(r.stop)
@@ -515,6 +528,30 @@ func TestAStaleDisconnectDoesNotOverwriteANewerConnect(t *testing.T) {
 	}
 	onB.cancel()
 	waitState(t, w.key, disconnected("replica-b"))
+}
+
+// TestDeltaHealthReports checks that HealthInformation requests on a Delta
+// stream are reports, as Istio's agent sends them (no error detail: healthy).
+func TestDeltaHealthReports(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	w := register(t, env.Namespace(t), "i-0000000000000000d", "10.0.4.2")
+	c, err := open(t, dial(t, r.addr), true, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, detail := range []*rpcstatus.Status{{Code: int32(codes.Internal), Message: "HTTP probe failed with statuscode: 503"}, nil} {
+		if err := c.delta.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: TypeHealthInformation, ErrorDetail: detail}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return len(r.health.all()) == 2 })
+	got := r.health.all()
+	if got[0].Healthy || got[0].Message != "HTTP probe failed with statuscode: 503" || !got[1].Healthy || got[1].Message != "" || got[1].At.IsZero() {
+		t.Errorf("delta health reports = %+v", got)
+	}
+	if r.conns.Streams(w.key) != 1 {
+		t.Error("health reports changed the stream count")
+	}
 }
 
 func TestHealthReportsAreNotSubscriptions(t *testing.T) {

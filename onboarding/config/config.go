@@ -33,6 +33,7 @@ const (
 	DefaultTokenExpiration    = time.Hour
 	DefaultGracePeriod        = 5 * time.Minute
 	DefaultPropagationDelay   = 5 * time.Second
+	DefaultHealthDamping      = 10 * time.Second
 	DefaultNamespace          = "istio-system"
 	DefaultSigningKeySecret   = "onboarding-token-signing-key"
 	DefaultClusterID          = "Kubernetes"
@@ -175,6 +176,11 @@ type Registration struct {
 	WriteBurst int     `json:"writeBurst,omitempty"`
 	// SweepRatePerSecond limits grace-period deletions. Default 20.
 	SweepRatePerSecond float64 `json:"sweepRatePerSecond,omitempty"`
+	// HealthDamping is the window of the health flapping rule
+	// (docs/health.md): a flip of a workload whose probe changed status less
+	// than this before is stored only once it has lasted this long. 0
+	// disables damping. Default 10s.
+	HealthDamping *metav1.Duration `json:"healthDamping,omitempty"`
 }
 
 // Listen holds listen addresses.
@@ -284,6 +290,9 @@ func (c *Configuration) SetDefaults() {
 	if r.PropagationDelay == nil {
 		r.PropagationDelay = &metav1.Duration{Duration: DefaultPropagationDelay}
 	}
+	if r.HealthDamping == nil {
+		r.HealthDamping = &metav1.Duration{Duration: DefaultHealthDamping}
+	}
 	if r.WriteQPS == 0 {
 		r.WriteQPS = defaultWriteQPS
 	}
@@ -362,6 +371,9 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.Registration.PropagationDelay.Duration < 0 {
 		errs = append(errs, field.Invalid(r.Child("propagationDelay"), c.Registration.PropagationDelay.Duration.String(), "must not be negative"))
+	}
+	if c.Registration.HealthDamping.Duration < 0 {
+		errs = append(errs, field.Invalid(r.Child("healthDamping"), c.Registration.HealthDamping.Duration.String(), "must not be negative"))
 	}
 	if c.Registration.WriteQPS < 0 {
 		errs = append(errs, field.Invalid(r.Child("writeQPS"), c.Registration.WriteQPS, "must be positive"))

@@ -244,6 +244,25 @@ func Run(ctx context.Context, opts Options) error {
 		return ctx.Err()
 	}
 
+	// Health reports mirrored onto WorkloadEntries, written until shutdown
+	// like the connection states.
+	healthMetrics, err := registry.NewHealthMetrics(reg, informers)
+	if err != nil {
+		return err
+	}
+	damping := cfg.Registration.HealthDamping.Duration
+	if damping == 0 {
+		damping = -1 // 0 in the file disables damping
+	}
+	healthMirror, err := registry.NewHealthMirror(trackerCtx, registry.HealthOptions{
+		Client: apiReader, Connections: conns, Damping: damping, Metrics: healthMetrics, Logger: log,
+		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { stopTracker(); healthMirror.Wait() }()
+
 	// What each sidecar is served: translated from the cached Sidecars,
 	// Services, EndpointSlices, ServiceEntries and WorkloadEntries.
 	for _, l := range configsource.Watched() {
@@ -271,7 +290,7 @@ func Run(ctx context.Context, opts Options) error {
 	xdsServer, err := xds.NewServer(ctx, xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: apiReader, Informers: informers,
-		ClusterID: cfg.Mesh.ClusterID, Logger: log,
+		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
 		Config: configSource, NACKMetrics: nackMetrics,
 	})
 	if err != nil {
@@ -391,6 +410,9 @@ func Run(ctx context.Context, opts Options) error {
 	dg.Stop()
 	if err := conns.Flush(shutdownCtx); err != nil {
 		log.Error("connection states not stored at shutdown; the sweeper's replica leases cover them", "error", err)
+	}
+	if err := healthMirror.Flush(shutdownCtx); err != nil {
+		log.Error("health reports not stored at shutdown; the sidecars report again when they reconnect", "error", err)
 	}
 	stopTracker()
 	conns.Wait()
