@@ -119,6 +119,8 @@ func (d *demo) steps() []step {
 		step{"kubectl get workloadentries: one per VM, connected to this replica", d.listWorkloadEntries},
 		step{"kubectl describe war " + d.vms[0].name + "'s registration", d.describeRegistration},
 		step{"istioctl proxy-status: the sidecars connected to Embark's xDS server", d.proxyStatus},
+		step{"health flip: " + d.vms[0].name + "'s application fails its readiness probe, then recovers: WorkloadEntry Healthy follows",
+			func(ctx context.Context, out io.Writer) error { return d.healthFlip(ctx, out, d.vms[0]) }},
 		step{"an instance of an account no OnboardingPolicy allows is refused", d.refuse},
 		step{"stop " + last.name + "'s sidecar: its registration shows the disconnect", func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
 		step{fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.name, gracePeriod),
@@ -225,6 +227,8 @@ identity:
 mesh:
   discoveryAddress: %s
 registration:
+  # Health flips are stored at once (no damping), to show them quickly.
+  healthDamping: 0s
   gracePeriod: %s
 listen:
   onboarding: %s
@@ -381,6 +385,62 @@ func (d *demo) proxyStatus(ctx context.Context, out io.Writer) error {
 	})
 	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
 	return err
+}
+
+func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
+	cols := `NAME:.metadata.name,HEALTHY:.status.conditions[?(@.type=="Healthy")].status,REASON:.status.conditions[?(@.type=="Healthy")].reason,MESSAGE:.status.conditions[?(@.type=="Healthy")].message`
+	healthy := func(unhealthy *vm) map[string]string {
+		want := map[string]string{}
+		for _, o := range d.vms {
+			want[o.registration] = "True"
+		}
+		if unhealthy != nil {
+			want[unhealthy.registration] = "False"
+		}
+		return want
+	}
+	show := func(want map[string]string) error {
+		if err := d.showChecked(ctx, out, func(s string) error {
+			t, err := parseTable(s)
+			if err != nil {
+				return err
+			}
+			got, err := t.column("NAME", "HEALTHY")
+			if err != nil {
+				return err
+			}
+			return compare("WorkloadEntry", "HEALTHY", got, want)
+		}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols); err != nil {
+			return err
+		}
+		wars := map[string]string{}
+		for name, h := range want {
+			wars[name] = h
+		}
+		return d.showChecked(ctx, out, func(s string) error {
+			t, err := parseTable(s)
+			if err != nil {
+				return err
+			}
+			got, err := t.column("NAME", "HEALTHY")
+			if err != nil {
+				return err
+			}
+			return compare("registration", "HEALTHY", got, wars)
+		}, "get", "war", "-n", "bookinfo", "-o", "wide")
+	}
+	fmt.Fprintf(out, "every sidecar probes its application (GET /ready on port %d of its IP, every 1s):\n", d.appPort)
+	if err := show(healthy(nil)); err != nil {
+		return err
+	}
+	v.healthy.Store(false)
+	fmt.Fprintf(out, "\n%s's application now answers /ready with 503:\n", v.name)
+	if err := show(healthy(v)); err != nil {
+		return err
+	}
+	v.healthy.Store(true)
+	fmt.Fprintf(out, "\n%s's application recovers:\n", v.name)
+	return show(healthy(nil))
 }
 
 func (d *demo) refuse(ctx context.Context, out io.Writer) error {
