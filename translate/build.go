@@ -20,6 +20,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/types/known/durationpb"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 )
 
 // DefaultEgressBind is where egress listeners bind when a Sidecar egress
@@ -69,6 +70,8 @@ type builder struct {
 	bound map[string]string
 	// podSA maps "<namespace>/<pod>" to the pod's service account.
 	podSA map[string]string
+	// slices maps "<namespace>/<service>" to the Service's EndpointSlices.
+	slices map[string][]*discoveryv1.EndpointSlice
 }
 
 func newBuilder(in *Inputs) *builder {
@@ -83,6 +86,13 @@ func newBuilder(in *Inputs) *builder {
 		endpoints: map[string]*endpointv3.ClusterLoadAssignment{},
 		bound:     map[string]string{},
 		podSA:     map[string]string{},
+		slices:    map[string][]*discoveryv1.EndpointSlice{},
+	}
+	for _, es := range in.EndpointSlices {
+		if es != nil && es.Labels[discoveryv1.LabelServiceName] != "" {
+			key := es.Namespace + "/" + es.Labels[discoveryv1.LabelServiceName]
+			b.slices[key] = append(b.slices[key], es)
+		}
 	}
 	if b.root == "" {
 		b.root = DefaultRootNamespace

@@ -174,10 +174,7 @@ func loadAssignment(name string, eps []endpoint) *endpointv3.ClusterLoadAssignme
 // Service's namespace its selector selects.
 func (b *builder) serviceEndpoints(svc *corev1.Service, sp corev1.ServicePort) []endpoint {
 	var out []endpoint
-	for _, es := range b.in.EndpointSlices {
-		if es == nil || es.Namespace != svc.Namespace || es.Labels[discoveryv1.LabelServiceName] != svc.Name {
-			continue
-		}
+	for _, es := range b.slices[svc.Namespace+"/"+svc.Name] {
 		if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
 		}
