@@ -114,29 +114,37 @@ func (b *builder) outboundCluster(d destination) string {
 }
 
 // sans are the SPIFFE IDs the destination's endpoints may present: those of
-// their service accounts (plus a ServiceEntry's subjectAltNames); when none
-// is known, any identity of the destination's namespace.
+// their service accounts plus a ServiceEntry's subjectAltNames. When an
+// endpoint's service account is unknown (no Pods given, an entry without
+// one) and the ServiceEntry names no subjectAltNames, any identity of the
+// destination's namespace is accepted as well, so that endpoint is not
+// locked out.
 func (b *builder) sans(d destination, eps []endpoint) []*tlsv3.SubjectAltNameMatcher {
 	set := map[string]bool{}
+	unknown := len(eps) == 0
 	for _, e := range eps {
 		if e.sa != "" {
 			set[b.spiffeID(d.ns, e.sa)] = true
+		} else {
+			unknown = true
 		}
 	}
-	if d.se != nil {
+	if d.se != nil && len(d.se.Spec.GetSubjectAltNames()) > 0 {
+		unknown = false
 		for _, s := range d.se.Spec.GetSubjectAltNames() {
 			set[s] = true
 		}
-	}
-	if len(set) == 0 {
-		return prefixSAN(fmt.Sprintf("spiffe://%s/ns/%s/", b.trust, d.ns))
 	}
 	ids := make([]string, 0, len(set))
 	for id := range set {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	return exactSANs(ids)
+	out := exactSANs(ids)
+	if unknown {
+		out = append(out, prefixSAN(fmt.Sprintf("spiffe://%s/ns/%s/", b.trust, d.ns))...)
+	}
+	return out
 }
 
 // SpiffeID is the identity of a service account: spiffe://<td>/ns/<ns>/sa/<sa>.
