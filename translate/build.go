@@ -183,11 +183,11 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 		bind := b.in.Workload.Address
 		if ing.GetBind() != "" {
 			bind = ing.GetBind()
-			if _, err := netip.ParseAddr(bind); err != nil {
+			if _, err := parseIP(bind); err != nil {
 				return b.fail(field+".bind", "%q is not an IP address", bind)
 			}
 		}
-		if _, err := netip.ParseAddr(bind); err != nil {
+		if _, err := parseIP(bind); err != nil {
 			return fmt.Errorf("workload %s/%s has no IP address to bind ingress %s to (%q)", b.in.Workload.Namespace, b.in.Workload.Name, field, bind)
 		}
 		upstream, err := b.defaultEndpoint(ing.GetDefaultEndpoint())
@@ -261,7 +261,7 @@ func (b *builder) defaultEndpoint(s string) (*corev3.Address, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%q is not <ip>:<port> or unix://<path>", s)
 	}
-	ip, err := netip.ParseAddr(host)
+	ip, err := parseIP(host)
 	if err != nil {
 		return nil, fmt.Errorf("%q: %q is not an IP address", s, host)
 	}
@@ -344,3 +344,16 @@ func sortedValues[T types.Resource](m map[string]T) []types.Resource {
 }
 
 func resourceName(r types.Resource) string { return cachev3.GetResourceName(r) }
+
+// parseIP accepts an IPv4 or IPv6 address without a zone (Envoy socket
+// addresses have no zone).
+func parseIP(s string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return ip, err
+	}
+	if ip.Zone() != "" {
+		return ip, fmt.Errorf("%q has a zone", s)
+	}
+	return ip, nil
+}

@@ -93,7 +93,7 @@ func (b *builder) outboundCluster(d destination) string {
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource()}
 		ipEps := eps[:0:0]
 		for _, e := range eps {
-			if _, err := netip.ParseAddr(e.addr); err != nil {
+			if _, err := parseIP(e.addr); err != nil {
 				b.warn("%s: endpoint address %q is not an IP address; left out", name, e.addr)
 				continue
 			}

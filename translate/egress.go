@@ -2,7 +2,6 @@ package translate
 
 import (
 	"fmt"
-	"net/netip"
 	"sort"
 	"strings"
 
@@ -154,7 +153,7 @@ func (b *builder) egress(sc *istionetworkingv1.Sidecar) error {
 		bind := DefaultEgressBind
 		if eg.GetBind() != "" {
 			bind = eg.GetBind()
-			if _, err := netip.ParseAddr(bind); err != nil {
+			if _, err := parseIP(bind); err != nil {
 				return b.fail(field+".bind", "%q is not an IP address", bind)
 			}
 		}
