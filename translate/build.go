@@ -44,6 +44,7 @@ func Translate(in *Inputs) (*Result, error) {
 		return res, nil
 	}
 	b.sidecarName = sc.Namespace + "/" + sc.Name
+	b.warnIgnored(sc)
 	if err := b.ingress(sc); err != nil {
 		return nil, err
 	}
@@ -356,4 +357,30 @@ func parseIP(s string) (netip.Addr, error) {
 		return ip, fmt.Errorf("%q has a zone", s)
 	}
 	return ip, nil
+}
+
+// warnIgnored names the Sidecar fields that are set but not translated.
+func (b *builder) warnIgnored(sc *istionetworkingv1.Sidecar) {
+	if sc.Spec.GetOutboundTrafficPolicy().GetMode().String() == "ALLOW_ANY" {
+		b.warn("spec.outboundTrafficPolicy: ALLOW_ANY is not translated; hosts not selected by the egress listeners get 404 or no listener")
+	}
+	if sc.Spec.GetInboundConnectionPool() != nil {
+		b.warn("spec.inboundConnectionPool is not translated")
+	}
+	for i, ing := range sc.Spec.GetIngress() {
+		if ing.GetTls() != nil {
+			b.warn("spec.ingress[%d].tls is not translated: the sidecar does not terminate the application's TLS", i)
+		}
+		if ing.GetConnectionPool() != nil {
+			b.warn("spec.ingress[%d].connectionPool is not translated", i)
+		}
+		if ing.GetCaptureMode().String() == "IPTABLES" {
+			b.warn("spec.ingress[%d].captureMode IPTABLES is not translated: onboarded workloads have no traffic capture", i)
+		}
+	}
+	for i, eg := range sc.Spec.GetEgress() {
+		if eg.GetCaptureMode().String() == "IPTABLES" {
+			b.warn("spec.egress[%d].captureMode IPTABLES is not translated: onboarded workloads have no traffic capture", i)
+		}
+	}
 }
