@@ -7,6 +7,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -228,8 +229,9 @@ func Run(ctx context.Context, opts Options) error {
 		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
-		Writes:   registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
-		Recorder: recorder, Metrics: lifecycleMetrics, Logger: log,
+		RemovalBurst: cfg.Registration.SweepBurst,
+		Writes:       registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Recorder:     recorder, Metrics: lifecycleMetrics, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -287,11 +289,15 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 
+	xdsMetrics, err := xds.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
 	xdsServer, err := xds.NewServer(ctx, xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: apiReader, Informers: informers,
 		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
-		Config: configSource, NACKMetrics: nackMetrics,
+		Config: configSource, NACKMetrics: nackMetrics, Metrics: xdsMetrics,
 	})
 	if err != nil {
 		return err
@@ -299,6 +305,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	grpcOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor())}
 	var xdsOpts []grpc.ServerOption
+	var servingTLS *tls.Config // nil when plaintext; the local repository serves with it
 	switch {
 	case cfg.Endpoint.Plaintext:
 		log.Warn("serving the onboarding API WITHOUT TLS (endpoint.plaintext): for tests on loopback only")
@@ -309,6 +316,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		servingTLS = src.TLSConfig()
 	default:
 		src, err := servingcert.FromFiles(ctx, cfg.Endpoint.CertFile, cfg.Endpoint.KeyFile, 0, log)
 		if err != nil {
@@ -316,6 +324,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		servingTLS = src.TLSConfig()
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	xdsServer.Register(xg)
@@ -350,6 +359,16 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("listen on %s (xDS debug): %w", opts.DebugXDS, err)
 		}
 	}
+	repo, err := startRepository(cfg, servingTLS, log)
+	if err != nil {
+		_ = lis.Close()
+		_ = mlis.Close()
+		_ = xlis.Close()
+		if dlis != nil {
+			_ = dlis.Close()
+		}
+		return err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -371,6 +390,9 @@ func Run(ctx context.Context, opts Options) error {
 	go func() { errc <- g.Serve(lis) }()
 	go func() { errc <- msrv.Serve(mlis) }()
 	go func() { errc <- xg.Serve(xlis) }()
+	if repo != nil {
+		go func() { errc <- repo.serve() }()
+	}
 	if dlis != nil {
 		go func() { errc <- dg.Serve(dlis) }()
 	}
@@ -397,6 +419,9 @@ func Run(ctx context.Context, opts Options) error {
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = msrv.Shutdown(shutdownCtx)
+	if repo != nil {
+		repo.shutdown(shutdownCtx)
+	}
 	stopped := make(chan struct{})
 	go func() { g.GracefulStop(); close(stopped) }()
 	select {
