@@ -7,6 +7,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -253,6 +254,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	grpcOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor())}
 	var xdsOpts []grpc.ServerOption
+	var servingTLS *tls.Config // nil when plaintext; the local repository serves with it
 	switch {
 	case cfg.Endpoint.Plaintext:
 		log.Warn("serving the onboarding API WITHOUT TLS (endpoint.plaintext): for tests on loopback only")
@@ -263,6 +265,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		servingTLS = src.TLSConfig()
 	default:
 		src, err := servingcert.FromFiles(ctx, cfg.Endpoint.CertFile, cfg.Endpoint.KeyFile, 0, log)
 		if err != nil {
@@ -270,6 +273,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		servingTLS = src.TLSConfig()
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	xdsServer.Register(xg)
@@ -304,6 +308,16 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("listen on %s (xDS debug): %w", opts.DebugXDS, err)
 		}
 	}
+	repo, err := startRepository(cfg, servingTLS, log)
+	if err != nil {
+		_ = lis.Close()
+		_ = mlis.Close()
+		_ = xlis.Close()
+		if dlis != nil {
+			_ = dlis.Close()
+		}
+		return err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -316,7 +330,7 @@ func Run(ctx context.Context, opts Options) error {
 	})
 	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
-	errc := make(chan error, 6)
+	errc := make(chan error, 7)
 	go func() {
 		if err := <-lifecycleErr; err != nil {
 			errc <- err
@@ -325,6 +339,9 @@ func Run(ctx context.Context, opts Options) error {
 	go func() { errc <- g.Serve(lis) }()
 	go func() { errc <- msrv.Serve(mlis) }()
 	go func() { errc <- xg.Serve(xlis) }()
+	if repo != nil {
+		go func() { errc <- repo.serve() }()
+	}
 	if dlis != nil {
 		go func() { errc <- dg.Serve(dlis) }()
 	}
@@ -346,6 +363,9 @@ func Run(ctx context.Context, opts Options) error {
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = msrv.Shutdown(shutdownCtx)
+	if repo != nil {
+		repo.shutdown(shutdownCtx)
+	}
 	stopped := make(chan struct{})
 	go func() { g.GracefulStop(); close(stopped) }()
 	select {
