@@ -32,6 +32,10 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == systemctlArg {
 		os.Exit(systemctl(os.Args[2:]))
 	}
+	// and run the demo binary as their onboarding agent.
+	if len(os.Args) > 1 && os.Args[1] == agentArg {
+		os.Exit(runOnboardingAgent(os.Args[2:]))
+	}
 	// Libraries that log through controller-runtime's logger or klog: keep
 	// them quiet (the endpoint logs to a file in the demo's directory).
 	ctrllog.SetLogger(logr.Discard())
