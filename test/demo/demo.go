@@ -408,10 +408,10 @@ func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
 	healthy := func(unhealthy *vm) map[string]string {
 		want := map[string]string{}
 		for _, o := range d.vms {
-			want[o.registration] = "True"
+			want[o.reg()] = "True"
 		}
 		if unhealthy != nil {
-			want[unhealthy.registration] = "False"
+			want[unhealthy.reg()] = "False"
 		}
 		return want
 	}
