@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -110,7 +111,7 @@ func (d *demo) steps() []step {
 		{fmt.Sprintf("start the onboarding endpoint (TLS, xDS, grace period shortened to %v)", gracePeriod), d.startEndpoint},
 	}
 	for _, v := range d.vms {
-		steps = append(steps, step{fmt.Sprintf("start simulated VM %s: onboard, then run pilot-agent as its sidecar", v.name),
+		steps = append(steps, step{fmt.Sprintf("start simulated VM %s: its onboarding agent onboards and starts pilot-agent as the sidecar", v.name),
 			func(ctx context.Context, out io.Writer) error { return d.startVM(ctx, out, v) }})
 	}
 	last := d.vms[len(d.vms)-1]
@@ -122,7 +123,10 @@ func (d *demo) steps() []step {
 		step{"health flip: " + d.vms[0].name + "'s application fails its readiness probe, then recovers: WorkloadEntry Healthy follows",
 			func(ctx context.Context, out io.Writer) error { return d.healthFlip(ctx, out, d.vms[0]) }},
 		step{"an instance of an account no OnboardingPolicy allows is refused", d.refuse},
-		step{"stop " + last.name + "'s sidecar: its registration shows the disconnect", func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
+		step{"kubectl delete war " + d.vms[1].name + "'s registration: its onboarding agent onboards again and restarts the sidecar",
+			func(ctx context.Context, out io.Writer) error { return d.deleteRegistration(ctx, out, d.vms[1]) }},
+		step{"power off " + last.name + " (onboarding agent killed, sidecar stopped): its registration shows the disconnect",
+			func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
 		step{fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.name, gracePeriod),
 			func(ctx context.Context, out io.Writer) error { return d.gracePeriodRemoval(ctx, out, last) }},
 	)
@@ -230,6 +234,7 @@ registration:
   # Health flips are stored at once (no damping), to show them quickly.
   healthDamping: 0s
   gracePeriod: %s
+  propagationDelay: 1s
 listen:
   onboarding: %s
   metrics: %s
@@ -279,24 +284,32 @@ func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm) error {
 	if err := v.startApp(d.appPort); err != nil {
 		return err
 	}
-	resp, err := v.onboard(ctx, d.api, d.aws.sts.URL)
+	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("onboard %s: %w", v.imds.Instance().InstanceID, err)
-	}
-	v.registration, v.bootstrap = resp.GetRegistrationName(), resp.GetBootstrap()
-	if v.bootstrap.GetSidecarToken() == "" {
-		return errors.New("the registration returned no sidecar token")
-	}
-	fmt.Fprintf(out, "%s registered as bookinfo/%s\n", v.imds.Instance().InstanceID, v.registration)
-	fmt.Fprintf(out, "node ID %s\n", v.bootstrap.GetNodeId())
-	if err := v.startSidecar(ctx, d.tb, sidecarSettings{serverName: endpointHost, rootCA: d.serving.caPEM}); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "pilot-agent (DISABLE_ENVOY=true) in %s, token file var/run/secrets/tokens/istio-token\n", v.sidecar.WorkDir())
-	if err := eventually(ctx, waitFor, func() error { return d.checkConnected(ctx, v, metav1.ConditionTrue) }); err != nil {
-		return fmt.Errorf("%w\npilot-agent's log:\n%s", err, tail(v.sidecar.Logs(), 15))
+	v.root = filepath.Join(d.work, "vms", v.name)
+	if err := v.startAgent(d.tb, agentSettings{exe: exe, endpoint: d.addrs.onboarding, serverName: endpointHost,
+		caFile: d.serving.caFile, rootCA: d.serving.caPEM, stsURL: d.aws.sts.URL}); err != nil {
+		return err
 	}
-	fmt.Fprintf(out, "AgentConnected=True (%s)\n", runtimev1alpha1.ReasonAgentEstablishedConnection)
+	fmt.Fprintf(out, "onboarding-agent started (root %s)\n", v.root)
+	// The agent onboards, writes the sidecar's bootstrap and restarts the
+	// sidecar through its unit; the sidecar connects.
+	if err := eventually(ctx, waitFor, func() error {
+		if name, restarts := v.state(); restarts == 0 {
+			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.agentLog("level="))
+		} else if name == "" {
+			return errors.New("the sidecar's cluster.env names no registration")
+		}
+		return d.checkConnected(ctx, v, metav1.ConditionTrue)
+	}); err != nil {
+		return err
+	}
+	name, _ := v.state()
+	fmt.Fprintf(out, "%s\n", v.agentLog("onboarded", "sidecar (re)started"))
+	fmt.Fprintf(out, "sidecar files written by the agent: %s, %s, %s\n", vmClusterEnv, vmMeshConfig, vmToken)
+	fmt.Fprintf(out, "pilot-agent (DISABLE_ENVOY=true) started by the agent's restart command; registration bookinfo/%s: AgentConnected=True\n", name)
 	return nil
 }
 
@@ -306,21 +319,24 @@ func (d *demo) checkConnected(ctx context.Context, v *vm, want metav1.ConditionS
 	if err := d.env.Client.Get(ctx, keyOf(v), war); err != nil {
 		return err
 	}
+	if v.uid != "" && war.UID == v.uid {
+		return fmt.Errorf("%s is still the registration %s", war.Name, v.uid)
+	}
 	for _, c := range war.Status.Conditions {
 		if c.Type == runtimev1alpha1.ConditionAgentConnected {
 			if c.Status != want {
-				return fmt.Errorf("%s: AgentConnected=%s (%s), want %s", v.registration, c.Status, c.Reason, want)
+				return fmt.Errorf("%s: AgentConnected=%s (%s), want %s", v.reg(), c.Status, c.Reason, want)
 			}
 			return nil
 		}
 	}
-	return fmt.Errorf("%s: no AgentConnected condition yet", v.registration)
+	return fmt.Errorf("%s: no AgentConnected condition yet", v.reg())
 }
 
 func (d *demo) listRegistrations(ctx context.Context, out io.Writer) error {
 	want := map[string]string{}
 	for _, v := range d.vms {
-		want["bookinfo/"+v.registration] = "True"
+		want["bookinfo/"+v.reg()] = "True"
 	}
 	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
 }
@@ -338,7 +354,7 @@ func (d *demo) listWorkloadEntries(ctx context.Context, out io.Writer) error {
 		}
 		want := map[string]string{}
 		for _, v := range d.vms {
-			want[v.registration] = replica
+			want[v.reg()] = replica
 		}
 		return compare("WorkloadEntry", "CONTROLLER", got, want)
 	}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols)
@@ -348,15 +364,15 @@ func (d *demo) describeRegistration(ctx context.Context, out io.Writer) error {
 	v := d.vms[0]
 	in := v.imds.Instance()
 	return d.showChecked(ctx, out, func(s string) error {
-		return checkContains(s, v.registration, "Instance Id:", in.InstanceID, in.PrivateIP,
+		return checkContains(s, v.reg(), "Instance Id:", in.InstanceID, in.PrivateIP,
 			runtimev1alpha1.ConditionAgentConnected, runtimev1alpha1.ReasonAgentEstablishedConnection, replica)
-	}, "describe", "war", "-n", "bookinfo", v.registration)
+	}, "describe", "war", "-n", "bookinfo", v.reg())
 }
 
 func (d *demo) proxyStatus(ctx context.Context, out io.Writer) error {
 	want := map[string]string{}
 	for _, v := range d.vms {
-		want[v.registration+".bookinfo"] = replica
+		want[v.reg()+".bookinfo"] = replica
 	}
 	args := []string{"proxy-status", "--xds-address", d.addrs.debugXDS, "--plaintext", "-r", "default"}
 	var shown string
@@ -392,10 +408,10 @@ func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
 	healthy := func(unhealthy *vm) map[string]string {
 		want := map[string]string{}
 		for _, o := range d.vms {
-			want[o.registration] = "True"
+			want[o.reg()] = "True"
 		}
 		if unhealthy != nil {
-			want[unhealthy.registration] = "False"
+			want[unhealthy.reg()] = "False"
 		}
 		return want
 	}
@@ -461,13 +477,42 @@ func (d *demo) refuse(ctx context.Context, out io.Writer) error {
 }
 
 func (d *demo) disconnect(ctx context.Context, out io.Writer, v *vm) error {
-	v.stopSidecar()
-	fmt.Fprintf(out, "pilot-agent of %s stopped\n", v.name)
+	if err := v.powerOff(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s: onboarding-agent killed (it does not unregister), pilot-agent stopped\n", v.name)
 	want := map[string]string{}
 	for _, o := range d.vms {
-		want["bookinfo/"+o.registration] = "True"
+		want["bookinfo/"+o.reg()] = "True"
 	}
-	want["bookinfo/"+v.registration] = "False"
+	want["bookinfo/"+v.reg()] = "False"
+	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
+}
+
+func (d *demo) deleteRegistration(ctx context.Context, out io.Writer, v *vm) error {
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := d.env.Client.Get(ctx, keyOf(v), war); err != nil {
+		return err
+	}
+	_, restarts := v.state()
+	if err := d.kubectl(ctx, out, "delete", "war", "-n", "bookinfo", v.reg()); err != nil {
+		return err
+	}
+	v.uid = war.UID
+	defer func() { v.uid = "" }()
+	if err := eventually(ctx, waitFor, func() error {
+		if _, n := v.state(); n == restarts {
+			return fmt.Errorf("the onboarding agent has not restarted the sidecar; its log:\n%s", v.agentLog("level="))
+		}
+		return d.checkConnected(ctx, v, metav1.ConditionTrue) // a registration with another UID
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s's onboarding agent:\n%s\n", v.name, v.agentLog("deleted", "onboarded", "sidecar (re)started"))
+	want := map[string]string{}
+	for _, o := range d.vms {
+		want["bookinfo/"+o.reg()] = "True"
+	}
 	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
 }
 
@@ -476,11 +521,11 @@ func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm) err
 	gone := func() error {
 		war := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := d.env.Client.Get(ctx, keyOf(v), war); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("registration %s still exists (%v)", v.registration, err)
+			return fmt.Errorf("registration %s still exists (%v)", v.reg(), err)
 		}
 		we := &istionetworkingv1.WorkloadEntry{}
 		if err := d.env.Client.Get(ctx, keyOf(v), we); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("WorkloadEntry %s still exists (%v)", v.registration, err)
+			return fmt.Errorf("WorkloadEntry %s still exists (%v)", v.reg(), err)
 		}
 		return nil
 	}
@@ -490,15 +535,15 @@ func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm) err
 	want := map[string]string{}
 	for _, o := range d.vms {
 		if o != v {
-			want["bookinfo/"+o.registration] = "True"
+			want["bookinfo/"+o.reg()] = "True"
 		}
 	}
 	if err := d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A"); err != nil {
 		return err
 	}
 	return d.showChecked(ctx, out, func(s string) error {
-		if strings.Contains(s, v.registration) {
-			return fmt.Errorf("WorkloadEntry %s is still listed", v.registration)
+		if strings.Contains(s, v.reg()) {
+			return fmt.Errorf("WorkloadEntry %s is still listed", v.reg())
 		}
 		return nil
 	}, "get", "workloadentries", "-n", "bookinfo")
@@ -541,7 +586,7 @@ Embark is running. Try:
     curl -s http://%s/metrics | grep ^embark_
 Onboarding API https://%s (as %s), xDS %s; logs and files in %s.
 Press Ctrl-C to stop and clean up.
-`, kc, kc, d.vms[0].registration, kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS, d.addrs.metrics,
+`, kc, kc, d.vms[0].reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS, d.addrs.metrics,
 		d.addrs.onboarding, endpointHost, d.addrs.xds, d.work)
 }
 
@@ -557,7 +602,15 @@ func (d *demo) showLogsOnFailure() {
 // cleanup stops everything, sidecars first, then the endpoint, then the
 // control plane.
 func (d *demo) cleanup() {
-	d.tb.Close() // pilot-agents and their directories
+	// Each onboarding agent unregisters and stops its sidecar, as on a VM
+	// shutting down.
+	var wg sync.WaitGroup
+	for _, v := range d.vms {
+		wg.Add(1)
+		go func() { defer wg.Done(); v.shutdownAgent() }()
+	}
+	wg.Wait()
+	d.tb.Close() // pilot-agents left
 	for _, v := range append(d.vms, d.denied) {
 		if v != nil {
 			v.close()

@@ -2,15 +2,20 @@
 // kube-apiserver + etcd with Embark's and Istio's CRDs, the onboarding
 // endpoint serving over TLS, the seed 004 bookinfo WorkloadGroup,
 // OnboardingPolicy and Sidecar, and simulated EC2 instances (loopback IMDS
-// and STS with a demo AWS certificate) that onboard through the endpoint's
-// API and run Istio's real pilot-agent (without Envoy) as their sidecar,
-// connected to Embark's xDS server with the token registration returned.
+// and STS with a demo AWS certificate), each running the real onboarding
+// agent, which onboards, writes the sidecar's bootstrap and starts Istio's
+// real pilot-agent (without Envoy) as the sidecar through the VM's
+// simulated systemd unit.
 //
 // It runs numbered steps, each printing what a user would see (kubectl,
 // istioctl) and checking it; a failed step is named with the reason and the
 // exit code is non-zero. Then it keeps everything running until Ctrl-C, or
 // exits at once when CI=true or standard input is not a terminal. Every
-// child process and temporary file is gone when it exits.
+// child process and temporary file is gone when it exits. See docs/demo.md.
+//
+// The binary has two more modes, used by the simulated VMs: `demo
+// onboarding-agent` (the VM's agent) and `demo systemctl` (its restart and
+// stop commands).
 package main
 
 import (
@@ -31,6 +36,10 @@ func main() {
 	// systemctl to restart and stop the sidecar (see sidecarUnit).
 	if len(os.Args) > 1 && os.Args[1] == systemctlArg {
 		os.Exit(systemctl(os.Args[2:]))
+	}
+	// and run the demo binary as their onboarding agent.
+	if len(os.Args) > 1 && os.Args[1] == agentArg {
+		os.Exit(runOnboardingAgent(os.Args[2:]))
 	}
 	// Libraries that log through controller-runtime's logger or klog: keep
 	// them quiet (the endpoint logs to a file in the demo's directory).

@@ -26,6 +26,7 @@ import (
 // servingCert is the endpoint's demo TLS certificate and the CA that signed it.
 type servingCert struct {
 	certFile, keyFile string
+	caFile            string // the CA's PEM, as the VMs trust it
 	caPEM             []byte
 	pool              *x509.CertPool
 }
@@ -62,10 +63,13 @@ func writeServingCert(dir, host string) (servingCert, error) {
 	if err != nil {
 		return servingCert{}, err
 	}
-	sc := servingCert{certFile: filepath.Join(dir, "tls.crt"), keyFile: filepath.Join(dir, "tls.key"),
+	sc := servingCert{certFile: filepath.Join(dir, "tls.crt"), keyFile: filepath.Join(dir, "tls.key"), caFile: filepath.Join(dir, "demo-ca.pem"),
 		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pool: x509.NewCertPool()}
 	sc.pool.AddCert(ca)
 	if err := os.WriteFile(sc.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return servingCert{}, err
+	}
+	if err := os.WriteFile(sc.caFile, sc.caPEM, 0o644); err != nil {
 		return servingCert{}, err
 	}
 	if err := os.WriteFile(sc.keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
@@ -90,7 +94,7 @@ func checkCreated(ctx context.Context, env *testenv.Env, ns string) error {
 }
 
 func keyOf(v *vm) types.NamespacedName {
-	return types.NamespacedName{Namespace: "bookinfo", Name: v.registration}
+	return types.NamespacedName{Namespace: "bookinfo", Name: v.reg()}
 }
 
 // mustAssets is where `make testenv` put istioctl (for the hint printed at

@@ -5,15 +5,16 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os/exec"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/encoding/protojson"
-	meshconfig "istio.io/api/mesh/v1alpha1"
+	"k8s.io/apimachinery/pkg/types"
 
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/endpoint"
@@ -32,11 +33,35 @@ type vm struct {
 	appAddr string
 	healthy atomic.Bool
 
-	registration string // name of its WorkloadAutoRegistration, once onboarded
-	bootstrap    *onboardingv1alpha1.SidecarBootstrap
+	// root is the VM's root directory: its onboarding agent's configuration
+	// and log, the sidecar files the agent writes, pilot-agent's working
+	// directory.
+	root      string
+	settings  agentSettings
+	unit      *sidecarUnit
+	agent     *exec.Cmd
+	agentDone chan error
+	uid       types.UID // a registration it must no longer be (re-onboarding)
+
+	mu           sync.Mutex // guards the fields below (the unit runs commands concurrently with the steps)
+	registration string     // name of its WorkloadAutoRegistration, from the sidecar's bootstrap
+	restarts     int        // sidecar restarts by the onboarding agent
 	sidecar      *istioagent.Agent
 	envoy        *istioagent.Client
 	stopEnvoy    context.CancelFunc
+}
+
+// reg returns the name of the VM's registration.
+func (v *vm) reg() string {
+	name, _ := v.state()
+	return name
+}
+
+// state returns the VM's registration name and its sidecar restarts so far.
+func (v *vm) state() (string, int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.registration, v.restarts
 }
 
 // startApp starts the VM's application: an HTTP server on the VM's private
@@ -63,7 +88,7 @@ func (v *vm) startApp(port int) error {
 	return nil
 }
 
-// onboard does what the onboarding agent on the VM does: read the platform
+// onboard does, once, what the onboarding agent on the VM does: read the platform
 // credential from IMDS (document, signature, a signed STS request), get an
 // onboarding token (Authorize) and register (Register).
 func (v *vm) onboard(ctx context.Context, api onboardingv1alpha1.OnboardingServiceClient, stsURL string) (*onboardingv1alpha1.RegisterResponse, error) {
@@ -89,48 +114,14 @@ func (v *vm) onboard(ctx context.Context, api onboardingv1alpha1.OnboardingServi
 	})
 }
 
-// sidecarSettings are what the demo knows about reaching Embark's xDS
-// server that the bootstrap does not carry.
-type sidecarSettings struct {
-	serverName string // the name its certificate holds
-	rootCA     []byte // PEM of the CA that signed it
-}
-
-// startSidecar runs Istio's pilot-agent (DISABLE_ENVOY=true) as the VM's
-// sidecar, configured from the registration's bootstrap as the onboarding
-// agent configures it: node ID parts, cluster, labels, ProxyConfig (the
-// discovery address and the WorkloadGroup's readiness probe), and the bound
-// sidecar token in its token file; the xDS server's TLS is verified with
-// the demo CA. It then plays Envoy's part on pilot-agent's XDS socket (CDS and LDS,
-// ACKing every response), which makes pilot-agent open its authenticated ADS
-// stream to Embark.
-func (v *vm) startSidecar(ctx context.Context, t *demoTB, s sidecarSettings) error {
-	b := v.bootstrap
-	pc := &meshconfig.ProxyConfig{}
-	if err := protojson.Unmarshal([]byte(b.GetProxyConfigJson()), pc); err != nil {
-		return fmt.Errorf("decode the bootstrap's ProxyConfig: %w", err)
-	}
-	pc.ControlPlaneAuthPolicy = meshconfig.AuthenticationPolicy_MUTUAL_TLS
-	v.sidecar = istioagent.Start(t, istioagent.Options{
-		PodName:        v.registration,
-		PodNamespace:   "bookinfo",
-		InstanceIP:     b.GetInstanceIp(),
-		ClusterID:      b.GetClusterId(),
-		ServiceAccount: b.GetServiceAccount(),
-		Labels:         b.GetLabels(),
-		ProxyConfig:    pc,
-		XDSRootCA:      s.rootCA,
-		IstiodSAN:      s.serverName,
-		Token:          b.GetSidecarToken(),
-	})
-	return v.connectEnvoy(ctx)
-}
-
 // connectEnvoy opens the stream Envoy would open on pilot-agent's XDS
 // socket and ACKs whatever arrives until the stream ends.
 func (v *vm) connectEnvoy(ctx context.Context) error {
 	ectx, cancel := context.WithCancel(ctx)
-	c, err := istioagent.Connect(ectx, v.sidecar)
+	v.mu.Lock()
+	sidecar := v.sidecar
+	v.mu.Unlock()
+	c, err := istioagent.Connect(ectx, sidecar)
 	if err != nil {
 		cancel()
 		return err
@@ -141,7 +132,9 @@ func (v *vm) connectEnvoy(ctx context.Context) error {
 			return err
 		}
 	}
+	v.mu.Lock()
 	v.envoy, v.stopEnvoy = c, cancel
+	v.mu.Unlock()
 	go func() {
 		for {
 			resp, err := c.Recv(ectx)
@@ -159,12 +152,16 @@ func (v *vm) connectEnvoy(ctx context.Context) error {
 // stopSidecar stops pilot-agent, as when the VM's sidecar is stopped or the
 // VM goes away.
 func (v *vm) stopSidecar() {
-	if v.stopEnvoy != nil {
-		v.stopEnvoy()
-		_ = v.envoy.Close()
+	v.mu.Lock()
+	stopEnvoy, envoy, sidecar := v.stopEnvoy, v.envoy, v.sidecar
+	v.stopEnvoy, v.envoy = nil, nil
+	v.mu.Unlock()
+	if stopEnvoy != nil {
+		stopEnvoy()
+		_ = envoy.Close()
 	}
-	if v.sidecar != nil {
-		v.sidecar.Stop()
+	if sidecar != nil {
+		sidecar.Stop()
 	}
 }
 
