@@ -25,10 +25,23 @@ import (
 // Fuzzing starts no control plane (see Fuzzing): *env stays nil there, so
 // fuzz targets must not use it.
 func Main(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) {
+	os.Exit(Run(m, opts, env, setup...))
+}
+
+// Run is Main without the exit: it returns the exit code once the tests ran
+// and the control plane stopped, so that TestMain can check more, e.g. that
+// no goroutine outlived the tests:
+//
+//	func TestMain(m *testing.M) {
+//		code := testenv.Run(m, testenv.Options{}, &env)
+//		if code == 0 && goleak.Find() != nil { code = 1 }
+//		os.Exit(code)
+//	}
+func Run(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) int {
 	if Fuzzing() {
-		os.Exit(m.Run())
+		return m.Run()
 	}
-	os.Exit(run(m, opts, env, setup))
+	return run(m, opts, env, setup)
 }
 
 // Fuzzing reports whether this test process only fuzzes: a fuzz worker
