@@ -60,12 +60,17 @@ type Cluster struct {
 	GracePeriod time.Duration
 	// Dir holds configuration files and logs.
 	Dir string
+	// Pprof makes each replica serve Go profiles on a loopback address
+	// (Replica.Pprof, the endpoint's -pprof flag).
+	Pprof bool
 }
 
 // Replica is one endpoint process.
 type Replica struct {
 	Name                     string
 	Onboarding, XDS, Metrics string
+	// Pprof is the address of the replica's /debug/pprof/ (Cluster.Pprof).
+	Pprof   string
 	cluster                  *Cluster
 	config, log              string
 	mu                       sync.Mutex
@@ -77,12 +82,18 @@ type Replica struct {
 // NewReplica allocates addresses and writes the configuration of a replica.
 func (c *Cluster) NewReplica(name string) (*Replica, error) {
 	r := &Replica{Name: name, cluster: c}
+	var err error
 	for _, a := range []*string{&r.Onboarding, &r.XDS, &r.Metrics} {
 		addr, err := FreeAddr()
 		if err != nil {
 			return nil, err
 		}
 		*a = addr
+	}
+	if c.Pprof {
+		if r.Pprof, err = FreeAddr(); err != nil {
+			return nil, err
+		}
 	}
 	certs := filepath.Join(c.Dir, "aws-certs")
 	if err := os.MkdirAll(certs, 0o755); err != nil {
@@ -133,7 +144,11 @@ func (r *Replica) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(r.cluster.Binary, "-config", r.config, "-kubeconfig", r.cluster.Kubeconfig, "-replica", r.Name, "-debug-xds", "off")
+	args := []string{"-config", r.config, "-kubeconfig", r.cluster.Kubeconfig, "-replica", r.Name, "-debug-xds", "off"}
+	if r.Pprof != "" {
+		args = append(args, "-pprof", r.Pprof)
+	}
+	cmd := exec.Command(r.cluster.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close()
@@ -269,6 +284,32 @@ func parseMetrics(body io.Reader, names []string) (map[string]float64, error) {
 		}
 	}
 	return out, nil
+}
+
+// HeapProfile writes the replica's heap profile, taken after a garbage
+// collection, to path (Cluster.Pprof must be set). Compare two with
+// `go tool pprof -base first second`.
+func (r *Replica) HeapProfile(path string) error {
+	if r.Pprof == "" {
+		return fmt.Errorf("replica %s serves no profiles (Cluster.Pprof)", r.Name)
+	}
+	resp, err := http.Get("http://" + r.Pprof + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("heap profile of %s: %s", r.Name, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // Register makes t clean the replica up.

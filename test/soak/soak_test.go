@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -64,7 +65,11 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cluster := &endpointproc.Cluster{Binary: bin, Kubeconfig: env.KubeconfigPath, Namespace: ns, CA: ca, GracePeriod: grace, Dir: t.TempDir()}
+	// SOAK_PROFILE_DIR: write a heap profile of the endpoint at every
+	// sample (heap-<n>.pb.gz), for `go tool pprof -base`.
+	profileDir := os.Getenv("SOAK_PROFILE_DIR")
+	cluster := &endpointproc.Cluster{Binary: bin, Kubeconfig: env.KubeconfigPath, Namespace: ns, CA: ca, GracePeriod: grace, Dir: t.TempDir(),
+		Pprof: profileDir != ""}
 	r, err := cluster.NewReplica("soak-0")
 	if err != nil {
 		t.Fatal(err)
@@ -132,6 +137,11 @@ func TestSoak(t *testing.T) {
 				onboarded: onboarded, registrations: len(ws)}
 			s.swept = onboarded - len(ws)
 			samples = append(samples, s)
+			if profileDir != "" {
+				if err := r.HeapProfile(filepath.Join(profileDir, fmt.Sprintf("heap-%02d.pb.gz", len(samples)))); err != nil {
+					t.Fatal(err)
+				}
+			}
 			t.Logf("t=%-6s heap %6.1f MiB  goroutines %5.0f  onboarded %5d  registrations %4d  swept %5d",
 				s.at.Round(time.Second), s.heapMiB, s.goroutines, s.onboarded, s.registrations, s.swept)
 		}

@@ -67,6 +67,9 @@ type Options struct {
 	// reached with `kubectl port-forward`). Default 127.0.0.1:15010;
 	// "off" disables it.
 	DebugXDS string
+	// Pprof, when set, is the loopback-only address serving Go's runtime
+	// profiles (/debug/pprof/). Default off.
+	Pprof string
 }
 
 // DefaultDebugXDS is the default address of the xDS debug listener.
@@ -113,6 +116,13 @@ func Run(ctx context.Context, opts Options) error {
 		if err := xds.CheckLoopback(opts.DebugXDS); err != nil {
 			return err
 		}
+	}
+	if opts.Pprof != "" {
+		stopPprof, err := startPprof(opts.Pprof, log)
+		if err != nil {
+			return err
+		}
+		defer stopPprof()
 	}
 	// Only the sidecar credential Secrets are cached (the xDS server checks
 	// a token's bound Secret against them).
