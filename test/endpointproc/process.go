@@ -70,13 +70,13 @@ type Replica struct {
 	Name                     string
 	Onboarding, XDS, Metrics string
 	// Pprof is the address of the replica's /debug/pprof/ (Cluster.Pprof).
-	Pprof   string
-	cluster                  *Cluster
-	config, log              string
-	mu                       sync.Mutex
-	cmd                      *exec.Cmd
-	done                     chan struct{}
-	waitErr                  error
+	Pprof       string
+	cluster     *Cluster
+	config, log string
+	mu          sync.Mutex
+	cmd         *exec.Cmd
+	done        chan struct{}
+	waitErr     error
 }
 
 // NewReplica allocates addresses and writes the configuration of a replica.
