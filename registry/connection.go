@@ -98,6 +98,9 @@ type Connections struct {
 	active   int // running writers
 	flushing int // Flush calls waiting: held disconnects are written at once
 	wg       sync.WaitGroup
+	// idle are called (without mu) when a workload's last stream on this
+	// replica closes, so that per-workload state elsewhere is dropped.
+	idle []func(Workload)
 }
 
 // connEntry is one workload's streams on this replica and its pending state.
@@ -188,21 +191,36 @@ func (c *Connections) Opened(w Workload, streamID int64) {
 // disconnected.
 func (c *Connections) Closed(w Workload, streamID int64) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	e := c.entries[w.Key]
 	if e == nil {
+		c.mu.Unlock()
 		return
 	}
 	if _, ok := e.streams[streamID]; !ok {
+		c.mu.Unlock()
 		return
 	}
 	delete(e.streams, streamID)
 	if len(e.streams) > 0 {
+		c.mu.Unlock()
 		return
 	}
 	now := c.now()
 	c.metrics.closed(e.workload)
 	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now, holdUntil: time.Now().Add(c.delay)})
+	idle, workload := c.idle, e.workload
+	c.mu.Unlock()
+	for _, f := range idle {
+		f(workload)
+	}
+}
+
+// onIdle registers f to be called when a workload's last stream on this
+// replica closes.
+func (c *Connections) onIdle(f func(Workload)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.idle = append(c.idle, f)
 }
 
 // Reassert writes the workload connected again when this replica holds

@@ -129,11 +129,32 @@ func NewHealthMirror(ctx context.Context, opts HealthOptions) (*HealthMirror, er
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	return &HealthMirror{
+	m := &HealthMirror{
 		ctx: ctx, client: opts.Client, conns: opts.Connections, writer: newWriter(opts.Writes),
 		retry: opts.Retry, damping: opts.Damping, metrics: opts.Metrics, log: opts.Logger, now: opts.Clock,
 		entries: map[types.NamespacedName]*healthEntry{},
-	}, nil
+	}
+	opts.Connections.onIdle(m.disconnected)
+	return m, nil
+}
+
+// disconnected drops what the mirror keeps of w (its damping state) when
+// w's last stream on this replica closed, unless a report is being
+// stored: then drain drops it once done. A reconnecting workload starts
+// with fresh damping.
+func (m *HealthMirror) disconnected(w Workload) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.entries[w.Key]; e != nil && !e.running && e.workload.UID == w.UID {
+		delete(m.entries, w.Key)
+	}
+}
+
+// tracked returns the number of workloads the mirror keeps state for.
+func (m *HealthMirror) tracked() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.entries)
 }
 
 // ReportHealth records a health report of workload w. It never blocks.
@@ -199,11 +220,20 @@ func (m *HealthMirror) Wait() { m.wg.Wait() }
 func (m *HealthMirror) drain(e *healthEntry) {
 	defer m.wg.Done()
 	for {
+		// A workload without a stream here (a late report, or one stored
+		// while its last stream closed) leaves no state behind.
+		m.mu.Lock()
+		key := e.workload.Key
+		m.mu.Unlock()
+		idle := m.conns.Streams(key) == 0
 		m.mu.Lock()
 		h, w := e.pending, e.workload
 		if h == nil || m.ctx.Err() != nil {
 			e.running = false
 			m.active--
+			if idle && m.entries[w.Key] == e {
+				delete(m.entries, w.Key)
+			}
 			m.mu.Unlock()
 			return
 		}

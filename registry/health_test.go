@@ -349,3 +349,35 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, result string) f
 	}
 	return 0
 }
+
+// The mirror keeps no per-workload state once the workload's last stream on
+// the replica closed: neither from reports stored while it was connected
+// nor from a late report (the soak churns thousands of workloads through
+// one endpoint).
+func TestHealthStateDroppedAfterDisconnect(t *testing.T) {
+	h := startHealth(t, -1)
+	base := time.Now().UTC().Truncate(time.Millisecond)
+	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: base})
+	waitHealth(t, h.w.Key, base)
+	if err := h.mirror.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.mirror.tracked(); got != 1 {
+		t.Errorf("workloads tracked while connected = %d, want 1", got)
+	}
+
+	h.conns.Closed(h.w, 1)
+	if got := h.mirror.tracked(); got != 0 {
+		t.Errorf("workloads tracked after the last stream closed = %d, want 0", got)
+	}
+
+	late := base.Add(2 * time.Second)
+	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: false, Message: "connection refused", At: late})
+	waitHealth(t, h.w.Key, late)
+	if err := h.mirror.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.mirror.tracked(); got != 0 {
+		t.Errorf("workloads tracked after a late report was stored = %d, want 0", got)
+	}
+}
