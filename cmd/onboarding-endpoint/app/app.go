@@ -118,7 +118,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 	if opts.Pprof != "" {
-		stopPprof, err := startPprof(opts.Pprof, log)
+		_, stopPprof, err := startPprof(opts.Pprof, log)
 		if err != nil {
 			return err
 		}

@@ -15,14 +15,15 @@ import (
 // startPprof serves Go's runtime profiles (/debug/pprof/) on addr, which
 // must be a loopback address: profiles show internals and are
 // unauthenticated. It is opt-in (-pprof), for soak runs and debugging
-// with `kubectl port-forward`. The returned function stops the server.
-func startPprof(addr string, log *slog.Logger) (func(), error) {
+// with `kubectl port-forward`. It returns the address it listens on and a
+// function that stops the server.
+func startPprof(addr string, log *slog.Logger) (string, func(), error) {
 	if err := xds.CheckLoopback(addr); err != nil {
-		return nil, fmt.Errorf("pprof listener: %w", err)
+		return "", nil, fmt.Errorf("pprof listener: %w", err)
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s (pprof): %w", addr, err)
+		return "", nil, fmt.Errorf("listen on %s (pprof): %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -37,7 +38,7 @@ func startPprof(addr string, log *slog.Logger) (func(), error) {
 		}
 	}()
 	log.Info("serving Go profiles (loopback only)", "pprof", lis.Addr().String())
-	return func() {
+	return lis.Addr().String(), func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
