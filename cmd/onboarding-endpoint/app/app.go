@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -159,7 +160,11 @@ func Run(ctx context.Context, opts Options) error {
 	recorder := broadcaster.NewRecorder(sch, corev1.EventSource{Component: "onboarding-endpoint", Host: opts.Replica})
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// go_gc_heap_live_bytes (the heap the last collection kept) besides the
+	// default Go metrics: what the soak checks for leaks.
+	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics, err := endpoint.NewMetrics(reg)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
