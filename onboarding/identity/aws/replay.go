@@ -13,15 +13,22 @@ type replayCache struct {
 	mu      sync.Mutex
 	max     int
 	entries map[string]time.Time // signature -> when it stops mattering
+	// pruneAt is the size at which expired entries are dropped next: twice
+	// the entries left by the last prune (at least minPrune), so pruning
+	// costs O(1) per reservation and the cache holds about what the
+	// freshness window covers instead of filling up to max.
+	pruneAt int
 }
 
+const minPrune = 64
+
 func newReplayCache(maxEntries int) *replayCache {
-	return &replayCache{max: maxEntries, entries: make(map[string]time.Time)}
+	return &replayCache{max: maxEntries, entries: make(map[string]time.Time), pruneAt: minPrune}
 }
 
 // reserve records key until expiry and reports whether it was new (or had
-// expired). At capacity it drops expired entries first, then the entry that
-// expires soonest.
+// expired). It drops expired entries as the cache grows, and at capacity
+// the entry that expires soonest.
 func (c *replayCache) reserve(key string, expiry, now time.Time) bool {
 	if c == nil || c.max <= 0 {
 		return true
@@ -31,12 +38,13 @@ func (c *replayCache) reserve(key string, expiry, now time.Time) bool {
 	if exp, ok := c.entries[key]; ok && exp.After(now) {
 		return false
 	}
-	if len(c.entries) >= c.max {
+	if len(c.entries) >= c.max || len(c.entries) >= c.pruneAt {
 		for k, exp := range c.entries {
 			if !exp.After(now) {
 				delete(c.entries, k)
 			}
 		}
+		c.pruneAt = max(2*len(c.entries), minPrune)
 	}
 	if len(c.entries) >= c.max {
 		var oldestKey string

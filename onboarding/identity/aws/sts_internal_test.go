@@ -1,6 +1,7 @@
 package aws
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -101,6 +102,28 @@ func TestReplayCache(t *testing.T) {
 				}
 				if !c.reserve("c", later.Add(time.Minute), later) {
 					t.Fatal("evicted key still refused")
+				}
+			},
+		},
+		{
+			// Steady onboarding: expired signatures do not pile up until
+			// max, the cache holds about what the window covers.
+			name: "expired entries dropped as it grows, below max",
+			max:  100_000,
+			run: func(t *testing.T, c *replayCache) {
+				const window = time.Minute // 60 live entries at one per second
+				for i := range 10_000 {
+					at := now.Add(time.Duration(i) * time.Second)
+					if !c.reserve(fmt.Sprint("sig-", i), at.Add(window), at) {
+						t.Fatalf("reservation %d refused", i)
+					}
+				}
+				if n := c.len(); n > 2*60+minPrune {
+					t.Fatalf("%d entries after 10,000 reservations with 60 unexpired, want at most %d", n, 2*60+minPrune)
+				}
+				last := now.Add(9_999 * time.Second)
+				if c.reserve("sig-9990", last.Add(window), last) {
+					t.Fatal("unexpired key dropped by the prune")
 				}
 			},
 		},
