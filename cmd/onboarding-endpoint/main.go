@@ -23,6 +23,7 @@ func main() {
 	flag.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster or $KUBECONFIG)")
 	flag.StringVar(&opts.Replica, "replica", os.Getenv("POD_NAME"), "name of this replica (default: $POD_NAME, else the host name)")
 	flag.StringVar(&opts.DebugXDS, "debug-xds", app.DefaultDebugXDS, `loopback address of the unauthenticated xDS debug listener (for istioctl proxy-status), or "off"`)
+	flag.IntVar(&opts.EventCacheSize, "event-cache-size", 0, "entries of each LRU cache of the event correlator (0: client-go's 4096)")
 	flag.StringVar(&opts.Pprof, "pprof", "", "loopback address serving Go runtime profiles (/debug/pprof/), e.g. 127.0.0.1:6060; default off")
 	flag.Parse()
 	handler := slog.NewJSONHandler(os.Stderr, nil)

@@ -63,6 +63,8 @@ type Cluster struct {
 	// Pprof makes each replica serve Go profiles on a loopback address
 	// (Replica.Pprof, the endpoint's -pprof flag).
 	Pprof bool
+	// EventCacheSize is the endpoint's -event-cache-size (0: its default).
+	EventCacheSize int
 }
 
 // Replica is one endpoint process.
@@ -147,6 +149,9 @@ func (r *Replica) Start(ctx context.Context) error {
 	args := []string{"-config", r.config, "-kubeconfig", r.cluster.Kubeconfig, "-replica", r.Name, "-debug-xds", "off"}
 	if r.Pprof != "" {
 		args = append(args, "-pprof", r.Pprof)
+	}
+	if r.cluster.EventCacheSize > 0 {
+		args = append(args, "-event-cache-size", strconv.Itoa(r.cluster.EventCacheSize))
 	}
 	cmd := exec.Command(r.cluster.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

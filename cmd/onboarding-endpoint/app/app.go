@@ -71,6 +71,11 @@ type Options struct {
 	// Pprof, when set, is the loopback-only address serving Go's runtime
 	// profiles (/debug/pprof/). Default off.
 	Pprof string
+	// EventCacheSize is the size of each LRU cache of the event correlator
+	// (aggregation, spam filter, deduplication); 0 means client-go's 4096.
+	// They fill as workloads come and go, a few KiB per workload, then stay
+	// at the bound; the soak lowers it to reach the bound early.
+	EventCacheSize int
 }
 
 // DefaultDebugXDS is the default address of the xDS debug listener.
@@ -155,7 +160,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}
 
-	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx), record.WithCorrelatorOptions(record.CorrelatorOptions{LRUCacheSize: opts.EventCacheSize}))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
 	recorder := broadcaster.NewRecorder(sch, corev1.EventSource{Component: "onboarding-endpoint", Host: opts.Replica})
 
