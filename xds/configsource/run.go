@@ -76,7 +76,7 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 			UpdateFunc: func(oldObj, newObj any) {
 				o, ok1 := oldObj.(client.Object)
 				n, ok2 := newObj.(client.Object)
-				if ok1 && ok2 && o.GetResourceVersion() != n.GetResourceVersion() {
+				if ok1 && ok2 && o.GetResourceVersion() != n.GetResourceVersion() && relevant(o, n) {
 					d.add(kind, o, n, s.opts.Clock())
 				}
 			},
