@@ -87,6 +87,7 @@ BENCH_COUNT ?= 3
 bench: testenv ## Run the benchmarks in benchmarks/ (BENCH_COUNT runs of each).
 	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./benchmarks/identity/
 	go test -run='^$$' -bench=. -benchtime=200x -count=$(BENCH_COUNT) ./benchmarks/onboarding/
+	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./benchmarks/translate/
 	go test -run='^$$' -bench=. -benchtime=5x -count=$(BENCH_COUNT) -timeout=30m ./benchmarks/push/
 
 .PHONY: lint
