@@ -285,8 +285,9 @@ func (s *setup) start() error {
 		if err != nil {
 			return err
 		}
-		for _, sc := range in.Sidecars {
-			sc.Spec.Egress[0].Bind = bind
+		for i, sc := range in.Sidecars { // the cache's objects: copy before changing
+			in.Sidecars[i] = sc.DeepCopy()
+			in.Sidecars[i].Spec.Egress[0].Bind = bind
 		}
 		res, err := translate.Translate(in)
 		if err != nil {
