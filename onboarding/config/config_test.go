@@ -24,6 +24,7 @@ func TestParseDefaults(t *testing.T) {
 	}{
 		{"token expiration", cfg.TokenIssuer.JWT.Expiration.Duration, time.Hour},
 		{"grace period", cfg.Registration.GracePeriod.Duration, 5 * time.Minute},
+		{"health damping", cfg.Registration.HealthDamping.Duration, 10 * time.Second},
 		{"namespace", cfg.Namespace, "istio-system"},
 		{"discovery address", cfg.Mesh.DiscoveryAddress, "onboarding-endpoint.example.corp:15012"},
 		{"audience", cfg.Audience(), "onboarding-endpoint.example.corp"},
@@ -74,6 +75,7 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "expiration too long", yaml: minimal + "tokenIssuer: {jwt: {expiration: 48h}}\n", wantErr: "tokenIssuer.jwt.expiration"},
 		{name: "expiration not a duration", yaml: minimal + "tokenIssuer: {jwt: {expiration: soon}}\n", wantErr: "soon"},
 		{name: "grace period too short", yaml: minimal + "registration: {gracePeriod: 10ms}\n", wantErr: "registration.gracePeriod"},
+		{name: "negative health damping", yaml: minimal + "registration: {healthDamping: -1s}\n", wantErr: "registration.healthDamping"},
 		{name: "jwt issuer without keys", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp}]}\n", wantErr: "identity.jwt[0].jwks"},
 		{name: "jwt duplicate short name", yaml: minimal + "identity: {jwt: [{issuer: 'https://a', shortName: idp, jwksURL: 'https://a/keys'}, {issuer: 'https://b', shortName: idp, jwksURL: 'https://b/keys'}]}\n", wantErr: "identity.jwt[1].shortName: Duplicate value"},
 		{name: "bad listen", yaml: minimal + "listen: {xds: '15012'}\n", wantErr: "listen.xds"},
