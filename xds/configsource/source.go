@@ -185,7 +185,9 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 	return snap, nil, "", nil
 }
 
-// Inputs reads what translation needs for p from the cache.
+// Inputs reads what translation needs for p from the cache. The objects are
+// the cache's own (not copies: translation reads thousands of them per
+// proxy and modifies none); callers must not modify them.
 func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
 	we, err := registry.BuildWorkloadEntry(p.Registration)
 	if err != nil {
@@ -206,33 +208,33 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 	}
 	for _, n := range namespaces {
 		l := &istionetworkingv1.SidecarList{}
-		if err := s.opts.Cache.List(ctx, l, client.InNamespace(n)); err != nil {
+		if err := s.opts.Cache.List(ctx, l, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list Sidecars: %w", err)
 		}
 		in.Sidecars = append(in.Sidecars, l.Items...)
 		pas := &istiosecurityv1.PeerAuthenticationList{}
-		if err := s.opts.Cache.List(ctx, pas, client.InNamespace(n)); err != nil {
+		if err := s.opts.Cache.List(ctx, pas, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list PeerAuthentications: %w", err)
 		}
 		in.PeerAuthentications = append(in.PeerAuthentications, pas.Items...)
 	}
 	services := &corev1.ServiceList{}
-	if err := s.opts.Cache.List(ctx, services); err != nil {
+	if err := s.opts.Cache.List(ctx, services, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list Services: %w", err)
 	}
 	in.Services = pointers(services.Items)
 	slicesList := &discoveryv1.EndpointSliceList{}
-	if err := s.opts.Cache.List(ctx, slicesList); err != nil {
+	if err := s.opts.Cache.List(ctx, slicesList, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list EndpointSlices: %w", err)
 	}
 	in.EndpointSlices = pointers(slicesList.Items)
 	ses := &istionetworkingv1.ServiceEntryList{}
-	if err := s.opts.Cache.List(ctx, ses); err != nil {
+	if err := s.opts.Cache.List(ctx, ses, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list ServiceEntries: %w", err)
 	}
 	in.ServiceEntries = ses.Items
 	wes := &istionetworkingv1.WorkloadEntryList{}
-	if err := s.opts.Cache.List(ctx, wes); err != nil {
+	if err := s.opts.Cache.List(ctx, wes, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list WorkloadEntries: %w", err)
 	}
 	in.WorkloadEntries = wes.Items
