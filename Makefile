@@ -87,7 +87,7 @@ BENCH_COUNT ?= 3
 bench: testenv ## Run the benchmarks in benchmarks/ (BENCH_COUNT runs of each).
 	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./benchmarks/identity/
 	go test -run='^$$' -bench=. -benchtime=200x -count=$(BENCH_COUNT) ./benchmarks/onboarding/
-	go test -run='^$$' -bench=. -benchtime=1x -timeout=60m ./benchmarks/streams/ -args -streams=1000 -json=$(CURDIR)/bench-streams.json
+	mkdir -p _output && go test -run='^$$' -bench=. -benchtime=1x -timeout=60m ./benchmarks/streams/ -args -streams=1000 -json=$(CURDIR)/_output/bench-streams.json
 
 .PHONY: lint
 lint: ## Run gofmt and go vet.
