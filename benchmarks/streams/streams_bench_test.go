@@ -459,6 +459,10 @@ func run(b *testing.B, n int) result {
 	h0, g0 = heap()
 	closeA := holdStreams(b, a.addr, ws)
 	waitAll(b, ns, n, connectedTo("replica-a"))
+	// Idle means every connection state (also the WorkloadEntries') is stored.
+	if err := a.conns.Flush(b.Context()); err != nil {
+		b.Fatal(err)
+	}
 	r.Embark = measure(n, h0, g0)
 	if r.Bare.HeapBytesPerStream > 0 {
 		r.HeapRatio = r.Embark.HeapBytesPerStream / r.Bare.HeapBytesPerStream
