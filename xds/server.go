@@ -59,6 +59,8 @@ type Options struct {
 	Audience string
 	// Config computes what each proxy is served. Default EmptyConfig.
 	Config ConfigSource
+	// NACKMetrics counts rejected configurations. Default: not counted.
+	NACKMetrics *NACKMetrics
 	// Health receives health reports. Default LogHealth.
 	Health HealthSink
 	// ClusterID reported in syncz when a proxy did not send CLUSTER_ID.
@@ -413,7 +415,13 @@ func (s *Server) attach(ctx context.Context, st *stream) error {
 	s.mu.Unlock()
 	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil {
 		if err := s.setSnapshot(ctx, st.proxy); err != nil {
-			return status.Errorf(codes.Unavailable, "compute configuration: %v", err)
+			// Not a reason to refuse the stream: serve an empty valid
+			// configuration until the next refresh.
+			s.log.Error("compute configuration; serving an empty one", "node", st.proxy.NodeID, "error", err)
+			empty, _ := EmptyConfig{}.Snapshot(ctx, st.proxy)
+			if err := s.snapshots.SetSnapshot(ctx, st.proxy.NodeID, empty); err != nil {
+				return status.Errorf(codes.Internal, "set configuration: %v", err)
+			}
 		}
 	}
 	// The registration may have been deleted between authorize and now,
@@ -447,7 +455,17 @@ func (s *Server) setSnapshot(ctx context.Context, p *Proxy) error {
 	if err != nil {
 		return fmt.Errorf("configuration of %s: %w", p.NodeID, err)
 	}
-	return s.snapshots.SetSnapshot(ctx, p.NodeID, snap)
+	if err := s.snapshots.SetSnapshot(ctx, p.NodeID, snap); err != nil {
+		return err
+	}
+	// The node's last stream may have detached while this was computed.
+	s.mu.Lock()
+	gone := s.nodes[p.NodeID] == 0
+	if gone {
+		s.snapshots.ClearSnapshot(p.NodeID)
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 func (s *Server) closeWorkload(key types.NamespacedName, uid types.UID) {

@@ -124,6 +124,13 @@ type replica struct {
 // time.Now); tweaks adjust the server's options.
 func startReplica(t *testing.T, name string, clock func() time.Time, tweaks ...func(*Options)) *replica {
 	t.Helper()
+	return startReplicaWith(t, name, clock, nil, tweaks...)
+}
+
+// startReplicaWith starts a replica whose health reports go to the sink sink
+// makes (nil: recorded in replica.health).
+func startReplicaWith(t *testing.T, name string, clock func() time.Time, sink func(context.Context, *registry.Connections) (HealthSink, func()), tweaks ...func(*Options)) *replica {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: name, Logger: log, Clock: clock})
@@ -131,6 +138,11 @@ func startReplica(t *testing.T, name string, clock func() time.Time, tweaks ...f
 		t.Fatal(err)
 	}
 	health := &recordingHealth{}
+	var hs HealthSink = health
+	stopSink := func() {}
+	if sink != nil {
+		hs, stopSink = sink(ctx, conns)
+	}
 	metrics, err := NewMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
@@ -138,7 +150,7 @@ func startReplica(t *testing.T, name string, clock func() time.Time, tweaks ...f
 	opts := Options{
 		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: env.Client, Informers: informers,
-		Health: health, Logger: log, Metrics: metrics,
+		Health: hs, Logger: log, Metrics: metrics,
 	}
 	for _, tweak := range tweaks {
 		tweak(&opts)
@@ -175,6 +187,7 @@ func startReplica(t *testing.T, name string, clock func() time.Time, tweaks ...f
 			cancel()
 			wg.Wait()
 			conns.Wait()
+			stopSink()
 		})
 	}
 	t.Cleanup(r.stop)
@@ -546,6 +559,30 @@ func TestAStaleDisconnectDoesNotOverwriteANewerConnect(t *testing.T) {
 	}
 	onB.cancel()
 	waitState(t, w.key, disconnected("replica-b"))
+}
+
+// TestDeltaHealthReports checks that HealthInformation requests on a Delta
+// stream are reports, as Istio's agent sends them (no error detail: healthy).
+func TestDeltaHealthReports(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	w := register(t, env.Namespace(t), "i-0000000000000000d", "10.0.4.2")
+	c, err := open(t, dial(t, r.addr), true, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, detail := range []*rpcstatus.Status{{Code: int32(codes.Internal), Message: "HTTP probe failed with statuscode: 503"}, nil} {
+		if err := c.delta.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: TypeHealthInformation, ErrorDetail: detail}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return len(r.health.all()) == 2 })
+	got := r.health.all()
+	if got[0].Healthy || got[0].Message != "HTTP probe failed with statuscode: 503" || !got[1].Healthy || got[1].Message != "" || got[1].At.IsZero() {
+		t.Errorf("delta health reports = %+v", got)
+	}
+	if r.conns.Streams(w.key) != 1 {
+		t.Error("health reports changed the stream count")
+	}
 }
 
 func TestHealthReportsAreNotSubscriptions(t *testing.T) {

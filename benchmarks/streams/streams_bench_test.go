@@ -4,6 +4,8 @@
 //
 //	go test -run='^$' -bench=. -benchtime=1x ./benchmarks/streams/ -args -streams=1000 -json=streams.json
 //
+// (-json writes the figures in the benchjson format of `make bench`.)
+//
 // For each stream count it reports the heap and goroutines per held stream
 // and the CPU used while every stream idles (both servers; the clients run
 // in the same process and are included on both sides), then, for Embark:
@@ -14,14 +16,14 @@
 // stores AgentConnected=False (includes the 1s disconnect delay).
 package streams
 
+//embark:bench -test.benchtime=1x
+
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -53,6 +55,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/benchmarks/benchjson"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds"
@@ -60,7 +63,7 @@ import (
 
 var (
 	streamsFlag = flag.String("streams", "1000", "comma-separated numbers of concurrent streams to hold")
-	jsonFlag    = flag.String("json", "", "write the figures as JSON to this file")
+	jsonFlag    = benchjson.Flag()
 
 	env       *testenv.Env
 	informers crcache.Cache
@@ -398,10 +401,26 @@ type result struct {
 	MassDisconnectPerSecond float64 `json:"massDisconnectWorkloadsPerSecond"`
 }
 
-var (
-	resultsMu sync.Mutex
-	results   []result
-)
+var recorder benchjson.Recorder
+
+// record hands r's figures to the report generator, each next to its
+// baseline where it has one.
+func record(r result) {
+	s := fmt.Sprintf("streams=%d", r.Streams)
+	recorder.Add(
+		benchjson.Result{Name: "Held/" + s, Unit: "B/stream", Value: r.Embark.HeapBytesPerStream, Baseline: "Bare/" + s, Note: "heap per held ADS stream, clients included"},
+		benchjson.Result{Name: "Bare/" + s, Unit: "B/stream", Value: r.Bare.HeapBytesPerStream, Note: "bare go-control-plane, same streams"},
+		benchjson.Result{Name: "HeldGoroutines/" + s, Unit: "goroutines/stream", Value: r.Embark.GoroutinesPerStream, Baseline: "BareGoroutines/" + s},
+		benchjson.Result{Name: "BareGoroutines/" + s, Unit: "goroutines/stream", Value: r.Bare.GoroutinesPerStream},
+		benchjson.Result{Name: "IdleCPU/" + s, Unit: "ms/s", Value: r.Embark.IdleCPUMillisPerSec, Baseline: "BareIdleCPU/" + s},
+		benchjson.Result{Name: "BareIdleCPU/" + s, Unit: "ms/s", Value: r.Bare.IdleCPUMillisPerSec},
+		benchjson.Result{Name: "StormStatusWrites/" + s, Unit: "writes/workload", Value: r.StatusWritesPerWorkload, Note: "target <= 1"},
+		benchjson.Result{Name: "StormEntryWrites/" + s, Unit: "writes/workload", Value: r.EntryWritesPerWorkload, Note: "target <= 1"},
+		benchjson.Result{Name: "StormRecreated/" + s, Unit: "objects", Value: float64(r.Recreated), Note: "target 0"},
+		benchjson.Result{Name: "StormTime/" + s, Unit: "s", Value: r.StormSeconds, Note: "bound by registration.writeQPS"},
+		benchjson.Result{Name: "MassDisconnect/" + s, Unit: "s", Value: r.MassDisconnectSeconds, Note: "until every AgentConnected=False is stored"},
+	)
+}
 
 func BenchmarkStreams(b *testing.B) {
 	var counts []int
@@ -426,18 +445,12 @@ func BenchmarkStreams(b *testing.B) {
 				b.ReportMetric(float64(r.Recreated), "storm-recreated")
 				b.ReportMetric(r.StormSeconds, "storm-s")
 				b.ReportMetric(r.MassDisconnectSeconds, "mass-disconnect-s")
-				resultsMu.Lock()
-				results = append(results, r)
-				resultsMu.Unlock()
+				record(r)
 			}
 		})
 	}
 	if *jsonFlag != "" {
-		data, err := json.MarshalIndent(results, "", "  ")
-		if err == nil {
-			err = os.WriteFile(*jsonFlag, data, 0o644)
-		}
-		if err != nil {
+		if err := recorder.WriteFile(*jsonFlag, "github.com/embark-mesh/embark/benchmarks/streams"); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -17,7 +17,7 @@ import (
 // Process-wide daemons of libraries (klog's flusher, and the like) are
 // ignored.
 func CheckLeaks(code int, opts ...goleak.Option) int {
-	if code != 0 || FuzzWorker() {
+	if code != 0 || Fuzzing() {
 		return code
 	}
 	opts = append(opts,
