@@ -346,7 +346,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 		return err
 	}
 	m.metrics.stored()
-	if h.Healthy && transitioned && conn != nil && conn.ConnectedAt != nil {
+	if h.Healthy && conn != nil && conn.ConnectedAt != nil {
 		m.mu.Lock()
 		first := !e.firstHealthyFor.Equal(conn.ConnectedAt.Time)
 		e.firstHealthyFor = conn.ConnectedAt.Time
