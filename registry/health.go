@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 	istiometa "istio.io/api/meta/v1alpha1"
@@ -141,6 +143,7 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 	if h.At.IsZero() {
 		h.At = m.now()
 	}
+	h.Message = healthMessage(h.Message)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.entries[w.Key]
@@ -420,6 +423,24 @@ func healthCondition(prev *istiometa.IstioCondition, h *Health) *istiometa.Istio
 		c.LastTransitionTime = prev.GetLastTransitionTime()
 	}
 	return c
+}
+
+// MaxHealthMessage bounds the probe message stored in a condition (the
+// sidecar's error detail is outside input; metav1.Condition allows 32768).
+const MaxHealthMessage = 1024
+
+// healthMessage is msg as stored: valid UTF-8, at most MaxHealthMessage
+// bytes, cut at a rune boundary with "..." when longer.
+func healthMessage(msg string) string {
+	msg = strings.ToValidUTF8(msg, "\uFFFD")
+	if len(msg) <= MaxHealthMessage {
+		return msg
+	}
+	cut := MaxHealthMessage - len("...")
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "..."
 }
 
 func findIstioCondition(conds []*istiometa.IstioCondition, typ string) *istiometa.IstioCondition {

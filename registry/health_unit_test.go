@@ -1,7 +1,9 @@
 package registry
 
 import (
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	istiometa "istio.io/api/meta/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -39,4 +41,26 @@ func TestWorkloadEntryHealthAndTraffic(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzHealthMessage feeds the sidecar's error detail (outside input) to the
+// message the conditions store.
+func FuzzHealthMessage(f *testing.F) {
+	f.Add("HTTP probe failed with statuscode: 503")
+	f.Add("")
+	f.Add(strings.Repeat("é", 600))
+	f.Add(strings.Repeat("a", 1021) + "日本")
+	f.Add("bad \xff utf-8")
+	f.Fuzz(func(t *testing.T, msg string) {
+		got := healthMessage(msg)
+		if !utf8.ValidString(got) || len(got) > MaxHealthMessage {
+			t.Fatalf("healthMessage(%q) = %q: %d bytes, valid UTF-8 %v", msg, got, len(got), utf8.ValidString(got))
+		}
+		if utf8.ValidString(msg) && len(msg) <= MaxHealthMessage && got != msg {
+			t.Fatalf("a short valid message changed: %q -> %q", msg, got)
+		}
+		if len(msg) > MaxHealthMessage && utf8.ValidString(msg) && !strings.HasPrefix(msg, strings.TrimSuffix(got, "...")) {
+			t.Fatalf("a long message is not cut from its start: %q", got)
+		}
+	})
 }
