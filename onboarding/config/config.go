@@ -39,6 +39,10 @@ const (
 	DefaultClusterID          = "Kubernetes"
 	DefaultTrustDomain        = "cluster.local"
 	DefaultRepositoryDir      = "/var/lib/onboarding-endpoint/repository"
+	DefaultRootNamespace      = "istio-system"
+	DefaultXDSDebounce        = 100 * time.Millisecond
+	minXDSDebounce            = time.Millisecond
+	maxXDSDebounce            = 10 * time.Second
 	minTokenExpiration        = time.Minute
 	maxTokenExpiration        = 24 * time.Hour
 	minGracePeriod            = time.Second
@@ -67,6 +71,17 @@ type Configuration struct {
 	Registration Registration `json:"registration,omitempty"`
 	// Listen addresses.
 	Listen Listen `json:"listen,omitempty"`
+	// XDS configures what the xDS server serves.
+	XDS XDS `json:"xds,omitempty"`
+}
+
+// XDS configures the configuration served over xDS.
+type XDS struct {
+	// Debounce is how long Sidecars, Services, EndpointSlices,
+	// ServiceEntries and WorkloadEntries must be quiet before affected
+	// proxies are recomputed (a batch waits at most 10 times as long).
+	// Default 100ms; between 1ms and 10s.
+	Debounce *metav1.Duration `json:"debounce,omitempty"`
 }
 
 // Endpoint is meshExpansion.onboarding.endpoint.
@@ -114,6 +129,9 @@ type Mesh struct {
 	// DiscoveryAddress is the xDS address sidecars connect to, host:port.
 	// Default: the first endpoint host with the xDS port.
 	DiscoveryAddress string `json:"discoveryAddress,omitempty"`
+	// RootNamespace is Istio's config root namespace: its selector-less
+	// Sidecar is the mesh-wide default. Default istio-system.
+	RootNamespace string `json:"rootNamespace,omitempty"`
 }
 
 // Identity configures platform identity verification.
@@ -163,6 +181,9 @@ type Registration struct {
 	// than this before is stored only once it has lasted this long. 0
 	// disables damping. Default 10s.
 	HealthDamping *metav1.Duration `json:"healthDamping,omitempty"`
+	// SweepBurst is how many grace-period deletions may happen at once
+	// before SweepRatePerSecond applies. Default 1.
+	SweepBurst int `json:"sweepBurst,omitempty"`
 }
 
 // Listen holds listen addresses.
@@ -239,6 +260,12 @@ func (c *Configuration) SetDefaults() {
 	if c.Mesh.TrustDomain == "" {
 		c.Mesh.TrustDomain = DefaultTrustDomain
 	}
+	if c.Mesh.RootNamespace == "" {
+		c.Mesh.RootNamespace = DefaultRootNamespace
+	}
+	if c.XDS.Debounce == nil {
+		c.XDS.Debounce = &metav1.Duration{Duration: DefaultXDSDebounce}
+	}
 	if c.Listen.Onboarding == "" {
 		c.Listen.Onboarding = DefaultListenAddress
 	}
@@ -277,6 +304,9 @@ func (c *Configuration) SetDefaults() {
 	}
 	if r.SweepRatePerSecond == 0 {
 		r.SweepRatePerSecond = defaultSweepRatePerSecond
+	}
+	if r.SweepBurst == 0 {
+		r.SweepBurst = 1
 	}
 }
 
@@ -359,6 +389,15 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.Registration.SweepRatePerSecond < 0 {
 		errs = append(errs, field.Invalid(r.Child("sweepRatePerSecond"), c.Registration.SweepRatePerSecond, "must be positive"))
+	}
+	if d := c.XDS.Debounce.Duration; d < minXDSDebounce || d > maxXDSDebounce {
+		errs = append(errs, field.Invalid(field.NewPath("xds", "debounce"), d.String(), fmt.Sprintf("must be between %s and %s", minXDSDebounce, maxXDSDebounce)))
+	}
+	for _, msg := range validation.IsDNS1123Label(c.Mesh.RootNamespace) {
+		errs = append(errs, field.Invalid(field.NewPath("mesh", "rootNamespace"), c.Mesh.RootNamespace, msg))
+	}
+	if c.Registration.SweepBurst < 0 {
+		errs = append(errs, field.Invalid(r.Child("sweepBurst"), c.Registration.SweepBurst, "must be positive"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}} {
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {

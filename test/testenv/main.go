@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -20,8 +21,37 @@ import (
 //
 // A control plane that cannot start, or a setup that fails, fails the
 // package: tests are never skipped for want of one.
+//
+// Inside a fuzz worker process (go test -fuzz starts them with
+// -test.fuzzworker) no control plane is started and *env stays nil: fuzz
+// targets must not use it.
 func Main(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) {
-	os.Exit(run(m, opts, env, setup))
+	os.Exit(Run(m, opts, env, setup...))
+}
+
+// Run is Main without the exit: it returns the exit code once the tests ran
+// and the control plane stopped, so that TestMain can check more, e.g. that
+// no goroutine outlived the tests:
+//
+//	func TestMain(m *testing.M) {
+//		code := testenv.Run(m, testenv.Options{}, &env)
+//		if code == 0 && goleak.Find() != nil { code = 1 }
+//		os.Exit(code)
+//	}
+func Run(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) int {
+	if FuzzWorker() {
+		return m.Run()
+	}
+	return run(m, opts, env, setup)
+}
+
+// FuzzWorker reports whether this test binary runs as a fuzz worker.
+func FuzzWorker() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	f := flag.Lookup("test.fuzzworker")
+	return f != nil && f.Value.String() == "true"
 }
 
 func run(m *testing.M, opts Options, env **Env, setup []func(ctx context.Context) error) int {

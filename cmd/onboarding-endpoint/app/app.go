@@ -45,7 +45,9 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/configsource"
 )
 
 // Options are the command line of the endpoint.
@@ -226,8 +228,9 @@ func Run(ctx context.Context, opts Options) error {
 		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
-		Writes:   registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
-		Recorder: recorder, Metrics: lifecycleMetrics, Logger: log,
+		RemovalBurst: cfg.Registration.SweepBurst,
+		Writes:       registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Recorder:     recorder, Metrics: lifecycleMetrics, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -261,10 +264,39 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer func() { stopTracker(); healthMirror.Wait() }()
 
+	// What each sidecar is served: translated from the cached Sidecars,
+	// Services, EndpointSlices, ServiceEntries and WorkloadEntries.
+	for _, l := range configsource.Watched() {
+		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
+			return fmt.Errorf("sync informer for %T: %w", l, err)
+		}
+	}
+	configMetrics, err := configsource.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	nackMetrics, err := xds.NewNACKMetrics(reg)
+	if err != nil {
+		return err
+	}
+	configSource, err := configsource.New(configsource.Options{
+		Cache: informers, Mesh: translate.Mesh{TrustDomain: cfg.Mesh.TrustDomain, ClusterID: cfg.Mesh.ClusterID},
+		RootNamespace: cfg.Mesh.RootNamespace, Debounce: cfg.XDS.Debounce.Duration,
+		Recorder: recorder, Metrics: configMetrics, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	xdsMetrics, err := xds.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
 	xdsServer, err := xds.NewServer(ctx, xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: apiReader, Informers: informers,
 		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
+		Config: configSource, NACKMetrics: nackMetrics, Metrics: xdsMetrics,
 	})
 	if err != nil {
 		return err
@@ -335,7 +367,7 @@ func Run(ctx context.Context, opts Options) error {
 	})
 	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
-	errc := make(chan error, 6)
+	errc := make(chan error, 7)
 	go func() {
 		if err := <-lifecycleErr; err != nil {
 			errc <- err
@@ -349,6 +381,11 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	go func() {
 		if err := xdsServer.Run(ctx); err != nil {
+			errc <- err
+		}
+	}()
+	go func() {
+		if err := configSource.Run(ctx, xdsServer); err != nil {
 			errc <- err
 		}
 	}()
