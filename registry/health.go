@@ -174,8 +174,8 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 	go m.drain(e)
 }
 
-// Flush waits until no report is pending (stored, dropped, or held by
-// damping counts as pending), or ctx ends.
+// Flush waits until every report is stored or dropped (a report held by
+// damping is still pending), or ctx ends.
 func (m *HealthMirror) Flush(ctx context.Context) error {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
@@ -207,6 +207,9 @@ func (m *HealthMirror) drain(e *healthEntry) {
 		if h == nil || m.ctx.Err() != nil {
 			e.running = false
 			m.active--
+			if !e.damp.known && m.entries[e.workload.Key] == e {
+				delete(m.entries, e.workload.Key) // forgotten: the registration is gone or not ours
+			}
 			m.mu.Unlock()
 			return
 		}
