@@ -20,6 +20,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/types/known/durationpb"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 )
 
 // DefaultEgressBind is where egress listeners bind when a Sidecar egress
@@ -43,6 +44,7 @@ func Translate(in *Inputs) (*Result, error) {
 		return res, nil
 	}
 	b.sidecarName = sc.Namespace + "/" + sc.Name
+	b.warnIgnored(sc)
 	if err := b.ingress(sc); err != nil {
 		return nil, err
 	}
@@ -69,6 +71,8 @@ type builder struct {
 	bound map[string]string
 	// podSA maps "<namespace>/<pod>" to the pod's service account.
 	podSA map[string]string
+	// slices maps "<namespace>/<service>" to the Service's EndpointSlices.
+	slices map[string][]*discoveryv1.EndpointSlice
 }
 
 func newBuilder(in *Inputs) *builder {
@@ -83,6 +87,13 @@ func newBuilder(in *Inputs) *builder {
 		endpoints: map[string]*endpointv3.ClusterLoadAssignment{},
 		bound:     map[string]string{},
 		podSA:     map[string]string{},
+		slices:    map[string][]*discoveryv1.EndpointSlice{},
+	}
+	for _, es := range in.EndpointSlices {
+		if es != nil && es.Labels[discoveryv1.LabelServiceName] != "" {
+			key := es.Namespace + "/" + es.Labels[discoveryv1.LabelServiceName]
+			b.slices[key] = append(b.slices[key], es)
+		}
 	}
 	if b.root == "" {
 		b.root = DefaultRootNamespace
@@ -173,11 +184,11 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 		bind := b.in.Workload.Address
 		if ing.GetBind() != "" {
 			bind = ing.GetBind()
-			if _, err := netip.ParseAddr(bind); err != nil {
+			if _, err := parseIP(bind); err != nil {
 				return b.fail(field+".bind", "%q is not an IP address", bind)
 			}
 		}
-		if _, err := netip.ParseAddr(bind); err != nil {
+		if _, err := parseIP(bind); err != nil {
 			return fmt.Errorf("workload %s/%s has no IP address to bind ingress %s to (%q)", b.in.Workload.Namespace, b.in.Workload.Name, field, bind)
 		}
 		upstream, err := b.defaultEndpoint(ing.GetDefaultEndpoint())
@@ -251,7 +262,7 @@ func (b *builder) defaultEndpoint(s string) (*corev3.Address, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%q is not <ip>:<port> or unix://<path>", s)
 	}
-	ip, err := netip.ParseAddr(host)
+	ip, err := parseIP(host)
 	if err != nil {
 		return nil, fmt.Errorf("%q: %q is not an IP address", s, host)
 	}
@@ -334,3 +345,42 @@ func sortedValues[T types.Resource](m map[string]T) []types.Resource {
 }
 
 func resourceName(r types.Resource) string { return cachev3.GetResourceName(r) }
+
+// parseIP accepts an IPv4 or IPv6 address without a zone (Envoy socket
+// addresses have no zone).
+func parseIP(s string) (netip.Addr, error) {
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return ip, err
+	}
+	if ip.Zone() != "" {
+		return ip, fmt.Errorf("%q has a zone", s)
+	}
+	return ip, nil
+}
+
+// warnIgnored names the Sidecar fields that are set but not translated.
+func (b *builder) warnIgnored(sc *istionetworkingv1.Sidecar) {
+	if sc.Spec.GetOutboundTrafficPolicy().GetMode().String() == "ALLOW_ANY" {
+		b.warn("spec.outboundTrafficPolicy: ALLOW_ANY is not translated; hosts not selected by the egress listeners get 404 or no listener")
+	}
+	if sc.Spec.GetInboundConnectionPool() != nil {
+		b.warn("spec.inboundConnectionPool is not translated")
+	}
+	for i, ing := range sc.Spec.GetIngress() {
+		if ing.GetTls() != nil {
+			b.warn("spec.ingress[%d].tls is not translated: the sidecar does not terminate the application's TLS", i)
+		}
+		if ing.GetConnectionPool() != nil {
+			b.warn("spec.ingress[%d].connectionPool is not translated", i)
+		}
+		if ing.GetCaptureMode().String() == "IPTABLES" {
+			b.warn("spec.ingress[%d].captureMode IPTABLES is not translated: onboarded workloads have no traffic capture", i)
+		}
+	}
+	for i, eg := range sc.Spec.GetEgress() {
+		if eg.GetCaptureMode().String() == "IPTABLES" {
+			b.warn("spec.egress[%d].captureMode IPTABLES is not translated: onboarded workloads have no traffic capture", i)
+		}
+	}
+}

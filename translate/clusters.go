@@ -93,7 +93,7 @@ func (b *builder) outboundCluster(d destination) string {
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource()}
 		ipEps := eps[:0:0]
 		for _, e := range eps {
-			if _, err := netip.ParseAddr(e.addr); err != nil {
+			if _, err := parseIP(e.addr); err != nil {
 				b.warn("%s: endpoint address %q is not an IP address; left out", name, e.addr)
 				continue
 			}
@@ -114,29 +114,37 @@ func (b *builder) outboundCluster(d destination) string {
 }
 
 // sans are the SPIFFE IDs the destination's endpoints may present: those of
-// their service accounts (plus a ServiceEntry's subjectAltNames); when none
-// is known, any identity of the destination's namespace.
+// their service accounts plus a ServiceEntry's subjectAltNames. When an
+// endpoint's service account is unknown (no Pods given, an entry without
+// one) and the ServiceEntry names no subjectAltNames, any identity of the
+// destination's namespace is accepted as well, so that endpoint is not
+// locked out.
 func (b *builder) sans(d destination, eps []endpoint) []*tlsv3.SubjectAltNameMatcher {
 	set := map[string]bool{}
+	unknown := len(eps) == 0
 	for _, e := range eps {
 		if e.sa != "" {
 			set[b.spiffeID(d.ns, e.sa)] = true
+		} else {
+			unknown = true
 		}
 	}
-	if d.se != nil {
+	if d.se != nil && len(d.se.Spec.GetSubjectAltNames()) > 0 {
+		unknown = false
 		for _, s := range d.se.Spec.GetSubjectAltNames() {
 			set[s] = true
 		}
-	}
-	if len(set) == 0 {
-		return prefixSAN(fmt.Sprintf("spiffe://%s/ns/%s/", b.trust, d.ns))
 	}
 	ids := make([]string, 0, len(set))
 	for id := range set {
 		ids = append(ids, id)
 	}
 	sort.Strings(ids)
-	return exactSANs(ids)
+	out := exactSANs(ids)
+	if unknown {
+		out = append(out, prefixSAN(fmt.Sprintf("spiffe://%s/ns/%s/", b.trust, d.ns))...)
+	}
+	return out
 }
 
 // SpiffeID is the identity of a service account: spiffe://<td>/ns/<ns>/sa/<sa>.
@@ -174,10 +182,7 @@ func loadAssignment(name string, eps []endpoint) *endpointv3.ClusterLoadAssignme
 // Service's namespace its selector selects.
 func (b *builder) serviceEndpoints(svc *corev1.Service, sp corev1.ServicePort) []endpoint {
 	var out []endpoint
-	for _, es := range b.in.EndpointSlices {
-		if es == nil || es.Namespace != svc.Namespace || es.Labels[discoveryv1.LabelServiceName] != svc.Name {
-			continue
-		}
+	for _, es := range b.slices[svc.Namespace+"/"+svc.Name] {
 		if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
 		}

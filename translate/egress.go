@@ -2,7 +2,6 @@ package translate
 
 import (
 	"fmt"
-	"net/netip"
 	"sort"
 	"strings"
 
@@ -154,7 +153,7 @@ func (b *builder) egress(sc *istionetworkingv1.Sidecar) error {
 		bind := DefaultEgressBind
 		if eg.GetBind() != "" {
 			bind = eg.GetBind()
-			if _, err := netip.ParseAddr(bind); err != nil {
+			if _, err := parseIP(bind); err != nil {
 				return b.fail(field+".bind", "%q is not an IP address", bind)
 			}
 		}
@@ -276,6 +275,10 @@ func (b *builder) egressListener(field, bind string, port uint32, proto protocol
 			b.warn("%s: no Service or ServiceEntry selected by its hosts has port %d; no listener on %s", field, port, name)
 			return
 		default:
+			if proto == "TLS" || proto == "HTTPS" {
+				b.sniListener(field, bind, port, dests)
+				return
+			}
 			hosts := make([]string, 0, len(dests))
 			for _, d := range dests {
 				hosts = append(hosts, d.host)
@@ -313,4 +316,51 @@ func (b *builder) domains(d destination) []string {
 		out = append(out, n, fmt.Sprintf("%s:%d", n, d.port))
 	}
 	return out
+}
+
+// sniListener serves a TLS port with several destinations: the client's
+// TLS server name (read by tls_inspector) picks the destination, among the
+// names without port an application uses for it. Connections without a
+// known server name match no chain and are closed.
+func (b *builder) sniListener(field, bind string, port uint32, dests []destination) {
+	name := listenerName(bind, port)
+	claimed := map[string]string{}
+	var chains []*listenerv3.FilterChain
+	for _, d := range dests {
+		var names []string
+		for _, dom := range b.domains(d) {
+			if strings.Contains(dom, ":") {
+				continue
+			}
+			if prev, dup := claimed[dom]; dup {
+				b.warn("%s: server name %q of %s is already routed to %s; left out", field, dom, d.host, prev)
+				continue
+			}
+			claimed[dom] = d.host
+			names = append(names, dom)
+		}
+		if len(names) == 0 {
+			continue
+		}
+		cluster := b.outboundCluster(d)
+		if cluster == "" {
+			continue
+		}
+		chains = append(chains, &listenerv3.FilterChain{
+			Name:             cluster,
+			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: names},
+			Filters:          []*listenerv3.Filter{tcpProxy("outbound|"+name, cluster)},
+		})
+	}
+	if len(chains) == 0 {
+		b.warn("%s: no destination on TLS port %d has a usable server name; no listener on %s", field, port, name)
+		return
+	}
+	b.listeners[name] = &listenerv3.Listener{
+		Name:             name,
+		Address:          socketAddress(bind, port),
+		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
+		ListenerFilters:  []*listenerv3.ListenerFilter{tlsInspector()},
+		FilterChains:     chains,
+	}
 }

@@ -45,6 +45,8 @@ func TestSidecarErrors(t *testing.T) {
   - {port: {number: 80, protocol: TCP, name: b}, defaultEndpoint: "127.0.0.1:81"}`, "spec.ingress[1]", "already used by spec.ingress[0]"},
 		{"egress bad bind", `
   egress: [{bind: "300.0.0.1", port: {number: 80, protocol: HTTP, name: x}, hosts: ["./*"]}]`, "spec.egress[0].bind", "not an IP"},
+		{"egress bind with zone", `
+  egress: [{bind: "fe80::1%eth0", port: {number: 80, protocol: HTTP, name: x}, hosts: ["./*"]}]`, "spec.egress[0].bind", "not an IP"},
 		{"egress without hosts", `
   egress: [{port: {number: 80, protocol: HTTP, name: x}}]`, "spec.egress[0].hosts", "required"},
 		{"egress host without namespace", `

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
@@ -164,6 +165,15 @@ func TestGolden(t *testing.T) {
 			}
 			if err := res.Validate(); err != nil {
 				t.Fatalf("Validate: %v", err)
+			}
+			// The result is a consistent snapshot: every EDS cluster has its
+			// endpoints and every RDS listener its route configuration.
+			snap, err := cachev3.NewSnapshot("1", res.ByType())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := snap.Consistent(); err != nil {
+				t.Fatalf("snapshot not consistent: %v", err)
 			}
 			got, err := renderResult(res)
 			if err != nil {

@@ -30,6 +30,7 @@ const (
 	DefaultListenAddress      = ":15443"
 	DefaultXDSListenAddress   = ":15012"
 	DefaultMetricsAddress     = ":15014"
+	DefaultRepositoryAddress  = ":8443"
 	DefaultTokenExpiration    = time.Hour
 	DefaultGracePeriod        = 5 * time.Minute
 	DefaultPropagationDelay   = 5 * time.Second
@@ -116,7 +117,9 @@ type JWTTokenIssuer struct {
 
 // LocalRepository is meshExpansion.onboarding.localRepository.
 type LocalRepository struct {
-	// Directory holding install/... Default /var/lib/onboarding-endpoint/repository.
+	// Directory mirroring the URL tree below /install/ (deb/amd64/onboarding-agent.deb,
+	// istio-sidecar/<revision>/rpm/arm64/istio-sidecar.rpm, ...); served on
+	// listen.repository. Default /var/lib/onboarding-endpoint/repository.
 	Directory string `json:"directory,omitempty"`
 }
 
@@ -188,8 +191,11 @@ type Registration struct {
 
 // Listen holds listen addresses.
 type Listen struct {
-	// Onboarding API (gRPC) and local repository (HTTPS). Default :15443.
+	// Onboarding API (gRPC). Default :15443.
 	Onboarding string `json:"onboarding,omitempty"`
+	// Repository: the local repository (HTTPS, the endpoint's serving
+	// certificate), when localRepository is set. Default :8443.
+	Repository string `json:"repository,omitempty"`
 	// XDS server. Default :15012.
 	XDS string `json:"xds,omitempty"`
 	// Metrics and health. Default :15014.
@@ -274,6 +280,9 @@ func (c *Configuration) SetDefaults() {
 	}
 	if c.Listen.Metrics == "" {
 		c.Listen.Metrics = DefaultMetricsAddress
+	}
+	if c.Listen.Repository == "" {
+		c.Listen.Repository = DefaultRepositoryAddress
 	}
 	if c.Mesh.DiscoveryAddress == "" && len(c.Endpoint.Hosts) > 0 {
 		_, port, err := net.SplitHostPort(c.Listen.XDS)
@@ -399,7 +408,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	if c.Registration.SweepBurst < 0 {
 		errs = append(errs, field.Invalid(r.Child("sweepBurst"), c.Registration.SweepBurst, "must be positive"))
 	}
-	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}} {
+	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}, {"repository", c.Listen.Repository}} {
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {
 			errs = append(errs, field.Invalid(field.NewPath("listen", l.name), l.addr, "must be [host]:port"))
 		}

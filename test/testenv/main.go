@@ -22,9 +22,8 @@ import (
 // A control plane that cannot start, or a setup that fails, fails the
 // package: tests are never skipped for want of one.
 //
-// Inside a fuzz worker process (go test -fuzz starts them with
-// -test.fuzzworker) no control plane is started and *env stays nil: fuzz
-// targets must not use it.
+// Fuzzing starts no control plane (see Fuzzing): *env stays nil there, so
+// fuzz targets must not use it.
 func Main(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) {
 	os.Exit(Run(m, opts, env, setup...))
 }
@@ -39,19 +38,28 @@ func Main(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Conte
 //		os.Exit(code)
 //	}
 func Run(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) int {
-	if FuzzWorker() {
+	if Fuzzing() {
 		return m.Run()
 	}
 	return run(m, opts, env, setup)
 }
 
-// FuzzWorker reports whether this test binary runs as a fuzz worker.
-func FuzzWorker() bool {
+// Fuzzing reports whether this test process only fuzzes: a fuzz worker
+// (-test.fuzzworker), or the coordinator of `go test -run='^$' -fuzz=X`,
+// which runs nothing but the fuzz target. Such processes must not start a
+// control plane each (test/fuzz/run.sh runs every target this way). It
+// parses the test flags, as TestMain may.
+func Fuzzing() bool {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
-	f := flag.Lookup("test.fuzzworker")
-	return f != nil && f.Value.String() == "true"
+	value := func(name string) string {
+		if f := flag.Lookup(name); f != nil {
+			return f.Value.String()
+		}
+		return ""
+	}
+	return value("test.fuzzworker") == "true" || (value("test.fuzz") != "" && value("test.run") == "^$")
 }
 
 func run(m *testing.M, opts Options, env **Env, setup []func(ctx context.Context) error) int {

@@ -7,6 +7,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,6 +88,14 @@ func Run(ctx context.Context, opts Options) error {
 	restCfg, err := restConfig(opts.Kubeconfig)
 	if err != nil {
 		return err
+	}
+	if restCfg.QPS == 0 {
+		// client-go's default (5 QPS, burst 10 per client) would throttle
+		// far below registration.writeQPS: the soak (test/soak) showed
+		// connection bookkeeping falling minutes behind at 2 onboardings/s.
+		// Every write is read first, so allow twice the write budget.
+		restCfg.QPS = float32(2 * cfg.Registration.WriteQPS)
+		restCfg.Burst = 2 * cfg.Registration.WriteBurst
 	}
 	sch, err := scheme.New()
 	if err != nil {
@@ -304,6 +313,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	grpcOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor())}
 	var xdsOpts []grpc.ServerOption
+	var servingTLS *tls.Config // nil when plaintext; the local repository serves with it
 	switch {
 	case cfg.Endpoint.Plaintext:
 		log.Warn("serving the onboarding API WITHOUT TLS (endpoint.plaintext): for tests on loopback only")
@@ -314,6 +324,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		servingTLS = src.TLSConfig()
 	default:
 		src, err := servingcert.FromFiles(ctx, cfg.Endpoint.CertFile, cfg.Endpoint.KeyFile, 0, log)
 		if err != nil {
@@ -321,6 +332,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		servingTLS = src.TLSConfig()
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	xdsServer.Register(xg)
@@ -355,6 +367,16 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("listen on %s (xDS debug): %w", opts.DebugXDS, err)
 		}
 	}
+	repo, err := startRepository(cfg, servingTLS, log)
+	if err != nil {
+		_ = lis.Close()
+		_ = mlis.Close()
+		_ = xlis.Close()
+		if dlis != nil {
+			_ = dlis.Close()
+		}
+		return err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -376,6 +398,9 @@ func Run(ctx context.Context, opts Options) error {
 	go func() { errc <- g.Serve(lis) }()
 	go func() { errc <- msrv.Serve(mlis) }()
 	go func() { errc <- xg.Serve(xlis) }()
+	if repo != nil {
+		go func() { errc <- repo.serve() }()
+	}
 	if dlis != nil {
 		go func() { errc <- dg.Serve(dlis) }()
 	}
@@ -402,6 +427,9 @@ func Run(ctx context.Context, opts Options) error {
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = msrv.Shutdown(shutdownCtx)
+	if repo != nil {
+		repo.shutdown(shutdownCtx)
+	}
 	stopped := make(chan struct{})
 	go func() { g.GracefulStop(); close(stopped) }()
 	select {
