@@ -13,15 +13,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/prometheus/prometheus/promql/parser"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/onboarding/endpoint"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/configsource"
 )
 
 // exportedMetrics registers every metric Embark exports, through the real
 // constructors the endpoint's main calls. Add new metrics constructors
 // here: the lint, dashboard and alert tests read this one list.
-func exportedMetrics(reg prometheus.Registerer) error {
+// reader serves the collectors that count objects (the real API server in
+// these tests).
+func exportedMetrics(reg prometheus.Registerer, reader client.Reader) error {
 	if _, err := endpoint.NewMetrics(reg); err != nil {
 		return fmt.Errorf("onboarding API metrics: %w", err)
 	}
@@ -30,6 +35,18 @@ func exportedMetrics(reg prometheus.Registerer) error {
 	}
 	if _, err := registry.NewLifecycleMetrics(reg); err != nil {
 		return fmt.Errorf("lifecycle metrics: %w", err)
+	}
+	if _, err := registry.NewHealthMetrics(reg, reader); err != nil {
+		return fmt.Errorf("health metrics: %w", err)
+	}
+	if _, err := configsource.NewMetrics(reg); err != nil {
+		return fmt.Errorf("xDS configuration metrics: %w", err)
+	}
+	if _, err := xds.NewNACKMetrics(reg); err != nil {
+		return fmt.Errorf("xDS NACK metrics: %w", err)
+	}
+	if _, err := xds.NewMetrics(reg); err != nil {
+		return fmt.Errorf("xDS stream metrics: %w", err)
 	}
 	return nil
 }
@@ -59,7 +76,7 @@ func (c *capture) MustRegister(cols ...prometheus.Collector) {
 func gathered(t *testing.T) *capture {
 	t.Helper()
 	c := &capture{Registry: prometheus.NewRegistry()}
-	if err := exportedMetrics(c); err != nil {
+	if err := exportedMetrics(c, env.Client); err != nil {
 		t.Fatal(err)
 	}
 	for _, col := range c.collectors {
@@ -101,11 +118,24 @@ func touch(t *testing.T, col prometheus.Collector) {
 // _sum and _count series of histograms and summaries.
 func exportedNames(t *testing.T) map[string]bool {
 	t.Helper()
-	mfs, err := gathered(t).Gather()
+	c := gathered(t)
+	mfs, err := c.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	names := map[string]bool{}
+	descs := make(chan *prometheus.Desc, 64)
+	go func() {
+		for _, col := range c.collectors {
+			col.Describe(descs)
+		}
+		close(descs)
+	}()
+	for d := range descs {
+		if m := fqName.FindStringSubmatch(d.String()); m != nil {
+			names[m[1]] = true
+		}
+	}
 	for _, mf := range mfs {
 		names[mf.GetName()] = true
 		switch mf.GetType().String() {
@@ -193,6 +223,10 @@ type dashboard struct {
 		} `json:"list"`
 	} `json:"templating"`
 }
+
+// fqName finds a metric's name in a *prometheus.Desc's String (collectors
+// that emit only for existing objects gather nothing in an empty cluster).
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
 
 var labelValues = regexp.MustCompile(`^label_values\((.+),\s*\w+\)$`)
 

@@ -97,6 +97,9 @@ type Options struct {
 	Metrics *Metrics
 	// Recorder records Events where operators look. Default: none.
 	Recorder record.EventRecorder
+	// WatchInterval is how often WatchRegistration looks at the
+	// registration in Client (an informer cache: no API request). Default 1s.
+	WatchInterval time.Duration
 }
 
 // BootstrapSettings are the mesh settings every sidecar's bootstrap carries.
@@ -124,6 +127,9 @@ func NewServer(opts Options) (*Server, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.WatchInterval == 0 {
+		opts.WatchInterval = time.Second
 	}
 	return &Server{opts: opts, log: opts.Logger}, nil
 }
@@ -228,6 +234,7 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 	return &onboardingv1alpha1.RegisterResponse{
 		Namespace:        res.Registration.Namespace,
 		RegistrationName: res.Registration.Name,
+		RegistrationUid:  string(res.Registration.UID),
 		Bootstrap:        boot,
 	}, nil
 }

@@ -7,6 +7,7 @@ package app
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,7 +46,9 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/configsource"
 )
 
 // Options are the command line of the endpoint.
@@ -85,6 +88,14 @@ func Run(ctx context.Context, opts Options) error {
 	restCfg, err := restConfig(opts.Kubeconfig)
 	if err != nil {
 		return err
+	}
+	if restCfg.QPS == 0 {
+		// client-go's default (5 QPS, burst 10 per client) would throttle
+		// far below registration.writeQPS: the soak (test/soak) showed
+		// connection bookkeeping falling minutes behind at 2 onboardings/s.
+		// Every write is read first, so allow twice the write budget.
+		restCfg.QPS = float32(2 * cfg.Registration.WriteQPS)
+		restCfg.Burst = 2 * cfg.Registration.WriteBurst
 	}
 	sch, err := scheme.New()
 	if err != nil {
@@ -226,8 +237,9 @@ func Run(ctx context.Context, opts Options) error {
 		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
-		Writes:   registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
-		Recorder: recorder, Metrics: lifecycleMetrics, Logger: log,
+		RemovalBurst: cfg.Registration.SweepBurst,
+		Writes:       registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Recorder:     recorder, Metrics: lifecycleMetrics, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -242,10 +254,58 @@ func Run(ctx context.Context, opts Options) error {
 		return ctx.Err()
 	}
 
+	// Health reports mirrored onto WorkloadEntries, written until shutdown
+	// like the connection states.
+	healthMetrics, err := registry.NewHealthMetrics(reg, informers)
+	if err != nil {
+		return err
+	}
+	damping := cfg.Registration.HealthDamping.Duration
+	if damping == 0 {
+		damping = -1 // 0 in the file disables damping
+	}
+	healthMirror, err := registry.NewHealthMirror(trackerCtx, registry.HealthOptions{
+		Client: apiReader, Connections: conns, Damping: damping, Metrics: healthMetrics, Logger: log,
+		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { stopTracker(); healthMirror.Wait() }()
+
+	// What each sidecar is served: translated from the cached Sidecars,
+	// Services, EndpointSlices, ServiceEntries and WorkloadEntries.
+	for _, l := range configsource.Watched() {
+		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
+			return fmt.Errorf("sync informer for %T: %w", l, err)
+		}
+	}
+	configMetrics, err := configsource.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	nackMetrics, err := xds.NewNACKMetrics(reg)
+	if err != nil {
+		return err
+	}
+	configSource, err := configsource.New(configsource.Options{
+		Cache: informers, Mesh: translate.Mesh{TrustDomain: cfg.Mesh.TrustDomain, ClusterID: cfg.Mesh.ClusterID},
+		RootNamespace: cfg.Mesh.RootNamespace, Debounce: cfg.XDS.Debounce.Duration,
+		Recorder: recorder, Metrics: configMetrics, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	xdsMetrics, err := xds.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
 	xdsServer, err := xds.NewServer(ctx, xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: apiReader, Informers: informers,
-		ClusterID: cfg.Mesh.ClusterID, Logger: log,
+		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
+		Config: configSource, NACKMetrics: nackMetrics, Metrics: xdsMetrics,
 	})
 	if err != nil {
 		return err
@@ -253,6 +313,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	grpcOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor())}
 	var xdsOpts []grpc.ServerOption
+	var servingTLS *tls.Config // nil when plaintext; the local repository serves with it
 	switch {
 	case cfg.Endpoint.Plaintext:
 		log.Warn("serving the onboarding API WITHOUT TLS (endpoint.plaintext): for tests on loopback only")
@@ -263,6 +324,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		servingTLS = src.TLSConfig()
 	default:
 		src, err := servingcert.FromFiles(ctx, cfg.Endpoint.CertFile, cfg.Endpoint.KeyFile, 0, log)
 		if err != nil {
@@ -270,6 +332,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
 		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		servingTLS = src.TLSConfig()
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	xdsServer.Register(xg)
@@ -304,6 +367,16 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("listen on %s (xDS debug): %w", opts.DebugXDS, err)
 		}
 	}
+	repo, err := startRepository(cfg, servingTLS, log)
+	if err != nil {
+		_ = lis.Close()
+		_ = mlis.Close()
+		_ = xlis.Close()
+		if dlis != nil {
+			_ = dlis.Close()
+		}
+		return err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -316,7 +389,7 @@ func Run(ctx context.Context, opts Options) error {
 	})
 	msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 
-	errc := make(chan error, 6)
+	errc := make(chan error, 7)
 	go func() {
 		if err := <-lifecycleErr; err != nil {
 			errc <- err
@@ -325,11 +398,19 @@ func Run(ctx context.Context, opts Options) error {
 	go func() { errc <- g.Serve(lis) }()
 	go func() { errc <- msrv.Serve(mlis) }()
 	go func() { errc <- xg.Serve(xlis) }()
+	if repo != nil {
+		go func() { errc <- repo.serve() }()
+	}
 	if dlis != nil {
 		go func() { errc <- dg.Serve(dlis) }()
 	}
 	go func() {
 		if err := xdsServer.Run(ctx); err != nil {
+			errc <- err
+		}
+	}()
+	go func() {
+		if err := configSource.Run(ctx, xdsServer); err != nil {
 			errc <- err
 		}
 	}()
@@ -346,6 +427,9 @@ func Run(ctx context.Context, opts Options) error {
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = msrv.Shutdown(shutdownCtx)
+	if repo != nil {
+		repo.shutdown(shutdownCtx)
+	}
 	stopped := make(chan struct{})
 	go func() { g.GracefulStop(); close(stopped) }()
 	select {
@@ -359,6 +443,9 @@ func Run(ctx context.Context, opts Options) error {
 	dg.Stop()
 	if err := conns.Flush(shutdownCtx); err != nil {
 		log.Error("connection states not stored at shutdown; the sweeper's replica leases cover them", "error", err)
+	}
+	if err := healthMirror.Flush(shutdownCtx); err != nil {
+		log.Error("health reports not stored at shutdown; the sidecars report again when they reconnect", "error", err)
 	}
 	stopTracker()
 	conns.Wait()

@@ -26,6 +26,57 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RegistrationEvent_State int32
+
+const (
+	RegistrationEvent_STATE_UNSPECIFIED RegistrationEvent_State = 0
+	// The registration exists; uid names it.
+	RegistrationEvent_PRESENT RegistrationEvent_State = 1
+	// The registration is gone (or replaced): register again.
+	RegistrationEvent_DELETED RegistrationEvent_State = 2
+)
+
+// Enum value maps for RegistrationEvent_State.
+var (
+	RegistrationEvent_State_name = map[int32]string{
+		0: "STATE_UNSPECIFIED",
+		1: "PRESENT",
+		2: "DELETED",
+	}
+	RegistrationEvent_State_value = map[string]int32{
+		"STATE_UNSPECIFIED": 0,
+		"PRESENT":           1,
+		"DELETED":           2,
+	}
+)
+
+func (x RegistrationEvent_State) Enum() *RegistrationEvent_State {
+	p := new(RegistrationEvent_State)
+	*p = x
+	return p
+}
+
+func (x RegistrationEvent_State) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RegistrationEvent_State) Descriptor() protoreflect.EnumDescriptor {
+	return file_onboarding_api_v1alpha1_onboarding_proto_enumTypes[0].Descriptor()
+}
+
+func (RegistrationEvent_State) Type() protoreflect.EnumType {
+	return &file_onboarding_api_v1alpha1_onboarding_proto_enumTypes[0]
+}
+
+func (x RegistrationEvent_State) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RegistrationEvent_State.Descriptor instead.
+func (RegistrationEvent_State) EnumDescriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16, 0}
+}
+
 // WorkloadGroupRef names the WorkloadGroup a workload joins.
 type WorkloadGroupRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -616,8 +667,11 @@ type RegisterResponse struct {
 	Namespace        string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
 	RegistrationName string                 `protobuf:"bytes,2,opt,name=registration_name,json=registrationName,proto3" json:"registration_name,omitempty"`
 	Bootstrap        *SidecarBootstrap      `protobuf:"bytes,3,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The registration's UID: WatchRegistration reports it, so the agent
+	// tells its own registration from a replacement.
+	RegistrationUid string `protobuf:"bytes,4,opt,name=registration_uid,json=registrationUid,proto3" json:"registration_uid,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RegisterResponse) Reset() {
@@ -669,6 +723,13 @@ func (x *RegisterResponse) GetBootstrap() *SidecarBootstrap {
 		return x.Bootstrap
 	}
 	return nil
+}
+
+func (x *RegisterResponse) GetRegistrationUid() string {
+	if x != nil {
+		return x.RegistrationUid
+	}
+	return ""
 }
 
 // SidecarBootstrap configures the workload's Istio sidecar (pilot-agent).
@@ -990,6 +1051,112 @@ func (x *UnregisterResponse) GetPropagationDelay() *durationpb.Duration {
 	return nil
 }
 
+// WatchRegistrationRequest asks to follow the caller's registration.
+type WatchRegistrationRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRegistrationRequest) Reset() {
+	*x = WatchRegistrationRequest{}
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRegistrationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRegistrationRequest) ProtoMessage() {}
+
+func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRegistrationRequest.ProtoReflect.Descriptor instead.
+func (*WatchRegistrationRequest) Descriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
+}
+
+// RegistrationEvent is the state of the caller's registration.
+type RegistrationEvent struct {
+	state            protoimpl.MessageState  `protogen:"open.v1"`
+	State            RegistrationEvent_State `protobuf:"varint,1,opt,name=state,proto3,enum=embark.onboarding.v1alpha1.RegistrationEvent_State" json:"state,omitempty"`
+	Namespace        string                  `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	RegistrationName string                  `protobuf:"bytes,3,opt,name=registration_name,json=registrationName,proto3" json:"registration_name,omitempty"`
+	Uid              string                  `protobuf:"bytes,4,opt,name=uid,proto3" json:"uid,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *RegistrationEvent) Reset() {
+	*x = RegistrationEvent{}
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegistrationEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegistrationEvent) ProtoMessage() {}
+
+func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegistrationEvent.ProtoReflect.Descriptor instead.
+func (*RegistrationEvent) Descriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RegistrationEvent) GetState() RegistrationEvent_State {
+	if x != nil {
+		return x.State
+	}
+	return RegistrationEvent_STATE_UNSPECIFIED
+}
+
+func (x *RegistrationEvent) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *RegistrationEvent) GetRegistrationName() string {
+	if x != nil {
+		return x.RegistrationName
+	}
+	return ""
+}
+
+func (x *RegistrationEvent) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
 var File_onboarding_api_v1alpha1_onboarding_proto protoreflect.FileDescriptor
 
 const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
@@ -1035,11 +1202,12 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v27.embark.onboarding.v1alpha1.RegisterRequest.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd4\x01\n" +
 	"\x10RegisterResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12+\n" +
 	"\x11registration_name\x18\x02 \x01(\tR\x10registrationName\x12J\n" +
-	"\tbootstrap\x18\x03 \x01(\v2,.embark.onboarding.v1alpha1.SidecarBootstrapR\tbootstrap\"\xde\x04\n" +
+	"\tbootstrap\x18\x03 \x01(\v2,.embark.onboarding.v1alpha1.SidecarBootstrapR\tbootstrap\x12)\n" +
+	"\x10registration_uid\x18\x04 \x01(\tR\x0fregistrationUid\"\xde\x04\n" +
 	"\x10SidecarBootstrap\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11discovery_address\x18\x02 \x01(\tR\x10discoveryAddress\x12\x1d\n" +
@@ -1066,13 +1234,24 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x13\n" +
 	"\x11UnregisterRequest\"\\\n" +
 	"\x12UnregisterResponse\x12F\n" +
-	"\x11propagation_delay\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x10propagationDelay2\xd4\x03\n" +
+	"\x11propagation_delay\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x10propagationDelay\"\x1a\n" +
+	"\x18WatchRegistrationRequest\"\xf5\x01\n" +
+	"\x11RegistrationEvent\x12I\n" +
+	"\x05state\x18\x01 \x01(\x0e23.embark.onboarding.v1alpha1.RegistrationEvent.StateR\x05state\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12+\n" +
+	"\x11registration_name\x18\x03 \x01(\tR\x10registrationName\x12\x10\n" +
+	"\x03uid\x18\x04 \x01(\tR\x03uid\"8\n" +
+	"\x05State\x12\x15\n" +
+	"\x11STATE_UNSPECIFIED\x10\x00\x12\v\n" +
+	"\aPRESENT\x10\x01\x12\v\n" +
+	"\aDELETED\x10\x022\xd0\x04\n" +
 	"\x11OnboardingService\x12h\n" +
 	"\tAuthorize\x12,.embark.onboarding.v1alpha1.AuthorizeRequest\x1a-.embark.onboarding.v1alpha1.AuthorizeResponse\x12e\n" +
 	"\bRegister\x12+.embark.onboarding.v1alpha1.RegisterRequest\x1a,.embark.onboarding.v1alpha1.RegisterResponse\x12k\n" +
 	"\n" +
 	"Unregister\x12-.embark.onboarding.v1alpha1.UnregisterRequest\x1a..embark.onboarding.v1alpha1.UnregisterResponse\x12\x80\x01\n" +
-	"\x11RenewSidecarToken\x124.embark.onboarding.v1alpha1.RenewSidecarTokenRequest\x1a5.embark.onboarding.v1alpha1.RenewSidecarTokenResponseBJZHgithub.com/embark-mesh/embark/onboarding/api/v1alpha1;onboardingv1alpha1b\x06proto3"
+	"\x11RenewSidecarToken\x124.embark.onboarding.v1alpha1.RenewSidecarTokenRequest\x1a5.embark.onboarding.v1alpha1.RenewSidecarTokenResponse\x12z\n" +
+	"\x11WatchRegistration\x124.embark.onboarding.v1alpha1.WatchRegistrationRequest\x1a-.embark.onboarding.v1alpha1.RegistrationEvent0\x01BJZHgithub.com/embark-mesh/embark/onboarding/api/v1alpha1;onboardingv1alpha1b\x06proto3"
 
 var (
 	file_onboarding_api_v1alpha1_onboarding_proto_rawDescOnce sync.Once
@@ -1086,55 +1265,62 @@ func file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP() []byte {
 	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescData
 }
 
-var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_onboarding_api_v1alpha1_onboarding_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
-	(*WorkloadGroupRef)(nil),          // 0: embark.onboarding.v1alpha1.WorkloadGroupRef
-	(*AWSCredential)(nil),             // 1: embark.onboarding.v1alpha1.AWSCredential
-	(*SignedHTTPRequest)(nil),         // 2: embark.onboarding.v1alpha1.SignedHTTPRequest
-	(*Header)(nil),                    // 3: embark.onboarding.v1alpha1.Header
-	(*JWTCredential)(nil),             // 4: embark.onboarding.v1alpha1.JWTCredential
-	(*AuthorizeRequest)(nil),          // 5: embark.onboarding.v1alpha1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),         // 6: embark.onboarding.v1alpha1.AuthorizeResponse
-	(*HostAddress)(nil),               // 7: embark.onboarding.v1alpha1.HostAddress
-	(*RegisterRequest)(nil),           // 8: embark.onboarding.v1alpha1.RegisterRequest
-	(*RegisterResponse)(nil),          // 9: embark.onboarding.v1alpha1.RegisterResponse
-	(*SidecarBootstrap)(nil),          // 10: embark.onboarding.v1alpha1.SidecarBootstrap
-	(*RenewSidecarTokenRequest)(nil),  // 11: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	(*RenewSidecarTokenResponse)(nil), // 12: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	(*UnregisterRequest)(nil),         // 13: embark.onboarding.v1alpha1.UnregisterRequest
-	(*UnregisterResponse)(nil),        // 14: embark.onboarding.v1alpha1.UnregisterResponse
-	nil,                               // 15: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	nil,                               // 16: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 17: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
+	(RegistrationEvent_State)(0),      // 0: embark.onboarding.v1alpha1.RegistrationEvent.State
+	(*WorkloadGroupRef)(nil),          // 1: embark.onboarding.v1alpha1.WorkloadGroupRef
+	(*AWSCredential)(nil),             // 2: embark.onboarding.v1alpha1.AWSCredential
+	(*SignedHTTPRequest)(nil),         // 3: embark.onboarding.v1alpha1.SignedHTTPRequest
+	(*Header)(nil),                    // 4: embark.onboarding.v1alpha1.Header
+	(*JWTCredential)(nil),             // 5: embark.onboarding.v1alpha1.JWTCredential
+	(*AuthorizeRequest)(nil),          // 6: embark.onboarding.v1alpha1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),         // 7: embark.onboarding.v1alpha1.AuthorizeResponse
+	(*HostAddress)(nil),               // 8: embark.onboarding.v1alpha1.HostAddress
+	(*RegisterRequest)(nil),           // 9: embark.onboarding.v1alpha1.RegisterRequest
+	(*RegisterResponse)(nil),          // 10: embark.onboarding.v1alpha1.RegisterResponse
+	(*SidecarBootstrap)(nil),          // 11: embark.onboarding.v1alpha1.SidecarBootstrap
+	(*RenewSidecarTokenRequest)(nil),  // 12: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	(*RenewSidecarTokenResponse)(nil), // 13: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	(*UnregisterRequest)(nil),         // 14: embark.onboarding.v1alpha1.UnregisterRequest
+	(*UnregisterResponse)(nil),        // 15: embark.onboarding.v1alpha1.UnregisterResponse
+	(*WatchRegistrationRequest)(nil),  // 16: embark.onboarding.v1alpha1.WatchRegistrationRequest
+	(*RegistrationEvent)(nil),         // 17: embark.onboarding.v1alpha1.RegistrationEvent
+	nil,                               // 18: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	nil,                               // 19: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 20: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 21: google.protobuf.Duration
 }
 var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
-	2,  // 0: embark.onboarding.v1alpha1.AWSCredential.sts_get_caller_identity:type_name -> embark.onboarding.v1alpha1.SignedHTTPRequest
-	3,  // 1: embark.onboarding.v1alpha1.SignedHTTPRequest.headers:type_name -> embark.onboarding.v1alpha1.Header
-	0,  // 2: embark.onboarding.v1alpha1.AuthorizeRequest.workload_group:type_name -> embark.onboarding.v1alpha1.WorkloadGroupRef
-	1,  // 3: embark.onboarding.v1alpha1.AuthorizeRequest.aws:type_name -> embark.onboarding.v1alpha1.AWSCredential
-	4,  // 4: embark.onboarding.v1alpha1.AuthorizeRequest.jwt:type_name -> embark.onboarding.v1alpha1.JWTCredential
-	17, // 5: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 6: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
-	15, // 7: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	10, // 8: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
-	16, // 9: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	17, // 10: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
-	17, // 11: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	18, // 12: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
-	5,  // 13: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
-	8,  // 14: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
-	13, // 15: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
-	11, // 16: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	6,  // 17: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
-	9,  // 18: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
-	14, // 19: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
-	12, // 20: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	17, // [17:21] is the sub-list for method output_type
-	13, // [13:17] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	3,  // 0: embark.onboarding.v1alpha1.AWSCredential.sts_get_caller_identity:type_name -> embark.onboarding.v1alpha1.SignedHTTPRequest
+	4,  // 1: embark.onboarding.v1alpha1.SignedHTTPRequest.headers:type_name -> embark.onboarding.v1alpha1.Header
+	1,  // 2: embark.onboarding.v1alpha1.AuthorizeRequest.workload_group:type_name -> embark.onboarding.v1alpha1.WorkloadGroupRef
+	2,  // 3: embark.onboarding.v1alpha1.AuthorizeRequest.aws:type_name -> embark.onboarding.v1alpha1.AWSCredential
+	5,  // 4: embark.onboarding.v1alpha1.AuthorizeRequest.jwt:type_name -> embark.onboarding.v1alpha1.JWTCredential
+	20, // 5: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	8,  // 6: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
+	18, // 7: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	11, // 8: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
+	19, // 9: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	20, // 10: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
+	20, // 11: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 12: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
+	0,  // 13: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
+	6,  // 14: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
+	9,  // 15: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
+	14, // 16: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
+	12, // 17: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	16, // 18: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
+	7,  // 19: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
+	10, // 20: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
+	15, // 21: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
+	13, // 22: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	17, // 23: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
+	19, // [19:24] is the sub-list for method output_type
+	14, // [14:19] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_onboarding_api_v1alpha1_onboarding_proto_init() }
@@ -1151,13 +1337,14 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc), len(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   17,
+			NumEnums:      1,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_onboarding_api_v1alpha1_onboarding_proto_goTypes,
 		DependencyIndexes: file_onboarding_api_v1alpha1_onboarding_proto_depIdxs,
+		EnumInfos:         file_onboarding_api_v1alpha1_onboarding_proto_enumTypes,
 		MessageInfos:      file_onboarding_api_v1alpha1_onboarding_proto_msgTypes,
 	}.Build()
 	File_onboarding_api_v1alpha1_onboarding_proto = out.File

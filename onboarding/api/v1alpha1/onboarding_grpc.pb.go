@@ -26,6 +26,7 @@ const (
 	OnboardingService_Register_FullMethodName          = "/embark.onboarding.v1alpha1.OnboardingService/Register"
 	OnboardingService_Unregister_FullMethodName        = "/embark.onboarding.v1alpha1.OnboardingService/Unregister"
 	OnboardingService_RenewSidecarToken_FullMethodName = "/embark.onboarding.v1alpha1.OnboardingService/RenewSidecarToken"
+	OnboardingService_WatchRegistration_FullMethodName = "/embark.onboarding.v1alpha1.OnboardingService/WatchRegistration"
 )
 
 // OnboardingServiceClient is the client API for OnboardingService service.
@@ -60,6 +61,14 @@ type OnboardingServiceClient interface {
 	// registration is gone: register again), FAILED_PRECONDITION (the service
 	// account is missing).
 	RenewSidecarToken(ctx context.Context, in *RenewSidecarTokenRequest, opts ...grpc.CallOption) (*RenewSidecarTokenResponse, error)
+	// WatchRegistration streams the state of the caller's registration: first
+	// its current state (PRESENT with its UID, or DELETED), then DELETED once
+	// it is deleted or replaced by another object of the same name, after
+	// which the stream ends. The agent then runs the flow again (`kubectl
+	// delete war` re-onboards the workload with the current WorkloadGroup).
+	// Authorized like Register; the stream ends with UNAUTHENTICATED when the
+	// onboarding token expires: reconnect with the renewed token.
+	WatchRegistration(ctx context.Context, in *WatchRegistrationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RegistrationEvent], error)
 }
 
 type onboardingServiceClient struct {
@@ -110,6 +119,25 @@ func (c *onboardingServiceClient) RenewSidecarToken(ctx context.Context, in *Ren
 	return out, nil
 }
 
+func (c *onboardingServiceClient) WatchRegistration(ctx context.Context, in *WatchRegistrationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RegistrationEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &OnboardingService_ServiceDesc.Streams[0], OnboardingService_WatchRegistration_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRegistrationRequest, RegistrationEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type OnboardingService_WatchRegistrationClient = grpc.ServerStreamingClient[RegistrationEvent]
+
 // OnboardingServiceServer is the server API for OnboardingService service.
 // All implementations must embed UnimplementedOnboardingServiceServer
 // for forward compatibility.
@@ -142,6 +170,14 @@ type OnboardingServiceServer interface {
 	// registration is gone: register again), FAILED_PRECONDITION (the service
 	// account is missing).
 	RenewSidecarToken(context.Context, *RenewSidecarTokenRequest) (*RenewSidecarTokenResponse, error)
+	// WatchRegistration streams the state of the caller's registration: first
+	// its current state (PRESENT with its UID, or DELETED), then DELETED once
+	// it is deleted or replaced by another object of the same name, after
+	// which the stream ends. The agent then runs the flow again (`kubectl
+	// delete war` re-onboards the workload with the current WorkloadGroup).
+	// Authorized like Register; the stream ends with UNAUTHENTICATED when the
+	// onboarding token expires: reconnect with the renewed token.
+	WatchRegistration(*WatchRegistrationRequest, grpc.ServerStreamingServer[RegistrationEvent]) error
 	mustEmbedUnimplementedOnboardingServiceServer()
 }
 
@@ -163,6 +199,9 @@ func (UnimplementedOnboardingServiceServer) Unregister(context.Context, *Unregis
 }
 func (UnimplementedOnboardingServiceServer) RenewSidecarToken(context.Context, *RenewSidecarTokenRequest) (*RenewSidecarTokenResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RenewSidecarToken not implemented")
+}
+func (UnimplementedOnboardingServiceServer) WatchRegistration(*WatchRegistrationRequest, grpc.ServerStreamingServer[RegistrationEvent]) error {
+	return status.Error(codes.Unimplemented, "method WatchRegistration not implemented")
 }
 func (UnimplementedOnboardingServiceServer) mustEmbedUnimplementedOnboardingServiceServer() {}
 func (UnimplementedOnboardingServiceServer) testEmbeddedByValue()                           {}
@@ -257,6 +296,17 @@ func _OnboardingService_RenewSidecarToken_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OnboardingService_WatchRegistration_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRegistrationRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(OnboardingServiceServer).WatchRegistration(m, &grpc.GenericServerStream[WatchRegistrationRequest, RegistrationEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type OnboardingService_WatchRegistrationServer = grpc.ServerStreamingServer[RegistrationEvent]
+
 // OnboardingService_ServiceDesc is the grpc.ServiceDesc for OnboardingService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -281,6 +331,12 @@ var OnboardingService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _OnboardingService_RenewSidecarToken_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchRegistration",
+			Handler:       _OnboardingService_WatchRegistration_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "onboarding/api/v1alpha1/onboarding.proto",
 }

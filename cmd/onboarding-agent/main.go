@@ -1,0 +1,86 @@
+// Command onboarding-agent runs on a VM next to the Istio sidecar and joins
+// the workload to the mesh through Embark's onboarding endpoint. The flow
+// lives in package onboarding/agent; see docs/onboarding-agent.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/embark-mesh/embark/onboarding/agent"
+	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/platform"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "onboarding-agent: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	fs := flag.NewFlagSet("onboarding-agent", flag.ContinueOnError)
+	agentFile := fs.String("agent-config", config.DefaultAgentConfigFile, "agent configuration file")
+	onboardingFile := fs.String("onboarding-config", config.DefaultOnboardingFile, "onboarding configuration file")
+	clusterEnv := fs.String("cluster-env", "", "override sidecar.bootstrap.clusterEnv")
+	meshConfig := fs.String("mesh-config", "", "override sidecar.bootstrap.meshConfig")
+	rootCert := fs.String("root-cert", "", "override sidecar.bootstrap.rootCert")
+	tokenFile := fs.String("token", "", "override sidecar.bootstrap.token")
+	jwtFile := fs.String("jwt-token-file", "", "override host.jwt.tokenFile")
+	verbose := fs.Bool("v", false, "debug logging")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return err
+	}
+	if *showVersion {
+		fmt.Println(version)
+		return nil
+	}
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	agentCfg, err := config.LoadAgent(*agentFile)
+	if err != nil {
+		return err
+	}
+	for _, o := range []struct {
+		flag string
+		into *string
+	}{{*clusterEnv, &agentCfg.Sidecar.Bootstrap.ClusterEnv}, {*meshConfig, &agentCfg.Sidecar.Bootstrap.MeshConfig},
+		{*rootCert, &agentCfg.Sidecar.Bootstrap.RootCert}, {*tokenFile, &agentCfg.Sidecar.Bootstrap.Token}, {*jwtFile, &agentCfg.Host.JWT.TokenFile}} {
+		if o.flag != "" {
+			*o.into = o.flag
+		}
+	}
+	if errs := agentCfg.Validate(); len(errs) > 0 {
+		return fmt.Errorf("agent configuration with flags: %w", errs.ToAggregate())
+	}
+	onbCfg, err := config.LoadOnboarding(*onboardingFile)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
+	if err != nil {
+		return err
+	}
+	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: version, Logger: log})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}

@@ -1,0 +1,361 @@
+// Package agent is the onboarding agent's flow: it proves the host's
+// platform identity to the onboarding endpoint (Authorize), registers the
+// workload (Register), writes the Istio sidecar's bootstrap files and
+// restarts the sidecar, keeps the onboarding and sidecar tokens fresh, runs
+// the flow again when its registration is deleted (WatchRegistration), and
+// on shutdown unregisters, waits the propagation delay and stops the
+// sidecar. While onboarding is refused (no WorkloadGroup, no allowing
+// OnboardingPolicy, endpoint down) it retries forever with capped, jittered
+// backoff, logging the endpoint's message; it never rewrites the sidecar's
+// files with anything but a successful registration.
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/platform"
+	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
+	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+)
+
+// Options configures an Agent. Every field documents its default.
+type Options struct {
+	// Agent and Onboarding are the loaded configuration files. Required.
+	Agent      *config.AgentConfiguration
+	Onboarding *config.OnboardingConfiguration
+	// Platform produces the platform credential. Required (platform.Detect).
+	Platform platform.Platform
+	// Version is reported in the registration. Default "dev".
+	Version string
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// MinBackoff and MaxBackoff bound the jittered exponential backoff of
+	// every retry. Defaults 1s and 1m.
+	MinBackoff, MaxBackoff time.Duration
+	// RenewFraction of a token's lifetime after which it is renewed.
+	// Default 0.8.
+	RenewFraction float64
+	// SidecarRenewFraction is the same for the sidecar token. Default
+	// RenewFraction.
+	SidecarRenewFraction float64
+	// ShutdownTimeout bounds Unregister at shutdown. Default 10s.
+	ShutdownTimeout time.Duration
+	// DialOptions are added to the connection to the endpoint (tests).
+	DialOptions []grpc.DialOption
+}
+
+func (o *Options) setDefaults() error {
+	if o.Agent == nil || o.Onboarding == nil || o.Platform == nil {
+		return errors.New("agent: Agent, Onboarding and Platform are required")
+	}
+	if o.Version == "" {
+		o.Version = "dev"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = time.Second
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = max(time.Minute, o.MinBackoff)
+	}
+	if o.RenewFraction <= 0 || o.RenewFraction >= 1 {
+		o.RenewFraction = 0.8
+	}
+	if o.SidecarRenewFraction <= 0 || o.SidecarRenewFraction >= 1 {
+		o.SidecarRenewFraction = o.RenewFraction
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = 10 * time.Second
+	}
+	return nil
+}
+
+// Agent runs the onboarding flow.
+type Agent struct {
+	opts  Options
+	log   *slog.Logger
+	api   onboardingv1alpha1.OnboardingServiceClient
+	conn  *grpc.ClientConn
+	files *sidecar.Files
+
+	mu      sync.Mutex
+	session *session
+}
+
+// session is the state of one successful onboarding.
+type session struct {
+	token          string
+	tokenExpiry    time.Time
+	tokenIssued    time.Time
+	namespace      string
+	name           string
+	uid            string
+	sidecarExpiry  time.Time
+	sidecarIssued  time.Time
+	hasSidecarCred bool
+}
+
+// New returns an Agent; it connects lazily.
+func New(opts Options) (*Agent, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	creds, err := transportCredentials(opts.Onboarding)
+	if err != nil {
+		return nil, err
+	}
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts.DialOptions...)
+	conn, err := grpc.NewClient(opts.Onboarding.Address(), dial...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the onboarding endpoint %s: %w", opts.Onboarding.Address(), err)
+	}
+	return &Agent{
+		opts:  opts,
+		log:   opts.Logger,
+		api:   onboardingv1alpha1.NewOnboardingServiceClient(conn),
+		conn:  conn,
+		files: &sidecar.Files{Paths: opts.Agent.Sidecar.Bootstrap, Revision: opts.Agent.Sidecar.Istio.Revision},
+	}, nil
+}
+
+func transportCredentials(cfg *config.OnboardingConfiguration) (credentials.TransportCredentials, error) {
+	tc := &tls.Config{ServerName: cfg.ServerName(), MinVersion: tls.VersionTLS12}
+	if f := cfg.OnboardingEndpoint.CACertificates; f != "" {
+		pem, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("read onboardingEndpoint.caCertificates: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("onboardingEndpoint.caCertificates %s: no PEM certificate", f)
+		}
+		tc.RootCAs = pool
+	}
+	return credentials.NewTLS(tc), nil
+}
+
+// Run runs the flow until ctx ends, then shuts down: Unregister, wait the
+// propagation delay, stop the sidecar. It returns nil after a clean
+// shutdown.
+func (a *Agent) Run(ctx context.Context) error {
+	defer func() { _ = a.conn.Close() }()
+	a.log.Info("onboarding agent starting", "version", a.opts.Version, "endpoint", a.opts.Onboarding.Address(),
+		"workloadGroup", a.opts.Onboarding.Workload.Namespace+"/"+a.opts.Onboarding.Workload.Name, "platform", a.opts.Platform.Name())
+	for ctx.Err() == nil {
+		if err := a.onboard(ctx); err != nil {
+			break // ctx ended
+		}
+		a.maintain(ctx)
+	}
+	return a.shutdown(context.WithoutCancel(ctx))
+}
+
+// onboard authorizes and registers, retrying until it succeeds or ctx ends,
+// then writes the bootstrap and restarts the sidecar.
+func (a *Agent) onboard(ctx context.Context) error {
+	b := a.backoff()
+	for {
+		sess, boot, err := a.register(ctx)
+		if err == nil {
+			if err := a.files.Write(sidecar.Identity{Namespace: sess.namespace, RegistrationName: sess.name}, boot); err != nil {
+				a.log.Error("cannot write the sidecar's bootstrap files; retrying", "error", err.Error())
+			} else {
+				a.setSession(sess)
+				a.log.Info("onboarded: sidecar bootstrap written", "registration", sess.namespace+"/"+sess.name,
+					"nodeID", boot.GetNodeId(), "discoveryAddress", boot.GetDiscoveryAddress(), "tokenExpiresAt", sess.tokenExpiry)
+				a.restartSidecar(ctx)
+				return nil
+			}
+		} else if ctx.Err() == nil {
+			a.logRefusal("onboarding", err)
+		}
+		if !b.wait(ctx) {
+			return ctx.Err()
+		}
+	}
+}
+
+// register runs Authorize and Register once.
+func (a *Agent) register(ctx context.Context) (*session, *onboardingv1alpha1.SidecarBootstrap, error) {
+	auth, err := a.authorize(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	addrs, err := a.addresses(auth.cred)
+	if err != nil {
+		return nil, nil, err
+	}
+	w := a.opts.Onboarding.Workload
+	req := &onboardingv1alpha1.RegisterRequest{
+		Addresses:           addrs,
+		ConnectedOver:       w.ConnectedOver,
+		AgentVersion:        a.opts.Version,
+		IstioSidecarVersion: a.opts.Agent.Sidecar.Istio.Version,
+		Labels:              w.Labels,
+	}
+	res, err := a.api.Register(withToken(ctx, auth.resp.GetToken()), req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("register: %w", err)
+	}
+	now := time.Now()
+	s := &session{
+		token: auth.resp.GetToken(), tokenExpiry: auth.resp.GetExpiresAt().AsTime(), tokenIssued: now,
+		namespace: res.GetNamespace(), name: res.GetRegistrationName(), uid: res.GetRegistrationUid(),
+	}
+	if boot := res.GetBootstrap(); boot.GetSidecarTokenExpiresAt() != nil {
+		s.sidecarExpiry, s.sidecarIssued, s.hasSidecarCred = boot.GetSidecarTokenExpiresAt().AsTime(), now, true
+	}
+	return s, res.GetBootstrap(), nil
+}
+
+type authorized struct {
+	resp *onboardingv1alpha1.AuthorizeResponse
+	cred *platform.Credential
+}
+
+// authorize gets a fresh platform credential and an onboarding token.
+func (a *Agent) authorize(ctx context.Context) (*authorized, error) {
+	cred, err := a.opts.Platform.Credential(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("platform credential: %w", err)
+	}
+	w := a.opts.Onboarding.Workload
+	req := &onboardingv1alpha1.AuthorizeRequest{WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: w.Namespace, Name: w.Name}}
+	cred.SetOn(req)
+	resp, err := a.api.Authorize(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("authorize: %w", err)
+	}
+	return &authorized{resp: resp, cred: cred}, nil
+}
+
+// addresses are the configured addresses, else the platform's, else the
+// local address towards the endpoint.
+func (a *Agent) addresses(cred *platform.Credential) ([]*onboardingv1alpha1.HostAddress, error) {
+	var out []*onboardingv1alpha1.HostAddress
+	for _, ad := range a.opts.Onboarding.Workload.Addresses {
+		out = append(out, &onboardingv1alpha1.HostAddress{Ip: ad.IP, Type: ad.Type})
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	if cred.Address != nil {
+		return []*onboardingv1alpha1.HostAddress{{Ip: cred.Address.IP, Type: cred.Address.Type}}, nil
+	}
+	ip, err := platform.LocalAddress(a.opts.Onboarding.Address())
+	if err != nil {
+		return nil, fmt.Errorf("no workload.addresses configured and %w", err)
+	}
+	return []*onboardingv1alpha1.HostAddress{{Ip: ip, Type: "VPC"}}, nil
+}
+
+func (a *Agent) setSession(s *session) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.session = s
+}
+
+func (a *Agent) current() session {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.session == nil {
+		return session{}
+	}
+	return *a.session
+}
+
+// restartSidecar runs the restart command, retrying with backoff on failure
+// (the bootstrap stays written).
+func (a *Agent) restartSidecar(ctx context.Context) {
+	b := a.backoff()
+	for {
+		err := sidecar.Run(ctx, a.opts.Agent.Sidecar.RestartCommand)
+		if err == nil {
+			a.log.Info("sidecar (re)started", "command", a.opts.Agent.Sidecar.RestartCommand)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Error("cannot restart the sidecar; retrying", "error", err.Error())
+		if !b.wait(ctx) {
+			return
+		}
+	}
+}
+
+// logRefusal logs why onboarding failed, with the endpoint's message.
+func (a *Agent) logRefusal(stage string, err error) {
+	st, ok := status.FromError(errors.Unwrap(err))
+	if !ok {
+		st, ok = status.FromError(err)
+	}
+	if !ok {
+		a.log.Warn(stage+" failed; retrying", "error", err.Error())
+		return
+	}
+	hint := ""
+	switch st.Code() {
+	case codes.FailedPrecondition:
+		hint = "create the WorkloadGroup (and its service account) named in the onboarding configuration"
+	case codes.PermissionDenied:
+		hint = "an OnboardingPolicy in the WorkloadGroup's namespace must allow this workload"
+	case codes.InvalidArgument:
+		hint = "the endpoint refuses what this agent reports: check workload.labels and workload.addresses of the onboarding configuration"
+	case codes.Unauthenticated:
+		hint = "the endpoint does not accept this host's platform credential"
+	case codes.Unavailable, codes.DeadlineExceeded:
+		hint = "the onboarding endpoint is not reachable"
+	}
+	a.log.Warn(stage+" refused; retrying", "code", st.Code().String(), "message", st.Message(), "hint", hint)
+}
+
+func withToken(ctx context.Context, token string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+}
+
+// backoff is capped, jittered exponential backoff.
+type backoff struct {
+	next, max time.Duration
+}
+
+func (a *Agent) backoff() *backoff {
+	return &backoff{next: a.opts.MinBackoff, max: a.opts.MaxBackoff}
+}
+
+// delay returns the next delay: uniformly in [d/2, d), d doubling up to max.
+func (b *backoff) delay() time.Duration {
+	d := b.next
+	b.next = min(b.next*2, b.max)
+	return d/2 + rand.N(d/2+1)
+}
+
+// wait sleeps the next delay; false when ctx ended first.
+func (b *backoff) wait(ctx context.Context) bool {
+	t := time.NewTimer(b.delay())
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

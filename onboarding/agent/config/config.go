@@ -1,0 +1,457 @@
+// Package config holds the onboarding agent's two configuration files, both
+// versioned YAML documents under /etc/onboarding-agent/: the agent
+// configuration (how the host proves what it is, where the sidecar's files
+// go, how the sidecar is restarted) and the onboarding configuration (which
+// endpoint to onboard through and which WorkloadGroup to join). Load reads,
+// defaults and validates them; unknown fields are errors, and every error
+// names the field at fault.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/yaml"
+)
+
+// APIVersion and the kinds of the two files.
+const (
+	APIVersion               = "config.agent.onboarding.tetrate.io/v1alpha1"
+	AgentKind                = "AgentConfiguration"
+	OnboardingKind           = "OnboardingConfiguration"
+	DefaultAgentConfigFile   = "/etc/onboarding-agent/agent.config.yaml"
+	DefaultOnboardingFile    = "/etc/onboarding-agent/onboarding.config.yaml"
+	DefaultEndpointPort      = 15443
+	DefaultClusterEnvFile    = "/var/lib/istio/envoy/cluster.env"
+	DefaultMeshConfigFile    = "/etc/istio/config/mesh"
+	DefaultRootCertFile      = "/etc/certs/root-cert.pem"
+	DefaultTokenFile         = "/var/run/secrets/tokens/istio-token"
+	DefaultCredentialTimeout = 10 * time.Second
+)
+
+// Platforms the agent knows.
+const (
+	PlatformAuto = "auto"
+	PlatformAWS  = "aws"
+	PlatformJWT  = "jwt"
+)
+
+// DefaultRestartCommand restarts the systemd unit of the istio-sidecar package.
+var DefaultRestartCommand = []string{"systemctl", "restart", "istio-sidecar"}
+
+// DefaultStopCommand stops it.
+var DefaultStopCommand = []string{"systemctl", "stop", "istio-sidecar"}
+
+// AgentConfiguration is /etc/onboarding-agent/agent.config.yaml.
+type AgentConfiguration struct {
+	metav1.TypeMeta `json:",inline"`
+	// Host says how the host proves its identity.
+	Host Host `json:"host,omitempty"`
+	// Sidecar says where its bootstrap goes and how it is restarted.
+	Sidecar Sidecar `json:"sidecar,omitempty"`
+}
+
+// Host configures platform detection and credentials.
+type Host struct {
+	// Platform is auto (default: AWS when IMDS answers, else jwt when a JWT
+	// source is configured), aws or jwt.
+	Platform string `json:"platform,omitempty"`
+	// AWS configures the EC2 credential.
+	AWS AWSPlatform `json:"aws,omitempty"`
+	// JWT configures the on-prem credential.
+	JWT JWTPlatform `json:"jwt,omitempty"`
+}
+
+// AWSPlatform configures the EC2 credential.
+type AWSPlatform struct {
+	// IMDSEndpoint overrides the instance metadata service address
+	// (default: the SDK's, http://169.254.169.254).
+	IMDSEndpoint string `json:"imdsEndpoint,omitempty"`
+	// STSEndpoint overrides the STS endpoint the signed
+	// sts:GetCallerIdentity request is addressed to (default: the region's).
+	STSEndpoint string `json:"stsEndpoint,omitempty"`
+	// DisableSTSProof leaves the signed STS request out (default false:
+	// it is sent whenever the instance has a role).
+	DisableSTSProof bool `json:"disableSTSProof,omitempty"`
+}
+
+// JWTPlatform configures the on-prem JWT credential: one of TokenFile or
+// Command.
+type JWTPlatform struct {
+	// TokenFile holds the JWT; it is reread for every authorization.
+	TokenFile string `json:"tokenFile,omitempty"`
+	// Command is a credential plugin: it is run (argv, no shell) for every
+	// authorization and prints the JWT on standard output.
+	Command []string `json:"command,omitempty"`
+	// Timeout of Command. Default 10s.
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+}
+
+// Sidecar configures the Istio sidecar.
+type Sidecar struct {
+	// Istio describes the installed sidecar.
+	Istio IstioSidecar `json:"istio,omitempty"`
+	// Bootstrap is where the sidecar's files are written.
+	Bootstrap BootstrapFiles `json:"bootstrap,omitempty"`
+	// RestartCommand starts or restarts the sidecar (argv, no shell).
+	// Default: systemctl restart istio-sidecar.
+	RestartCommand []string `json:"restartCommand,omitempty"`
+	// StopCommand stops it at shutdown. Default: systemctl stop istio-sidecar.
+	StopCommand []string `json:"stopCommand,omitempty"`
+}
+
+// IstioSidecar describes the installed Istio sidecar.
+type IstioSidecar struct {
+	// Revision of the Istio control plane the sidecar belongs to (empty:
+	// the default revision).
+	Revision string `json:"revision,omitempty"`
+	// Version reported in the registration (default: unknown).
+	Version string `json:"version,omitempty"`
+}
+
+// BootstrapFiles are the files Istio's agent reads on a VM.
+type BootstrapFiles struct {
+	// ClusterEnv: environment of the sidecar. Default /var/lib/istio/envoy/cluster.env.
+	ClusterEnv string `json:"clusterEnv,omitempty"`
+	// MeshConfig: mesh config with defaultConfig (discoveryAddress,
+	// readinessProbe). Default /etc/istio/config/mesh.
+	MeshConfig string `json:"meshConfig,omitempty"`
+	// RootCert: PEM roots for the discovery address. Default /etc/certs/root-cert.pem.
+	RootCert string `json:"rootCert,omitempty"`
+	// Token: the sidecar's token. Default /var/run/secrets/tokens/istio-token.
+	Token string `json:"token,omitempty"`
+}
+
+// OnboardingConfiguration is /etc/onboarding-agent/onboarding.config.yaml.
+type OnboardingConfiguration struct {
+	metav1.TypeMeta `json:",inline"`
+	// OnboardingEndpoint is where to onboard.
+	OnboardingEndpoint OnboardingEndpoint `json:"onboardingEndpoint"`
+	// Workload says what to join.
+	Workload Workload `json:"workload"`
+}
+
+// OnboardingEndpoint locates the onboarding endpoint.
+type OnboardingEndpoint struct {
+	// Host is the endpoint's DNS name, host[:port]; port default 15443.
+	// The host is also the TLS server name and the audience of the STS proof.
+	Host string `json:"host"`
+	// TLSServerName overrides the TLS server name (default: Host's host).
+	TLSServerName string `json:"tlsServerName,omitempty"`
+	// CACertificates is a PEM file of roots to trust for the endpoint
+	// (default: the system roots).
+	CACertificates string `json:"caCertificates,omitempty"`
+	// Audience overrides the audience of the STS proof (default: Host's host).
+	Audience string `json:"audience,omitempty"`
+}
+
+// Workload names the WorkloadGroup and what the workload adds.
+type Workload struct {
+	// Namespace and Name of the WorkloadGroup. Required.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Labels added to the WorkloadGroup template's.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Addresses override the detected host addresses.
+	Addresses []Address `json:"addresses,omitempty"`
+	// ConnectedOver: VPC (default) or INTERNET.
+	ConnectedOver string `json:"connectedOver,omitempty"`
+}
+
+// Address is one host address.
+type Address struct {
+	IP   string `json:"ip"`
+	Type string `json:"type,omitempty"`
+}
+
+// LoadAgent reads, defaults and validates the agent configuration at path.
+func LoadAgent(path string) (*AgentConfiguration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read agent configuration: %w", err)
+	}
+	cfg, err := ParseAgent(data)
+	if err != nil {
+		return nil, fmt.Errorf("agent configuration %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// LoadOnboarding reads, defaults and validates the onboarding configuration at path.
+func LoadOnboarding(path string) (*OnboardingConfiguration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read onboarding configuration: %w", err)
+	}
+	cfg, err := ParseOnboarding(data)
+	if err != nil {
+		return nil, fmt.Errorf("onboarding configuration %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+func decode(data []byte, into any) error {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return errors.New("empty configuration")
+	}
+	if err := yaml.UnmarshalStrict(data, into); err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	return nil
+}
+
+func checkType(tm metav1.TypeMeta, kind string) field.ErrorList {
+	var errs field.ErrorList
+	if tm.APIVersion != APIVersion {
+		errs = append(errs, field.NotSupported(field.NewPath("apiVersion"), tm.APIVersion, []string{APIVersion}))
+	}
+	if tm.Kind != kind {
+		errs = append(errs, field.NotSupported(field.NewPath("kind"), tm.Kind, []string{kind}))
+	}
+	return errs
+}
+
+// ParseAgent decodes, defaults and validates an agent configuration.
+func ParseAgent(data []byte) (*AgentConfiguration, error) {
+	cfg := &AgentConfiguration{}
+	if err := decode(data, cfg); err != nil {
+		return nil, err
+	}
+	if errs := checkType(cfg.TypeMeta, AgentKind); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	cfg.SetDefaults()
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	return cfg, nil
+}
+
+// SetDefaults fills in every default.
+func (c *AgentConfiguration) SetDefaults() {
+	if c.Host.Platform == "" {
+		c.Host.Platform = PlatformAuto
+	}
+	if c.Host.JWT.Timeout == nil {
+		c.Host.JWT.Timeout = &metav1.Duration{Duration: DefaultCredentialTimeout}
+	}
+	b := &c.Sidecar.Bootstrap
+	for _, d := range []struct {
+		f   *string
+		def string
+	}{{&b.ClusterEnv, DefaultClusterEnvFile}, {&b.MeshConfig, DefaultMeshConfigFile}, {&b.RootCert, DefaultRootCertFile}, {&b.Token, DefaultTokenFile}} {
+		if *d.f == "" {
+			*d.f = d.def
+		}
+	}
+	if len(c.Sidecar.RestartCommand) == 0 {
+		c.Sidecar.RestartCommand = append([]string(nil), DefaultRestartCommand...)
+	}
+	if len(c.Sidecar.StopCommand) == 0 {
+		c.Sidecar.StopCommand = append([]string(nil), DefaultStopCommand...)
+	}
+}
+
+// Validate checks a defaulted agent configuration.
+func (c *AgentConfiguration) Validate() field.ErrorList {
+	var errs field.ErrorList
+	host := field.NewPath("host")
+	switch c.Host.Platform {
+	case PlatformAuto, PlatformAWS, PlatformJWT:
+	default:
+		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformJWT}))
+	}
+	for _, u := range []struct {
+		name, val string
+	}{{"imdsEndpoint", c.Host.AWS.IMDSEndpoint}, {"stsEndpoint", c.Host.AWS.STSEndpoint}} {
+		if u.val != "" && !strings.HasPrefix(u.val, "http://") && !strings.HasPrefix(u.val, "https://") {
+			errs = append(errs, field.Invalid(host.Child("aws", u.name), u.val, "must be an http:// or https:// URL"))
+		}
+	}
+	jwt := host.Child("jwt")
+	if c.Host.JWT.TokenFile != "" && len(c.Host.JWT.Command) > 0 {
+		errs = append(errs, field.Forbidden(jwt.Child("command"), "set tokenFile or command, not both"))
+	}
+	if len(c.Host.JWT.Command) > 0 && c.Host.JWT.Command[0] == "" {
+		errs = append(errs, field.Invalid(jwt.Child("command").Index(0), "", "must name a program"))
+	}
+	if c.Host.Platform == PlatformJWT && c.Host.JWT.TokenFile == "" && len(c.Host.JWT.Command) == 0 {
+		errs = append(errs, field.Required(jwt, "platform jwt needs tokenFile or command"))
+	}
+	if c.Host.JWT.Timeout.Duration <= 0 {
+		errs = append(errs, field.Invalid(jwt.Child("timeout"), c.Host.JWT.Timeout.Duration.String(), "must be positive"))
+	}
+	sc := field.NewPath("sidecar")
+	if r := c.Sidecar.Istio.Revision; r != "" {
+		for _, msg := range validation.IsDNS1123Label(r) {
+			errs = append(errs, field.Invalid(sc.Child("istio", "revision"), r, msg))
+		}
+	}
+	b := c.Sidecar.Bootstrap
+	seen := map[string]string{}
+	for _, f := range []struct{ name, path string }{{"clusterEnv", b.ClusterEnv}, {"meshConfig", b.MeshConfig}, {"rootCert", b.RootCert}, {"token", b.Token}} {
+		p := sc.Child("bootstrap", f.name)
+		if !strings.HasPrefix(f.path, "/") {
+			errs = append(errs, field.Invalid(p, f.path, "must be an absolute path"))
+		}
+		if other, dup := seen[f.path]; dup {
+			errs = append(errs, field.Duplicate(p, f.path+" (also "+other+")"))
+		}
+		seen[f.path] = f.name
+	}
+	for _, cmd := range []struct {
+		name string
+		argv []string
+	}{{"restartCommand", c.Sidecar.RestartCommand}, {"stopCommand", c.Sidecar.StopCommand}} {
+		if cmd.argv[0] == "" {
+			errs = append(errs, field.Invalid(sc.Child(cmd.name).Index(0), "", "must name a program"))
+		}
+	}
+	return errs
+}
+
+// ParseOnboarding decodes, defaults and validates an onboarding configuration.
+func ParseOnboarding(data []byte) (*OnboardingConfiguration, error) {
+	cfg := &OnboardingConfiguration{}
+	if err := decode(data, cfg); err != nil {
+		return nil, err
+	}
+	if errs := checkType(cfg.TypeMeta, OnboardingKind); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	cfg.SetDefaults()
+	if errs := cfg.Validate(); len(errs) > 0 {
+		return nil, errs.ToAggregate()
+	}
+	return cfg, nil
+}
+
+// SetDefaults fills in every default.
+func (c *OnboardingConfiguration) SetDefaults() {
+	if c.Workload.ConnectedOver == "" {
+		c.Workload.ConnectedOver = "VPC"
+	}
+	for i := range c.Workload.Addresses {
+		if c.Workload.Addresses[i].Type == "" {
+			c.Workload.Addresses[i].Type = "VPC"
+		}
+	}
+}
+
+// Validate checks a defaulted onboarding configuration.
+func (c *OnboardingConfiguration) Validate() field.ErrorList {
+	var errs field.ErrorList
+	ep := field.NewPath("onboardingEndpoint")
+	if c.OnboardingEndpoint.Host == "" {
+		errs = append(errs, field.Required(ep.Child("host"), "the onboarding endpoint's DNS name, host[:port]"))
+	} else if _, _, err := SplitHostPort(c.OnboardingEndpoint.Host); err != nil {
+		errs = append(errs, field.Invalid(ep.Child("host"), c.OnboardingEndpoint.Host, err.Error()))
+	}
+	w := field.NewPath("workload")
+	if c.Workload.Namespace == "" {
+		errs = append(errs, field.Required(w.Child("namespace"), "the WorkloadGroup's namespace"))
+	} else {
+		for _, msg := range validation.IsDNS1123Label(c.Workload.Namespace) {
+			errs = append(errs, field.Invalid(w.Child("namespace"), c.Workload.Namespace, msg))
+		}
+	}
+	if c.Workload.Name == "" {
+		errs = append(errs, field.Required(w.Child("name"), "the WorkloadGroup's name"))
+	} else {
+		for _, msg := range validation.IsDNS1123Subdomain(c.Workload.Name) {
+			errs = append(errs, field.Invalid(w.Child("name"), c.Workload.Name, msg))
+		}
+	}
+	for k, v := range c.Workload.Labels {
+		p := w.Child("labels").Key(k)
+		for _, msg := range validation.IsQualifiedName(k) {
+			errs = append(errs, field.Invalid(p, k, msg))
+		}
+		for _, msg := range validation.IsValidLabelValue(v) {
+			errs = append(errs, field.Invalid(p, v, msg))
+		}
+	}
+	types := []string{"VPC", "INTERNET"}
+	if !contains(types, c.Workload.ConnectedOver) {
+		errs = append(errs, field.NotSupported(w.Child("connectedOver"), c.Workload.ConnectedOver, types))
+	}
+	for i, a := range c.Workload.Addresses {
+		p := w.Child("addresses").Index(i)
+		if ip := net.ParseIP(a.IP); ip == nil {
+			errs = append(errs, field.Invalid(p.Child("ip"), a.IP, "must be an IP address"))
+		}
+		if !contains(types, a.Type) {
+			errs = append(errs, field.NotSupported(p.Child("type"), a.Type, types))
+		}
+	}
+	return errs
+}
+
+// Address returns the endpoint's host:port (port defaulted).
+func (c *OnboardingConfiguration) Address() string {
+	host, port, _ := SplitHostPort(c.OnboardingEndpoint.Host)
+	return net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// ServerName is the TLS server name of the endpoint.
+func (c *OnboardingConfiguration) ServerName() string {
+	if c.OnboardingEndpoint.TLSServerName != "" {
+		return c.OnboardingEndpoint.TLSServerName
+	}
+	host, _, _ := SplitHostPort(c.OnboardingEndpoint.Host)
+	return host
+}
+
+// Audience is the audience the STS proof is bound to: the endpoint's host.
+func (c *OnboardingConfiguration) Audience() string {
+	if c.OnboardingEndpoint.Audience != "" {
+		return c.OnboardingEndpoint.Audience
+	}
+	return c.ServerName()
+}
+
+// SplitHostPort splits host[:port], defaulting the port to 15443.
+func SplitHostPort(s string) (string, int, error) {
+	host, portStr := s, ""
+	if h, p, err := net.SplitHostPort(s); err == nil {
+		host, portStr = h, p
+	} else if strings.Count(s, ":") > 1 && !strings.HasPrefix(s, "[") {
+		host = s // a bare IPv6 address
+	} else if strings.Contains(s, ":") {
+		return "", 0, fmt.Errorf("not host[:port]: %w", err)
+	}
+	if host == "" {
+		return "", 0, errors.New("empty host")
+	}
+	if net.ParseIP(host) == nil {
+		if msgs := validation.IsDNS1123Subdomain(strings.ToLower(host)); len(msgs) > 0 {
+			return "", 0, fmt.Errorf("host %q: %s", host, strings.Join(msgs, "; "))
+		}
+	}
+	if portStr == "" {
+		return host, DefaultEndpointPort, nil
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, fmt.Errorf("port %q must be a number from 1 to 65535", portStr)
+	}
+	return host, port, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

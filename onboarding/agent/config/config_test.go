@@ -1,0 +1,181 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const goodAgent = `apiVersion: config.agent.onboarding.tetrate.io/v1alpha1
+kind: AgentConfiguration
+host:
+  platform: jwt
+  jwt:
+    command: ["/usr/local/bin/get-jwt", "--audience", "onboarding"]
+sidecar:
+  istio:
+    revision: canary
+  bootstrap:
+    token: /run/istio/token
+  restartCommand: ["/bin/true"]
+`
+
+const goodOnboarding = `apiVersion: config.agent.onboarding.tetrate.io/v1alpha1
+kind: OnboardingConfiguration
+onboardingEndpoint:
+  host: onboarding-endpoint.example
+workload:
+  namespace: bookinfo
+  name: ratings
+  labels:
+    version: v5
+  addresses:
+  - ip: 10.0.0.7
+`
+
+func TestParseAgentDefaults(t *testing.T) {
+	cfg, err := ParseAgent([]byte(goodAgent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Sidecar.Bootstrap.ClusterEnv; got != DefaultClusterEnvFile {
+		t.Errorf("clusterEnv = %q, want default %q", got, DefaultClusterEnvFile)
+	}
+	if got := cfg.Sidecar.Bootstrap.Token; got != "/run/istio/token" {
+		t.Errorf("token = %q", got)
+	}
+	if got := strings.Join(cfg.Sidecar.StopCommand, " "); got != "systemctl stop istio-sidecar" {
+		t.Errorf("stopCommand = %q", got)
+	}
+	if cfg.Host.JWT.Timeout.Duration != DefaultCredentialTimeout {
+		t.Errorf("timeout = %v", cfg.Host.JWT.Timeout.Duration)
+	}
+	minimal, err := ParseAgent([]byte("apiVersion: " + APIVersion + "\nkind: AgentConfiguration\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if minimal.Host.Platform != PlatformAuto || strings.Join(minimal.Sidecar.RestartCommand, " ") != "systemctl restart istio-sidecar" {
+		t.Errorf("minimal defaults: %+v", minimal)
+	}
+}
+
+func TestParseOnboardingDefaults(t *testing.T) {
+	cfg, err := ParseOnboarding([]byte(goodOnboarding))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Address(); got != "onboarding-endpoint.example:15443" {
+		t.Errorf("Address() = %q", got)
+	}
+	if got := cfg.Audience(); got != "onboarding-endpoint.example" {
+		t.Errorf("Audience() = %q", got)
+	}
+	if cfg.Workload.Addresses[0].Type != "VPC" || cfg.Workload.ConnectedOver != "VPC" {
+		t.Errorf("address defaults: %+v", cfg.Workload)
+	}
+}
+
+func TestParseErrorsNameTheField(t *testing.T) {
+	tests := []struct {
+		name      string
+		agent     bool
+		data      string
+		wantField string
+	}{
+		{"empty", true, "", "empty configuration"},
+		{"unknown field", true, goodAgent + "extra: 1\n", `unknown field "extra"`},
+		{"nested unknown field", true, strings.Replace(goodAgent, "revision:", "revison:", 1), `unknown field "revison"`},
+		{"wrong kind", true, strings.Replace(goodAgent, "AgentConfiguration", "Agent", 1), "kind"},
+		{"bad platform", true, strings.Replace(goodAgent, "platform: jwt", "platform: gcp", 1), "host.platform"},
+		{"jwt without source", true, strings.Replace(goodAgent, `command: ["/usr/local/bin/get-jwt", "--audience", "onboarding"]`, "{}", 1), "host.jwt"},
+		{"relative path", true, strings.Replace(goodAgent, "/run/istio/token", "token", 1), "sidecar.bootstrap.token"},
+		{"same file twice", true, strings.Replace(goodAgent, "token: /run/istio/token", "token: /etc/certs/root-cert.pem", 1), "sidecar.bootstrap.token"},
+		{"empty program", true, strings.Replace(goodAgent, `["/bin/true"]`, `[""]`, 1), "sidecar.restartCommand[0]"},
+		{"bad revision", true, strings.Replace(goodAgent, "canary", "Canary_1", 1), "sidecar.istio.revision"},
+		{"bad imds url", true, strings.Replace(goodAgent, "platform: jwt", "platform: jwt\n  aws: {imdsEndpoint: 169.254.169.254}", 1), "host.aws.imdsEndpoint"},
+		{"wrong type", false, strings.Replace(goodOnboarding, "name: ratings", "name: [ratings]", 1), "workload.name"},
+		{"missing host", false, strings.Replace(goodOnboarding, "host: onboarding-endpoint.example", "tlsServerName: x", 1), "onboardingEndpoint.host"},
+		{"bad port", false, strings.Replace(goodOnboarding, "onboarding-endpoint.example", "onboarding-endpoint.example:99999", 1), "onboardingEndpoint.host"},
+		{"bad namespace", false, strings.Replace(goodOnboarding, "bookinfo", "Book_Info", 1), "workload.namespace"},
+		{"missing group", false, strings.Replace(goodOnboarding, "name: ratings", "", 1), "workload.name"},
+		{"bad label", false, strings.Replace(goodOnboarding, "version: v5", "version: 'v 5'", 1), "workload.labels[version]"},
+		{"bad address", false, strings.Replace(goodOnboarding, "10.0.0.7", "10.0.0", 1), "workload.addresses[0].ip"},
+		{"bad address type", false, strings.Replace(goodOnboarding, "- ip: 10.0.0.7", "- ip: 10.0.0.7\n    type: PUBLIC", 1), "workload.addresses[0].type"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var err error
+			if tt.agent {
+				_, err = ParseAgent([]byte(tt.data))
+			} else {
+				_, err = ParseOnboarding([]byte(tt.data))
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if !strings.Contains(err.Error(), tt.wantField) {
+				t.Errorf("error %q does not name %q", err, tt.wantField)
+			}
+		})
+	}
+}
+
+func TestLoadNamesTheFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "onboarding.config.yaml")
+	if err := os.WriteFile(p, []byte("kind: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadOnboarding(p)
+	if err == nil || !strings.Contains(err.Error(), p) {
+		t.Errorf("error %v does not name the file", err)
+	}
+	if _, err := LoadAgent(filepath.Join(dir, "missing.yaml")); err == nil {
+		t.Error("missing file accepted")
+	}
+}
+
+func TestSplitHostPort(t *testing.T) {
+	tests := []struct {
+		in       string
+		wantHost string
+		wantPort int
+		wantErr  bool
+	}{
+		{"onboarding.example", "onboarding.example", 15443, false},
+		{"onboarding.example:443", "onboarding.example", 443, false},
+		{"10.1.2.3", "10.1.2.3", 15443, false},
+		{"[fd00::1]:8443", "fd00::1", 8443, false},
+		{"fd00::1", "fd00::1", 15443, false},
+		{":443", "", 0, true},
+		{"a:b:c:d", "", 0, true},
+		{"host:0", "", 0, true},
+		{"under_score.example", "", 0, true},
+	}
+	for _, tt := range tests {
+		host, port, err := SplitHostPort(tt.in)
+		if (err != nil) != tt.wantErr || host != tt.wantHost || port != tt.wantPort {
+			t.Errorf("SplitHostPort(%q) = %q, %d, %v; want %q, %d, err=%v", tt.in, host, port, err, tt.wantHost, tt.wantPort, tt.wantErr)
+		}
+	}
+}
+
+// The configuration files the onboarding-agent package installs: the agent
+// configuration is valid as shipped; the onboarding configuration is a
+// template that fails, naming the fields to fill in, until edited.
+func TestPackagedConfigurationFiles(t *testing.T) {
+	agent, err := LoadAgent("../../../packaging/onboarding-agent/agent.config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(agent.Sidecar.RestartCommand, " "); got != "sudo -n systemctl restart istio-sidecar" {
+		t.Errorf("packaged restartCommand %q", got)
+	}
+	_, err = LoadOnboarding("../../../packaging/onboarding-agent/onboarding.config.yaml")
+	for _, f := range []string{"onboardingEndpoint.host", "workload.namespace", "workload.name"} {
+		if err == nil || !strings.Contains(err.Error(), f) {
+			t.Errorf("the template's error %v does not name %s", err, f)
+		}
+	}
+}

@@ -1,0 +1,294 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/yaml"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
+	klog.SetLogger(logr.Discard())
+	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env)
+}
+
+const endpointHost = "onboarding-endpoint.agent.test"
+
+// syncBuffer is a log sink tests read while the agent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// world is one namespace with a WorkloadGroup, an AWS region with one
+// instance, and the endpoint's configuration (TLS, loopback ports).
+type world struct {
+	t        *testing.T
+	ns       string
+	dir      string
+	aws      *awstest.Env
+	caFile   string
+	cfgFile  string
+	addr     string
+	repoDir  string
+	repoAddr string
+	endpoint *runningEndpoint
+}
+
+type runningEndpoint struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	w := &world{t: t, ns: env.Namespace(t), dir: t.TempDir()}
+	w.aws = awstest.Start(t, awstest.Instance{Role: "ratings-role", PrivateIP: "172.31.5.254"})
+	certs := filepath.Join(w.dir, "aws-certs")
+	must(t, os.MkdirAll(certs, 0o755))
+	must(t, os.WriteFile(filepath.Join(certs, "us-east-2.pem"), w.aws.CA.CertificatePEM(), 0o644))
+	certFile, keyFile, caFile := writeServingCert(t, w.dir)
+	w.caFile = caFile
+	w.addr, w.repoAddr = freeAddr(t), freeAddr(t)
+	w.repoDir = filepath.Join(w.dir, "repository")
+	must(t, os.MkdirAll(w.repoDir, 0o755))
+	w.cfgFile = filepath.Join(w.dir, "endpoint.yaml")
+	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+namespace: %s
+endpoint:
+  hosts: [%s]
+  certFile: %s
+  keyFile: %s
+tokenIssuer:
+  jwt:
+    expiration: 1m
+identity:
+  aws:
+    certificatesDir: %s
+    stsEndpoint: %s
+registration:
+  gracePeriod: 1h
+  propagationDelay: 1s
+localRepository:
+  directory: %s
+listen:
+  repository: %s
+  onboarding: %s
+  metrics: %s
+  xds: %s
+`, w.ns, endpointHost, certFile, keyFile, certs, w.aws.STS.URL, w.repoDir, w.repoAddr, w.addr, freeAddr(t), freeAddr(t))
+	must(t, os.WriteFile(w.cfgFile, []byte(cfg), 0o600))
+
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: w.ns}}
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: w.ns, Labels: map[string]string{"app": "ratings"}}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm", "version": "v1"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
+	for _, obj := range []client.Object{sa, wg} {
+		must(t, env.Client.Create(t.Context(), obj))
+	}
+	t.Cleanup(w.stopEndpoint)
+	return w
+}
+
+// startEndpoint runs the endpoint binary's app.Run until stopEndpoint.
+func (w *world) startEndpoint() {
+	w.t.Helper()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(w.t.Context()))
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- app.Run(ctx, app.Options{ConfigFile: w.cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "agent-test-0", DebugXDS: "off",
+			Logger: slog.New(slog.NewTextHandler(&syncBuffer{}, nil)), Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		w.t.Fatalf("endpoint: %v", err)
+	case <-time.After(2 * time.Minute):
+		cancel()
+		w.t.Fatal("endpoint not ready within 2m")
+	}
+	w.endpoint = &runningEndpoint{cancel: cancel, done: done}
+}
+
+func (w *world) stopEndpoint() {
+	if w.endpoint == nil {
+		return
+	}
+	w.endpoint.cancel()
+	select {
+	case <-w.endpoint.done:
+	case <-time.After(30 * time.Second):
+		w.t.Error("endpoint did not stop")
+	}
+	w.endpoint = nil
+}
+
+// allow applies the seed 004 policy allowing the instance's account.
+func (w *world) allow() {
+	w.t.Helper()
+	data, err := os.ReadFile("../../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
+	must(w.t, err)
+	p := &authorizationv1alpha1.OnboardingPolicy{}
+	must(w.t, yaml.UnmarshalStrict(data, p))
+	p.Namespace = w.ns
+	must(w.t, env.Client.Create(w.t.Context(), p))
+}
+
+// agentConfig writes the agent's two configuration files.
+func (w *world) agentConfig(root string) (agentFile, onboardingFile string) {
+	w.t.Helper()
+	agentFile, onboardingFile = filepath.Join(root, "agent.config.yaml"), filepath.Join(root, "onboarding.config.yaml")
+	must(w.t, os.WriteFile(agentFile, []byte(fmt.Sprintf(`apiVersion: config.agent.onboarding.tetrate.io/v1alpha1
+kind: AgentConfiguration
+host:
+  aws:
+    imdsEndpoint: %s
+    stsEndpoint: %s
+sidecar:
+  istio:
+    version: 1.30.0
+  bootstrap:
+    clusterEnv: %[3]s/cluster.env
+    meshConfig: %[3]s/mesh.yaml
+    rootCert: %[3]s/root-cert.pem
+    token: %[3]s/istio-token
+  restartCommand: ["/bin/sh", "-c", "echo restart >> %[3]s/restarts"]
+  stopCommand: ["/bin/sh", "-c", "echo stop >> %[3]s/stops"]
+`, w.aws.IMDS.URL, w.aws.STS.URL, root)), 0o600))
+	must(w.t, os.WriteFile(onboardingFile, []byte(fmt.Sprintf(`apiVersion: config.agent.onboarding.tetrate.io/v1alpha1
+kind: OnboardingConfiguration
+onboardingEndpoint:
+  host: %s
+  tlsServerName: %s
+  caCertificates: %s
+workload:
+  namespace: %s
+  name: ratings
+  labels:
+    host: vm-1
+`, w.addr, endpointHost, w.caFile, w.ns)), 0o600))
+	return agentFile, onboardingFile
+}
+
+// registrations lists the namespace's WorkloadAutoRegistrations.
+func (w *world) registrations() []runtimev1alpha1.WorkloadAutoRegistration {
+	w.t.Helper()
+	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+	must(w.t, env.Client.List(w.t.Context(), list, client.InNamespace(w.ns)))
+	return list.Items
+}
+
+// eventually polls cond every 100ms for up to d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, d, true, func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("%s: not within %v", what, d)
+	}
+}
+
+func countLines(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), "\n")
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	must(t, err)
+	return string(b)
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// writeServingCert writes a test CA and a serving certificate for
+// endpointHost signed by it.
+func writeServingCert(t *testing.T, dir string) (certFile, keyFile, caFile string) {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(t, err)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "agent test CA"}, IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	must(t, err)
+	ca, err := x509.ParseCertificate(caDER)
+	must(t, err)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(t, err)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: endpointHost}, DNSNames: []string{endpointHost},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	must(t, err)
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	must(t, err)
+	certFile, keyFile, caFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
+	must(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644))
+	must(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600))
+	must(t, os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644))
+	return certFile, keyFile, caFile
+}

@@ -1,0 +1,179 @@
+package agent
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
+	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+)
+
+// maintain keeps the session's tokens fresh until its registration is gone
+// (it returns, and Run onboards again) or ctx ends.
+func (a *Agent) maintain(ctx context.Context) {
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	gone := make(chan string, 1)
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		a.watch(mctx, gone)
+	}()
+	defer func() { cancel(); <-watchDone }()
+
+	s := a.current()
+	tokenNext := a.renewAt(s.tokenIssued, s.tokenExpiry, a.opts.RenewFraction)
+	sidecarNext := time.Time{}
+	if s.hasSidecarCred {
+		sidecarNext = a.renewAt(s.sidecarIssued, s.sidecarExpiry, a.opts.SidecarRenewFraction)
+	}
+	tokenBackoff, sidecarBackoff := a.backoff(), a.backoff()
+	for {
+		next := tokenNext
+		if !sidecarNext.IsZero() && sidecarNext.Before(next) {
+			next = sidecarNext
+		}
+		timer := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case why := <-gone:
+			timer.Stop()
+			a.log.Info("registration gone; onboarding again", "registration", s.namespace+"/"+s.name, "reason", why)
+			return
+		case <-timer.C:
+		}
+		now := time.Now()
+		if !tokenNext.After(now) {
+			if err := a.renewToken(ctx); err != nil {
+				a.logRefusal("onboarding token renewal", err)
+				tokenNext = now.Add(tokenBackoff.delay())
+			} else {
+				tokenBackoff = a.backoff()
+				s = a.current()
+				tokenNext = a.renewAt(s.tokenIssued, s.tokenExpiry, a.opts.RenewFraction)
+			}
+		}
+		if !sidecarNext.IsZero() && !sidecarNext.After(now) {
+			err := a.renewSidecarToken(ctx)
+			switch {
+			case status.Code(err) == codes.NotFound:
+				a.log.Info("registration gone (sidecar token renewal: NotFound); onboarding again", "registration", s.namespace+"/"+s.name)
+				return
+			case err != nil:
+				a.logRefusal("sidecar token renewal", err)
+				sidecarNext = now.Add(sidecarBackoff.delay())
+			default:
+				sidecarBackoff = a.backoff()
+				s = a.current()
+				sidecarNext = a.renewAt(s.sidecarIssued, s.sidecarExpiry, a.opts.SidecarRenewFraction)
+			}
+		}
+	}
+}
+
+// renewAt is when a credential issued at issued and expiring at expiry is
+// renewed: after fraction of its lifetime.
+func (a *Agent) renewAt(issued, expiry time.Time, fraction float64) time.Time {
+	life := expiry.Sub(issued)
+	if life <= 0 {
+		return issued
+	}
+	return issued.Add(time.Duration(float64(life) * fraction))
+}
+
+// renewToken authorizes again with a fresh platform credential.
+func (a *Agent) renewToken(ctx context.Context) error {
+	auth, err := a.authorize(ctx)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.session.token, a.session.tokenExpiry, a.session.tokenIssued = auth.resp.GetToken(), auth.resp.GetExpiresAt().AsTime(), time.Now()
+	a.mu.Unlock()
+	a.log.Info("onboarding token renewed", "expiresAt", auth.resp.GetExpiresAt().AsTime())
+	return nil
+}
+
+// renewSidecarToken gets a fresh sidecar token and rewrites its file.
+func (a *Agent) renewSidecarToken(ctx context.Context) error {
+	s := a.current()
+	res, err := a.api.RenewSidecarToken(withToken(ctx, s.token), &onboardingv1alpha1.RenewSidecarTokenRequest{})
+	if err != nil {
+		return err
+	}
+	if err := a.files.WriteToken(res.GetSidecarToken()); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.session.sidecarExpiry, a.session.sidecarIssued = res.GetExpiresAt().AsTime(), time.Now()
+	a.mu.Unlock()
+	a.log.Info("sidecar token renewed", "expiresAt", res.GetExpiresAt().AsTime())
+	return nil
+}
+
+// watch follows the registration with WatchRegistration and reports on gone
+// when it is deleted or replaced. A broken stream is reopened with backoff
+// (and the current token).
+func (a *Agent) watch(ctx context.Context, gone chan<- string) {
+	b := a.backoff()
+	for ctx.Err() == nil {
+		s := a.current()
+		stream, err := a.api.WatchRegistration(withToken(ctx, s.token), &onboardingv1alpha1.WatchRegistrationRequest{})
+		for err == nil {
+			var ev *onboardingv1alpha1.RegistrationEvent
+			if ev, err = stream.Recv(); err != nil {
+				break
+			}
+			b = a.backoff()
+			switch {
+			case ev.GetState() == onboardingv1alpha1.RegistrationEvent_DELETED:
+				gone <- "deleted"
+				return
+			case s.uid != "" && ev.GetUid() != s.uid:
+				gone <- "replaced by registration " + ev.GetUid()
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if status.Code(err) == codes.Unimplemented {
+			a.log.Warn("the endpoint does not serve WatchRegistration; a deleted registration is noticed at the next sidecar token renewal")
+			return
+		}
+		a.log.Info("registration watch interrupted; reconnecting", "error", err.Error())
+		if !b.wait(ctx) {
+			return
+		}
+	}
+}
+
+// shutdown unregisters, waits the propagation delay and stops the sidecar.
+func (a *Agent) shutdown(ctx context.Context) error {
+	s := a.current()
+	if s.token != "" {
+		uctx, cancel := context.WithTimeout(ctx, a.opts.ShutdownTimeout)
+		res, err := a.api.Unregister(withToken(uctx, s.token), &onboardingv1alpha1.UnregisterRequest{})
+		cancel()
+		if err != nil {
+			a.log.Error("unregister failed; the endpoint removes the registration after its grace period", "registration", s.namespace+"/"+s.name, "error", err.Error())
+		} else {
+			delay := res.GetPropagationDelay().AsDuration()
+			a.log.Info("unregistered; waiting the propagation delay before stopping the sidecar", "registration", s.namespace+"/"+s.name, "delay", delay)
+			time.Sleep(delay)
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, a.opts.ShutdownTimeout)
+	defer cancel()
+	if err := sidecar.Run(sctx, a.opts.Agent.Sidecar.StopCommand); err != nil {
+		a.log.Error("cannot stop the sidecar", "error", err.Error())
+		return err
+	}
+	a.log.Info("sidecar stopped; onboarding agent exiting")
+	return nil
+}

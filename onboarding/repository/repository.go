@@ -1,0 +1,195 @@
+// Package repository is the onboarding endpoint's local package repository:
+// it serves the DEB and RPM packages of onboarding-agent and istio-sidecar
+// that VMs install (seed 004), from a directory that mirrors the URL tree
+// below /install:
+//
+//	/install/{deb,rpm}/{amd64,arm64}/{onboarding-agent,istio-sidecar}.{deb,rpm}
+//	/install/istio-sidecar/<revision>/{deb,rpm}/{amd64,arm64}/istio-sidecar.{deb,rpm}
+//
+// and, beside each, a .sha256 file the server computes, in the format
+// `sha256sum --check` reads. Any other path is 404; the parser admits only
+// these shapes, and files are opened through an os.Root, so nothing outside
+// the directory is reachable. Files are served with http.ServeContent (range
+// requests, If-Modified-Since, If-None-Match) with a strong ETag (the
+// content's SHA-256) and Cache-Control: no-cache (revalidate: a package may
+// be replaced in place).
+package repository
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Prefix is the URL prefix of every repository path.
+const Prefix = "/install/"
+
+// ChecksumSuffix is the suffix of checksum paths.
+const ChecksumSuffix = ".sha256"
+
+// Path is a parsed repository path.
+type Path struct {
+	// File is the package's path relative to the repository directory,
+	// e.g. deb/amd64/onboarding-agent.deb.
+	File string
+	// Checksum is true for the .sha256 path beside File.
+	Checksum bool
+}
+
+// ErrNotFound means the URL path is not a repository path.
+var ErrNotFound = errors.New("not a repository path")
+
+// ParsePath parses a URL path of the repository. Anything but the shapes in
+// the package comment is ErrNotFound.
+func ParsePath(urlPath string) (Path, error) {
+	rest, ok := strings.CutPrefix(urlPath, Prefix)
+	if !ok {
+		return Path{}, ErrNotFound
+	}
+	var p Path
+	if r, ok := strings.CutSuffix(rest, ChecksumSuffix); ok {
+		rest, p.Checksum = r, true
+	}
+	seg := strings.Split(rest, "/")
+	var format, arch, name string
+	switch len(seg) {
+	case 3: // {deb,rpm}/{arch}/{package}.{format}
+		format, arch, name = seg[0], seg[1], seg[2]
+		pkg, ok := strings.CutSuffix(name, "."+format)
+		if !ok || (pkg != "onboarding-agent" && pkg != "istio-sidecar") {
+			return Path{}, ErrNotFound
+		}
+	case 5: // istio-sidecar/{revision}/{deb,rpm}/{arch}/istio-sidecar.{format}
+		if seg[0] != "istio-sidecar" || len(validation.IsDNS1123Label(seg[1])) > 0 {
+			return Path{}, ErrNotFound
+		}
+		format, arch, name = seg[2], seg[3], seg[4]
+		if name != "istio-sidecar."+format {
+			return Path{}, ErrNotFound
+		}
+	default:
+		return Path{}, ErrNotFound
+	}
+	if (format != "deb" && format != "rpm") || (arch != "amd64" && arch != "arm64") {
+		return Path{}, ErrNotFound
+	}
+	p.File = rest
+	return p, nil
+}
+
+// Handler serves the repository.
+type Handler struct {
+	root *os.Root
+	dir  string
+	log  *slog.Logger
+
+	mu   sync.Mutex
+	sums map[string]digest
+}
+
+type digest struct {
+	size    int64
+	modTime time.Time
+	sum     string
+}
+
+// New returns a Handler serving dir. The directory must exist.
+func New(dir string, log *slog.Logger) (*Handler, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("local repository: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Handler{root: root, dir: dir, log: log, sums: map[string]digest{}}, nil
+}
+
+// Close releases the directory.
+func (h *Handler) Close() error { return h.root.Close() }
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	p, err := ParsePath(r.URL.Path)
+	if err != nil {
+		http.NotFound(w, r)
+		return
+	}
+	f, err := h.root.Open(p.File)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			h.log.Error("local repository: open", "file", p.File, "error", err)
+		}
+		http.NotFound(w, r)
+		return
+	}
+	defer func() { _ = f.Close() }()
+	info, err := f.Stat()
+	if err != nil || !info.Mode().IsRegular() {
+		http.NotFound(w, r)
+		return
+	}
+	sum, err := h.checksum(p.File, f, info)
+	if err != nil {
+		h.log.Error("local repository: checksum", "file", p.File, "error", err)
+		http.Error(w, "cannot read the package", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Cache-Control", "no-cache")
+	if p.Checksum {
+		body := []byte(sum + "  " + path.Base(p.File) + "\n")
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("ETag", `"`+sum+`.sha256"`)
+		http.ServeContent(w, r, "", info.ModTime(), bytes.NewReader(body))
+		return
+	}
+	if strings.HasSuffix(p.File, ".deb") {
+		w.Header().Set("Content-Type", "application/vnd.debian.binary-package")
+	} else {
+		w.Header().Set("Content-Type", "application/x-rpm")
+	}
+	w.Header().Set("ETag", `"`+sum+`"`)
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		http.Error(w, "cannot read the package", http.StatusInternalServerError)
+		return
+	}
+	http.ServeContent(w, r, "", info.ModTime(), f)
+}
+
+// checksum returns the hex SHA-256 of f, cached while its size and
+// modification time stay the same.
+func (h *Handler) checksum(name string, f io.Reader, info fs.FileInfo) (string, error) {
+	h.mu.Lock()
+	d, ok := h.sums[name]
+	h.mu.Unlock()
+	if ok && d.size == info.Size() && d.modTime.Equal(info.ModTime()) {
+		return d.sum, nil
+	}
+	hash := sha256.New()
+	if _, err := io.Copy(hash, f); err != nil {
+		return "", err
+	}
+	sum := hex.EncodeToString(hash.Sum(nil))
+	h.mu.Lock()
+	h.sums[name] = digest{size: info.Size(), modTime: info.ModTime(), sum: sum}
+	h.mu.Unlock()
+	return sum, nil
+}
