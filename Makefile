@@ -78,6 +78,10 @@ testenv: ## Build the real kube-apiserver, etcd, kube-controller-manager, pilot-
 test: testenv ## Run all tests (unit and integration against a real control plane).
 	go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: manifests
+manifests: testenv ## Build, validate and dry-run apply manifests/; run the endpoint as its ServiceAccount; lint metrics and dashboards.
+	go test $(GO_TEST_FLAGS) ./manifests/
+
 .PHONY: e2e
 e2e: faults ## Run the end-to-end suite (the fault suite).
 
