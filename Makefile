@@ -107,14 +107,26 @@ test: testenv ## Run all tests (unit and integration against a real control plan
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: e2e
-e2e: testenv ## Run end-to-end tests (none beyond 'make test' yet).
-	@echo "e2e: no end-to-end suite exists yet; 'make test' covers the control-plane integration tests."
+e2e: faults ## Run the end-to-end suite (the fault suite).
+
+.PHONY: faults
+faults: testenv ## Run the fault suite: real endpoint processes, restarts and kills, apiserver and etcd outages.
+	go test -tags faults -count=1 -timeout 15m -v ./test/faults/
 
 .PHONY: bench
 BENCH_COUNT ?= 3
-bench: testenv ## Run the benchmarks in benchmarks/ (BENCH_COUNT runs of each).
-	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./benchmarks/identity/
-	go test -run='^$$' -bench=. -benchtime=200x -count=$(BENCH_COUNT) ./benchmarks/onboarding/
+bench: testenv ## Run every benchmark in benchmarks/ BENCH_COUNT times; write benchmarks/results/<date>.md and .json.
+	go run ./benchmarks/cmd/report -count $(BENCH_COUNT) ./benchmarks/...
+
+.PHONY: fuzz
+FUZZTIME ?= 10s
+fuzz: ## Run every Fuzz* target of the repository for FUZZTIME each.
+	FUZZTIME=$(FUZZTIME) test/fuzz/run.sh
+
+.PHONY: soak
+SOAK_DURATION ?= 10m
+soak: testenv ## Onboard and churn at a steady rate for SOAK_DURATION; sample heap and goroutines, check they stay flat.
+	SOAK_DURATION=$(SOAK_DURATION) go test -tags soak -count=1 -timeout 0 -v ./test/soak/
 
 .PHONY: lint
 lint: ## Run gofmt and go vet.

@@ -49,6 +49,13 @@ type ConnectionOptions struct {
 	// stored, superseded by a newer one, or the tracker stops. Default: 100ms
 	// doubling, capped at 10s.
 	Retry wait.Backoff
+	// DisconnectDelay holds a workload's disconnect back this long before
+	// it is written: a stream of the workload opening again within it drops
+	// the disconnect, so a brief reconnect writes nothing. The recorded
+	// disconnect time stays the instant the last stream closed. Flush writes
+	// held disconnects at once. Zero means the default; negative, no delay.
+	// Default 1s.
+	DisconnectDelay time.Duration
 	// Metrics. Default: not recorded.
 	Metrics *ConnectionMetrics
 	// Clock. Default time.Now.
@@ -65,6 +72,13 @@ type ConnectionOptions struct {
 // goroutine of its own with optimistic concurrency until stored. Several
 // streams of one workload count once. Only the replica holding the stream
 // writes; a disconnect never overwrites a newer connection by another replica.
+//
+// Writes are avoided where the stored state already tells the truth: a
+// disconnect is held back for DisconnectDelay and dropped when the workload
+// reconnects in the meantime, and a connection is written only when the
+// stored status does not already show the workload connected to this replica
+// since this tracker started (so a reconnect storm costs at most one write
+// per object and workload, none after a blip).
 type Connections struct {
 	ctx     context.Context
 	client  client.Client
@@ -74,11 +88,16 @@ type Connections struct {
 	retry   wait.Backoff
 	metrics *ConnectionMetrics
 	now     func() time.Time
+	delay   time.Duration
+	// started is when this tracker started; a stored connection of this
+	// replica from before it belongs to an earlier process of the replica.
+	started time.Time
 
-	mu      sync.Mutex
-	entries map[types.NamespacedName]*connEntry
-	active  int // running writers
-	wg      sync.WaitGroup
+	mu       sync.Mutex
+	entries  map[types.NamespacedName]*connEntry
+	active   int // running writers
+	flushing int // Flush calls waiting: held disconnects are written at once
+	wg       sync.WaitGroup
 }
 
 // connEntry is one workload's streams on this replica and its pending state.
@@ -88,6 +107,7 @@ type connEntry struct {
 	connectedAt time.Time // when the current (or last) connection began
 	pending     *connState
 	running     bool
+	wake        chan struct{} // a held disconnect's wait ends early
 }
 
 // connState is a connection state to store.
@@ -96,6 +116,8 @@ type connState struct {
 	connected      bool
 	connectedAt    time.Time
 	disconnectedAt time.Time
+	// holdUntil (real time) is when a held disconnect may be written.
+	holdUntil time.Time
 }
 
 // NewConnections returns a tracker whose writes run until ctx ends.
@@ -112,12 +134,22 @@ func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, 
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
+	switch {
+	case opts.DisconnectDelay == 0:
+		opts.DisconnectDelay = DefaultDisconnectDelay
+	case opts.DisconnectDelay < 0:
+		opts.DisconnectDelay = 0
+	}
 	return &Connections{
 		ctx: ctx, client: opts.Client, replica: opts.Replica, log: opts.Logger,
 		writer: newWriter(opts.Writes), retry: opts.Retry, metrics: opts.Metrics, now: opts.Clock,
+		delay: opts.DisconnectDelay, started: opts.Clock(),
 		entries: map[types.NamespacedName]*connEntry{},
 	}, nil
 }
+
+// DefaultDisconnectDelay is ConnectionOptions.DisconnectDelay's default.
+const DefaultDisconnectDelay = time.Second
 
 // Replica returns the name this tracker writes as the connection's owner.
 func (c *Connections) Replica() string { return c.replica }
@@ -134,7 +166,7 @@ func (c *Connections) Opened(w Workload, streamID int64) {
 			// the entry (its writer drains it) but start afresh.
 			e.workload = w
 		} else {
-			e = &connEntry{workload: w, streams: map[int64]struct{}{}}
+			e = &connEntry{workload: w, streams: map[int64]struct{}{}, wake: make(chan struct{}, 1)}
 			c.entries[w.Key] = e
 		}
 	}
@@ -170,7 +202,7 @@ func (c *Connections) Closed(w Workload, streamID int64) {
 	}
 	now := c.now()
 	c.metrics.closed(e.workload)
-	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now})
+	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now, holdUntil: time.Now().Add(c.delay)})
 }
 
 // Reassert writes the workload connected again when this replica holds
@@ -205,8 +237,20 @@ func (c *Connections) Streams(key types.NamespacedName) int {
 	return 0
 }
 
-// Flush waits until every pending state is stored (or dropped), or ctx ends.
+// Flush writes held disconnects at once and waits until every pending state
+// is stored (or dropped), or ctx ends.
 func (c *Connections) Flush(ctx context.Context) error {
+	c.mu.Lock()
+	c.flushing++
+	for _, e := range c.entries {
+		e.signal()
+	}
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.flushing--
+		c.mu.Unlock()
+	}()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -228,10 +272,21 @@ func (c *Connections) Flush(ctx context.Context) error {
 // context ended.
 func (c *Connections) Wait() { c.wg.Wait() }
 
+func (e *connEntry) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
 // enqueueLocked replaces e's pending state and starts its writer.
 func (c *Connections) enqueueLocked(e *connEntry, st *connState) {
 	e.pending = st
-	if e.running || c.ctx.Err() != nil {
+	if e.running {
+		e.signal() // a held disconnect was replaced
+		return
+	}
+	if c.ctx.Err() != nil {
 		return
 	}
 	e.running = true
@@ -246,6 +301,20 @@ func (c *Connections) drain(e *connEntry) {
 	for {
 		c.mu.Lock()
 		st := e.pending
+		if st != nil && !st.connected && c.flushing == 0 && c.ctx.Err() == nil {
+			if hold := time.Until(st.holdUntil); hold > 0 {
+				// Hold the disconnect: a reconnect replaces it.
+				c.mu.Unlock()
+				t := time.NewTimer(hold)
+				select {
+				case <-t.C:
+				case <-e.wake:
+				case <-c.ctx.Done():
+				}
+				t.Stop()
+				continue
+			}
+		}
 		e.pending = nil
 		if st == nil || c.ctx.Err() != nil {
 			e.running = false
@@ -327,6 +396,10 @@ func (c *Connections) storeRegistration(st *connState) (bool, error) {
 			if conn != nil && conn.Replica != c.replica && conn.DisconnectedAt == nil && conn.ConnectedAt != nil && conn.ConnectedAt.After(connectedAt.Time) {
 				return nil // a newer connection held by another replica
 			}
+			if c.showsOurConnection(cur) {
+				shows = true
+				return nil // already true: a reconnect writes nothing
+			}
 			conn = &runtimev1alpha1.ConnectionStatus{Replica: c.replica, ConnectedAt: &connectedAt}
 		} else {
 			if conn == nil || conn.Replica != c.replica || conn.DisconnectedAt != nil ||
@@ -355,6 +428,17 @@ func (c *Connections) storeRegistration(st *connState) (bool, error) {
 		return false, fmt.Errorf("write connection state of %s: %w", st.workload.Key, err)
 	}
 	return shows, nil
+}
+
+// showsOurConnection reports whether war's stored status says the workload is
+// connected to this replica, by a connection made since this tracker started
+// (an older one is an earlier process's, which the sweeper would take for
+// gone, so it must be written anew).
+func (c *Connections) showsOurConnection(war *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	conn := war.Status.Connection
+	return meta.IsStatusConditionTrue(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected) &&
+		conn != nil && conn.Replica == c.replica && conn.DisconnectedAt == nil && conn.ConnectedAt != nil &&
+		!conn.ConnectedAt.Time.Before(c.started.Truncate(time.Second))
 }
 
 func (c *Connections) condition(st *connState, generation int64) metav1.Condition {
@@ -409,6 +493,9 @@ func (c *Connections) storeWorkloadEntry(st *connState) error {
 		if st.connected {
 			if holder != "" && holder != c.replica && ann[AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt) {
 				return nil
+			}
+			if holder == c.replica && ann[AnnotationDisconnectedAt] == "" && !heldSince.Before(c.started.Truncate(time.Second)) {
+				return nil // already shows this connection
 			}
 			want[AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
 			want[AnnotationWorkloadController] = c.replica

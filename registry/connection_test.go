@@ -2,6 +2,8 @@ package registry
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 )
@@ -79,9 +82,20 @@ var (
 
 func registerForConnections(t *testing.T) (Workload, *Result) {
 	t.Helper()
+	return registerNthForConnections(t, 0)
+}
+
+// registerNthForConnections registers workload n (0-255) of its own
+// namespace, with an instance ID and address of its own.
+func registerNthForConnections(t *testing.T, n int) (Workload, *Result) {
+	t.Helper()
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
-	res, err := newRegistrar(t, nil).Register(t.Context(), Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	id, ip := "i-1234567890abcdef0", "172.31.5.254"
+	if n > 0 {
+		id, ip = fmt.Sprintf("i-00000000000000%03d", n), fmt.Sprintf("172.31.6.%d", n)
+	}
+	res, err := newRegistrar(t, nil).Register(t.Context(), Request{Group: wg, Identity: ec2Identity(id), Registration: registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,4 +248,197 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 	}
 	cancel()
 	c.Wait()
+}
+
+// countingClient counts the writes a tracker makes to the API server, by
+// kind: "status" (registration status) and "entry" (WorkloadEntry).
+type countingClient struct {
+	client.Client
+	mu     sync.Mutex
+	writes map[string]int
+}
+
+func newCountingClient() *countingClient {
+	cc := &countingClient{writes: map[string]int{}}
+	cc.Client = interceptor.NewClient(env.Client, interceptor.Funcs{
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			cc.count("entry")
+			return c.Update(ctx, obj, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			cc.count(sub)
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+	})
+	return cc
+}
+
+func (cc *countingClient) count(kind string) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cc.writes[kind]++
+}
+
+func (cc *countingClient) take() map[string]int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	w := cc.writes
+	cc.writes = map[string]int{}
+	return w
+}
+
+// uids returns the UIDs of the registration and its WorkloadEntry, to tell
+// a re-creation.
+func uids(t *testing.T, key types.NamespacedName) [2]types.UID {
+	t.Helper()
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	we := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(t.Context(), key, war); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(t.Context(), key, we); err != nil {
+		t.Fatal(err)
+	}
+	return [2]types.UID{war.UID, we.UID}
+}
+
+// A reconnect within the disconnect delay drops the held disconnect: the
+// blip writes nothing, and a later disconnect is still written.
+func TestReconnectDropsAHeldDisconnect(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w, _ := registerForConnections(t)
+	cc := newCountingClient()
+	c, err := NewConnections(ctx, ConnectionOptions{Client: cc, Replica: "replica-a", DisconnectDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Opened(w, 1)
+	waitObserved(t, w.Key, connectedTo("replica-a"))
+	if got := cc.take(); got["status"] != 1 || got["entry"] != 1 {
+		t.Fatalf("connect wrote %v, want one status and one entry write", got)
+	}
+	c.Closed(w, 1)
+	c.Opened(w, 2) // within the (hour-long) delay
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := cc.take(); len(got) != 0 {
+		t.Errorf("a reconnect within the delay wrote %v", got)
+	}
+	if got := observe(t, w.Key); got != connectedTo("replica-a") {
+		t.Errorf("after the blip: %+v", got)
+	}
+	// Flush writes a held disconnect at once.
+	c.Closed(w, 2)
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := observe(t, w.Key); got != disconnectedFrom("replica-a") {
+		t.Errorf("after flushing a held disconnect: %+v", got)
+	}
+	cancel()
+	c.Wait()
+}
+
+// A workload's disconnect is held for DisconnectDelay, then written without
+// anyone flushing it.
+func TestHeldDisconnectIsWrittenAfterTheDelay(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w, _ := registerForConnections(t)
+	c, err := NewConnections(ctx, ConnectionOptions{Client: env.Client, Replica: "replica-a", DisconnectDelay: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Opened(w, 1)
+	waitObserved(t, w.Key, connectedTo("replica-a"))
+	c.Closed(w, 1)
+	waitObserved(t, w.Key, disconnectedFrom("replica-a"))
+	cancel()
+	c.Wait()
+}
+
+// A reconnect storm: every stream of a replica breaks and the sidecars
+// reconnect, to the same replica (a blip, or the replica's process
+// restarted) or to another replica (takeover). Each costs at most one write
+// per object and workload, and nothing is re-created.
+func TestReconnectStormWritesAtMostOncePerWorkload(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	const n = 5
+	var ws []Workload
+	for i := range n {
+		w, _ := registerNthForConnections(t, i+1)
+		ws = append(ws, w)
+	}
+	before := map[types.NamespacedName][2]types.UID{}
+	cc := newCountingClient()
+	first, err := NewConnections(ctx, ConnectionOptions{Client: cc, Replica: "replica-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range ws {
+		first.Opened(w, int64(i))
+		before[w.Key] = uids(t, w.Key)
+	}
+	for _, w := range ws {
+		waitObserved(t, w.Key, connectedTo("replica-a"))
+	}
+
+	steps := []struct {
+		name      string
+		replica   string
+		restarted bool // a new process (tracker) of the replica
+		maxWrites int
+	}{
+		{"blip on the same process", "replica-a", false, 0},
+		{"the replica's process restarted", "replica-a", true, 1},
+		{"takeover by another replica", "replica-b", true, 1},
+	}
+	cur := first
+	for _, s := range steps {
+		cc.take()
+		next := cur
+		if s.restarted {
+			cc = newCountingClient()
+			// The old process dies without writing anything.
+			cancel()
+			cur.Wait()
+			ctx, cancel = context.WithCancel(t.Context())
+			// The new process starts in a later second than the stored
+			// connections (timestamps have one-second precision).
+			later := func() time.Time { return time.Now().Add(2 * time.Second) }
+			if next, err = NewConnections(ctx, ConnectionOptions{Client: cc, Replica: s.replica, Clock: later}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, w := range ws {
+			if !s.restarted {
+				next.Closed(w, int64(i))
+			}
+			next.Opened(w, int64(i+100))
+		}
+		if err := next.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range ws {
+			if got := observe(t, w.Key); got != connectedTo(s.replica) {
+				t.Errorf("%s: %s is %+v", s.name, w.Key, got)
+			}
+			if got := uids(t, w.Key); got != before[w.Key] {
+				t.Errorf("%s: %s was re-created", s.name, w.Key)
+			}
+		}
+		got := cc.take()
+		if got["status"] > s.maxWrites*n || got["entry"] > s.maxWrites*n {
+			t.Errorf("%s: %v writes for %d workloads, want at most %d each", s.name, got, n, s.maxWrites*n)
+		}
+		if s.maxWrites > 0 && (got["status"] != n || got["entry"] != n) {
+			t.Errorf("%s: %v writes for %d workloads, want exactly one of each per workload", s.name, got, n)
+		}
+		cur = next
+	}
+	cancel()
+	cur.Wait()
 }

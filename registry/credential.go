@@ -237,7 +237,9 @@ func (r *Registrar) RenewSidecarToken(ctx context.Context, key types.NamespacedN
 type BoundClaims struct {
 	// ID is the token's jti (the API server reports it in TokenReview as
 	// authentication.kubernetes.io/credential-id "JTI=<id>").
-	ID         string `json:"jti"`
+	ID string `json:"jti"`
+	// Expiry is the token's exp (seconds since the epoch); 0 if absent.
+	Expiry     int64 `json:"exp"`
 	Kubernetes struct {
 		Namespace      string     `json:"namespace"`
 		Secret         *objectRef `json:"secret,omitempty"`
@@ -249,6 +251,15 @@ type BoundClaims struct {
 type objectRef struct {
 	Name string    `json:"name"`
 	UID  types.UID `json:"uid"`
+}
+
+// ExpiresAt returns when the token expires (exp), and false when it has no
+// exp.
+func (c *BoundClaims) ExpiresAt() (time.Time, bool) {
+	if c.Expiry <= 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(c.Expiry, 0), true
 }
 
 // SecretRef returns the Secret the token is bound to, if any.

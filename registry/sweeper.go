@@ -85,8 +85,13 @@ type LifecycleOptions struct {
 	// GracePeriod is how long a workload may have no ADS stream before its
 	// registration and WorkloadEntry are removed. Default: 5m.
 	GracePeriod time.Duration
-	// RemovalQPS bounds the rate of removals (burst 1). Default: 20.
+	// RemovalQPS bounds the steady rate of removals (token bucket).
+	// Default: 20.
 	RemovalQPS float64
+	// RemovalBurst is how many removals may happen at once before
+	// RemovalQPS applies (e.g. after an outage expired many registrations at
+	// the same time). Default: 1.
+	RemovalBurst int
 	// ResyncPeriod is how often every registration is looked at again, on
 	// top of the event-driven and end-of-grace-period checks. Default: 1m.
 	ResyncPeriod time.Duration
@@ -143,6 +148,9 @@ func (o *LifecycleOptions) setDefaults() error {
 	}
 	if o.RemovalQPS <= 0 {
 		o.RemovalQPS = DefaultRemovalQPS
+	}
+	if o.RemovalBurst <= 0 {
+		o.RemovalBurst = 1
 	}
 	if o.ResyncPeriod <= 0 {
 		o.ResyncPeriod = DefaultResyncPeriod
@@ -216,7 +224,7 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 	l.sweeper = &sweeper{
 		client: opts.Client, reader: opts.APIReader, cache: opts.Cache, leases: l.leases,
 		grace: opts.GracePeriod, resync: opts.ResyncPeriod, workers: opts.Workers,
-		removals: rate.NewLimiter(rate.Limit(opts.RemovalQPS), 1),
+		removals: rate.NewLimiter(rate.Limit(opts.RemovalQPS), opts.RemovalBurst),
 		writer:   writes, recorder: opts.Recorder, metrics: opts.Metrics, now: opts.Clock,
 		log: log.With("component", "sweeper"),
 	}
@@ -321,7 +329,7 @@ func (l *Lifecycle) Start(ctx context.Context) error {
 // returns once both have stopped, so a new campaign never overlaps them.
 func (l *Lifecycle) lead(ctx context.Context) {
 	log := l.sweeper.log
-	log.Info("leading: sweeping expired registrations", "gracePeriod", l.opts.GracePeriod, "removalQPS", l.opts.RemovalQPS)
+	log.Info("leading: sweeping expired registrations", "gracePeriod", l.opts.GracePeriod, "removalQPS", l.opts.RemovalQPS, "removalBurst", l.opts.RemovalBurst)
 	l.opts.Metrics.setLeader(true)
 	defer l.opts.Metrics.setLeader(false)
 	var wg sync.WaitGroup
@@ -378,8 +386,10 @@ type decision struct {
 
 // decide judges a registration from the timestamps stored in it, so that any
 // replica, also after a restart, reaches the same verdict. Where two stored
-// timestamps could mark the start of the grace period the later one counts:
-// a removal may come late, never early.
+// timestamps could mark the start of the grace period the later one counts,
+// and since stored timestamps have one-second precision (the true instant
+// lies anywhere in the stored second) the grace period runs from the end of
+// that second: a removal may come up to a second late, never early.
 func decide(war *runtimev1alpha1.WorkloadAutoRegistration, now time.Time, grace time.Duration, replicas func(string) ReplicaState) decision {
 	if war.DeletionTimestamp != nil {
 		return decision{verdict: verdictKeep}
@@ -426,7 +436,7 @@ func decide(war *runtimev1alpha1.WorkloadAutoRegistration, now time.Time, grace 
 		d.cause = causeNeverConnected
 		d.why = fmt.Sprintf("registered at %s and never connected", war.CreationTimestamp.UTC().Format(time.RFC3339))
 	}
-	d.at = d.since.Add(grace)
+	d.at = d.since.Truncate(time.Second).Add(time.Second + grace)
 	d.verdict = verdictWait
 	if !now.Before(d.at) {
 		d.verdict = verdictRemove

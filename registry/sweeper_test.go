@@ -275,6 +275,9 @@ func TestDecide(t *testing.T) {
 	now := time.Date(2021, 10, 9, 10, 0, 0, 0, time.UTC)
 	grace := 5 * time.Minute
 	ts := func(ago time.Duration) *metav1.Time { return ptr.To(metav1.NewTime(now.Add(-ago))) }
+	// Stored timestamps have one-second precision: the grace period runs
+	// from the end of the stored second.
+	const slack = time.Second
 	connected := func(replica string, ago time.Duration) runtimev1alpha1.WorkloadAutoRegistrationStatus {
 		return runtimev1alpha1.WorkloadAutoRegistrationStatus{
 			Conditions: []metav1.Condition{{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionTrue, Reason: runtimev1alpha1.ReasonAgentEstablishedConnection, LastTransitionTime: *ts(ago)}},
@@ -309,13 +312,15 @@ func TestDecide(t *testing.T) {
 		{name: "connected to a replica that restarted since", created: time.Hour, status: connected("restarted", 10*time.Minute), want: verdictMarkGone},
 		{name: "connected within the second the replica started", created: time.Hour, status: connected("restarted", time.Minute), want: verdictKeep},
 		{name: "connected with no replica recorded", created: time.Hour, status: connected("", time.Minute), want: verdictMarkGone},
-		{name: "disconnected within the grace period", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentDisconnected, time.Minute), want: verdictWait, wantAt: now.Add(4 * time.Minute), wantCause: causeDisconnected},
-		{name: "disconnected exactly the grace period ago", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentDisconnected, grace), want: verdictRemove, wantAt: now, wantCause: causeDisconnected},
-		{name: "disconnected longer ago", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentDisconnected, 6*time.Minute), want: verdictRemove, wantAt: now.Add(-time.Minute), wantCause: causeDisconnected},
-		{name: "replica gone, within the grace period", created: time.Hour, status: disconnected(ReasonReplicaGone, time.Minute), want: verdictWait, wantAt: now.Add(4 * time.Minute), wantCause: causeReplicaGone},
-		{name: "never connected, young", created: time.Minute, want: verdictWait, wantAt: now.Add(4 * time.Minute), wantCause: causeNeverConnected},
-		{name: "never connected, old", created: time.Hour, want: verdictRemove, wantAt: now.Add(-55 * time.Minute), wantCause: causeNeverConnected},
-		{name: "never connected condition", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentNeverConnected, 2*time.Minute), want: verdictWait, wantAt: now.Add(3 * time.Minute), wantCause: causeNeverConnected},
+		{name: "disconnected within the grace period", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentDisconnected, time.Minute), want: verdictWait, wantAt: now.Add(4*time.Minute + slack), wantCause: causeDisconnected},
+		// The stored second may hide up to 1s: never early.
+		{name: "disconnected the grace period ago, to the second", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentDisconnected, grace), want: verdictWait, wantAt: now.Add(slack), wantCause: causeDisconnected},
+		{name: "disconnected the grace period and a second ago", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentDisconnected, grace+slack), want: verdictRemove, wantAt: now, wantCause: causeDisconnected},
+		{name: "disconnected longer ago", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentDisconnected, 6*time.Minute), want: verdictRemove, wantAt: now.Add(-time.Minute + slack), wantCause: causeDisconnected},
+		{name: "replica gone, within the grace period", created: time.Hour, status: disconnected(ReasonReplicaGone, time.Minute), want: verdictWait, wantAt: now.Add(4*time.Minute + slack), wantCause: causeReplicaGone},
+		{name: "never connected, young", created: time.Minute, want: verdictWait, wantAt: now.Add(4*time.Minute + slack), wantCause: causeNeverConnected},
+		{name: "never connected, old", created: time.Hour, want: verdictRemove, wantAt: now.Add(-55*time.Minute + slack), wantCause: causeNeverConnected},
+		{name: "never connected condition", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentNeverConnected, 2*time.Minute), want: verdictWait, wantAt: now.Add(3*time.Minute + slack), wantCause: causeNeverConnected},
 		{name: "being deleted", created: time.Hour, deleting: true, want: verdictKeep},
 	}
 	for _, tt := range tests {

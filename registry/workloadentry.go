@@ -185,6 +185,12 @@ func BuildWorkloadEntry(war *runtimev1alpha1.WorkloadAutoRegistration) (*istione
 			}},
 		},
 	}
+	if group.GetProbe() != nil {
+		// As istiod's auto-registration does: istiod then routes to the
+		// entry only while its Healthy condition is True, so the workload is
+		// unhealthy until its first passing probe.
+		we.Annotations[AnnotationHealthChecksEnabled] = "true"
+	}
 	we.Spec.Address = address
 	we.Spec.Labels = maps.Clone(labels)
 	we.Spec.Ports = maps.Clone(tmpl.GetPorts())

@@ -1,8 +1,11 @@
-// Package translate will hold pure functions from Istio configuration
-// (Sidecar, WorkloadGroup, Services, ServiceEntries, WorkloadEntries,
-// EndpointSlices) to Envoy resources: ingress listeners on the host address
-// forwarding to 127.0.0.1, egress listeners bound on 127.0.0.2, clusters,
-// routes and endpoints. No I/O; golden-file tested.
-//
-// Nothing is implemented here yet; see the translate issue.
+// Package translate holds the pure function from the Istio configuration
+// that applies to one onboarded workload (its Sidecar, PeerAuthentications,
+// Services, EndpointSlices, ServiceEntries, WorkloadEntries and pods) to
+// the Envoy v3 resources its sidecar is served: ingress listeners on the
+// workload's address forwarding to the application (127.0.0.1), egress
+// listeners bound on 127.0.0.2 with their routes, Istio-named clusters with
+// Istio mutual TLS through the local agent's SDS secrets, and endpoints
+// where VMs and pods load-balance together. No I/O, no clocks, every list
+// sorted; golden-file tested. docs/translate.md describes what is
+// translated and the defaults.
 package translate

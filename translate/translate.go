@@ -1,8 +1,13 @@
 package translate
 
 import (
+	"errors"
+	"fmt"
+
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 )
@@ -45,6 +50,14 @@ type Inputs struct {
 	// RootNamespace is Istio's config root namespace (default
 	// "istio-system"): its selector-less Sidecar is the mesh-wide default.
 	RootNamespace string
+	// PeerAuthentications of the workload's namespace and of the root
+	// namespace decide whether ingress also accepts plaintext (PERMISSIVE,
+	// the default) or only Istio mutual TLS (STRICT).
+	PeerAuthentications []*istiosecurityv1.PeerAuthentication
+	// Pods give the service accounts of EndpointSlice endpoints (through
+	// their targetRef) for the SAN of outbound mutual TLS. Optional: without
+	// them a destination's SAN is checked by namespace prefix only.
+	Pods []*corev1.Pod
 }
 
 // Result is a workload's complete configuration, ready to be served.
@@ -55,12 +68,57 @@ type Result struct {
 	// Listeners, Routes, Clusters and Endpoints are Envoy v3 resources in a
 	// deterministic order.
 	Listeners, Routes, Clusters, Endpoints []types.Resource
+	// Warnings name parts of the Sidecar that were valid but could not be
+	// translated unambiguously (for example a TCP egress port with several
+	// destinations); they were left out. Sorted.
+	Warnings []string
 }
 
-// Translate computes the workload's configuration. It returns an error
-// (naming the Sidecar and the field) when the selected Sidecar cannot be
-// translated; callers keep serving the previous configuration and report
-// the error on the Sidecar.
-func Translate(in *Inputs) (*Result, error) {
-	return &Result{}, nil
+// ByType returns the resources keyed by go-control-plane resource type URL,
+// the shape cache.NewSnapshot takes.
+func (r *Result) ByType() map[resource.Type][]types.Resource {
+	return map[resource.Type][]types.Resource{
+		resource.ListenerType: r.Listeners,
+		resource.RouteType:    r.Routes,
+		resource.ClusterType:  r.Clusters,
+		resource.EndpointType: r.Endpoints,
+	}
+}
+
+// validator is what every generated Envoy message implements.
+type validator interface{ ValidateAll() error }
+
+// Validate runs each resource's ValidateAll (the protoc-gen-validate rules
+// Envoy itself enforces) and returns every failure joined.
+func (r *Result) Validate() error {
+	var errs []error
+	for _, group := range [][]types.Resource{r.Listeners, r.Routes, r.Clusters, r.Endpoints} {
+		for _, res := range group {
+			v, ok := res.(validator)
+			if !ok {
+				errs = append(errs, fmt.Errorf("%T has no ValidateAll", res))
+				continue
+			}
+			if err := v.ValidateAll(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", resourceName(res), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// SidecarError says why the selected Sidecar cannot be translated. Callers
+// keep serving the previous configuration and report it as an Event on the
+// Sidecar.
+type SidecarError struct {
+	// Sidecar is "<namespace>/<name>".
+	Sidecar string
+	// Field is the path of the offending field, e.g. "spec.egress[0].bind".
+	Field string
+	// Reason says what is wrong with it.
+	Reason string
+}
+
+func (e *SidecarError) Error() string {
+	return fmt.Sprintf("sidecar %s: %s: %s", e.Sidecar, e.Field, e.Reason)
 }

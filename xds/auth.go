@@ -27,11 +27,41 @@ type TokenReviewer interface {
 
 // Errors of authentication; the server answers them with Unauthenticated.
 var (
-	errNoToken      = errors.New("no sidecar token: send `authorization: Bearer <token>` (the token from the onboarding bootstrap)")
-	errBadToken     = errors.New("sidecar token refused")
-	errNotBound     = errors.New("sidecar token is not bound to a registration's Secret")
-	errReviewFailed = errors.New("cannot review the sidecar token right now")
+	errNoToken        = errors.New("no sidecar token: send `authorization: Bearer <token>` (the token from the onboarding bootstrap)")
+	errMalformedToken = errors.New("malformed authorization metadata, want `Bearer <token>`")
+	errBadToken       = errors.New("sidecar token refused")
+	errExpiredToken   = errors.New("sidecar token expired; reconnect with the fresh token of the token file")
+	errNotBound       = errors.New("sidecar token is not bound to a registration's Secret")
+	errReviewFailed   = errors.New("cannot review the sidecar token right now")
 )
+
+// Reasons (metrics labels) of refused streams, besides those of authorize.
+const (
+	reasonNoToken        = "no_token"
+	reasonMalformedToken = "malformed_token"
+	reasonInvalidToken   = "invalid_token"
+	reasonExpiredToken   = "expired_token"
+	reasonUnboundToken   = "unbound_token"
+	reasonReviewFailed   = "review_failed"
+)
+
+// authReason is the metrics reason of an authentication error.
+func authReason(err error) string {
+	switch {
+	case errors.Is(err, errNoToken):
+		return reasonNoToken
+	case errors.Is(err, errMalformedToken):
+		return reasonMalformedToken
+	case errors.Is(err, errExpiredToken):
+		return reasonExpiredToken
+	case errors.Is(err, errNotBound):
+		return reasonUnboundToken
+	case errors.Is(err, errReviewFailed):
+		return reasonReviewFailed
+	default:
+		return reasonInvalidToken
+	}
+}
 
 // credentialIDKey is the TokenReview extra of a service-account token's jti.
 const credentialIDKey = "authentication.kubernetes.io/credential-id"
@@ -45,6 +75,8 @@ type Credential struct {
 	SecretUID  types.UID
 	// ID is the token's jti.
 	ID string
+	// Expires is the token's exp: a stream it opened is closed then.
+	Expires time.Time
 	// expires is when the cached review of this token must be redone.
 	expires time.Time
 }
@@ -81,7 +113,7 @@ func bearerToken(ctx context.Context) (string, error) {
 	}
 	scheme, tok, ok := strings.Cut(vals[0], " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
-		return "", fmt.Errorf("%w: malformed authorization metadata, want `Bearer <token>`", errBadToken)
+		return "", fmt.Errorf("%w: %w", errBadToken, errMalformedToken)
 	}
 	return strings.TrimSpace(tok), nil
 }
@@ -90,6 +122,9 @@ func bearerToken(ctx context.Context) (string, error) {
 func (a *authenticator) authenticate(ctx context.Context, raw string) (*Credential, error) {
 	key := sha256.Sum256([]byte(raw))
 	if c := a.cached(key); c != nil {
+		if !a.now().Before(c.Expires) {
+			return nil, fmt.Errorf("%w at %s", errExpiredToken, c.Expires.UTC().Format(time.RFC3339))
+		}
 		return c, nil
 	}
 	review, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
@@ -128,10 +163,18 @@ func (a *authenticator) authenticate(ctx context.Context, raw string) (*Credenti
 	if !ok || secret == "" || uid == "" {
 		return nil, errNotBound
 	}
+	exp, ok := claims.ExpiresAt()
+	if !ok {
+		return nil, fmt.Errorf("%w: the token has no expiry (exp)", errBadToken)
+	}
+	now := a.now()
+	if !now.Before(exp) {
+		return nil, fmt.Errorf("%w at %s", errExpiredToken, exp.UTC().Format(time.RFC3339))
+	}
 	c := &Credential{
 		ServiceAccount: types.NamespacedName{Namespace: ns, Name: name},
-		SecretName:     secret, SecretUID: uid, ID: claims.ID,
-		expires: a.now().Add(a.ttl),
+		SecretName:     secret, SecretUID: uid, ID: claims.ID, Expires: exp,
+		expires: now.Add(a.ttl),
 	}
 	a.store(key, c)
 	return c, nil

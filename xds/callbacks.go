@@ -81,13 +81,22 @@ func (s *Server) checkType(st *stream, typeURL string, errorDetail *rpcstatus.St
 }
 
 // OnStreamRequest tracks ACKs and handles health reports and debug types.
+//
+// A NACK of the latest response holds the configuration: the request's
+// version_info (the last version the proxy accepted) is replaced by the
+// rejected version before go-control-plane's cache sees it, so the cache
+// answers when the type's version changes rather than at once with the same
+// rejected resources again (which would loop).
 func (s *Server) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error {
 	st := s.stream(id)
 	track, err := s.checkType(st, req.GetTypeUrl(), req.GetErrorDetail())
 	if err != nil || !track {
 		return err
 	}
-	st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, s.opts.Clock())
+	if version, nack := st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, s.opts.Clock()); nack {
+		s.nacked(st, req.GetTypeUrl(), version, req.GetErrorDetail())
+		req.VersionInfo = version
+	}
 	return nil
 }
 
@@ -105,7 +114,9 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 	if err != nil || !track {
 		return err
 	}
-	st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, s.opts.Clock())
+	if version, nack := st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, s.opts.Clock()); nack {
+		s.nacked(st, req.GetTypeUrl(), version, req.GetErrorDetail())
+	}
 	return nil
 }
 

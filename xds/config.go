@@ -3,7 +3,6 @@ package xds
 import (
 	"context"
 	"log/slog"
-	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -65,15 +64,9 @@ func (EmptyConfig) Snapshot(context.Context, *Proxy) (cache.ResourceSnapshot, er
 	})
 }
 
-// Health is one health report of a workload.
-type Health struct {
-	// Healthy is false when the report carries an error detail.
-	Healthy bool
-	// Message is the error detail's message, if any.
-	Message string
-	// At is when the report arrived.
-	At time.Time
-}
+// Health is one health report of a workload (registry.Health, so that the
+// registry's HealthMirror is a HealthSink).
+type Health = registry.Health
 
 // HealthSink receives the health reports of bound workloads. It must not
 // block: it runs on the stream's goroutine.

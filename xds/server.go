@@ -59,6 +59,8 @@ type Options struct {
 	Audience string
 	// Config computes what each proxy is served. Default EmptyConfig.
 	Config ConfigSource
+	// NACKMetrics counts rejected configurations. Default: not counted.
+	NACKMetrics *NACKMetrics
 	// Health receives health reports. Default LogHealth.
 	Health HealthSink
 	// ClusterID reported in syncz when a proxy did not send CLUSTER_ID.
@@ -69,9 +71,12 @@ type Options struct {
 	ReviewCacheTTL time.Duration
 	// ReviewCacheSize bounds the cached reviews. Default 4096.
 	ReviewCacheSize int
+	// Metrics. Default: not recorded.
+	Metrics *Metrics
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
-	// Clock. Default time.Now.
+	// Clock tells when a sidecar token expired (its stream is then
+	// closed) and stamps ACKs. Default time.Now.
 	Clock func() time.Time
 }
 
@@ -193,7 +198,7 @@ func (s *Server) Run(ctx context.Context) error {
 		deleted func(client.Object)
 	}{
 		{&runtimev1alpha1.WorkloadAutoRegistration{}, func(o client.Object) {
-			s.closeWorkload(types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}, o.GetUID(), "its WorkloadAutoRegistration was deleted; onboard again")
+			s.closeWorkload(types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}, o.GetUID())
 		}},
 		{&corev1.Secret{}, func(o client.Object) {
 			s.auth.forget(o.GetUID())
@@ -259,11 +264,15 @@ type stream struct {
 	proxy     *Proxy // nil on debug streams
 	counted   bool   // a workload's sidecar (not a debug client): counts as connected
 	secretUID types.UID
+	expires   time.Time // the token's expiry; zero on debug streams
 	opened    time.Time
 
 	killOnce sync.Once
 	kill     chan struct{}
-	reason   string // why the server closed it; set before kill is closed
+	// Why the server closed it: set before kill is closed.
+	code   codes.Code
+	reason string // metrics label
+	msg    string
 
 	mu   sync.Mutex
 	acks map[string]*typeState
@@ -273,11 +282,17 @@ func newStream() *stream {
 	return &stream{kill: make(chan struct{}), acks: map[string]*typeState{}}
 }
 
-func (st *stream) close(reason string) {
+// close ends the stream with status code and msg; reason labels it in
+// metrics.
+func (st *stream) close(code codes.Code, reason, msg string) {
 	st.killOnce.Do(func() {
-		st.reason = reason
+		st.code, st.reason, st.msg = code, reason, msg
 		close(st.kill)
 	})
+}
+
+func (st *stream) closeDeleted() {
+	st.close(codes.Unavailable, closeRegistrationDeleted, "its WorkloadAutoRegistration was deleted; onboard again")
 }
 
 type streamKey struct{}
@@ -296,16 +311,16 @@ func streamFrom(ctx context.Context) *stream {
 func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
 	raw, err := bearerToken(ctx)
 	if err != nil {
-		return nil, status.Error(codes.Unauthenticated, err.Error())
+		return nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
 	}
 	cred, err := s.auth.authenticate(ctx, raw)
 	switch {
 	case errors.Is(err, errReviewFailed):
 		s.log.Error("review sidecar token", "error", err)
-		return nil, status.Error(codes.Unavailable, err.Error())
+		return nil, refuse(codes.Unavailable, reasonReviewFailed, "%v", err)
 	case err != nil:
 		s.log.Info("refused xDS stream", "reason", err.Error())
-		return nil, status.Error(codes.Unauthenticated, err.Error())
+		return nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
 	}
 	proxy, err := s.authorize(ctx, cred, node)
 	if err != nil {
@@ -315,6 +330,7 @@ func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
 	st := newStream()
 	st.proxy = proxy
 	st.secretUID = cred.SecretUID
+	st.expires = cred.Expires
 	_, st.counted = node.GetMetadata().GetFields()["PROXY_CONFIG"]
 	return st, nil
 }
@@ -322,48 +338,48 @@ func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
 // authorize checks that the node ID names the registration whose Secret the
 // credential is bound to.
 func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Node) (*Proxy, error) {
-	denied := func(format string, args ...any) error {
-		return status.Errorf(codes.PermissionDenied, format, args...)
+	denied := func(reason, format string, args ...any) error {
+		return refuse(codes.PermissionDenied, reason, format, args...)
 	}
 	info, err := ParseNodeID(node.GetId())
 	if err != nil {
-		return nil, denied("%v", err)
+		return nil, denied(reasonBadNodeID, "%v", err)
 	}
 	key := info.Registration
 	if cred.ServiceAccount.Namespace != key.Namespace || cred.SecretName != registry.SidecarSecretName(key.Name) {
-		return nil, denied("the sidecar token is bound to Secret %s/%s, not to the credential of registration %s named by node ID %q",
+		return nil, denied(reasonOtherWorkload, "the sidecar token is bound to Secret %s/%s, not to the credential of registration %s named by node ID %q",
 			cred.ServiceAccount.Namespace, cred.SecretName, key, node.GetId())
 	}
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := s.get(ctx, key, war); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, denied("registration %s does not exist; onboard again", key)
+			return nil, denied(reasonUnknownRegistration, "registration %s does not exist; onboard again", key)
 		}
-		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", key, err)
+		return nil, refuse(codes.Unavailable, reasonUnavailable, "read registration %s: %v", key, err)
 	}
 	if war.DeletionTimestamp != nil {
-		return nil, denied("registration %s is being deleted; onboard again", key)
+		return nil, denied(reasonRegistrationDeleted, "registration %s is being deleted; onboard again", key)
 	}
 	secret := &corev1.Secret{}
 	if err := s.get(ctx, types.NamespacedName{Namespace: key.Namespace, Name: cred.SecretName}, secret); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, denied("the sidecar credential Secret %s/%s does not exist", key.Namespace, cred.SecretName)
+			return nil, denied(reasonStaleCredential, "the sidecar credential Secret %s/%s does not exist", key.Namespace, cred.SecretName)
 		}
-		return nil, status.Errorf(codes.Unavailable, "read Secret %s/%s: %v", key.Namespace, cred.SecretName, err)
+		return nil, refuse(codes.Unavailable, reasonUnavailable, "read Secret %s/%s: %v", key.Namespace, cred.SecretName, err)
 	}
 	ref := metav1.GetControllerOf(secret)
 	if secret.UID != cred.SecretUID || ref == nil || ref.Kind != "WorkloadAutoRegistration" || ref.UID != war.UID {
-		return nil, denied("the sidecar token is bound to another incarnation of Secret %s/%s than registration %s owns", key.Namespace, cred.SecretName, key)
+		return nil, denied(reasonStaleCredential, "the sidecar token is bound to another incarnation of Secret %s/%s than registration %s owns", key.Namespace, cred.SecretName, key)
 	}
 	group, err := registry.GroupSpec(war.Spec.WorkloadGroup)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "%v", err)
+		return nil, refuse(codes.Internal, reasonInternal, "%v", err)
 	}
 	if sa := registry.ServiceAccountOf(group.GetTemplate().GetServiceAccount()); sa != cred.ServiceAccount.Name {
-		return nil, denied("the sidecar token is of service account %s, registration %s runs as %s", cred.ServiceAccount, key, sa)
+		return nil, denied(reasonServiceAccount, "the sidecar token is of service account %s, registration %s runs as %s", cred.ServiceAccount, key, sa)
 	}
 	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
-		return nil, denied("node ID address %s is not an address of registration %s", info.IP, key)
+		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
 	}
 	return &Proxy{
 		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
@@ -399,14 +415,20 @@ func (s *Server) attach(ctx context.Context, st *stream) error {
 	s.mu.Unlock()
 	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil {
 		if err := s.setSnapshot(ctx, st.proxy); err != nil {
-			return status.Errorf(codes.Unavailable, "compute configuration: %v", err)
+			// Not a reason to refuse the stream: serve an empty valid
+			// configuration until the next refresh.
+			s.log.Error("compute configuration; serving an empty one", "node", st.proxy.NodeID, "error", err)
+			empty, _ := EmptyConfig{}.Snapshot(ctx, st.proxy)
+			if err := s.snapshots.SetSnapshot(ctx, st.proxy.NodeID, empty); err != nil {
+				return status.Errorf(codes.Internal, "set configuration: %v", err)
+			}
 		}
 	}
 	// The registration may have been deleted between authorize and now,
 	// before its deletion could find this stream.
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := s.opts.Reader.Get(ctx, key, war); err == nil && (war.UID != st.proxy.Workload.UID || war.DeletionTimestamp != nil) {
-		st.close("its WorkloadAutoRegistration was deleted; onboard again")
+		st.closeDeleted()
 	}
 	return nil
 }
@@ -433,10 +455,20 @@ func (s *Server) setSnapshot(ctx context.Context, p *Proxy) error {
 	if err != nil {
 		return fmt.Errorf("configuration of %s: %w", p.NodeID, err)
 	}
-	return s.snapshots.SetSnapshot(ctx, p.NodeID, snap)
+	if err := s.snapshots.SetSnapshot(ctx, p.NodeID, snap); err != nil {
+		return err
+	}
+	// The node's last stream may have detached while this was computed.
+	s.mu.Lock()
+	gone := s.nodes[p.NodeID] == 0
+	if gone {
+		s.snapshots.ClearSnapshot(p.NodeID)
+	}
+	s.mu.Unlock()
+	return nil
 }
 
-func (s *Server) closeWorkload(key types.NamespacedName, uid types.UID, reason string) {
+func (s *Server) closeWorkload(key types.NamespacedName, uid types.UID) {
 	s.mu.Lock()
 	var victims []*stream
 	for st := range s.byWorkload[key] {
@@ -446,8 +478,8 @@ func (s *Server) closeWorkload(key types.NamespacedName, uid types.UID, reason s
 	}
 	s.mu.Unlock()
 	for _, st := range victims {
-		s.log.Info("closing xDS stream", "registration", key.String(), "reason", reason)
-		st.close(reason)
+		s.log.Info("closing xDS stream: its registration was deleted", "registration", key.String())
+		st.closeDeleted()
 	}
 }
 
@@ -463,18 +495,29 @@ func (s *Server) closeSecret(uid types.UID) {
 	}
 	s.mu.Unlock()
 	for _, st := range victims {
-		st.close("its sidecar credential Secret was deleted; onboard again")
+		st.close(codes.Unavailable, closeCredentialDeleted, "its sidecar credential Secret was deleted; onboard again")
 	}
 }
 
 // serve runs one admitted workload stream through go-control-plane.
 func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, handle func(*boundStream[Req, Resp]) error) error {
+	if !st.expires.IsZero() {
+		// The stream lives no longer than the credential that opened it:
+		// the agent reconnects with the fresh token of its token file.
+		exp := st.expires
+		t := time.AfterFunc(exp.Sub(s.opts.Clock()), func() {
+			s.log.Info("closing xDS stream: its sidecar token expired", "registration", st.proxy.Workload.Key.String(), "expired", exp)
+			st.close(codes.Unauthenticated, closeCredentialExpired, "the sidecar token expired at "+exp.UTC().Format(time.RFC3339)+"; reconnect with a fresh token")
+		})
+		defer t.Stop()
+	}
 	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st.kill)
 	go bs.pump()
 	err := handle(bs)
 	select {
 	case <-st.kill:
-		return status.Errorf(codes.Unavailable, "stream closed by the server: %s", st.reason)
+		s.opts.Metrics.closedByServer(st.reason)
+		return status.Errorf(st.code, "stream closed by the server: %s", st.msg)
 	default:
 	}
 	return err
@@ -490,7 +533,7 @@ type adsService struct {
 func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
 	s := a.s
 	if _, err := bearerToken(ss.Context()); err != nil {
-		return status.Error(codes.Unauthenticated, err.Error())
+		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
 	}
 	first, err := ss.Recv()
 	if err != nil {
@@ -498,7 +541,7 @@ func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryS
 	}
 	st, err := s.admit(ss.Context(), first.GetNode())
 	if err != nil {
-		return err
+		return s.opts.Metrics.refusedStream(err)
 	}
 	if err := s.attach(ss.Context(), st); err != nil {
 		s.detach(st)
@@ -514,7 +557,7 @@ func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryS
 func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
 	s := a.s
 	if _, err := bearerToken(ss.Context()); err != nil {
-		return status.Error(codes.Unauthenticated, err.Error())
+		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
 	}
 	first, err := ss.Recv()
 	if err != nil {
@@ -522,7 +565,7 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 	}
 	st, err := s.admit(ss.Context(), first.GetNode())
 	if err != nil {
-		return err
+		return s.opts.Metrics.refusedStream(err)
 	}
 	if err := s.attach(ss.Context(), st); err != nil {
 		s.detach(st)

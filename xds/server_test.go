@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -110,10 +113,20 @@ type replica struct {
 	health    *recordingHealth
 	addr      string
 	debugAddr string
+	metrics   *Metrics
 	stop      func()
 }
 
-func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
+// startReplica starts a replica whose connection tracker runs on clock (nil:
+// time.Now); tweaks adjust the server's options.
+func startReplica(t *testing.T, name string, clock func() time.Time, tweaks ...func(*Options)) *replica {
+	t.Helper()
+	return startReplicaWith(t, name, clock, nil, tweaks...)
+}
+
+// startReplicaWith starts a replica whose health reports go to the sink sink
+// makes (nil: recorded in replica.health).
+func startReplicaWith(t *testing.T, name string, clock func() time.Time, sink func(context.Context, *registry.Connections) (HealthSink, func()), tweaks ...func(*Options)) *replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
@@ -122,11 +135,24 @@ func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 		t.Fatal(err)
 	}
 	health := &recordingHealth{}
-	srv, err := NewServer(ctx, Options{
+	var hs HealthSink = health
+	stopSink := func() {}
+	if sink != nil {
+		hs, stopSink = sink(ctx, conns)
+	}
+	metrics, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{
 		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: env.Client, Informers: informers,
-		Health: health, Logger: log,
-	})
+		Health: hs, Logger: log, Metrics: metrics,
+	}
+	for _, tweak := range tweaks {
+		tweak(&opts)
+	}
+	srv, err := NewServer(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +172,7 @@ func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 	go func() { defer wg.Done(); _ = g.Serve(lis) }()
 	go func() { defer wg.Done(); _ = dg.Serve(dlis) }()
 	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
-	r := &replica{name: name, server: srv, conns: conns, health: health, addr: lis.Addr().String(), debugAddr: dlis.Addr().String()}
+	r := &replica{name: name, server: srv, conns: conns, health: health, metrics: metrics, addr: lis.Addr().String(), debugAddr: dlis.Addr().String()}
 	var once sync.Once
 	r.stop = func() {
 		once.Do(func() {
@@ -158,6 +184,7 @@ func startReplica(t *testing.T, name string, clock func() time.Time) *replica {
 			cancel()
 			wg.Wait()
 			conns.Wait()
+			stopSink()
 		})
 	}
 	t.Cleanup(r.stop)
@@ -425,21 +452,23 @@ func TestRefusedStreamsChangeNothing(t *testing.T) {
 	other := register(t, env.Namespace(t), "i-0000000000000000c", "10.0.1.3")
 	conn := dial(t, r.addr)
 	tests := []struct {
-		name     string
-		token    string
-		node     string
-		wantCode codes.Code
-		wantMsg  string
+		name       string
+		token      string
+		node       string
+		wantCode   codes.Code
+		wantMsg    string
+		wantReason string // metrics label
 	}{
-		{name: "no token", node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "no sidecar token"},
-		{name: "garbage token", token: "not-a-token", node: a.nodeID, wantCode: codes.Unauthenticated},
-		{name: "wrong audience", token: requestToken(t, a, "someone-else", true), node: a.nodeID, wantCode: codes.Unauthenticated},
-		{name: "service-account token not bound to a Secret", token: requestToken(t, a, registry.DefaultXDSAudience, false), node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "not bound"},
-		{name: "A's token with B's node ID", token: a.token, node: b.nodeID, wantCode: codes.PermissionDenied, wantMsg: b.key.Name},
-		{name: "A's token with another namespace's node ID", token: a.token, node: other.nodeID, wantCode: codes.PermissionDenied},
-		{name: "A's token with another address", token: a.token, node: strings.Replace(a.nodeID, a.ip, "10.9.9.9", 1), wantCode: codes.PermissionDenied, wantMsg: "10.9.9.9"},
-		{name: "not a sidecar node ID", token: a.token, node: "router~10.0.1.1~x.y~y.svc.cluster.local", wantCode: codes.PermissionDenied},
+		{name: "no token", node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "no sidecar token", wantReason: reasonNoToken},
+		{name: "garbage token", token: "not-a-token", node: a.nodeID, wantCode: codes.Unauthenticated, wantReason: reasonInvalidToken},
+		{name: "wrong audience", token: requestToken(t, a, "someone-else", true), node: a.nodeID, wantCode: codes.Unauthenticated, wantReason: reasonInvalidToken},
+		{name: "service-account token not bound to a Secret", token: requestToken(t, a, registry.DefaultXDSAudience, false), node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "not bound", wantReason: reasonUnboundToken},
+		{name: "A's token with B's node ID", token: a.token, node: b.nodeID, wantCode: codes.PermissionDenied, wantMsg: b.key.Name, wantReason: reasonOtherWorkload},
+		{name: "A's token with another namespace's node ID", token: a.token, node: other.nodeID, wantCode: codes.PermissionDenied, wantReason: reasonOtherWorkload},
+		{name: "A's token with another address", token: a.token, node: strings.Replace(a.nodeID, a.ip, "10.9.9.9", 1), wantCode: codes.PermissionDenied, wantMsg: "10.9.9.9", wantReason: reasonAddress},
+		{name: "not a sidecar node ID", token: a.token, node: "router~10.0.1.1~x.y~y.svc.cluster.local", wantCode: codes.PermissionDenied, wantReason: reasonBadNodeID},
 	}
+	wantRefused := map[[2]string]float64{}
 	for _, tt := range tests {
 		for _, delta := range []bool{false, true} {
 			t.Run(tt.name, func(t *testing.T) {
@@ -448,7 +477,16 @@ func TestRefusedStreamsChangeNothing(t *testing.T) {
 					t.Errorf("delta=%v: %v, want %v mentioning %q", delta, err, tt.wantCode, tt.wantMsg)
 				}
 			})
+			wantRefused[[2]string{tt.wantCode.String(), tt.wantReason}]++
 		}
+	}
+	for labels, want := range wantRefused {
+		if got := testutil.ToFloat64(r.metrics.refused.WithLabelValues(labels[0], labels[1])); got != want {
+			t.Errorf("embark_xds_refused_streams_total{code=%q,reason=%q} = %v, want %v", labels[0], labels[1], got, want)
+		}
+	}
+	if got, want := testutil.CollectAndCount(r.metrics.refused), len(wantRefused); got != want {
+		t.Errorf("refusals counted under %d label sets, want %d", got, want)
 	}
 	for _, w := range []*workload{a, b, other} {
 		if got := readState(t, w.key); got != (connState{}) {
@@ -479,6 +517,9 @@ func TestDeletingTheRegistrationClosesItsStream(t *testing.T) {
 		t.Fatal("the stream of a deleted registration stays open")
 	}
 	waitFor(t, func() bool { return r.conns.Streams(w.key) == 0 })
+	if got := testutil.ToFloat64(r.metrics.closed.WithLabelValues(closeRegistrationDeleted)); got != 1 {
+		t.Errorf("embark_xds_streams_closed_by_server_total{reason=registration_deleted} = %v, want 1", got)
+	}
 	// Its token no longer opens a stream.
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.key.Namespace, Name: registry.SidecarSecretName(w.key.Name)}}
 	waitFor(t, func() bool {
@@ -515,6 +556,30 @@ func TestAStaleDisconnectDoesNotOverwriteANewerConnect(t *testing.T) {
 	}
 	onB.cancel()
 	waitState(t, w.key, disconnected("replica-b"))
+}
+
+// TestDeltaHealthReports checks that HealthInformation requests on a Delta
+// stream are reports, as Istio's agent sends them (no error detail: healthy).
+func TestDeltaHealthReports(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	w := register(t, env.Namespace(t), "i-0000000000000000d", "10.0.4.2")
+	c, err := open(t, dial(t, r.addr), true, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, detail := range []*rpcstatus.Status{{Code: int32(codes.Internal), Message: "HTTP probe failed with statuscode: 503"}, nil} {
+		if err := c.delta.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: TypeHealthInformation, ErrorDetail: detail}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return len(r.health.all()) == 2 })
+	got := r.health.all()
+	if got[0].Healthy || got[0].Message != "HTTP probe failed with statuscode: 503" || !got[1].Healthy || got[1].Message != "" || got[1].At.IsZero() {
+		t.Errorf("delta health reports = %+v", got)
+	}
+	if r.conns.Streams(w.key) != 1 {
+		t.Error("health reports changed the stream count")
+	}
 }
 
 func TestHealthReportsAreNotSubscriptions(t *testing.T) {
@@ -670,4 +735,62 @@ func TestNoGoroutineOutlivesAStream(t *testing.T) {
 	}
 	_ = conn.Close()
 	goleak.VerifyNone(t, ignore)
+}
+
+// A stream lives no longer than the sidecar token that opened it: when the
+// token's exp passes (on the server's clock) the server closes the stream
+// with Unauthenticated, the workload is marked disconnected, the expired
+// token opens nothing, and the agent's fresh token connects it again.
+func TestAStreamEndsWhenItsTokenExpires(t *testing.T) {
+	w := register(t, env.Namespace(t), "i-0000000000000000e", "10.0.7.1")
+	claims, err := registry.DecodeBoundClaims(w.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp, ok := claims.ExpiresAt()
+	if !ok {
+		t.Fatal("the sidecar token has no exp")
+	}
+	// The server's clock runs ahead so the token (valid for an hour) expires
+	// a few seconds after the stream opens.
+	var skew atomic.Int64
+	skew.Store(int64(time.Until(exp) - 4*time.Second))
+	clock := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	r := startReplica(t, "replica-a", nil, func(o *Options) { o.Clock = clock })
+	conn := dial(t, r.addr)
+	c, err := open(t, conn, false, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.key, connected("replica-a"))
+	errc := make(chan error, 1)
+	go func() { errc <- c.recvErr() }()
+	select {
+	case err := <-errc:
+		if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "expired") {
+			t.Errorf("stream ended with %v, want Unauthenticated saying the token expired", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream outlived its token")
+	}
+	waitState(t, w.key, disconnected("replica-a"))
+	if got := testutil.ToFloat64(r.metrics.closed.WithLabelValues(closeCredentialExpired)); got != 1 {
+		t.Errorf("embark_xds_streams_closed_by_server_total{reason=credential_expired} = %v, want 1", got)
+	}
+
+	// The expired token opens nothing, also from the review cache.
+	if _, err := open(t, conn, true, w.token, sidecarNode(w.nodeID)); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "expired") {
+		t.Errorf("expired token: %v, want Unauthenticated saying it expired", err)
+	}
+	if got := testutil.ToFloat64(r.metrics.refused.WithLabelValues(codes.Unauthenticated.String(), reasonExpiredToken)); got != 1 {
+		t.Errorf("embark_xds_refused_streams_total{reason=expired_token} = %v, want 1", got)
+	}
+
+	// The agent reconnects with the fresh token of its token file (the
+	// clock's skew only served to reach the expiry quickly).
+	skew.Store(0)
+	if _, err := open(t, conn, false, requestToken(t, w, registry.DefaultXDSAudience, true), sidecarNode(w.nodeID)); err != nil {
+		t.Fatalf("fresh token: %v", err)
+	}
+	waitState(t, w.key, connected("replica-a"))
 }

@@ -26,8 +26,9 @@ type typeState struct {
 	updated      time.Time
 }
 
-// requested records a request of typeURL answering nonce.
-func (st *stream) requested(typeURL, nonce string, nack bool, now time.Time) {
+// requested records a request of typeURL answering nonce. When it NACKs
+// the latest response, it returns that response's version.
+func (st *stream) requested(typeURL, nonce string, nack bool, now time.Time) (nackedVersion string, nacked bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	ts := st.acks[typeURL]
@@ -36,13 +37,14 @@ func (st *stream) requested(typeURL, nonce string, nack bool, now time.Time) {
 		st.acks[typeURL] = ts
 	}
 	if nonce == "" || nonce != ts.sentNonce {
-		return // a new subscription, or an answer to an older response
+		return "", false // a new subscription, or an answer to an older response
 	}
 	ts.nacked = nack
 	if !nack {
 		ts.ackedVersion = ts.sentVersion
 	}
 	ts.updated = now
+	return ts.sentVersion, nack
 }
 
 // sent records a response of typeURL.

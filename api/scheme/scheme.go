@@ -1,5 +1,5 @@
 // Package scheme builds the runtime.Scheme Embark's clients use: Kubernetes'
-// built-in types, Istio's networking types and Embark's own APIs.
+// built-in types, Istio's networking and security types and Embark's own APIs.
 package scheme
 
 import (
@@ -8,6 +8,7 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istionetworkingv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	istionetworkingv1beta1 "istio.io/client-go/pkg/apis/networking/v1beta1"
+	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -25,6 +26,7 @@ func New() (*runtime.Scheme, error) {
 		istionetworkingv1.AddToScheme,
 		istionetworkingv1beta1.AddToScheme,
 		istionetworkingv1alpha3.AddToScheme,
+		istiosecurityv1.AddToScheme,
 		runtimev1alpha1.AddToScheme,
 		authorizationv1alpha1.AddToScheme,
 	} {

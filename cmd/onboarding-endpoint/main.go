@@ -22,6 +22,7 @@ func main() {
 	flag.StringVar(&opts.ConfigFile, "config", "/etc/onboarding-endpoint/config.yaml", "OnboardingEndpointConfiguration file")
 	flag.StringVar(&opts.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster or $KUBECONFIG)")
 	flag.StringVar(&opts.Replica, "replica", os.Getenv("POD_NAME"), "name of this replica (default: $POD_NAME, else the host name)")
+	flag.StringVar(&opts.DebugXDS, "debug-xds", app.DefaultDebugXDS, `loopback address of the unauthenticated xDS debug listener (for istioctl proxy-status), or "off"`)
 	flag.Parse()
 	handler := slog.NewJSONHandler(os.Stderr, nil)
 	opts.Logger = slog.New(handler)

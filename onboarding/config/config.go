@@ -34,11 +34,16 @@ const (
 	DefaultTokenExpiration    = time.Hour
 	DefaultGracePeriod        = 5 * time.Minute
 	DefaultPropagationDelay   = 5 * time.Second
+	DefaultHealthDamping      = 10 * time.Second
 	DefaultNamespace          = "istio-system"
 	DefaultSigningKeySecret   = "onboarding-token-signing-key"
 	DefaultClusterID          = "Kubernetes"
 	DefaultTrustDomain        = "cluster.local"
 	DefaultRepositoryDir      = "/var/lib/onboarding-endpoint/repository"
+	DefaultRootNamespace      = "istio-system"
+	DefaultXDSDebounce        = 100 * time.Millisecond
+	minXDSDebounce            = time.Millisecond
+	maxXDSDebounce            = 10 * time.Second
 	minTokenExpiration        = time.Minute
 	maxTokenExpiration        = 24 * time.Hour
 	minGracePeriod            = time.Second
@@ -67,6 +72,17 @@ type Configuration struct {
 	Registration Registration `json:"registration,omitempty"`
 	// Listen addresses.
 	Listen Listen `json:"listen,omitempty"`
+	// XDS configures what the xDS server serves.
+	XDS XDS `json:"xds,omitempty"`
+}
+
+// XDS configures the configuration served over xDS.
+type XDS struct {
+	// Debounce is how long Sidecars, Services, EndpointSlices,
+	// ServiceEntries and WorkloadEntries must be quiet before affected
+	// proxies are recomputed (a batch waits at most 10 times as long).
+	// Default 100ms; between 1ms and 10s.
+	Debounce *metav1.Duration `json:"debounce,omitempty"`
 }
 
 // Endpoint is meshExpansion.onboarding.endpoint.
@@ -116,6 +132,9 @@ type Mesh struct {
 	// DiscoveryAddress is the xDS address sidecars connect to, host:port.
 	// Default: the first endpoint host with the xDS port.
 	DiscoveryAddress string `json:"discoveryAddress,omitempty"`
+	// RootNamespace is Istio's config root namespace: its selector-less
+	// Sidecar is the mesh-wide default. Default istio-system.
+	RootNamespace string `json:"rootNamespace,omitempty"`
 }
 
 // Identity configures platform identity verification.
@@ -160,6 +179,14 @@ type Registration struct {
 	WriteBurst int     `json:"writeBurst,omitempty"`
 	// SweepRatePerSecond limits grace-period deletions. Default 20.
 	SweepRatePerSecond float64 `json:"sweepRatePerSecond,omitempty"`
+	// HealthDamping is the window of the health flapping rule
+	// (docs/health.md): a flip of a workload whose probe changed status less
+	// than this before is stored only once it has lasted this long. 0
+	// disables damping. Default 10s.
+	HealthDamping *metav1.Duration `json:"healthDamping,omitempty"`
+	// SweepBurst is how many grace-period deletions may happen at once
+	// before SweepRatePerSecond applies. Default 1.
+	SweepBurst int `json:"sweepBurst,omitempty"`
 }
 
 // Listen holds listen addresses.
@@ -239,6 +266,12 @@ func (c *Configuration) SetDefaults() {
 	if c.Mesh.TrustDomain == "" {
 		c.Mesh.TrustDomain = DefaultTrustDomain
 	}
+	if c.Mesh.RootNamespace == "" {
+		c.Mesh.RootNamespace = DefaultRootNamespace
+	}
+	if c.XDS.Debounce == nil {
+		c.XDS.Debounce = &metav1.Duration{Duration: DefaultXDSDebounce}
+	}
 	if c.Listen.Onboarding == "" {
 		c.Listen.Onboarding = DefaultListenAddress
 	}
@@ -269,6 +302,9 @@ func (c *Configuration) SetDefaults() {
 	if r.PropagationDelay == nil {
 		r.PropagationDelay = &metav1.Duration{Duration: DefaultPropagationDelay}
 	}
+	if r.HealthDamping == nil {
+		r.HealthDamping = &metav1.Duration{Duration: DefaultHealthDamping}
+	}
 	if r.WriteQPS == 0 {
 		r.WriteQPS = defaultWriteQPS
 	}
@@ -277,6 +313,9 @@ func (c *Configuration) SetDefaults() {
 	}
 	if r.SweepRatePerSecond == 0 {
 		r.SweepRatePerSecond = defaultSweepRatePerSecond
+	}
+	if r.SweepBurst == 0 {
+		r.SweepBurst = 1
 	}
 }
 
@@ -348,6 +387,9 @@ func (c *Configuration) Validate() field.ErrorList {
 	if c.Registration.PropagationDelay.Duration < 0 {
 		errs = append(errs, field.Invalid(r.Child("propagationDelay"), c.Registration.PropagationDelay.Duration.String(), "must not be negative"))
 	}
+	if c.Registration.HealthDamping.Duration < 0 {
+		errs = append(errs, field.Invalid(r.Child("healthDamping"), c.Registration.HealthDamping.Duration.String(), "must not be negative"))
+	}
 	if c.Registration.WriteQPS < 0 {
 		errs = append(errs, field.Invalid(r.Child("writeQPS"), c.Registration.WriteQPS, "must be positive"))
 	}
@@ -356,6 +398,15 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.Registration.SweepRatePerSecond < 0 {
 		errs = append(errs, field.Invalid(r.Child("sweepRatePerSecond"), c.Registration.SweepRatePerSecond, "must be positive"))
+	}
+	if d := c.XDS.Debounce.Duration; d < minXDSDebounce || d > maxXDSDebounce {
+		errs = append(errs, field.Invalid(field.NewPath("xds", "debounce"), d.String(), fmt.Sprintf("must be between %s and %s", minXDSDebounce, maxXDSDebounce)))
+	}
+	for _, msg := range validation.IsDNS1123Label(c.Mesh.RootNamespace) {
+		errs = append(errs, field.Invalid(field.NewPath("mesh", "rootNamespace"), c.Mesh.RootNamespace, msg))
+	}
+	if c.Registration.SweepBurst < 0 {
+		errs = append(errs, field.Invalid(r.Child("sweepBurst"), c.Registration.SweepBurst, "must be positive"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}, {"repository", c.Listen.Repository}} {
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {

@@ -24,11 +24,14 @@ func TestParseDefaults(t *testing.T) {
 	}{
 		{"token expiration", cfg.TokenIssuer.JWT.Expiration.Duration, time.Hour},
 		{"grace period", cfg.Registration.GracePeriod.Duration, 5 * time.Minute},
+		{"health damping", cfg.Registration.HealthDamping.Duration, 10 * time.Second},
 		{"namespace", cfg.Namespace, "istio-system"},
 		{"discovery address", cfg.Mesh.DiscoveryAddress, "onboarding-endpoint.example.corp:15012"},
 		{"audience", cfg.Audience(), "onboarding-endpoint.example.corp"},
 		{"local repository off", cfg.LocalRepository == nil, true},
 		{"onboarding listen", cfg.Listen.Onboarding, ":15443"},
+		{"xds debounce", cfg.XDS.Debounce.Duration, 100 * time.Millisecond},
+		{"root namespace", cfg.Mesh.RootNamespace, "istio-system"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -72,9 +75,13 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "expiration too long", yaml: minimal + "tokenIssuer: {jwt: {expiration: 48h}}\n", wantErr: "tokenIssuer.jwt.expiration"},
 		{name: "expiration not a duration", yaml: minimal + "tokenIssuer: {jwt: {expiration: soon}}\n", wantErr: "soon"},
 		{name: "grace period too short", yaml: minimal + "registration: {gracePeriod: 10ms}\n", wantErr: "registration.gracePeriod"},
+		{name: "negative health damping", yaml: minimal + "registration: {healthDamping: -1s}\n", wantErr: "registration.healthDamping"},
 		{name: "jwt issuer without keys", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp}]}\n", wantErr: "identity.jwt[0].jwks"},
 		{name: "jwt duplicate short name", yaml: minimal + "identity: {jwt: [{issuer: 'https://a', shortName: idp, jwksURL: 'https://a/keys'}, {issuer: 'https://b', shortName: idp, jwksURL: 'https://b/keys'}]}\n", wantErr: "identity.jwt[1].shortName: Duplicate value"},
 		{name: "bad listen", yaml: minimal + "listen: {xds: '15012'}\n", wantErr: "listen.xds"},
+		{name: "debounce too long", yaml: minimal + "xds: {debounce: 1m}\n", wantErr: "xds.debounce"},
+		{name: "debounce zero", yaml: minimal + "xds: {debounce: 0s}\n", wantErr: "xds.debounce"},
+		{name: "bad root namespace", yaml: minimal + "mesh: {rootNamespace: Istio_System}\n", wantErr: "mesh.rootNamespace"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -90,13 +97,14 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(minimal))
 	f.Add([]byte(minimal + "registration: {gracePeriod: 1s}\n"))
 	f.Add([]byte("{"))
+	f.Add([]byte(minimal + "xds: {debounce: 250ms}\nmesh: {rootNamespace: mesh-config}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse(data)
 		if err != nil {
 			return
 		}
 		// Whatever parses is complete: defaults set, invariants hold.
-		if len(cfg.Endpoint.Hosts) == 0 || cfg.TokenIssuer.JWT.Expiration == nil || cfg.Registration.GracePeriod == nil {
+		if len(cfg.Endpoint.Hosts) == 0 || cfg.TokenIssuer.JWT.Expiration == nil || cfg.Registration.GracePeriod == nil || cfg.XDS.Debounce == nil {
 			t.Fatalf("accepted an incomplete configuration: %+v", cfg)
 		}
 		if errs := cfg.Validate(); len(errs) > 0 {

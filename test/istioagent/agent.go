@@ -90,6 +90,12 @@ type Options struct {
 	// BinDir holds the pilot-agent binary. Default: $KUBEBUILDER_ASSETS, else
 	// bin/testenv in the repository root.
 	BinDir string
+	// WorkDir is pilot-agent's working directory, the root of every relative
+	// path it uses (./etc/istio/config/mesh, ./var/run/secrets/tokens/...),
+	// like a VM's / where the onboarding agent writes the sidecar's files.
+	// It is created when missing and kept at the end. Default: a new
+	// temporary directory, removed at the end.
+	WorkDir string
 	// StartTimeout bounds the wait for pilot-agent's XDS socket. Default: 60s.
 	StartTimeout time.Duration
 	// StopTimeout bounds the graceful stop (SIGTERM) before SIGKILL. Default: 30s.
@@ -167,15 +173,21 @@ func Start(t testing.TB, opts Options) *Agent {
 	// Not t.TempDir(): a unix socket path is limited to 107 bytes, and a
 	// t.TempDir() path alone takes up to 83 under /tmp (test names are cut at
 	// 64), leaving no room for etc/istio/proxy/XDS under a longer TMPDIR.
-	workDir, err := os.MkdirTemp("", "istioagent-")
-	if err != nil {
-		t.Fatalf("istioagent: create working directory: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := os.RemoveAll(workDir); err != nil {
-			t.Errorf("istioagent: remove working directory: %v", err)
+	workDir := opts.WorkDir
+	if workDir != "" {
+		if err := os.MkdirAll(workDir, 0o755); err != nil {
+			t.Fatalf("istioagent: create working directory: %v", err)
 		}
-	})
+	} else {
+		if workDir, err = os.MkdirTemp("", "istioagent-"); err != nil {
+			t.Fatalf("istioagent: create working directory: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := os.RemoveAll(workDir); err != nil {
+				t.Errorf("istioagent: remove working directory: %v", err)
+			}
+		})
+	}
 
 	a := &Agent{t: t, opts: opts, bin: bin, workDir: workDir, logs: &logBuffer{}}
 	if err := a.prepare(); err != nil {

@@ -16,6 +16,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -193,6 +195,47 @@ func TestAgentTokenRotation(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv.waitStream(t, fmt.Sprintf("upstream stream #%d to end after the client closed", i+1), func(s *streamRecord) bool { return s.seq == i && s.closed })
+	}
+}
+
+// TestAgentWorkDir checks that a given working directory is pilot-agent's
+// root: a token file written there beforehand (as the onboarding agent
+// writes it on a VM) is sent upstream, and the directory is kept.
+func TestAgentWorkDir(t *testing.T) {
+	t.Parallel()
+	srv := startXDSServer(t, nil)
+	// Not t.TempDir(): its long path leaves no room for the XDS socket.
+	dir, err := os.MkdirTemp("", "wd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	root := filepath.Join(dir, "vm")
+	tokenFile := filepath.Join(root, "var/run/secrets/tokens/istio-token")
+	if err := os.MkdirAll(filepath.Dir(tokenFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenFile, []byte("written-by-the-vm"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	agent := istioagent.Start(t, istioagent.Options{DiscoveryAddress: srv.addr, WorkDir: root})
+	if agent.WorkDir() != root {
+		t.Errorf("WorkDir() = %s, want %s", agent.WorkDir(), root)
+	}
+	client, err := istioagent.Connect(t.Context(), agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Send(resourcev3.ClusterType, nil, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	st := srv.waitStream(t, "upstream stream", func(s *streamRecord) bool { return s.seq == 0 && s.node != nil })
+	if got := st.md.Get("authorization"); !slices.Equal(got, []string{"Bearer written-by-the-vm"}) {
+		t.Errorf("authorization = %q, want the token file written before the start", got)
+	}
+	agent.Stop()
+	if _, err := os.Stat(tokenFile); err != nil {
+		t.Errorf("the given working directory was not kept: %v", err)
 	}
 }
 

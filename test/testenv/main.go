@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -20,8 +21,45 @@ import (
 //
 // A control plane that cannot start, or a setup that fails, fails the
 // package: tests are never skipped for want of one.
+//
+// Fuzzing starts no control plane (see Fuzzing): *env stays nil there, so
+// fuzz targets must not use it.
 func Main(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) {
-	os.Exit(run(m, opts, env, setup))
+	os.Exit(Run(m, opts, env, setup...))
+}
+
+// Run is Main without the exit: it returns the exit code once the tests ran
+// and the control plane stopped, so that TestMain can check more, e.g. that
+// no goroutine outlived the tests:
+//
+//	func TestMain(m *testing.M) {
+//		code := testenv.Run(m, testenv.Options{}, &env)
+//		if code == 0 && goleak.Find() != nil { code = 1 }
+//		os.Exit(code)
+//	}
+func Run(m *testing.M, opts Options, env **Env, setup ...func(ctx context.Context) error) int {
+	if Fuzzing() {
+		return m.Run()
+	}
+	return run(m, opts, env, setup)
+}
+
+// Fuzzing reports whether this test process only fuzzes: a fuzz worker
+// (-test.fuzzworker), or the coordinator of `go test -run='^$' -fuzz=X`,
+// which runs nothing but the fuzz target. Such processes must not start a
+// control plane each (test/fuzz/run.sh runs every target this way). It
+// parses the test flags, as TestMain may.
+func Fuzzing() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	value := func(name string) string {
+		if f := flag.Lookup(name); f != nil {
+			return f.Value.String()
+		}
+		return ""
+	}
+	return value("test.fuzzworker") == "true" || (value("test.fuzz") != "" && value("test.run") == "^$")
 }
 
 func run(m *testing.M, opts Options, env **Env, setup []func(ctx context.Context) error) int {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,6 +44,11 @@ type Options struct {
 	Scheme *runtime.Scheme
 	// Output receives the control plane's own logs. Default: discarded.
 	Output *os.File
+	// Restartable keeps etcd's data and the API server's certificates in
+	// the Env's own directory, so that StopAPIServer/StartAPIServer and
+	// StopEtcd/StartEtcd restart them with the same data, addresses and
+	// credentials (Config and KubeconfigPath stay valid), for fault tests.
+	Restartable bool
 }
 
 // Env is a running control plane.
@@ -94,6 +100,19 @@ func Start(opts Options) (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	if opts.Restartable {
+		te.ControlPlane.GetAPIServer().CertDir = filepath.Join(workDir, "apiserver")
+		// A busy kube-apiserver can take over a minute to drain its
+		// watches after SIGTERM; past this it is killed (StopAPIServer).
+		te.ControlPlaneStopTimeout = 10 * time.Second
+		te.ControlPlane.Etcd = &envtest.Etcd{DataDir: filepath.Join(workDir, "etcd")}
+		for _, d := range []string{te.ControlPlane.APIServer.CertDir, te.ControlPlane.Etcd.DataDir} {
+			if err := os.MkdirAll(d, 0o700); err != nil {
+				_ = os.RemoveAll(workDir)
+				return nil, fmt.Errorf("create testenv dir: %w", err)
+			}
+		}
+	}
 	if opts.Output != nil {
 		te.ControlPlane.GetAPIServer().Out = opts.Output
 		te.ControlPlane.GetAPIServer().Err = opts.Output
@@ -143,6 +162,57 @@ func (e *Env) Stop() error {
 		errs = append(errs, fmt.Errorf("remove work dir: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// StopAPIServer stops kube-apiserver (Restartable only); etcd keeps
+// running. An API server that has not exited 10 s after SIGTERM is killed
+// (SIGKILL), as a crash would; StopAPIServer returns once its port refuses
+// connections.
+func (e *Env) StopAPIServer() error {
+	as := e.env.ControlPlane.APIServer
+	err := as.Stop()
+	if err != nil && !strings.Contains(err.Error(), "timeout waiting for process") {
+		return fmt.Errorf("stop kube-apiserver: %w", err)
+	}
+	addr := net.JoinHostPort(as.SecureServing.Address, as.SecureServing.Port)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, derr := net.DialTimeout("tcp", addr, time.Second)
+		if derr != nil {
+			return nil
+		}
+		_ = c.Close()
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kube-apiserver still listens on %s 30s after it was stopped (%v)", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// StartAPIServer starts kube-apiserver again on the same address with the
+// same certificates, and waits until it is healthy (Restartable only).
+func (e *Env) StartAPIServer() error {
+	if err := e.env.ControlPlane.APIServer.Start(); err != nil {
+		return fmt.Errorf("restart kube-apiserver: %w", err)
+	}
+	return nil
+}
+
+// StopEtcd stops etcd, keeping its data (Restartable only).
+func (e *Env) StopEtcd() error {
+	if err := e.env.ControlPlane.Etcd.Stop(); err != nil {
+		return fmt.Errorf("stop etcd: %w", err)
+	}
+	return nil
+}
+
+// StartEtcd starts etcd again on the same address with the same data
+// (Restartable only).
+func (e *Env) StartEtcd() error {
+	if err := e.env.ControlPlane.Etcd.Start(); err != nil {
+		return fmt.Errorf("restart etcd: %w", err)
+	}
+	return nil
 }
 
 // Kubectl runs kubectl against the control plane and returns its standard

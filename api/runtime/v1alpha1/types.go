@@ -17,6 +17,10 @@ const (
 	// ConditionFenced is True when the registration lost its WorkloadEntry to a
 	// newer registration holding the same address on the same network.
 	ConditionFenced = "Fenced"
+	// ConditionHealthy mirrors the workload's readiness probe (the
+	// WorkloadGroup's spec.probe, run by the sidecar): True while it passes,
+	// False while it fails. Unset until the first report.
+	ConditionHealthy = "Healthy"
 )
 
 // Condition reasons of a WorkloadAutoRegistration.
@@ -27,6 +31,10 @@ const (
 	ReasonAgentDisconnected = "AgentDisconnected"
 	// ReasonAgentNeverConnected: registered, but no ADS stream was seen yet.
 	ReasonAgentNeverConnected = "AgentNeverConnected"
+	// ReasonProbeSucceeded: the sidecar reported the readiness probe passing.
+	ReasonProbeSucceeded = "ProbeSucceeded"
+	// ReasonProbeFailed: the sidecar reported the readiness probe failing.
+	ReasonProbeFailed = "ProbeFailed"
 )
 
 // AddressType says how a host address can be reached.
@@ -46,6 +54,7 @@ const (
 // +kubebuilder:resource:scope=Namespaced,shortName=war,categories=onboarding
 // +kubebuilder:printcolumn:name="Agent Connected",type=string,JSONPath=`.status.conditions[?(@.type=="AgentConnected")].status`,description="Whether the workload's sidecar is connected to an onboarding endpoint"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Healthy",type=string,JSONPath=`.status.conditions[?(@.type=="Healthy")].status`,priority=1,description="Whether the workload's readiness probe (the WorkloadGroup's spec.probe) passes"
 // +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.spec.workloadGroup.name`,priority=1,description="The WorkloadGroup the workload joined"
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.registration.host.addresses[0].ip`,priority=1,description="The workload's first host address"
 // +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.connection.replica`,priority=1,description="The endpoint replica holding the workload's connection"
@@ -248,7 +257,7 @@ type WorkloadAutoRegistrationStatus struct {
 	// ObservedGeneration is the metadata.generation this status was written for.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// Conditions: AgentConnected, WorkloadGroupOutOfDate, Fenced.
+	// Conditions: AgentConnected, Healthy, WorkloadGroupOutOfDate, Fenced.
 	// +optional
 	// +listType=map
 	// +listMapKey=type

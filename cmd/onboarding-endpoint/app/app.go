@@ -46,7 +46,9 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/configsource"
 )
 
 // Options are the command line of the endpoint.
@@ -86,6 +88,14 @@ func Run(ctx context.Context, opts Options) error {
 	restCfg, err := restConfig(opts.Kubeconfig)
 	if err != nil {
 		return err
+	}
+	if restCfg.QPS == 0 {
+		// client-go's default (5 QPS, burst 10 per client) would throttle
+		// far below registration.writeQPS: the soak (test/soak) showed
+		// connection bookkeeping falling minutes behind at 2 onboardings/s.
+		// Every write is read first, so allow twice the write budget.
+		restCfg.QPS = float32(2 * cfg.Registration.WriteQPS)
+		restCfg.Burst = 2 * cfg.Registration.WriteBurst
 	}
 	sch, err := scheme.New()
 	if err != nil {
@@ -227,8 +237,9 @@ func Run(ctx context.Context, opts Options) error {
 		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
-		Writes:   registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
-		Recorder: recorder, Metrics: lifecycleMetrics, Logger: log,
+		RemovalBurst: cfg.Registration.SweepBurst,
+		Writes:       registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Recorder:     recorder, Metrics: lifecycleMetrics, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -243,10 +254,58 @@ func Run(ctx context.Context, opts Options) error {
 		return ctx.Err()
 	}
 
+	// Health reports mirrored onto WorkloadEntries, written until shutdown
+	// like the connection states.
+	healthMetrics, err := registry.NewHealthMetrics(reg, informers)
+	if err != nil {
+		return err
+	}
+	damping := cfg.Registration.HealthDamping.Duration
+	if damping == 0 {
+		damping = -1 // 0 in the file disables damping
+	}
+	healthMirror, err := registry.NewHealthMirror(trackerCtx, registry.HealthOptions{
+		Client: apiReader, Connections: conns, Damping: damping, Metrics: healthMetrics, Logger: log,
+		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { stopTracker(); healthMirror.Wait() }()
+
+	// What each sidecar is served: translated from the cached Sidecars,
+	// Services, EndpointSlices, ServiceEntries and WorkloadEntries.
+	for _, l := range configsource.Watched() {
+		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
+			return fmt.Errorf("sync informer for %T: %w", l, err)
+		}
+	}
+	configMetrics, err := configsource.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	nackMetrics, err := xds.NewNACKMetrics(reg)
+	if err != nil {
+		return err
+	}
+	configSource, err := configsource.New(configsource.Options{
+		Cache: informers, Mesh: translate.Mesh{TrustDomain: cfg.Mesh.TrustDomain, ClusterID: cfg.Mesh.ClusterID},
+		RootNamespace: cfg.Mesh.RootNamespace, Debounce: cfg.XDS.Debounce.Duration,
+		Recorder: recorder, Metrics: configMetrics, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	xdsMetrics, err := xds.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
 	xdsServer, err := xds.NewServer(ctx, xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: apiReader, Informers: informers,
-		ClusterID: cfg.Mesh.ClusterID, Logger: log,
+		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
+		Config: configSource, NACKMetrics: nackMetrics, Metrics: xdsMetrics,
 	})
 	if err != nil {
 		return err
@@ -350,6 +409,11 @@ func Run(ctx context.Context, opts Options) error {
 			errc <- err
 		}
 	}()
+	go func() {
+		if err := configSource.Run(ctx, xdsServer); err != nil {
+			errc <- err
+		}
+	}()
 	log.Info("onboarding endpoint serving", "onboarding", lis.Addr().String(), "xds", xlis.Addr().String(), "metrics", mlis.Addr().String(), "replica", opts.Replica)
 	if opts.Ready != nil {
 		close(opts.Ready)
@@ -379,6 +443,9 @@ func Run(ctx context.Context, opts Options) error {
 	dg.Stop()
 	if err := conns.Flush(shutdownCtx); err != nil {
 		log.Error("connection states not stored at shutdown; the sweeper's replica leases cover them", "error", err)
+	}
+	if err := healthMirror.Flush(shutdownCtx); err != nil {
+		log.Error("health reports not stored at shutdown; the sidecars report again when they reconnect", "error", err)
 	}
 	stopTracker()
 	conns.Wait()

@@ -1,0 +1,442 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+	istiometa "istio.io/api/meta/v1alpha1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+// Health condition of a WorkloadEntry, as istiod reads it.
+const (
+	// AnnotationHealthChecksEnabled on a WorkloadEntry makes istiod route to
+	// it only while its Healthy condition is True (no condition: unhealthy).
+	// Registration sets it when the WorkloadGroup has a probe, as istiod's
+	// own auto-registration does.
+	AnnotationHealthChecksEnabled = "proxy.istio.io/health-checks-enabled"
+	// ConditionHealthy is the WorkloadEntry (and registration) condition
+	// that mirrors the workload's readiness probe.
+	ConditionHealthy = runtimev1alpha1.ConditionHealthy
+)
+
+// Health is one health report of a workload, as its sidecar sent it (an
+// istio.v1.HealthInformation request on its ADS stream).
+type Health struct {
+	// Healthy is false when the report carries an error detail.
+	Healthy bool
+	// Message is the error detail's message, if any.
+	Message string
+	// At is when the report arrived.
+	At time.Time
+}
+
+// HealthOptions configures a HealthMirror. Every field documents its default.
+type HealthOptions struct {
+	// Client reads registrations and WorkloadEntries fresh from the API
+	// server (writes use their resourceVersion) and writes their status.
+	// Required.
+	Client client.Client
+	// Connections tells which workloads hold streams to this replica and
+	// names the replica; only the replica holding a workload's stream (or
+	// named as its connection's holder) writes its health. Required.
+	Connections *Connections
+	// Damping is the window of the flapping rule (see docs/health.md): a flip
+	// of a workload whose reports changed status less than Damping before is
+	// held until it has lasted Damping. Default DefaultHealthDamping; a
+	// negative value disables damping.
+	Damping time.Duration
+	// Writes limits and retries each API write. Default DefaultWriteOptions.
+	Writes WriteOptions
+	// Retry is the backoff between attempts of a report that could not be
+	// stored; it is retried until stored, superseded by a newer report, or
+	// the mirror stops. Default: 100ms doubling, capped at 10s.
+	Retry wait.Backoff
+	// Metrics. Default: not recorded.
+	Metrics *HealthMetrics
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Clock. Default time.Now.
+	Clock func() time.Time
+}
+
+// HealthMirror writes the health reports of this replica's workloads to the
+// Healthy condition of their WorkloadEntry (status.conditions, with
+// lastProbeTime and lastTransitionTime, as istiod reads it) and of their
+// WorkloadAutoRegistration.
+//
+// ReportHealth never blocks: each workload keeps its latest report, which a
+// goroutine of its own stores with optimistic concurrency, retrying with
+// backoff until it is stored or a newer report replaces it. Flips of flapping
+// workloads are damped (see damper). On disconnect the condition stays as it
+// was last stored; AgentConnected tells the rest.
+type HealthMirror struct {
+	ctx     context.Context
+	client  client.Client
+	conns   *Connections
+	writer  *writer
+	retry   wait.Backoff
+	damping time.Duration
+	metrics *HealthMetrics
+	log     *slog.Logger
+	now     func() time.Time
+
+	mu      sync.Mutex
+	entries map[types.NamespacedName]*healthEntry
+	active  int
+	wg      sync.WaitGroup
+}
+
+// healthEntry is one workload's health as this replica knows it.
+type healthEntry struct {
+	workload Workload
+	damp     damper
+	pending  *Health // the latest report, not stored yet
+	running  bool
+	wake     chan struct{} // a newer report arrived
+	// firstHealthyFor is the connection (its connectedAt) whose first
+	// healthy report was measured.
+	firstHealthyFor time.Time
+}
+
+// NewHealthMirror returns a mirror whose writes run until ctx ends.
+func NewHealthMirror(ctx context.Context, opts HealthOptions) (*HealthMirror, error) {
+	if opts.Client == nil || opts.Connections == nil {
+		return nil, errors.New("registry: Client and Connections are required")
+	}
+	if opts.Damping == 0 {
+		opts.Damping = DefaultHealthDamping
+	}
+	if opts.Retry.Steps <= 0 {
+		opts.Retry = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 10 * time.Second}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	return &HealthMirror{
+		ctx: ctx, client: opts.Client, conns: opts.Connections, writer: newWriter(opts.Writes),
+		retry: opts.Retry, damping: opts.Damping, metrics: opts.Metrics, log: opts.Logger, now: opts.Clock,
+		entries: map[types.NamespacedName]*healthEntry{},
+	}, nil
+}
+
+// ReportHealth records a health report of workload w. It never blocks.
+func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
+	if h.At.IsZero() {
+		h.At = m.now()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entries[w.Key]
+	if e == nil || e.workload.UID != w.UID {
+		if e != nil && e.running {
+			e.workload = w // its writer drops the old registration's report
+			e.damp = damper{window: m.damping}
+		} else {
+			e = &healthEntry{workload: w, damp: damper{window: m.damping}, wake: make(chan struct{}, 1)}
+			m.entries[w.Key] = e
+		}
+	}
+	e.damp.observe(h)
+	e.pending = &h
+	if e.running {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+		return
+	}
+	if m.ctx.Err() != nil {
+		return
+	}
+	e.running = true
+	m.active++
+	m.wg.Add(1)
+	go m.drain(e)
+}
+
+// Flush waits until no report is pending (stored, dropped, or held by
+// damping counts as pending), or ctx ends.
+func (m *HealthMirror) Flush(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		m.mu.Lock()
+		n := m.active
+		m.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("flush health reports: %d writers busy: %w", n, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// Wait waits for every writer goroutine to end; call it after the mirror's
+// context ended.
+func (m *HealthMirror) Wait() { m.wg.Wait() }
+
+// drain stores e's pending reports until none is left.
+func (m *HealthMirror) drain(e *healthEntry) {
+	defer m.wg.Done()
+	for {
+		m.mu.Lock()
+		h, w := e.pending, e.workload
+		if h == nil || m.ctx.Err() != nil {
+			e.running = false
+			m.active--
+			m.mu.Unlock()
+			return
+		}
+		m.mu.Unlock()
+		if m.storeUntilDone(e, w, h) {
+			m.mu.Lock()
+			if e.pending == h {
+				e.pending = nil
+			}
+			m.mu.Unlock()
+		}
+	}
+}
+
+var (
+	errNotHolder = errors.New("another replica holds the workload's stream")
+	errNoEntry   = errors.New("the registration has no WorkloadEntry")
+)
+
+// heldUntil is returned by store when damping holds the report.
+type heldUntil struct{ at time.Time }
+
+func (h heldUntil) Error() string { return "held by damping until " + h.at.Format(time.RFC3339Nano) }
+
+// storeUntilDone stores h, retrying until it is stored (true), superseded,
+// dropped (the registration is gone or held by another replica) or the
+// mirror stops (false: drain looks at the latest report again).
+func (m *HealthMirror) storeUntilDone(e *healthEntry, w Workload, h *Health) bool {
+	b := m.retry
+	for {
+		err := m.store(e, w, h)
+		var held heldUntil
+		var delay time.Duration
+		switch {
+		case err == nil:
+			return true
+		case errors.As(err, &held):
+			delay = held.at.Sub(m.now())
+		case apierrors.IsNotFound(err) || errors.Is(err, errRegistrationReplaced) || errors.Is(err, errNotHolder) || errors.Is(err, errNoEntry):
+			m.log.Debug("health report not stored", "registration", w.Key.String(), "reason", err.Error())
+			m.metrics.dropped()
+			m.forget(e)
+			return true
+		default:
+			m.metrics.failed()
+			delay = b.Step()
+			m.log.Error("store health report; retrying", "registration", w.Key.String(), "healthy", h.Healthy, "retryIn", delay, "error", err)
+		}
+		if !m.sleep(e, delay) {
+			return false
+		}
+		m.mu.Lock()
+		superseded := e.pending != h
+		m.mu.Unlock()
+		if superseded {
+			return false
+		}
+	}
+}
+
+// sleep waits d, or until a newer report arrives or the mirror stops.
+func (m *HealthMirror) sleep(e *healthEntry, d time.Duration) bool {
+	if d <= 0 {
+		d = time.Millisecond
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-m.ctx.Done():
+		return false
+	case <-e.wake:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// forget drops what is known of e's workload unless a newer report came.
+func (m *HealthMirror) forget(e *healthEntry) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries[e.workload.Key] == e {
+		e.damp = damper{window: m.damping}
+	}
+}
+
+// store writes h to the WorkloadEntry's and the registration's Healthy
+// condition, unless damping holds it.
+func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := m.client.Get(m.ctx, w.Key, war); err != nil {
+		return fmt.Errorf("read registration %s: %w", w.Key, err)
+	}
+	if w.UID != "" && war.UID != w.UID {
+		return errRegistrationReplaced
+	}
+	conn := war.Status.Connection
+	if m.conns.Streams(w.Key) == 0 && (conn == nil || conn.Replica != m.conns.Replica()) {
+		return errNotHolder
+	}
+	var transitioned bool
+	var prev *istiometa.IstioCondition
+	var stored *istiometa.IstioCondition
+	err := m.writer.do(m.ctx, func(ctx context.Context) error {
+		we := &istionetworkingv1.WorkloadEntry{}
+		if err := m.client.Get(ctx, w.Key, we); err != nil {
+			if apierrors.IsNotFound(err) {
+				return errNoEntry
+			}
+			return err
+		}
+		if ref, ok := ownedBy(we.OwnerReferences, w.Key.Name); !ok || (w.UID != "" && ref.UID != w.UID) {
+			return errNoEntry
+		}
+		prev = findIstioCondition(we.Status.Conditions, ConditionHealthy)
+		m.mu.Lock()
+		due := e.damp.due(prev != nil, prev != nil && prev.GetStatus() == string(metav1.ConditionTrue))
+		m.mu.Unlock()
+		if !due.IsZero() && due.After(m.now()) {
+			return heldUntil{due}
+		}
+		want := healthCondition(prev, h)
+		stored = want
+		transitioned = prev == nil || prev.GetStatus() != want.GetStatus()
+		if prev != nil && prev.GetStatus() == want.GetStatus() && prev.GetMessage() == want.GetMessage() &&
+			prev.GetReason() == want.GetReason() && !prev.GetLastProbeTime().AsTime().Before(h.At) {
+			return nil // already stored (a retry), or a newer report was
+		}
+		we.Status.Conditions = setIstioCondition(we.Status.Conditions, want)
+		return m.client.Status().Update(ctx, we)
+	})
+	if err != nil {
+		var held heldUntil
+		if errors.As(err, &held) || errors.Is(err, errNoEntry) {
+			return err
+		}
+		return fmt.Errorf("write Healthy condition of WorkloadEntry %s: %w", w.Key, err)
+	}
+	if err := m.storeRegistration(w, stored); err != nil {
+		return err
+	}
+	m.metrics.stored()
+	if h.Healthy && transitioned && conn != nil && conn.ConnectedAt != nil {
+		m.mu.Lock()
+		first := !e.firstHealthyFor.Equal(conn.ConnectedAt.Time)
+		e.firstHealthyFor = conn.ConnectedAt.Time
+		m.mu.Unlock()
+		if d := h.At.Sub(conn.ConnectedAt.Time); first && d >= 0 {
+			m.metrics.firstHealthy(d)
+		}
+	}
+	if transitioned {
+		m.log.Info("workload health changed", "registration", w.Key.String(), "healthy", h.Healthy, "message", h.Message)
+	}
+	return nil
+}
+
+// storeRegistration writes the registration's Healthy condition to match
+// the WorkloadEntry's.
+func (m *HealthMirror) storeRegistration(w Workload, we *istiometa.IstioCondition) error {
+	err := m.writer.do(m.ctx, func(ctx context.Context) error {
+		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if err := m.client.Get(ctx, w.Key, cur); err != nil {
+			return err
+		}
+		if w.UID != "" && cur.UID != w.UID {
+			return errRegistrationReplaced
+		}
+		cond := metav1.Condition{
+			Type: ConditionHealthy, Status: metav1.ConditionStatus(we.GetStatus()), Reason: we.GetReason(),
+			Message:            registrationHealthMessage(we),
+			LastTransitionTime: metav1.NewTime(we.GetLastTransitionTime().AsTime()), ObservedGeneration: cur.Generation,
+		}
+		// SetStatusCondition takes cond's time only when the status flips.
+		if !meta.SetStatusCondition(&cur.Status.Conditions, cond) {
+			return nil
+		}
+		return m.client.Status().Update(ctx, cur)
+	})
+	if err != nil {
+		return fmt.Errorf("write Healthy condition of registration %s: %w", w.Key, err)
+	}
+	return nil
+}
+
+// registrationHealthMessage is the registration's condition message.
+func registrationHealthMessage(c *istiometa.IstioCondition) string {
+	if c.GetStatus() == string(metav1.ConditionTrue) {
+		return "the readiness probe passes (reported " + c.GetLastProbeTime().AsTime().UTC().Format(time.RFC3339) + ")"
+	}
+	msg := c.GetMessage()
+	if msg == "" {
+		msg = "no detail"
+	}
+	return "the readiness probe fails: " + msg
+}
+
+// healthCondition is the WorkloadEntry condition for report h, given the one
+// stored (prev, may be nil): lastTransitionTime moves only when the status
+// flips.
+func healthCondition(prev *istiometa.IstioCondition, h *Health) *istiometa.IstioCondition {
+	c := &istiometa.IstioCondition{
+		Type:          ConditionHealthy,
+		Status:        string(metav1.ConditionFalse),
+		Reason:        runtimev1alpha1.ReasonProbeFailed,
+		Message:       h.Message,
+		LastProbeTime: timestamppb.New(h.At),
+	}
+	if h.Healthy {
+		c.Status, c.Reason, c.Message = string(metav1.ConditionTrue), runtimev1alpha1.ReasonProbeSucceeded, ""
+	}
+	c.LastTransitionTime = timestamppb.New(h.At)
+	if prev != nil && prev.GetStatus() == c.Status && prev.GetLastTransitionTime() != nil {
+		c.LastTransitionTime = prev.GetLastTransitionTime()
+	}
+	return c
+}
+
+func findIstioCondition(conds []*istiometa.IstioCondition, typ string) *istiometa.IstioCondition {
+	for _, c := range conds {
+		if c.GetType() == typ {
+			return c
+		}
+	}
+	return nil
+}
+
+func setIstioCondition(conds []*istiometa.IstioCondition, c *istiometa.IstioCondition) []*istiometa.IstioCondition {
+	out := make([]*istiometa.IstioCondition, 0, len(conds)+1)
+	for _, old := range conds {
+		if old.GetType() != c.GetType() {
+			out = append(out, old)
+		}
+	}
+	return append(out, c)
+}

@@ -1,0 +1,137 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Values of the health label of embark_registry_workloads.
+const (
+	healthHealthy   = "healthy"
+	healthUnhealthy = "unhealthy"
+	// healthUnchecked: the WorkloadGroup has no probe.
+	healthUnchecked = "unchecked"
+)
+
+// HealthMetrics are the health mirror's metrics.
+type HealthMetrics struct {
+	firstHealthyHist prometheus.Histogram
+	writes           *prometheus.CounterVec
+}
+
+// NewHealthMetrics registers the health metrics with reg:
+//
+//   - embark_registry_health_time_to_first_healthy_seconds: from a workload's
+//     connection to its first healthy report being stored;
+//   - embark_registry_health_writes_total{result}: health reports stored
+//     ("stored"), attempts that failed and are retried ("retried"), and
+//     reports dropped because the registration is gone or another replica
+//     holds the workload ("dropped");
+//   - embark_registry_workloads{namespace,group,health}: registered workloads
+//     (Embark's WorkloadEntries) by health, healthy, unhealthy (a probe and
+//     no passing report; istiod routes no traffic to them) or unchecked (no
+//     probe), counted from cache, a reader of WorkloadEntries (normally the
+//     informer cache), at each scrape. A nil cache leaves it out.
+func NewHealthMetrics(reg prometheus.Registerer, cache client.Reader) (*HealthMetrics, error) {
+	m := &HealthMetrics{
+		firstHealthyHist: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "embark_registry_health_time_to_first_healthy_seconds",
+			Help:    "Time from a workload's sidecar connecting to its first healthy report being stored.",
+			Buckets: prometheus.ExponentialBuckets(0.25, 2, 12),
+		}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "embark_registry_health_writes_total",
+			Help: "Health reports stored, write attempts failed and retried, and reports dropped.",
+		}, []string{"result"}),
+	}
+	cols := []prometheus.Collector{m.firstHealthyHist, m.writes}
+	if cache != nil {
+		cols = append(cols, &workloadCollector{cache: cache, desc: prometheus.NewDesc(
+			"embark_registry_workloads",
+			"Registered workloads (Embark's WorkloadEntries) by health: healthy, unhealthy or unchecked (no probe).",
+			[]string{"namespace", "group", "health"}, nil)})
+	}
+	for _, col := range cols {
+		if err := reg.Register(col); err != nil {
+			return nil, fmt.Errorf("register health metrics: %w", err)
+		}
+	}
+	for _, r := range []string{"stored", "retried", "dropped"} {
+		m.writes.WithLabelValues(r)
+	}
+	return m, nil
+}
+
+func (m *HealthMetrics) stored() {
+	if m != nil {
+		m.writes.WithLabelValues("stored").Inc()
+	}
+}
+
+func (m *HealthMetrics) failed() {
+	if m != nil {
+		m.writes.WithLabelValues("retried").Inc()
+	}
+}
+
+func (m *HealthMetrics) dropped() {
+	if m != nil {
+		m.writes.WithLabelValues("dropped").Inc()
+	}
+}
+
+func (m *HealthMetrics) firstHealthy(d time.Duration) {
+	if m != nil {
+		m.firstHealthyHist.Observe(d.Seconds())
+	}
+}
+
+// workloadCollector counts Embark's WorkloadEntries by health at each scrape.
+type workloadCollector struct {
+	cache client.Reader
+	desc  *prometheus.Desc
+}
+
+func (c *workloadCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *workloadCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	list := &istionetworkingv1.WorkloadEntryList{}
+	if err := c.cache.List(ctx, list); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, fmt.Errorf("list WorkloadEntries: %w", err))
+		return
+	}
+	type key struct{ ns, group, health string }
+	counts := map[key]int{}
+	for _, we := range list.Items {
+		if _, ok := ownedBy(we.OwnerReferences, ""); !ok {
+			continue
+		}
+		counts[key{we.Namespace, we.Annotations[AnnotationAutoRegistrationGroup], WorkloadEntryHealth(we)}]++
+	}
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), k.ns, k.group, k.health)
+	}
+}
+
+// WorkloadEntryHealth says how istiod treats a WorkloadEntry: "healthy"
+// (Healthy condition True), "unhealthy" (health checks enabled and no True
+// condition) or "unchecked" (health checks not enabled).
+func WorkloadEntryHealth(we *istionetworkingv1.WorkloadEntry) string {
+	cond := findIstioCondition(we.Status.Conditions, ConditionHealthy)
+	switch {
+	case cond != nil && cond.GetStatus() == string(metav1.ConditionTrue):
+		return healthHealthy
+	case cond != nil || we.Annotations[AnnotationHealthChecksEnabled] == "true":
+		return healthUnhealthy
+	default:
+		return healthUnchecked
+	}
+}

@@ -1,0 +1,636 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/testenv"
+)
+
+const (
+	endpointHost = "onboarding-endpoint.demo.embark"
+	// replica names the endpoint process: the ISTIOD column of istioctl
+	// proxy-status and the replica holding each connection.
+	replica = "embark-demo-0"
+	// gracePeriod is shortened from the default 5m so that the demo shows
+	// the removal of a workload that stays disconnected.
+	gracePeriod = 15 * time.Second
+	// waitFor bounds every wait for the system to reach a state.
+	waitFor = 30 * time.Second
+)
+
+// demo is the state shared by the steps.
+type demo struct {
+	out         io.Writer
+	interactive bool
+	work        string
+	tb          *demoTB
+
+	env          *testenv.Env
+	aws          *simulatedAWS
+	vms          []*vm
+	denied       *vm
+	endpointDone chan error
+	stopEndpoint context.CancelFunc
+	serving      servingCert
+	addrs        struct{ onboarding, xds, debugXDS, metrics string }
+	appPort      int // the port of every VM's application, on its own IP
+	api          onboardingv1alpha1.OnboardingServiceClient
+	conn         *grpc.ClientConn
+}
+
+// run runs the demo and cleans up everything it started before returning.
+func run(ctx context.Context, out io.Writer, interactive bool) error {
+	work, err := os.MkdirTemp("", "embark-demo-")
+	if err != nil {
+		return err
+	}
+	d := &demo{out: out, interactive: interactive, work: work, aws: &simulatedAWS{}}
+	logFile, err := os.Create(filepath.Join(work, "demo.log"))
+	if err != nil {
+		_ = os.RemoveAll(work)
+		return err
+	}
+	d.tb = newDemoTB(ctx, logFile, work)
+	defer func() {
+		d.cleanup()
+		_ = logFile.Close()
+		_ = os.RemoveAll(work)
+	}()
+
+	fmt.Fprintln(out, "Embark demo: EC2 instances onboard into a local control plane and connect their Istio sidecars")
+	if err := runSteps(ctx, out, d.steps()); err != nil {
+		d.showLogsOnFailure()
+		return err
+	}
+	if !interactive {
+		fmt.Fprintln(out, "\ndemo: every step showed what it should (non-interactive: not waiting for Ctrl-C)")
+		return nil
+	}
+	d.printRunning()
+	select {
+	case <-ctx.Done():
+	case err := <-d.endpointDone:
+		return fmt.Errorf("endpoint stopped: %w", err)
+	}
+	fmt.Fprintln(out, "\ncleaning up")
+	return nil
+}
+
+// steps lists the demo's steps; their number is fixed before the first runs.
+func (d *demo) steps() []step {
+	d.vms = []*vm{{name: "ratings-1"}, {name: "ratings-2"}, {name: "ratings-3"}}
+	d.denied = &vm{name: "intruder-1"}
+	steps := []step{
+		{"start a local kube-apiserver + etcd + kube-controller-manager with Embark's and Istio's CRDs", d.startControlPlane},
+		{"create namespace bookinfo with the seed 004 WorkloadGroup, OnboardingPolicy and Sidecar", d.applySeeds},
+		{"simulate AWS us-east-2: a demo region certificate, STS, and EC2 instances with IMDS", d.simulateAWS},
+		{fmt.Sprintf("start the onboarding endpoint (TLS, xDS, grace period shortened to %v)", gracePeriod), d.startEndpoint},
+	}
+	for _, v := range d.vms {
+		steps = append(steps, step{fmt.Sprintf("start simulated VM %s: its onboarding agent onboards and starts pilot-agent as the sidecar", v.name),
+			func(ctx context.Context, out io.Writer) error { return d.startVM(ctx, out, v) }})
+	}
+	last := d.vms[len(d.vms)-1]
+	steps = append(steps,
+		step{"kubectl get war -A: every VM registered, its sidecar connected", d.listRegistrations},
+		step{"kubectl get workloadentries: one per VM, connected to this replica", d.listWorkloadEntries},
+		step{"kubectl describe war " + d.vms[0].name + "'s registration", d.describeRegistration},
+		step{"istioctl proxy-status: the sidecars connected to Embark's xDS server", d.proxyStatus},
+		step{"health flip: " + d.vms[0].name + "'s application fails its readiness probe, then recovers: WorkloadEntry Healthy follows",
+			func(ctx context.Context, out io.Writer) error { return d.healthFlip(ctx, out, d.vms[0]) }},
+		step{"an instance of an account no OnboardingPolicy allows is refused", d.refuse},
+		step{"kubectl delete war " + d.vms[1].name + "'s registration: its onboarding agent onboards again and restarts the sidecar",
+			func(ctx context.Context, out io.Writer) error { return d.deleteRegistration(ctx, out, d.vms[1]) }},
+		step{"power off " + last.name + " (onboarding agent killed, sidecar stopped): its registration shows the disconnect",
+			func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
+		step{fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.name, gracePeriod),
+			func(ctx context.Context, out io.Writer) error { return d.gracePeriodRemoval(ctx, out, last) }},
+	)
+	return steps
+}
+
+func (d *demo) startControlPlane(ctx context.Context, out io.Writer) error {
+	env, err := testenv.Start(testenv.Options{GarbageCollector: true})
+	if err != nil {
+		return err
+	}
+	d.env = env
+	fmt.Fprintf(out, "kubeconfig %s\n", env.KubeconfigPath)
+	return nil
+}
+
+func (d *demo) applySeeds(ctx context.Context, out io.Writer) error {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return err
+	}
+	if d.appPort, err = freePort(); err != nil {
+		return err
+	}
+	for _, ns := range []string{"bookinfo", "istio-system"} {
+		if err := d.env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			return err
+		}
+	}
+	// The WorkloadGroup's service account: Embark never creates one.
+	if err := d.env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: "bookinfo"}}); err != nil {
+		return err
+	}
+	seeds := filepath.Join(root, "api/crds/testdata/seed004")
+	args := []string{"apply", "-f", filepath.Join(seeds, "workloadgroup.yaml"), "-f", filepath.Join(seeds, "policy-narrow-ec2-subset.yaml"), "-f", filepath.Join(seeds, "sidecar.yaml")}
+	if err := d.kubectl(ctx, out, args...); err != nil {
+		return err
+	}
+	// The seed's WorkloadGroup has no probe; the demo adds one that each
+	// VM's sidecar runs against its application.
+	probe := fmt.Sprintf(`{"spec":{"probe":{"periodSeconds":1,"failureThreshold":1,"successThreshold":1,"httpGet":{"path":"/ready","port":%d}}}}`, d.appPort)
+	if err := d.kubectl(ctx, out, "patch", "workloadgroup", "ratings", "-n", "bookinfo", "--type=merge", "-p", probe); err != nil {
+		return err
+	}
+	return checkCreated(ctx, d.env, "bookinfo")
+}
+
+func (d *demo) simulateAWS(ctx context.Context, out io.Writer) error {
+	var err error
+	if d.aws.ca, err = awstest.NewCA("us-east-2"); err != nil {
+		return err
+	}
+	d.aws.sts = awstest.NewSTS()
+	// Each VM's private IP is a loopback address of its own, where its
+	// application listens: pilot-agent's INSTANCE_IP and the readiness probe
+	// reach it on this machine.
+	for i, v := range d.vms {
+		inst := awstest.Instance{Role: "ratings-role", PrivateIP: fmt.Sprintf("127.0.1.%d", i+1)}
+		if i > 0 {
+			inst.InstanceID = fmt.Sprintf("i-0de%014d", i)
+		}
+		if v.imds, err = d.aws.instance(inst); err != nil {
+			return err
+		}
+	}
+	// An instance of an account no policy allows.
+	if d.denied.imds, err = d.aws.instance(awstest.Instance{Account: "999999999999", Role: "ratings-role", PrivateIP: "127.0.1.99", InstanceID: "i-0de99999999999999"}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "STS %s\n", d.aws.sts.URL)
+	for _, v := range append(d.vms, d.denied) {
+		in := v.imds.Instance()
+		fmt.Fprintf(out, "%-10s %s  account %s  zone %s  role %s  private IP %-12s IMDS %s\n", v.name, in.InstanceID, in.Account, in.Zone, in.Role, in.PrivateIP, v.imds.URL)
+	}
+	return nil
+}
+
+func (d *demo) startEndpoint(ctx context.Context, out io.Writer) error {
+	var err error
+	if d.serving, err = writeServingCert(d.work, endpointHost); err != nil {
+		return err
+	}
+	certs := filepath.Join(d.work, "aws-certs")
+	if err := os.MkdirAll(certs, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), d.aws.ca.CertificatePEM(), 0o644); err != nil {
+		return err
+	}
+	d.addrs.onboarding, d.addrs.xds, d.addrs.debugXDS, d.addrs.metrics = freeAddr(), freeAddr(), freeAddr(), freeAddr()
+
+	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+endpoint:
+  hosts: [%s]
+  certFile: %s
+  keyFile: %s
+identity:
+  aws:
+    certificatesDir: %s
+    stsEndpoint: %s
+mesh:
+  discoveryAddress: %s
+registration:
+  # Health flips are stored at once (no damping), to show them quickly.
+  healthDamping: 0s
+  gracePeriod: %s
+  propagationDelay: 1s
+listen:
+  onboarding: %s
+  metrics: %s
+  xds: %s
+`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds)
+	cfgFile := filepath.Join(d.work, "endpoint.yaml")
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		return err
+	}
+	logFile, err := os.Create(filepath.Join(d.work, "endpoint.log"))
+	if err != nil {
+		return err
+	}
+	// Not the step's context: the endpoint outlives the step.
+	ectx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ready := make(chan struct{})
+	d.endpointDone, d.stopEndpoint = make(chan error, 1), cancel
+	go func() {
+		err := app.Run(ectx, app.Options{ConfigFile: cfgFile, Kubeconfig: d.env.KubeconfigPath, Replica: replica,
+			Logger: slog.New(slog.NewTextHandler(logFile, nil)), Ready: ready, DebugXDS: d.addrs.debugXDS})
+		_ = logFile.Close()
+		d.endpointDone <- err
+	}()
+	select {
+	case <-ready:
+	case err := <-d.endpointDone:
+		d.endpointDone <- err // for cleanup
+		return fmt.Errorf("endpoint stopped: %w", err)
+	case <-time.After(2 * time.Minute):
+		return errors.New("endpoint not ready within 2 minutes")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	fmt.Fprintf(out, "onboarding API  https://%s (TLS as %s)\n", d.addrs.onboarding, endpointHost)
+	fmt.Fprintf(out, "xDS             %s (TLS; sidecars authenticate with their bound token)\n", d.addrs.xds)
+	fmt.Fprintf(out, "xDS debug       %s (loopback, for istioctl proxy-status)\n", d.addrs.debugXDS)
+	fmt.Fprintf(out, "metrics         http://%s/metrics\n", d.addrs.metrics)
+	d.conn, err = grpc.NewClient(d.addrs.onboarding, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: d.serving.pool, ServerName: endpointHost})))
+	if err != nil {
+		return err
+	}
+	d.api = onboardingv1alpha1.NewOnboardingServiceClient(d.conn)
+	return nil
+}
+
+func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm) error {
+	if err := v.startApp(d.appPort); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	v.root = filepath.Join(d.work, "vms", v.name)
+	if err := v.startAgent(d.tb, agentSettings{exe: exe, endpoint: d.addrs.onboarding, serverName: endpointHost,
+		caFile: d.serving.caFile, rootCA: d.serving.caPEM, stsURL: d.aws.sts.URL}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "onboarding-agent started (root %s)\n", v.root)
+	// The agent onboards, writes the sidecar's bootstrap and restarts the
+	// sidecar through its unit; the sidecar connects.
+	if err := eventually(ctx, waitFor, func() error {
+		if name, restarts := v.state(); restarts == 0 {
+			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.agentLog("level="))
+		} else if name == "" {
+			return errors.New("the sidecar's cluster.env names no registration")
+		}
+		return d.checkConnected(ctx, v, metav1.ConditionTrue)
+	}); err != nil {
+		return err
+	}
+	name, _ := v.state()
+	fmt.Fprintf(out, "%s\n", v.agentLog("onboarded", "sidecar (re)started"))
+	fmt.Fprintf(out, "sidecar files written by the agent: %s, %s, %s\n", vmClusterEnv, vmMeshConfig, vmToken)
+	fmt.Fprintf(out, "pilot-agent (DISABLE_ENVOY=true) started by the agent's restart command; registration bookinfo/%s: AgentConnected=True\n", name)
+	return nil
+}
+
+// checkConnected checks v's registration's AgentConnected condition.
+func (d *demo) checkConnected(ctx context.Context, v *vm, want metav1.ConditionStatus) error {
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := d.env.Client.Get(ctx, keyOf(v), war); err != nil {
+		return err
+	}
+	if v.uid != "" && war.UID == v.uid {
+		return fmt.Errorf("%s is still the registration %s", war.Name, v.uid)
+	}
+	for _, c := range war.Status.Conditions {
+		if c.Type == runtimev1alpha1.ConditionAgentConnected {
+			if c.Status != want {
+				return fmt.Errorf("%s: AgentConnected=%s (%s), want %s", v.reg(), c.Status, c.Reason, want)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%s: no AgentConnected condition yet", v.reg())
+}
+
+func (d *demo) listRegistrations(ctx context.Context, out io.Writer) error {
+	want := map[string]string{}
+	for _, v := range d.vms {
+		want["bookinfo/"+v.reg()] = "True"
+	}
+	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
+}
+
+func (d *demo) listWorkloadEntries(ctx context.Context, out io.Writer) error {
+	cols := "NAME:.metadata.name,ADDRESS:.spec.address,NETWORK:.spec.network,LOCALITY:.spec.locality,CONTROLLER:.metadata.annotations.istio\\.io/workloadController,CONNECTED AT:.metadata.annotations.istio\\.io/connectedAt"
+	return d.showChecked(ctx, out, func(s string) error {
+		t, err := parseTable(s)
+		if err != nil {
+			return err
+		}
+		got, err := t.column("NAME", "CONTROLLER")
+		if err != nil {
+			return err
+		}
+		want := map[string]string{}
+		for _, v := range d.vms {
+			want[v.reg()] = replica
+		}
+		return compare("WorkloadEntry", "CONTROLLER", got, want)
+	}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols)
+}
+
+func (d *demo) describeRegistration(ctx context.Context, out io.Writer) error {
+	v := d.vms[0]
+	in := v.imds.Instance()
+	return d.showChecked(ctx, out, func(s string) error {
+		return checkContains(s, v.reg(), "Instance Id:", in.InstanceID, in.PrivateIP,
+			runtimev1alpha1.ConditionAgentConnected, runtimev1alpha1.ReasonAgentEstablishedConnection, replica)
+	}, "describe", "war", "-n", "bookinfo", v.reg())
+}
+
+func (d *demo) proxyStatus(ctx context.Context, out io.Writer) error {
+	want := map[string]string{}
+	for _, v := range d.vms {
+		want[v.reg()+".bookinfo"] = replica
+	}
+	args := []string{"proxy-status", "--xds-address", d.addrs.debugXDS, "--plaintext", "-r", "default"}
+	var shown string
+	err := eventually(ctx, waitFor, func() error {
+		s, err := istioagent.Istioctl(ctx, d.tb, args...)
+		if err != nil {
+			return err
+		}
+		shown = s
+		return checkProxyStatus(s, want)
+	})
+	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
+	if err != nil {
+		return err
+	}
+	// Per type: the configuration Embark serves reached each sidecar
+	// (through pilot-agent, to the Envoy part the demo plays) and was ACKed.
+	args = append(args, "-v", "1")
+	err = eventually(ctx, waitFor, func() error {
+		s, err := istioagent.Istioctl(ctx, d.tb, args...)
+		if err != nil {
+			return err
+		}
+		shown = s
+		return checkSynced(s, len(want), "CDS", "LDS")
+	})
+	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
+	return err
+}
+
+func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
+	cols := `NAME:.metadata.name,HEALTHY:.status.conditions[?(@.type=="Healthy")].status,REASON:.status.conditions[?(@.type=="Healthy")].reason,MESSAGE:.status.conditions[?(@.type=="Healthy")].message`
+	healthy := func(unhealthy *vm) map[string]string {
+		want := map[string]string{}
+		for _, o := range d.vms {
+			want[o.reg()] = "True"
+		}
+		if unhealthy != nil {
+			want[unhealthy.reg()] = "False"
+		}
+		return want
+	}
+	show := func(want map[string]string) error {
+		if err := d.showChecked(ctx, out, func(s string) error {
+			t, err := parseTable(s)
+			if err != nil {
+				return err
+			}
+			got, err := t.column("NAME", "HEALTHY")
+			if err != nil {
+				return err
+			}
+			return compare("WorkloadEntry", "HEALTHY", got, want)
+		}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols); err != nil {
+			return err
+		}
+		wars := map[string]string{}
+		for name, h := range want {
+			wars[name] = h
+		}
+		return d.showChecked(ctx, out, func(s string) error {
+			t, err := parseTable(s)
+			if err != nil {
+				return err
+			}
+			got, err := t.column("NAME", "HEALTHY")
+			if err != nil {
+				return err
+			}
+			return compare("registration", "HEALTHY", got, wars)
+		}, "get", "war", "-n", "bookinfo", "-o", "wide")
+	}
+	fmt.Fprintf(out, "every sidecar probes its application (GET /ready on port %d of its IP, every 1s):\n", d.appPort)
+	if err := show(healthy(nil)); err != nil {
+		return err
+	}
+	v.healthy.Store(false)
+	fmt.Fprintf(out, "\n%s's application now answers /ready with 503:\n", v.name)
+	if err := show(healthy(v)); err != nil {
+		return err
+	}
+	v.healthy.Store(true)
+	fmt.Fprintf(out, "\n%s's application recovers:\n", v.name)
+	return show(healthy(nil))
+}
+
+func (d *demo) refuse(ctx context.Context, out io.Writer) error {
+	v := d.denied
+	in := v.imds.Instance()
+	fmt.Fprintf(out, "%s (%s, account %s) onboards:\n", v.name, in.InstanceID, in.Account)
+	_, err := v.onboard(ctx, d.api, d.aws.sts.URL)
+	if err == nil {
+		return errors.New("the instance was onboarded, but no policy allows its account")
+	}
+	st := status.Convert(err)
+	fmt.Fprintf(out, "%s: %s\n", st.Code(), st.Message())
+	if err := checkContains(st.Code().String()+": "+st.Message(), "PermissionDenied", "account 999999999999 not in [123456789012]"); err != nil {
+		return err
+	}
+	return d.showChecked(ctx, out, func(s string) error { return checkContains(s, "OnboardingDenied", "ratings") },
+		"get", "events", "-n", "bookinfo", "--field-selector", "reason=OnboardingDenied", "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,COUNT:.count")
+}
+
+func (d *demo) disconnect(ctx context.Context, out io.Writer, v *vm) error {
+	if err := v.powerOff(); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s: onboarding-agent killed (it does not unregister), pilot-agent stopped\n", v.name)
+	want := map[string]string{}
+	for _, o := range d.vms {
+		want["bookinfo/"+o.reg()] = "True"
+	}
+	want["bookinfo/"+v.reg()] = "False"
+	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
+}
+
+func (d *demo) deleteRegistration(ctx context.Context, out io.Writer, v *vm) error {
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := d.env.Client.Get(ctx, keyOf(v), war); err != nil {
+		return err
+	}
+	_, restarts := v.state()
+	if err := d.kubectl(ctx, out, "delete", "war", "-n", "bookinfo", v.reg()); err != nil {
+		return err
+	}
+	v.uid = war.UID
+	defer func() { v.uid = "" }()
+	if err := eventually(ctx, waitFor, func() error {
+		if _, n := v.state(); n == restarts {
+			return fmt.Errorf("the onboarding agent has not restarted the sidecar; its log:\n%s", v.agentLog("level="))
+		}
+		return d.checkConnected(ctx, v, metav1.ConditionTrue) // a registration with another UID
+	}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s's onboarding agent:\n%s\n", v.name, v.agentLog("deleted", "onboarded", "sidecar (re)started"))
+	want := map[string]string{}
+	for _, o := range d.vms {
+		want["bookinfo/"+o.reg()] = "True"
+	}
+	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
+}
+
+func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm) error {
+	fmt.Fprintf(out, "waiting for the grace period of %v to pass ...\n", gracePeriod)
+	gone := func() error {
+		war := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if err := d.env.Client.Get(ctx, keyOf(v), war); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("registration %s still exists (%v)", v.reg(), err)
+		}
+		we := &istionetworkingv1.WorkloadEntry{}
+		if err := d.env.Client.Get(ctx, keyOf(v), we); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("WorkloadEntry %s still exists (%v)", v.reg(), err)
+		}
+		return nil
+	}
+	if err := eventually(ctx, gracePeriod+waitFor, gone); err != nil {
+		return err
+	}
+	want := map[string]string{}
+	for _, o := range d.vms {
+		if o != v {
+			want["bookinfo/"+o.reg()] = "True"
+		}
+	}
+	if err := d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A"); err != nil {
+		return err
+	}
+	return d.showChecked(ctx, out, func(s string) error {
+		if strings.Contains(s, v.reg()) {
+			return fmt.Errorf("WorkloadEntry %s is still listed", v.reg())
+		}
+		return nil
+	}, "get", "workloadentries", "-n", "bookinfo")
+}
+
+// kubectl runs kubectl with the demo's kubeconfig and shows the command and
+// its output.
+func (d *demo) kubectl(ctx context.Context, out io.Writer, args ...string) error {
+	s, err := d.env.Kubectl(ctx, nil, args...)
+	fmt.Fprintf(out, "$ kubectl %s\n%s", strings.Join(args, " "), s)
+	return err
+}
+
+// showChecked runs kubectl until check accepts its output (the system
+// converges asynchronously), then shows the command and the output; on
+// timeout it shows the last output and check's complaint.
+func (d *demo) showChecked(ctx context.Context, out io.Writer, check func(string) error, args ...string) error {
+	var shown string
+	err := eventually(ctx, waitFor, func() error {
+		s, err := d.env.Kubectl(ctx, nil, args...)
+		if err != nil {
+			return err
+		}
+		shown = s
+		return check(s)
+	})
+	fmt.Fprintf(out, "$ kubectl %s\n%s", strings.Join(args, " "), shown)
+	return err
+}
+
+// printRunning tells how to look at the running system.
+func (d *demo) printRunning() {
+	kc := "kubectl --kubeconfig " + d.env.KubeconfigPath
+	fmt.Fprintf(d.out, `
+Embark is running. Try:
+    %s get war -A
+    %s describe war -n bookinfo %s
+    %s get workloadentries -n bookinfo -o yaml
+    %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default
+    curl -s http://%s/metrics | grep ^embark_
+Onboarding API https://%s (as %s), xDS %s; logs and files in %s.
+Press Ctrl-C to stop and clean up.
+`, kc, kc, d.vms[0].reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS, d.addrs.metrics,
+		d.addrs.onboarding, endpointHost, d.addrs.xds, d.work)
+}
+
+// showLogsOnFailure prints where the logs are cut short: the endpoint's last
+// lines tell why most failures happened.
+func (d *demo) showLogsOnFailure() {
+	b, err := os.ReadFile(filepath.Join(d.work, "endpoint.log"))
+	if err == nil && len(b) > 0 {
+		fmt.Fprintf(d.out, "\nlast lines of the onboarding endpoint's log:\n%s", indent(tail(string(b), 20)))
+	}
+}
+
+// cleanup stops everything, sidecars first, then the endpoint, then the
+// control plane.
+func (d *demo) cleanup() {
+	// Each onboarding agent unregisters and stops its sidecar, as on a VM
+	// shutting down.
+	var wg sync.WaitGroup
+	for _, v := range d.vms {
+		wg.Add(1)
+		go func() { defer wg.Done(); v.shutdownAgent() }()
+	}
+	wg.Wait()
+	d.tb.Close() // pilot-agents left
+	for _, v := range append(d.vms, d.denied) {
+		if v != nil {
+			v.close()
+		}
+	}
+	if d.conn != nil {
+		_ = d.conn.Close()
+	}
+	if d.stopEndpoint != nil {
+		d.stopEndpoint()
+		select {
+		case <-d.endpointDone:
+		case <-time.After(30 * time.Second):
+			fmt.Fprintln(os.Stderr, "demo: the endpoint did not stop within 30s")
+		}
+	}
+	d.aws.close()
+	if d.env != nil {
+		if err := d.env.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "demo: %v\n", err)
+		}
+	}
+}

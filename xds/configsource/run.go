@@ -1,0 +1,191 @@
+package configsource
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/xds"
+)
+
+// Pusher is the xDS server as Run uses it (*xds.Server satisfies it).
+type Pusher interface {
+	// Proxies are the connected proxies.
+	Proxies() []*xds.Proxy
+	// Refresh recomputes the configuration of a workload's proxies.
+	Refresh(ctx context.Context, key types.NamespacedName)
+}
+
+// Watched are the objects whose changes Run watches; add their lists to the
+// informer cache's sync list.
+func Watched() []client.ObjectList {
+	return []client.ObjectList{
+		&istionetworkingv1.SidecarList{}, &corev1.ServiceList{}, &discoveryv1.EndpointSliceList{},
+		&istionetworkingv1.ServiceEntryList{}, &istionetworkingv1.WorkloadEntryList{},
+		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &istiosecurityv1.PeerAuthenticationList{},
+	}
+}
+
+// watched are the objects whose informers Run watches.
+func watched() []client.Object {
+	return []client.Object{
+		&istionetworkingv1.Sidecar{}, &corev1.Service{}, &discoveryv1.EndpointSlice{},
+		&istionetworkingv1.ServiceEntry{}, &istionetworkingv1.WorkloadEntry{},
+		&runtimev1alpha1.WorkloadAutoRegistration{}, &istiosecurityv1.PeerAuthentication{},
+	}
+}
+
+// Run watches the inputs and, after each debounced batch of changes,
+// recomputes the configuration of the proxies the batch affects, until ctx
+// ends.
+func (s *Source) Run(ctx context.Context, push Pusher) error {
+	d := newDebouncer(s.opts.Debounce)
+	type handle struct {
+		inf crcache.Informer
+		reg toolscache.ResourceEventHandlerRegistration
+	}
+	var handles []handle
+	defer func() {
+		for _, h := range handles {
+			_ = h.inf.RemoveEventHandler(h.reg)
+		}
+	}()
+	for _, obj := range watched() {
+		kind := fmt.Sprintf("%T", obj)
+		inf, err := s.opts.Cache.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("watch %s: %w", kind, err)
+		}
+		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc: func(o any) {
+				if co, ok := o.(client.Object); ok {
+					d.add(kind, nil, co, s.opts.Clock())
+				}
+			},
+			UpdateFunc: func(oldObj, newObj any) {
+				o, ok1 := oldObj.(client.Object)
+				n, ok2 := newObj.(client.Object)
+				if ok1 && ok2 && o.GetResourceVersion() != n.GetResourceVersion() {
+					d.add(kind, o, n, s.opts.Clock())
+				}
+			},
+			DeleteFunc: func(o any) {
+				if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+					o = t.Obj
+				}
+				if co, ok := o.(client.Object); ok {
+					d.add(kind, co, nil, s.opts.Clock())
+				}
+			},
+		})
+		if err != nil {
+			return fmt.Errorf("watch %s: %w", kind, err)
+		}
+		handles = append(handles, handle{inf, reg})
+	}
+
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		wait, pending := d.wait(s.opts.Clock())
+		switch {
+		case !pending:
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-d.signal:
+			}
+			continue
+		case wait > 0:
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-timer.C:
+			case <-d.signal: // the batch grew: compute the wait again
+				timer.Stop() // no stale tick is received after Stop (Go 1.23 timers)
+			}
+			continue
+		}
+		changes, first := d.take()
+		s.push(ctx, push, changes, first)
+	}
+}
+
+// push recomputes the proxies that changes affect.
+func (s *Source) push(ctx context.Context, push Pusher, changes []change, first time.Time) {
+	sc := newScope()
+	ex := cacheExports{r: s.opts.Cache}
+	for _, c := range changes {
+		sc.affected(ctx, c, s.opts.RootNamespace, ex)
+	}
+	proxies := push.Proxies()
+	s.prune(proxies)
+	if sc.empty() {
+		return
+	}
+	keys := affectedWorkloads(sc, proxies, s.log)
+	for _, key := range keys {
+		push.Refresh(ctx, key)
+	}
+	if m := s.opts.Metrics; m != nil {
+		m.pushed.Add(float64(len(keys)))
+		m.push.Observe(s.opts.Clock().Sub(first).Seconds())
+	}
+	s.log.Debug("configuration pushed", "changes", len(changes), "workloads", len(keys), "since", s.opts.Clock().Sub(first))
+}
+
+// affectedWorkloads are the workloads of proxies in scope, once each, in the
+// order of proxies.
+func affectedWorkloads(sc *scope, proxies []*xds.Proxy, log interface {
+	Warn(string, ...any)
+}) []types.NamespacedName {
+	seen := map[types.NamespacedName]bool{}
+	var keys []types.NamespacedName
+	for _, p := range proxies {
+		key := p.Workload.Key
+		if seen[key] {
+			continue
+		}
+		in := sc.includes(key, func() map[string]string {
+			we, err := registry.BuildWorkloadEntry(p.Registration)
+			if err != nil {
+				log.Warn("workload labels unknown; recomputing its configuration anyway", "registration", key.String(), "error", err)
+				return nil // unknown: in scope
+			}
+			return we.Spec.Labels
+		})
+		if in {
+			seen[key] = true
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
+// prune forgets the nodes that are no longer connected.
+func (s *Source) prune(proxies []*xds.Proxy) {
+	live := make(map[string]bool, len(proxies))
+	for _, p := range proxies {
+		live[p.NodeID] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.served {
+		if !live[id] {
+			delete(s.served, id)
+		}
+	}
+}

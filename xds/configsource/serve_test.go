@@ -1,0 +1,403 @@
+package configsource
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/translate"
+	"github.com/embark-mesh/embark/xds"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{GarbageCollector: true}, &env) }
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// endpoint is an xDS server serving a Source, on loopback.
+type endpoint struct {
+	addr    string
+	source  *Source
+	metrics *Metrics
+	cache   client.Reader
+}
+
+func startEndpoint(t *testing.T) *endpoint {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	warm := append(Watched(), &corev1.SecretList{})
+	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, warm...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorder, err := env.EventRecorder(ctx, "onboarding-endpoint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := New(Options{
+		Cache: c, Mesh: translate.Mesh{TrustDomain: "cluster.local", ClusterID: "Kubernetes"},
+		Debounce: 20 * time.Millisecond, Recorder: recorder, Metrics: metrics, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := xds.NewServer(ctx, xds.Options{
+		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
+		Reader: c, APIReader: env.Client, Informers: c, Config: src, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	srv.Register(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); _ = g.Serve(lis) }()
+	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		if err := src.Run(ctx, srv); err != nil {
+			t.Errorf("configsource Run: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		g.Stop()
+		flush, done := context.WithTimeout(context.Background(), 10*time.Second)
+		defer done()
+		_ = conns.Flush(flush)
+		cancel()
+		wg.Wait()
+		conns.Wait()
+	})
+	return &endpoint{addr: lis.Addr().String(), source: src, metrics: metrics, cache: c}
+}
+
+// workload is a registered ratings VM (labels app=ratings, class=vm).
+type workload struct {
+	key    client.ObjectKey
+	token  string
+	nodeID string
+}
+
+func register(t *testing.T, e *endpoint, ns, ip string) *workload {
+	t.Helper()
+	ctx := t.Context()
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm"}
+	if err := env.Client.Create(ctx, wg); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: e.cache, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := reg.Register(ctx, registry.Request{
+		Group: wg,
+		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0000000000000000a"},
+		}},
+		Registration: runtimev1alpha1.Registration{
+			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
+			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+			Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(res.Registration)
+	return &workload{key: key, token: res.SidecarToken.Token,
+		nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
+}
+
+// stream is a SotW ADS client subscribed to listeners and clusters that
+// ACKs every response and keeps the latest of each type.
+type stream struct {
+	mu     sync.Mutex
+	latest map[string]*discovery.DiscoveryResponse
+	count  map[string]int
+	err    error
+}
+
+func subscribe(t *testing.T, e *endpoint, w *workload) *stream {
+	t.Helper()
+	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+w.token))
+	t.Cleanup(cancel)
+	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &core.Node{Id: w.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
+	}}}
+	for i, typ := range []string{resource.ListenerType, resource.ClusterType} {
+		req := &discovery.DiscoveryRequest{TypeUrl: typ}
+		if i == 0 {
+			req.Node = node
+		}
+		if err := ads.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &stream{latest: map[string]*discovery.DiscoveryResponse{}, count: map[string]int{}}
+	go func() {
+		for {
+			resp, err := ads.Recv()
+			if err != nil {
+				s.mu.Lock()
+				s.err = err
+				s.mu.Unlock()
+				return
+			}
+			s.mu.Lock()
+			s.latest[resp.GetTypeUrl()] = resp
+			s.count[resp.GetTypeUrl()]++
+			s.mu.Unlock()
+			_ = ads.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+		}
+	}()
+	return s
+}
+
+// names are the names of the latest resources of typ.
+func (s *stream) names(t *testing.T, typ string) (names []string, version string, responses int) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := s.latest[typ]
+	for _, a := range resp.GetResources() {
+		var name string
+		switch typ {
+		case resource.ListenerType:
+			l := &listenerv3.Listener{}
+			if err := a.UnmarshalTo(l); err != nil {
+				t.Fatal(err)
+			}
+			name = l.GetName()
+		case resource.ClusterType:
+			c := &clusterv3.Cluster{}
+			if err := a.UnmarshalTo(c); err != nil {
+				t.Fatal(err)
+			}
+			name = c.GetName()
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names, resp.GetVersionInfo(), s.count[typ]
+}
+
+// waitNames waits until the latest resources of typ satisfy ok.
+func (s *stream) waitNames(t *testing.T, what, typ string, ok func([]string) bool) string {
+	t.Helper()
+	var got []string
+	var version string
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		got, version, _ = s.names(t, typ)
+		return ok(got), nil
+	})
+	if err != nil {
+		s.mu.Lock()
+		streamErr := s.err
+		s.mu.Unlock()
+		t.Fatalf("%s: %s is %v (stream error %v)", what, typ, got, streamErr)
+	}
+	return version
+}
+
+func has(name string) func([]string) bool {
+	return func(names []string) bool { return slices.Contains(names, name) }
+}
+
+func hasNot(name string) func([]string) bool {
+	return func(names []string) bool { return !slices.Contains(names, name) }
+}
+
+func seed004Sidecar(ns string) *istionetworkingv1.Sidecar {
+	sc := &istionetworkingv1.Sidecar{ObjectMeta: metav1.ObjectMeta{Name: "bookinfo-ratings-no-iptables", Namespace: ns}}
+	sc.Spec.WorkloadSelector = &istioapi.WorkloadSelector{Labels: map[string]string{"app": "ratings", "class": "vm"}}
+	sc.Spec.Ingress = []*istioapi.IstioIngressListener{{
+		DefaultEndpoint: "127.0.0.1:8080",
+		Port:            &istioapi.SidecarPort{Name: "http", Number: 8080, Protocol: "HTTP"},
+	}}
+	sc.Spec.Egress = []*istioapi.IstioEgressListener{{
+		Bind:  "127.0.0.2",
+		Port:  &istioapi.SidecarPort{Name: "http", Number: 8080, Protocol: "HTTP"},
+		Hosts: []string{"./*"},
+	}}
+	return sc
+}
+
+func detailsService(ns string) (*corev1.Service, *discoveryv1.EndpointSlice) {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "details", Namespace: ns}}
+	svc.Spec.Selector = map[string]string{"app": "details"}
+	svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 8080}}
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "details-abc", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "details"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(9080))}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.0.12"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}
+	return svc, es
+}
+
+// TestConfigurationFollowsTheInputs creates, updates and deletes a Sidecar
+// and a Service while the workload is connected and checks what arrives on
+// its stream; an invalid Sidecar leaves the previous configuration and an
+// Event.
+func TestConfigurationFollowsTheInputs(t *testing.T) {
+	e := startEndpoint(t)
+	ns := env.Namespace(t)
+	w := register(t, e, ns, "10.0.0.10")
+	ctx := t.Context()
+	svc, es := detailsService(ns)
+	for _, o := range []client.Object{svc, es} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := subscribe(t, e, w)
+	// No Sidecar: the documented default (nothing).
+	s.waitNames(t, "before any Sidecar", resource.ListenerType, func(n []string) bool {
+		_, _, responses := s.names(t, resource.ListenerType)
+		return responses > 0 && len(n) == 0
+	})
+
+	// Sidecar created: ingress on the host address, egress on 127.0.0.2.
+	sc := seed004Sidecar(ns)
+	if err := env.Client.Create(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	s.waitNames(t, "Sidecar created", resource.ListenerType, func(n []string) bool { return has("10.0.0.10_8080")(n) && has("127.0.0.2_8080")(n) })
+	details := "outbound|8080||details." + ns + ".svc.cluster.local"
+	s.waitNames(t, "Sidecar created", resource.ClusterType, has(details))
+
+	// Service deleted: its cluster goes.
+	if err := env.Client.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	s.waitNames(t, "Service deleted", resource.ClusterType, hasNot(details))
+	// Service created again: it comes back.
+	svc, _ = detailsService(ns)
+	if err := env.Client.Create(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	s.waitNames(t, "Service recreated", resource.ClusterType, has(details))
+
+	// Invalid Sidecar: the previous configuration stays, an Event says why.
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); err != nil {
+		t.Fatal(err)
+	}
+	sc.Spec.Egress[0].Bind = "not-an-ip"
+	if err := env.Client.Update(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	var ev *corev1.Event
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		l := &corev1.EventList{}
+		if err := env.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		for i := range l.Items {
+			if it := &l.Items[i]; it.Reason == ReasonInvalidConfiguration && it.InvolvedObject.Kind == "Sidecar" && it.InvolvedObject.Name == sc.Name {
+				ev = it
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no InvalidConfiguration Event on the Sidecar: %v", err)
+	}
+	if ev.Type != corev1.EventTypeWarning || !strings.Contains(ev.Message, "spec.egress[0].bind") {
+		t.Errorf("Event %s %q, want a Warning naming spec.egress[0].bind", ev.Type, ev.Message)
+	}
+	if got := testutil.ToFloat64(e.metrics.errors.WithLabelValues(reasonSidecar)); got < 1 {
+		t.Errorf("embark_xds_config_errors_total{reason=sidecar} = %v", got)
+	}
+	names, _, _ := s.names(t, resource.ListenerType)
+	if !has("127.0.0.2_8080")(names) {
+		t.Errorf("the invalid Sidecar replaced the configuration: listeners %v", names)
+	}
+	// While invalid, other changes keep the previous configuration too.
+	if err := env.Client.Delete(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	// Fixed: the configuration follows again (and the deleted Service is gone).
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); err != nil {
+		t.Fatal(err)
+	}
+	sc.Spec.Egress[0].Bind = "127.0.0.3"
+	if err := env.Client.Update(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	s.waitNames(t, "Sidecar fixed", resource.ListenerType, func(n []string) bool { return has("127.0.0.3_8080")(n) && hasNot("127.0.0.2_8080")(n) })
+	s.waitNames(t, "Sidecar fixed", resource.ClusterType, hasNot(details))
+
+	// Sidecar deleted: back to the default.
+	if err := env.Client.Delete(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	s.waitNames(t, "Sidecar deleted", resource.ListenerType, func(n []string) bool { return len(n) == 0 })
+}

@@ -1,0 +1,300 @@
+package configsource
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/translate"
+	"github.com/embark-mesh/embark/xds"
+)
+
+// Defaults.
+const (
+	DefaultDebounce      = 100 * time.Millisecond
+	DefaultRootNamespace = "istio-system"
+)
+
+// Event reasons.
+const (
+	// ReasonInvalidConfiguration (Warning) is recorded on the Sidecar (or the
+	// registration) whose translation failed; the proxy keeps its previous
+	// configuration.
+	ReasonInvalidConfiguration = "InvalidConfiguration"
+)
+
+// Cache reads and watches the inputs (controller-runtime's cache.Cache
+// satisfies it).
+type Cache interface {
+	client.Reader
+	xds.Informers
+}
+
+// Options configures a Source. Every field documents its default.
+type Options struct {
+	// Cache holds Sidecars, Services, EndpointSlices, ServiceEntries,
+	// WorkloadEntries and WorkloadAutoRegistrations. Required.
+	Cache Cache
+	// Mesh settings handed to translation (trust domain, cluster ID).
+	Mesh translate.Mesh
+	// RootNamespace is Istio's config root namespace. Default istio-system.
+	RootNamespace string
+	// Debounce is how long the inputs must be quiet before affected proxies
+	// are recomputed; a batch waits at most 10 times as long. Default 100ms.
+	Debounce time.Duration
+	// Recorder records InvalidConfiguration Events. Default: none recorded.
+	Recorder record.EventRecorder
+	// Metrics. Default: not counted.
+	Metrics *Metrics
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Clock. Default time.Now.
+	Clock func() time.Time
+}
+
+// Source is an xds.ConfigSource fed by informers. Run it to push changes.
+type Source struct {
+	opts Options
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	served map[string]*served // by node ID
+}
+
+// served is what a node was last served successfully, and its last error.
+type served struct {
+	snap    *cache.Snapshot
+	lastErr string
+}
+
+var _ xds.ConfigSource = (*Source)(nil)
+
+// New returns a Source.
+func New(opts Options) (*Source, error) {
+	if opts.Cache == nil {
+		return nil, errors.New("configsource: Cache is required")
+	}
+	if opts.RootNamespace == "" {
+		opts.RootNamespace = DefaultRootNamespace
+	}
+	if opts.Debounce <= 0 {
+		opts.Debounce = DefaultDebounce
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	return &Source{opts: opts, log: opts.Logger, served: map[string]*served{}}, nil
+}
+
+// Snapshot implements xds.ConfigSource: the proxy's translated
+// configuration, or, when translation fails, the last one that succeeded
+// (an empty one if none did). It fails only when no configuration at all can
+// be given.
+func (s *Source) Snapshot(ctx context.Context, p *xds.Proxy) (cache.ResourceSnapshot, error) {
+	start := s.opts.Clock()
+	snap, blame, reason, err := s.compute(ctx, p)
+	m := s.opts.Metrics
+	if m != nil {
+		m.translations.Inc()
+		m.translate.Observe(s.opts.Clock().Sub(start).Seconds())
+	}
+	s.mu.Lock()
+	prev := s.served[p.NodeID]
+	if prev == nil {
+		prev = &served{}
+		s.served[p.NodeID] = prev
+	}
+	if err == nil {
+		prev.snap, prev.lastErr = snap, ""
+		s.mu.Unlock()
+		return snap, nil
+	}
+	keep, repeated := prev.snap, prev.lastErr == err.Error()
+	prev.lastErr = err.Error()
+	s.mu.Unlock()
+
+	if m != nil {
+		m.errors.WithLabelValues(reason).Inc()
+	}
+	if !repeated {
+		s.log.Warn("configuration not translated; the proxy keeps its previous one", "node", p.NodeID, "reason", reason, "error", err)
+		if s.opts.Recorder != nil && blame != nil {
+			s.opts.Recorder.Eventf(blame, corev1.EventTypeWarning, ReasonInvalidConfiguration,
+				"configuration of %s/%s (node %s) not updated, it keeps its previous one: %v", p.Workload.Key.Namespace, p.Workload.Key.Name, p.NodeID, err)
+		}
+	}
+	if keep == nil {
+		return emptySnapshot()
+	}
+	return keep, nil
+}
+
+// Forget drops what is remembered of a node (its last good configuration).
+func (s *Source) Forget(nodeID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.served, nodeID)
+}
+
+// compute reads the proxy's inputs, translates and validates them. On error
+// it says which object to blame (nil: none) and why.
+func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapshot, blame runtime.Object, reason string, err error) {
+	in, err := s.Inputs(ctx, p)
+	if err != nil {
+		return nil, nil, reasonInputs, err
+	}
+	res, err := translate.Translate(in)
+	if err != nil {
+		return nil, blameFor(err, in, p), reasonSidecar, err
+	}
+	byType := res.ByType()
+	if err := res.Validate(); err != nil {
+		var blame runtime.Object = p.Registration
+		if res.Sidecar != nil {
+			blame = res.Sidecar
+		}
+		return nil, blame, reasonValidation, err
+	}
+	snap, err = versioned(byType)
+	if err != nil {
+		return nil, p.Registration, reasonValidation, err
+	}
+	return snap, nil, "", nil
+}
+
+// Inputs reads what translation needs for p from the cache.
+func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
+	we, err := registry.BuildWorkloadEntry(p.Registration)
+	if err != nil {
+		return nil, err
+	}
+	ns := p.Workload.Key.Namespace
+	in := &translate.Inputs{
+		Mesh: s.opts.Mesh,
+		Workload: translate.Workload{
+			Name: p.Workload.Key.Name, Namespace: ns, Address: p.IP,
+			Labels: we.Spec.Labels, ServiceAccount: we.Spec.ServiceAccount,
+		},
+		RootNamespace: s.opts.RootNamespace,
+	}
+	namespaces := []string{ns}
+	if s.opts.RootNamespace != ns {
+		namespaces = append(namespaces, s.opts.RootNamespace)
+	}
+	for _, n := range namespaces {
+		l := &istionetworkingv1.SidecarList{}
+		if err := s.opts.Cache.List(ctx, l, client.InNamespace(n)); err != nil {
+			return nil, fmt.Errorf("list Sidecars: %w", err)
+		}
+		in.Sidecars = append(in.Sidecars, l.Items...)
+		pas := &istiosecurityv1.PeerAuthenticationList{}
+		if err := s.opts.Cache.List(ctx, pas, client.InNamespace(n)); err != nil {
+			return nil, fmt.Errorf("list PeerAuthentications: %w", err)
+		}
+		in.PeerAuthentications = append(in.PeerAuthentications, pas.Items...)
+	}
+	services := &corev1.ServiceList{}
+	if err := s.opts.Cache.List(ctx, services); err != nil {
+		return nil, fmt.Errorf("list Services: %w", err)
+	}
+	in.Services = pointers(services.Items)
+	slicesList := &discoveryv1.EndpointSliceList{}
+	if err := s.opts.Cache.List(ctx, slicesList); err != nil {
+		return nil, fmt.Errorf("list EndpointSlices: %w", err)
+	}
+	in.EndpointSlices = pointers(slicesList.Items)
+	ses := &istionetworkingv1.ServiceEntryList{}
+	if err := s.opts.Cache.List(ctx, ses); err != nil {
+		return nil, fmt.Errorf("list ServiceEntries: %w", err)
+	}
+	in.ServiceEntries = ses.Items
+	wes := &istionetworkingv1.WorkloadEntryList{}
+	if err := s.opts.Cache.List(ctx, wes); err != nil {
+		return nil, fmt.Errorf("list WorkloadEntries: %w", err)
+	}
+	in.WorkloadEntries = wes.Items
+	return in, nil
+}
+
+func pointers[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}
+
+// versioned builds a snapshot whose every type's version is a hash of the
+// type's resources (by name), so that an unchanged type keeps its version
+// and is not sent again.
+func versioned(byType map[resource.Type][]types.Resource) (*cache.Snapshot, error) {
+	snap := &cache.Snapshot{}
+	for t, rs := range byType {
+		rs = slices.Clone(rs)
+		slices.SortFunc(rs, func(a, b types.Resource) int { return cmp.Compare(cache.GetResourceName(a), cache.GetResourceName(b)) })
+		h := sha256.New()
+		for _, r := range rs {
+			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+			if err != nil {
+				return nil, fmt.Errorf("marshal %s %q: %w", t, cache.GetResourceName(r), err)
+			}
+			name := cache.GetResourceName(r)
+			fmt.Fprintf(h, "%d:%s%d:", len(name), name, len(b))
+			h.Write(b)
+		}
+		snap.Resources[cache.GetResponseType(t)] = cache.NewResources(hex.EncodeToString(h.Sum(nil))[:16], rs)
+	}
+	return snap, nil
+}
+
+// emptySnapshot is a valid configuration with nothing in it.
+func emptySnapshot() (*cache.Snapshot, error) {
+	return versioned(map[resource.Type][]types.Resource{
+		resource.ListenerType: nil, resource.RouteType: nil, resource.ClusterType: nil, resource.EndpointType: nil,
+	})
+}
+
+// blameFor is the object a translation error is reported on: the Sidecar
+// it names, else the workload's registration.
+func blameFor(err error, in *translate.Inputs, p *xds.Proxy) runtime.Object {
+	if name := sidecarOf(err); name != "" {
+		for _, sc := range in.Sidecars {
+			if sc.Namespace+"/"+sc.Name == name {
+				return sc
+			}
+		}
+	}
+	return p.Registration
+}
+
+// sidecarOf is the "<namespace>/<name>" of the Sidecar err blames, if any.
+func sidecarOf(err error) string {
+	var se *translate.SidecarError
+	if errors.As(err, &se) {
+		return se.Sidecar
+	}
+	return ""
+}
