@@ -68,6 +68,34 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, or go v
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
 
+##@ Packages
+
+# nfpm builds the packages; its version is pinned in packaging/tools/go.mod.
+NFPM_VERSION := v2.45.2
+NFPM := $(TOOLS_BIN)/nfpm-$(NFPM_VERSION)
+PACKAGE_VERSION ?= 0.0.0-dev
+PACKAGE_ARCHES ?= amd64 arm64
+OUTPUT := $(ROOT)/_output
+
+.PHONY: packages
+packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/ and read them back.
+	for arch in $(PACKAGE_ARCHES); do \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w -X main.version=$(PACKAGE_VERSION)" \
+			-o $(OUTPUT)/bin/linux_$$arch/onboarding-agent ./cmd/onboarding-agent; \
+		mkdir -p $(OUTPUT)/staging && cp $(OUTPUT)/bin/linux_$$arch/onboarding-agent $(OUTPUT)/staging/onboarding-agent; \
+		for fmt in deb rpm; do \
+			mkdir -p $(OUTPUT)/packages/$$fmt/$$arch; \
+			ARCH=$$arch VERSION=$(PACKAGE_VERSION) \
+				$(NFPM) package --config packaging/onboarding-agent/nfpm.yaml --packager $$fmt \
+				--target $(OUTPUT)/packages/$$fmt/$$arch/onboarding-agent.$$fmt; \
+		done; \
+	done
+	packaging/check.sh $(OUTPUT)/packages
+
+$(NFPM):
+	mkdir -p $(TOOLS_BIN)
+	cd packaging/tools && go build -o $@ github.com/goreleaser/nfpm/v2/cmd/nfpm
+
 ##@ Test
 
 .PHONY: testenv
