@@ -70,7 +70,7 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, or go v
 
 ##@ Packages
 
-# nfpm builds the packages; its version is pinned in packaging/tools/go.mod.
+# nfpm builds the packages; its version is pinned in test/tools/nfpm/go.mod.
 NFPM_VERSION := v2.45.2
 NFPM := $(TOOLS_BIN)/nfpm-$(NFPM_VERSION)
 PACKAGE_VERSION ?= 0.0.0-dev
@@ -86,15 +86,15 @@ packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm
 		for fmt in deb rpm; do \
 			mkdir -p $(OUTPUT)/packages/$$fmt/$$arch; \
 			ARCH=$$arch VERSION=$(PACKAGE_VERSION) \
-				$(NFPM) package --config packaging/onboarding-agent/nfpm.yaml --packager $$fmt \
+				$(NFPM) package --config onboarding/agent/packaging/nfpm.yaml --packager $$fmt \
 				--target $(OUTPUT)/packages/$$fmt/$$arch/onboarding-agent.$$fmt; \
 		done; \
 	done
-	packaging/check.sh $(OUTPUT)/packages
+	onboarding/agent/packaging/check.sh $(OUTPUT)/packages
 
 $(NFPM):
 	mkdir -p $(TOOLS_BIN)
-	cd packaging/tools && go build -o $@ github.com/goreleaser/nfpm/v2/cmd/nfpm
+	cd test/tools/nfpm && go build -o $@ github.com/goreleaser/nfpm/v2/cmd/nfpm
 
 ##@ Test
 

@@ -1,4 +1,4 @@
-module github.com/embark-mesh/embark/packaging/tools
+module github.com/embark-mesh/embark/test/tools/nfpm
 
 go 1.26.0
 
