@@ -137,8 +137,11 @@ func Run(ctx context.Context, opts Options) error {
 	if !informers.WaitForCacheSync(ctx) {
 		return fmt.Errorf("informer cache did not start: %w", context.Cause(ctx))
 	}
+	// Every informer a request reads is synced here, before the endpoint is
+	// ready: a missing permission then holds start-up (and the reflector logs
+	// "forbidden") instead of hanging the first request that needs it.
 	for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadGroupList{}, &istionetworkingv1.WorkloadEntryList{}, &authorizationv1alpha1.OnboardingPolicyList{},
-		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{}} {
+		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{}, &corev1.ServiceAccountList{}} {
 		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
 			return fmt.Errorf("sync informer for %T: %w", l, err)
 		}
