@@ -177,21 +177,11 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 // Flush waits until every report is stored or dropped (a report held by
 // damping is still pending), or ctx ends.
 func (m *HealthMirror) Flush(ctx context.Context) error {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
+	return waitIdle(ctx, "health reports", func() int {
 		m.mu.Lock()
-		n := m.active
-		m.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("flush health reports: %d writers busy: %w", n, context.Cause(ctx))
-		case <-t.C:
-		}
-	}
+		defer m.mu.Unlock()
+		return m.active
+	})
 }
 
 // Wait waits for every writer goroutine to end; call it after the mirror's
