@@ -198,10 +198,16 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if f := cfg.Mesh.RootCertFile; f != "" {
+		if _, err := endpoint.ReadRootCertificates(f); err != nil {
+			return fmt.Errorf("mesh.rootCertFile: %w", err)
+		}
+	}
 	server, err := endpoint.NewServer(endpoint.Options{
 		AWS: awsVerifier, JWT: jwtVerifier, Authorizer: authz, Tokens: tokens, Registrar: registrar, Client: kc,
 		Bootstrap: endpoint.BootstrapSettings{
 			DiscoveryAddress: cfg.Mesh.DiscoveryAddress, ClusterID: cfg.Mesh.ClusterID, TrustDomain: cfg.Mesh.TrustDomain,
+			RootCertFile: cfg.Mesh.RootCertFile,
 		},
 		PropagationDelay: cfg.Registration.PropagationDelay.Duration,
 		Logger:           log,
