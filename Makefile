@@ -30,7 +30,7 @@ GENERATED_SUM := find api onboarding -name 'zz_generated*.go' -o -name '*.pb.go'
 .PHONY: help
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} \
-		/^[a-zA-Z_-]+:.*?##/ { printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2 } \
+		/^[a-zA-Z0-9_-]+:.*?##/ { printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2 } \
 		/^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
 ##@ Run
@@ -68,6 +68,34 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, or go v
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
 
+##@ Packages
+
+# nfpm builds the packages; its version is pinned in test/tools/nfpm/go.mod.
+NFPM_VERSION := v2.45.2
+NFPM := $(TOOLS_BIN)/nfpm-$(NFPM_VERSION)
+PACKAGE_VERSION ?= 0.0.0-dev
+PACKAGE_ARCHES ?= amd64 arm64
+OUTPUT := $(ROOT)/_output
+
+.PHONY: packages
+packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/ and read them back.
+	for arch in $(PACKAGE_ARCHES); do \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w -X main.version=$(PACKAGE_VERSION)" \
+			-o $(OUTPUT)/bin/linux_$$arch/onboarding-agent ./cmd/onboarding-agent; \
+		mkdir -p $(OUTPUT)/staging && cp $(OUTPUT)/bin/linux_$$arch/onboarding-agent $(OUTPUT)/staging/onboarding-agent; \
+		for fmt in deb rpm; do \
+			mkdir -p $(OUTPUT)/packages/$$fmt/$$arch; \
+			ARCH=$$arch VERSION=$(PACKAGE_VERSION) \
+				$(NFPM) package --config onboarding/agent/packaging/nfpm.yaml --packager $$fmt \
+				--target $(OUTPUT)/packages/$$fmt/$$arch/onboarding-agent.$$fmt; \
+		done; \
+	done
+	onboarding/agent/packaging/check.sh $(OUTPUT)/packages
+
+$(NFPM):
+	mkdir -p $(TOOLS_BIN)
+	cd test/tools/nfpm && go build -o $@ github.com/goreleaser/nfpm/v2/cmd/nfpm
+
 ##@ Test
 
 .PHONY: testenv
@@ -77,6 +105,10 @@ testenv: ## Build the real kube-apiserver, etcd, kube-controller-manager, pilot-
 .PHONY: test
 test: testenv ## Run all tests (unit and integration against a real control plane).
 	go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: manifests
+manifests: testenv ## Build, validate and dry-run apply manifests/; run the endpoint as its ServiceAccount; lint metrics and dashboards.
+	go test $(GO_TEST_FLAGS) ./manifests/
 
 .PHONY: e2e
 e2e: faults ## Run the end-to-end suite (the fault suite).

@@ -269,21 +269,11 @@ func (c *Connections) Flush(ctx context.Context) error {
 		c.flushing--
 		c.mu.Unlock()
 	}()
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
+	return waitIdle(ctx, "connection states", func() int {
 		c.mu.Lock()
-		n := c.active
-		c.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("flush connection states: %d writers busy: %w", n, context.Cause(ctx))
-		case <-t.C:
-		}
-	}
+		defer c.mu.Unlock()
+		return c.active
+	})
 }
 
 // Wait waits for every writer goroutine to end; call it after the tracker's

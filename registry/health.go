@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 	istiometa "istio.io/api/meta/v1alpha1"
@@ -162,6 +164,7 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 	if h.At.IsZero() {
 		h.At = m.now()
 	}
+	h.Message = healthMessage(h.Message)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e := m.entries[w.Key]
@@ -192,24 +195,14 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 	go m.drain(e)
 }
 
-// Flush waits until no report is pending (stored, dropped, or held by
-// damping counts as pending), or ctx ends.
+// Flush waits until every report is stored or dropped (a report held by
+// damping is still pending), or ctx ends.
 func (m *HealthMirror) Flush(ctx context.Context) error {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
+	return waitIdle(ctx, "health reports", func() int {
 		m.mu.Lock()
-		n := m.active
-		m.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("flush health reports: %d writers busy: %w", n, context.Cause(ctx))
-		case <-t.C:
-		}
-	}
+		defer m.mu.Unlock()
+		return m.active
+	})
 }
 
 // Wait waits for every writer goroutine to end; call it after the mirror's
@@ -231,7 +224,9 @@ func (m *HealthMirror) drain(e *healthEntry) {
 		if h == nil || m.ctx.Err() != nil {
 			e.running = false
 			m.active--
-			if idle && m.entries[w.Key] == e {
+			// Forgotten (the registration is gone or not ours), or no
+			// stream here any more.
+			if (idle || !e.damp.known) && m.entries[w.Key] == e {
 				delete(m.entries, w.Key)
 			}
 			m.mu.Unlock()
@@ -376,7 +371,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 		return err
 	}
 	m.metrics.stored()
-	if h.Healthy && transitioned && conn != nil && conn.ConnectedAt != nil {
+	if h.Healthy && conn != nil && conn.ConnectedAt != nil {
 		m.mu.Lock()
 		first := !e.firstHealthyFor.Equal(conn.ConnectedAt.Time)
 		e.firstHealthyFor = conn.ConnectedAt.Time
@@ -450,6 +445,24 @@ func healthCondition(prev *istiometa.IstioCondition, h *Health) *istiometa.Istio
 		c.LastTransitionTime = prev.GetLastTransitionTime()
 	}
 	return c
+}
+
+// MaxHealthMessage bounds the probe message stored in a condition (the
+// sidecar's error detail is outside input; metav1.Condition allows 32768).
+const MaxHealthMessage = 1024
+
+// healthMessage is msg as stored: valid UTF-8, at most MaxHealthMessage
+// bytes, cut at a rune boundary with "..." when longer.
+func healthMessage(msg string) string {
+	msg = strings.ToValidUTF8(msg, "\uFFFD")
+	if len(msg) <= MaxHealthMessage {
+		return msg
+	}
+	cut := MaxHealthMessage - len("...")
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "..."
 }
 
 func findIstioCondition(conds []*istiometa.IstioCondition, typ string) *istiometa.IstioCondition {

@@ -135,3 +135,16 @@ func WorkloadEntryHealth(we *istionetworkingv1.WorkloadEntry) string {
 		return healthUnchecked
 	}
 }
+
+// ReceivesTraffic reports whether istiod routes to a WorkloadEntry, by
+// istiod's rule: when health checks are enabled (annotation
+// proxy.istio.io/health-checks-enabled "true") only while its Healthy
+// condition is True; otherwise always. Translations that build endpoints
+// from WorkloadEntries use the same rule.
+func ReceivesTraffic(we *istionetworkingv1.WorkloadEntry) bool {
+	if we.Annotations[AnnotationHealthChecksEnabled] != "true" {
+		return true
+	}
+	cond := findIstioCondition(we.Status.Conditions, ConditionHealthy)
+	return cond != nil && cond.GetStatus() == string(metav1.ConditionTrue)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -32,8 +33,10 @@ var (
 	recorder record.EventRecorder
 )
 
+// TestMain fails the package when a goroutine (a connection writer, a
+// sweeper worker) outlives the tests.
 func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+	os.Exit(testenv.CheckLeaks(testenv.Run(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
 		var err error
 		cached, err = env.StartCache(ctx, func(c cache.Cache) error { return SetupIndexes(ctx, c) },
 			&istionetworkingv1.WorkloadEntryList{}) // the informer the registrar reads
@@ -42,7 +45,7 @@ func TestMain(m *testing.M) {
 		}
 		recorder, err = env.EventRecorder(ctx, "embark-registry-test")
 		return err
-	})
+	})))
 }
 
 func newRegistrar(t *testing.T, c client.Client) *Registrar {

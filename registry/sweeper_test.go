@@ -491,11 +491,19 @@ func TestSweeperMarksConnectionsOfGoneReplicasThenRemoves(t *testing.T) {
 		war, _ := createRegistration(t, wg, i+1)
 		wars[i] = setConnection(t, war, tt.replica, true, tt.connectedAt)
 	}
-	live, _ := createRegistration(t, wg, 100)
-	setConnection(t, live, "replica-a", true, time.Now())
 	// The resync is out of the picture: the expiring Lease is noticed by
 	// its expiry watch.
 	h := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = grace; o.ResyncPeriod = time.Hour })
+	// A connection of the live replica is established after it started (a
+	// connection stamped before its start would rightly count as one of a
+	// previous run of the replica).
+	select {
+	case <-h.lc.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("replica-a never became ready")
+	}
+	live, _ := createRegistration(t, wg, 100)
+	setConnection(t, live, "replica-a", true, time.Now())
 
 	// Watch all of them at once: each is marked, then removed a grace
 	// period later.

@@ -76,3 +76,21 @@ func retryable(err error) bool {
 	return apierrors.IsConflict(err) || apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) ||
 		apierrors.IsTooManyRequests(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err)
 }
+
+// waitIdle polls busy until it reports no busy writer, or ctx ends; what
+// names the writes in the error.
+func waitIdle(ctx context.Context, what string, busy func() int) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		n := busy()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("flush %s: %d writers busy: %w", what, n, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,8 +52,10 @@ var (
 	clientset *kubernetes.Clientset
 )
 
+// TestMain fails the package when a goroutine outlives the tests (and every
+// stream they opened).
 func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+	os.Exit(testenv.CheckLeaks(testenv.Run(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
 		var err error
 		informers, err = cache.New(env.Config, cache.Options{
 			Scheme: env.Scheme,
@@ -77,7 +80,7 @@ func TestMain(m *testing.M) {
 		}
 		clientset, err = kubernetes.NewForConfig(env.Config)
 		return err
-	})
+	})))
 }
 
 type testWriter struct{ t testing.TB }

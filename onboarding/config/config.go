@@ -135,6 +135,14 @@ type Mesh struct {
 	// RootNamespace is Istio's config root namespace: its selector-less
 	// Sidecar is the mesh-wide default. Default istio-system.
 	RootNamespace string `json:"rootNamespace,omitempty"`
+	// RootCertFile is a PEM file of the root certificates a VM's sidecar
+	// verifies the discovery address (and its mesh peers) with: the CA of
+	// the endpoint's serving certificate, or Istio's root (the
+	// istio-ca-root-cert ConfigMap mounted as a file). It is sent in every
+	// registration's bootstrap and written on the VM as root-cert.pem; it is
+	// read again for each registration, so a rotated file is served at
+	// once. Empty sends no roots (the VM must be given them otherwise).
+	RootCertFile string `json:"rootCertFile,omitempty"`
 }
 
 // Identity configures platform identity verification.

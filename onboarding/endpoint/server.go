@@ -107,14 +107,21 @@ type BootstrapSettings struct {
 	DiscoveryAddress string
 	ClusterID        string
 	TrustDomain      string
+	// RootCertificates are the PEM roots sent to every sidecar; when nil,
+	// RootCertFile is read instead.
 	RootCertificates []byte
+	// RootCertFile is a PEM file of roots, read for each bootstrap (a
+	// rotated file is served at once; a file that cannot be read or holds
+	// no certificate keeps the last good roots).
+	RootCertFile string
 }
 
 // Server implements OnboardingService.
 type Server struct {
 	onboardingv1alpha1.UnimplementedOnboardingServiceServer
-	opts Options
-	log  *slog.Logger
+	opts  Options
+	log   *slog.Logger
+	roots *rootCerts
 }
 
 // NewServer returns a Server.
@@ -131,7 +138,7 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.WatchInterval == 0 {
 		opts.WatchInterval = time.Second
 	}
-	return &Server{opts: opts, log: opts.Logger}, nil
+	return &Server{opts: opts, log: opts.Logger, roots: &rootCerts{fixed: opts.Bootstrap.RootCertificates, file: opts.Bootstrap.RootCertFile}}, nil
 }
 
 // RegisterService adds the service to a gRPC server.

@@ -88,7 +88,6 @@ type agentSettings struct {
 	endpoint   string // onboarding API address
 	serverName string
 	caFile     string // demo CA the VM trusts
-	rootCA     []byte
 	stsURL     string
 }
 
@@ -190,6 +189,15 @@ func (v *vm) restartSidecar(t *demoTB) error {
 		return err
 	}
 	pc.ControlPlaneAuthPolicy = meshconfig.AuthenticationPolicy_MUTUAL_TLS
+	// The roots the sidecar verifies Embark's xDS server with come from the
+	// bootstrap the endpoint returned (mesh.rootCertFile), as the agent wrote them.
+	rootCA, err := os.ReadFile(filepath.Join(v.root, vmRootCert))
+	if err != nil {
+		return err
+	}
+	if len(rootCA) == 0 {
+		return fmt.Errorf("the onboarding agent wrote an empty %s: the endpoint sent no root certificates", vmRootCert)
+	}
 	a := istioagent.Start(t, istioagent.Options{
 		WorkDir:        v.root,
 		PodName:        env["POD_NAME"],
@@ -199,7 +207,7 @@ func (v *vm) restartSidecar(t *demoTB) error {
 		ServiceAccount: env["SERVICE_ACCOUNT"],
 		Env:            env,
 		ProxyConfig:    pc,
-		XDSRootCA:      v.settings.rootCA,
+		XDSRootCA:      rootCA,
 		IstiodSAN:      v.settings.serverName,
 	})
 	v.mu.Lock()

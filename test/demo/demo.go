@@ -230,6 +230,8 @@ identity:
     stsEndpoint: %s
 mesh:
   discoveryAddress: %s
+  # Sent to every VM in its bootstrap, written there as the sidecar's root certificate.
+  rootCertFile: %s
 registration:
   # Health flips are stored at once (no damping), to show them quickly.
   healthDamping: 0s
@@ -239,7 +241,7 @@ listen:
   onboarding: %s
   metrics: %s
   xds: %s
-`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds)
+`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, d.serving.caFile, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds)
 	cfgFile := filepath.Join(d.work, "endpoint.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return err
@@ -290,7 +292,7 @@ func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm) error {
 	}
 	v.root = filepath.Join(d.work, "vms", v.name)
 	if err := v.startAgent(d.tb, agentSettings{exe: exe, endpoint: d.addrs.onboarding, serverName: endpointHost,
-		caFile: d.serving.caFile, rootCA: d.serving.caPEM, stsURL: d.aws.sts.URL}); err != nil {
+		caFile: d.serving.caFile, stsURL: d.aws.sts.URL}); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "onboarding-agent started (root %s)\n", v.root)

@@ -3,6 +3,8 @@ package configsource
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"sync"
 	"time"
 
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -76,7 +78,7 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 			UpdateFunc: func(oldObj, newObj any) {
 				o, ok1 := oldObj.(client.Object)
 				n, ok2 := newObj.(client.Object)
-				if ok1 && ok2 && o.GetResourceVersion() != n.GetResourceVersion() {
+				if ok1 && ok2 && o.GetResourceVersion() != n.GetResourceVersion() && relevant(o, n) {
 					d.add(kind, o, n, s.opts.Clock())
 				}
 			},
@@ -137,9 +139,21 @@ func (s *Source) push(ctx context.Context, push Pusher, changes []change, first 
 		return
 	}
 	keys := affectedWorkloads(sc, proxies, s.log)
-	for _, key := range keys {
-		push.Refresh(ctx, key)
+	// Translations are CPU-bound and independent: one worker per CPU.
+	work := make(chan types.NamespacedName)
+	var workers sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(keys)) {
+		workers.Go(func() {
+			for key := range work {
+				push.Refresh(ctx, key)
+			}
+		})
 	}
+	for _, key := range keys {
+		work <- key
+	}
+	close(work)
+	workers.Wait()
 	if m := s.opts.Metrics; m != nil {
 		m.pushed.Add(float64(len(keys)))
 		m.push.Observe(s.opts.Clock().Sub(first).Seconds())

@@ -395,6 +395,34 @@ func TestConfigurationFollowsTheInputs(t *testing.T) {
 	s.waitNames(t, "Sidecar fixed", resource.ListenerType, func(n []string) bool { return has("127.0.0.3_8080")(n) && hasNot("127.0.0.2_8080")(n) })
 	s.waitNames(t, "Sidecar fixed", resource.ClusterType, hasNot(details))
 
+	// Served but with something left out (ALLOW_ANY is not translated): a
+	// Warning Event says what.
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); err != nil {
+		t.Fatal(err)
+	}
+	sc.Spec.OutboundTrafficPolicy = &istioapi.OutboundTrafficPolicy{Mode: istioapi.OutboundTrafficPolicy_ALLOW_ANY}
+	if err := env.Client.Update(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		l := &corev1.EventList{}
+		if err := env.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		for i := range l.Items {
+			it := &l.Items[i]
+			if it.Reason == ReasonConfigurationWarning && it.InvolvedObject.Name == sc.Name && strings.Contains(it.Message, "outboundTrafficPolicy") {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no ConfigurationWarning Event naming spec.outboundTrafficPolicy on the Sidecar: %v", err)
+	}
+	if names, _, _ := s.names(t, resource.ListenerType); !has("127.0.0.3_8080")(names) {
+		t.Errorf("a configuration with warnings was not served: listeners %v", names)
+	}
+
 	// Sidecar deleted: back to the default.
 	if err := env.Client.Delete(ctx, sc); err != nil {
 		t.Fatal(err)

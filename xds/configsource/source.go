@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,6 +42,11 @@ const (
 	// registration) whose translation failed; the proxy keeps its previous
 	// configuration.
 	ReasonInvalidConfiguration = "InvalidConfiguration"
+	// ReasonConfigurationWarning (Warning) is recorded on the Sidecar (or
+	// the workload's registration) when a configuration is served but
+	// leaves something out (translate.Result.Warnings: a field not
+	// translated, an ambiguous TCP port), once per node and distinct set.
+	ReasonConfigurationWarning = "ConfigurationWarning"
 )
 
 // Cache reads and watches the inputs (controller-runtime's cache.Cache
@@ -83,8 +89,9 @@ type Source struct {
 
 // served is what a node was last served successfully, and its last error.
 type served struct {
-	snap    *cache.Snapshot
-	lastErr string
+	snap     *cache.Snapshot
+	lastErr  string
+	lastWarn string
 }
 
 var _ xds.ConfigSource = (*Source)(nil)
@@ -115,7 +122,7 @@ func New(opts Options) (*Source, error) {
 // be given.
 func (s *Source) Snapshot(ctx context.Context, p *xds.Proxy) (cache.ResourceSnapshot, error) {
 	start := s.opts.Clock()
-	snap, blame, reason, err := s.compute(ctx, p)
+	snap, warned, blame, reason, err := s.compute(ctx, p)
 	m := s.opts.Metrics
 	if m != nil {
 		m.translations.Inc()
@@ -128,8 +135,17 @@ func (s *Source) Snapshot(ctx context.Context, p *xds.Proxy) (cache.ResourceSnap
 		s.served[p.NodeID] = prev
 	}
 	if err == nil {
-		prev.snap, prev.lastErr = snap, ""
+		warnings := strings.Join(warned.warnings, "; ")
+		newWarning := warnings != "" && warnings != prev.lastWarn
+		prev.snap, prev.lastErr, prev.lastWarn = snap, "", warnings
 		s.mu.Unlock()
+		if newWarning {
+			s.log.Warn("configuration served with warnings", "node", p.NodeID, "warnings", warnings)
+			if s.opts.Recorder != nil && warned.on != nil {
+				s.opts.Recorder.Eventf(warned.on, corev1.EventTypeWarning, ReasonConfigurationWarning,
+					"configuration of %s/%s (node %s) served without: %s", p.Workload.Key.Namespace, p.Workload.Key.Name, p.NodeID, warnings)
+			}
+		}
 		return snap, nil
 	}
 	keep, repeated := prev.snap, prev.lastErr == err.Error()
@@ -159,33 +175,42 @@ func (s *Source) Forget(nodeID string) {
 	delete(s.served, nodeID)
 }
 
+// warned is what a served configuration leaves out, and the object to
+// tell it on.
+type warned struct {
+	warnings []string
+	on       runtime.Object
+}
+
 // compute reads the proxy's inputs, translates and validates them. On error
 // it says which object to blame (nil: none) and why.
-func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapshot, blame runtime.Object, reason string, err error) {
+func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapshot, w warned, blame runtime.Object, reason string, err error) {
 	in, err := s.Inputs(ctx, p)
 	if err != nil {
-		return nil, nil, reasonInputs, err
+		return nil, w, nil, reasonInputs, err
 	}
 	res, err := translate.Translate(in)
 	if err != nil {
-		return nil, blameFor(err, in, p), reasonSidecar, err
+		return nil, w, blameFor(err, in, p), reasonSidecar, err
+	}
+	var subject runtime.Object = p.Registration
+	if res.Sidecar != nil {
+		subject = res.Sidecar
 	}
 	byType := res.ByType()
 	if err := res.Validate(); err != nil {
-		var blame runtime.Object = p.Registration
-		if res.Sidecar != nil {
-			blame = res.Sidecar
-		}
-		return nil, blame, reasonValidation, err
+		return nil, w, subject, reasonValidation, err
 	}
 	snap, err = versioned(byType)
 	if err != nil {
-		return nil, p.Registration, reasonValidation, err
+		return nil, w, p.Registration, reasonValidation, err
 	}
-	return snap, nil, "", nil
+	return snap, warned{warnings: res.Warnings, on: subject}, nil, "", nil
 }
 
-// Inputs reads what translation needs for p from the cache.
+// Inputs reads what translation needs for p from the cache. The objects are
+// the cache's own (not copies: translation reads thousands of them per
+// proxy and modifies none); callers must not modify them.
 func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
 	we, err := registry.BuildWorkloadEntry(p.Registration)
 	if err != nil {
@@ -206,33 +231,33 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 	}
 	for _, n := range namespaces {
 		l := &istionetworkingv1.SidecarList{}
-		if err := s.opts.Cache.List(ctx, l, client.InNamespace(n)); err != nil {
+		if err := s.opts.Cache.List(ctx, l, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list Sidecars: %w", err)
 		}
 		in.Sidecars = append(in.Sidecars, l.Items...)
 		pas := &istiosecurityv1.PeerAuthenticationList{}
-		if err := s.opts.Cache.List(ctx, pas, client.InNamespace(n)); err != nil {
+		if err := s.opts.Cache.List(ctx, pas, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list PeerAuthentications: %w", err)
 		}
 		in.PeerAuthentications = append(in.PeerAuthentications, pas.Items...)
 	}
 	services := &corev1.ServiceList{}
-	if err := s.opts.Cache.List(ctx, services); err != nil {
+	if err := s.opts.Cache.List(ctx, services, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list Services: %w", err)
 	}
 	in.Services = pointers(services.Items)
 	slicesList := &discoveryv1.EndpointSliceList{}
-	if err := s.opts.Cache.List(ctx, slicesList); err != nil {
+	if err := s.opts.Cache.List(ctx, slicesList, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list EndpointSlices: %w", err)
 	}
 	in.EndpointSlices = pointers(slicesList.Items)
 	ses := &istionetworkingv1.ServiceEntryList{}
-	if err := s.opts.Cache.List(ctx, ses); err != nil {
+	if err := s.opts.Cache.List(ctx, ses, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list ServiceEntries: %w", err)
 	}
 	in.ServiceEntries = ses.Items
 	wes := &istionetworkingv1.WorkloadEntryList{}
-	if err := s.opts.Cache.List(ctx, wes); err != nil {
+	if err := s.opts.Cache.List(ctx, wes, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("list WorkloadEntries: %w", err)
 	}
 	in.WorkloadEntries = wes.Items

@@ -153,8 +153,11 @@ func Run(ctx context.Context, opts Options) error {
 	if !informers.WaitForCacheSync(ctx) {
 		return fmt.Errorf("informer cache did not start: %w", context.Cause(ctx))
 	}
+	// Every informer a request reads is synced here, before the endpoint is
+	// ready: a missing permission then holds start-up (and the reflector logs
+	// "forbidden") instead of hanging the first request that needs it.
 	for _, l := range []client.ObjectList{&istionetworkingv1.WorkloadGroupList{}, &istionetworkingv1.WorkloadEntryList{}, &authorizationv1alpha1.OnboardingPolicyList{},
-		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{}} {
+		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{}, &corev1.ServiceAccountList{}} {
 		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
 			return fmt.Errorf("sync informer for %T: %w", l, err)
 		}
@@ -215,10 +218,16 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	if f := cfg.Mesh.RootCertFile; f != "" {
+		if _, err := endpoint.ReadRootCertificates(f); err != nil {
+			return fmt.Errorf("mesh.rootCertFile: %w", err)
+		}
+	}
 	server, err := endpoint.NewServer(endpoint.Options{
 		AWS: awsVerifier, JWT: jwtVerifier, Authorizer: authz, Tokens: tokens, Registrar: registrar, Client: kc,
 		Bootstrap: endpoint.BootstrapSettings{
 			DiscoveryAddress: cfg.Mesh.DiscoveryAddress, ClusterID: cfg.Mesh.ClusterID, TrustDomain: cfg.Mesh.TrustDomain,
+			RootCertFile: cfg.Mesh.RootCertFile,
 		},
 		PropagationDelay: cfg.Registration.PropagationDelay.Duration,
 		Logger:           log,

@@ -186,6 +186,7 @@ listen:
 	for _, want := range []string{
 		`embark_onboarding_requests_total{code="OK",method="/embark.onboarding.v1alpha1.OnboardingService/Register"} 1`,
 		`embark_onboarding_registrations_total{result="created"} 1`,
+		`embark_registry_health_writes_total{result="stored"} 0`, // the health mirror is wired
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)

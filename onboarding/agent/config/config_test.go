@@ -165,14 +165,14 @@ func TestSplitHostPort(t *testing.T) {
 // configuration is valid as shipped; the onboarding configuration is a
 // template that fails, naming the fields to fill in, until edited.
 func TestPackagedConfigurationFiles(t *testing.T) {
-	agent, err := LoadAgent("../../../packaging/onboarding-agent/agent.config.yaml")
+	agent, err := LoadAgent("../packaging/agent.config.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.Join(agent.Sidecar.RestartCommand, " "); got != "sudo -n systemctl restart istio-sidecar" {
 		t.Errorf("packaged restartCommand %q", got)
 	}
-	_, err = LoadOnboarding("../../../packaging/onboarding-agent/onboarding.config.yaml")
+	_, err = LoadOnboarding("../packaging/onboarding.config.yaml")
 	for _, f := range []string{"onboardingEndpoint.host", "workload.namespace", "workload.name"} {
 		if err == nil || !strings.Contains(err.Error(), f) {
 			t.Errorf("the template's error %v does not name %s", err, f)

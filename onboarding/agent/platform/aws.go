@@ -9,7 +9,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
 	"github.com/embark-mesh/embark/onboarding/agent/config"
-	"github.com/embark-mesh/embark/onboarding/endpoint"
 	awsid "github.com/embark-mesh/embark/onboarding/identity/aws"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 )
@@ -74,7 +73,7 @@ func (a *AWS) Credential(ctx context.Context) (*Credential, error) {
 			cred.STS = req
 		}
 	}
-	out := &Credential{AWS: endpoint.AWSCredentialToProto(cred)}
+	out := &Credential{AWS: awsclient.ToProto(cred)}
 	if parsed.PrivateIP != "" {
 		out.Address = &Address{IP: parsed.PrivateIP, Type: "VPC"}
 	}

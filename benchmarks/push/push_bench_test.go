@@ -1,0 +1,411 @@
+// Package push measures how long one Sidecar change takes to reach every
+// connected workload: the change is written to a real kube-apiserver, the
+// endpoint's informers see it, configsource debounces, translates and
+// validates each affected workload's configuration and the xDS server pushes
+// it to 1,000 in-process ADS clients over loopback gRPC. Next to it, in the
+// same run, go-control-plane's raw fan-out: SetSnapshot of the same
+// listeners for 1,000 nodes on a bare SnapshotCache with 1,000 streams.
+//
+//	go test -run='^$' -bench=. -benchtime=10x ./benchmarks/push/ [-args -workloads=1000 -debounce=100ms]
+//
+// Each benchmark reports ms/push (time until the last client received the
+// change); the embark one also reports the configured debounce.
+package push
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/translate"
+	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/configsource"
+)
+
+var (
+	workloads = flag.Int("workloads", 1000, "connected workloads")
+	debounce  = flag.Duration("debounce", configsource.DefaultDebounce, "configsource debounce")
+	verbose   = flag.Bool("verbose", false, "log the endpoint's debug logs to stderr")
+	env       *testenv.Env
+)
+
+func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{}, &env) }
+
+const ns = "bookinfo"
+
+// fleet is n ADS clients waiting for a listener name.
+type fleet struct {
+	n      int
+	target atomic.Pointer[string]
+	gen    atomic.Int64
+	done   atomic.Int64
+	all    chan struct{}
+}
+
+func newFleet(n int) *fleet { return &fleet{n: n, all: make(chan struct{}, 1)} }
+
+// expect starts waiting for name; wait returns when every client saw it.
+func (f *fleet) expect(name string) {
+	f.done.Store(0)
+	f.target.Store(&name)
+	f.gen.Add(1)
+}
+
+func (f *fleet) wait(b *testing.B) {
+	select {
+	case <-f.all:
+	case <-time.After(10 * time.Minute):
+		b.Fatalf("only %d of %d clients got the change", f.done.Load(), f.n)
+	}
+}
+
+// client runs one ADS stream subscribed to listeners, ACKing everything.
+func (f *fleet) client(ctx context.Context, conn *grpc.ClientConn, node *core.Node, ready *sync.WaitGroup) error {
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}); err != nil {
+		return err
+	}
+	go func() {
+		var seen int64
+		first := true
+		for {
+			resp, err := s.Recv()
+			if err != nil {
+				return
+			}
+			_ = s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+			if first {
+				first = false
+				ready.Done()
+			}
+			g := f.gen.Load()
+			target := f.target.Load()
+			if g <= seen || target == nil {
+				continue
+			}
+			for _, a := range resp.GetResources() {
+				l := &listenerv3.Listener{}
+				if a.UnmarshalTo(l) == nil && l.GetName() == *target {
+					seen = g
+					if f.done.Add(1) == int64(f.n) {
+						f.all <- struct{}{}
+					}
+					break
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+func sidecar(bind string) *istionetworkingv1.Sidecar {
+	sc := &istionetworkingv1.Sidecar{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	sc.Spec.WorkloadSelector = &istioapi.WorkloadSelector{Labels: map[string]string{"app": "ratings"}}
+	sc.Spec.Ingress = []*istioapi.IstioIngressListener{{DefaultEndpoint: "127.0.0.1:8080", Port: &istioapi.SidecarPort{Name: "http", Number: 8080, Protocol: "HTTP"}}}
+	sc.Spec.Egress = []*istioapi.IstioEgressListener{{Bind: bind, Port: &istioapi.SidecarPort{Name: "http", Number: 8080, Protocol: "HTTP"}, Hosts: []string{"./*"}}}
+	return sc
+}
+
+// setup is shared by both benchmarks: the connected embark fleet, and one
+// workload's translated listeners for the raw baseline.
+type setup struct {
+	fleet     *fleet
+	source    *configsource.Source
+	server    *xds.Server
+	listeners map[string][]types.Resource // by egress bind
+	pushes    int                         // Sidecar updates so far
+	err       error
+}
+
+var (
+	once   sync.Once
+	shared setup
+)
+
+func start(b *testing.B) *setup {
+	once.Do(func() { shared.err = shared.start() })
+	if shared.err != nil {
+		b.Fatal(shared.err)
+	}
+	return &shared
+}
+
+func (s *setup) start() error {
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	if *verbose {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		return err
+	}
+	c, err := env.StartCache(ctx, func(c crcache.Cache) error { return registry.SetupIndexes(ctx, c) }, append(configsource.Watched(), &corev1.SecretList{})...)
+	if err != nil {
+		return err
+	}
+	// A bookinfo-like namespace: four Services the Sidecar's ./* selects.
+	for _, name := range []string{"productpage", "details", "reviews", "ratings"} {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+		svc.Spec.Selector = map[string]string{"app": name}
+		svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 8080}}
+		if err := env.Client.Create(ctx, svc); err != nil {
+			return err
+		}
+	}
+	if err := env.Client.Create(ctx, sidecar("127.0.0.2")); err != nil {
+		return err
+	}
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
+	if err := env.Client.Create(ctx, wg); err != nil {
+		return err
+	}
+	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
+		return err
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: log})
+	if err != nil {
+		return err
+	}
+	type registered struct{ token, nodeID string }
+	regs := make([]registered, *workloads)
+	errs := make(chan error, *workloads)
+	var next atomic.Int64
+	var workers sync.WaitGroup
+	for range 8 {
+		workers.Go(func() {
+			for i := int(next.Add(1) - 1); i < *workloads; i = int(next.Add(1) - 1) {
+				ip := fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)
+				res, err := reg.Register(ctx, registry.Request{
+					Group: wg,
+					Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+						Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+						EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i)},
+					}},
+					Registration: runtimev1alpha1.Registration{
+						Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
+						Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+						Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
+					},
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				key := client.ObjectKeyFromObject(res.Registration)
+				regs[i] = registered{token: res.SidecarToken.Token, nodeID: "sidecar~" + ip + "~" + key.Name + "." + ns + "~" + ns + ".svc.cluster.local"}
+			}
+		})
+	}
+	workers.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+
+	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "bench", Logger: log})
+	if err != nil {
+		return err
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		return err
+	}
+	if s.source, err = configsource.New(configsource.Options{Cache: c, Debounce: *debounce, Logger: log}); err != nil {
+		return err
+	}
+	if s.server, err = xds.NewServer(ctx, xds.Options{
+		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
+		Reader: c, APIReader: env.Client, Informers: c, Config: s.source, Logger: log,
+	}); err != nil {
+		return err
+	}
+	g := grpc.NewServer()
+	s.server.Register(g)
+	addr, err := serve(g)
+	if err != nil {
+		return err
+	}
+	go func() { _ = s.server.Run(ctx) }()
+	go func() { _ = s.source.Run(ctx, s.server) }()
+
+	s.fleet = newFleet(*workloads)
+	var ready sync.WaitGroup
+	ready.Add(*workloads)
+	clientConns, err := dialN(addr, 10)
+	if err != nil {
+		return err
+	}
+	for i, r := range regs {
+		sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+r.token)
+		node := &core.Node{Id: r.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{})}}}
+		if err := s.fleet.client(sctx, clientConns[i%len(clientConns)], node, &ready); err != nil {
+			return err
+		}
+	}
+	ready.Wait()
+
+	// The baseline serves the listeners translation gives one workload.
+	s.listeners = map[string][]types.Resource{}
+	p := s.server.Proxies()[0]
+	for _, bind := range []string{"127.0.0.2", "127.0.0.3"} {
+		in, err := s.source.Inputs(ctx, p)
+		if err != nil {
+			return err
+		}
+		for i, sc := range in.Sidecars { // the cache's objects: copy before changing
+			in.Sidecars[i] = sc.DeepCopy()
+			in.Sidecars[i].Spec.Egress[0].Bind = bind
+		}
+		res, err := translate.Translate(in)
+		if err != nil {
+			return err
+		}
+		s.listeners[bind] = res.Listeners
+	}
+	return nil
+}
+
+func serve(g *grpc.Server) (string, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	go func() { _ = g.Serve(lis) }()
+	return lis.Addr().String(), nil
+}
+
+func dialN(addr string, n int) ([]*grpc.ClientConn, error) {
+	var out []*grpc.ClientConn
+	for range n {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// BenchmarkSidecarChange: one Sidecar update (its egress bind toggles)
+// until every connected workload has the new listeners.
+func BenchmarkSidecarChange(b *testing.B) {
+	s := start(b)
+	ctx := context.Background()
+	var total time.Duration
+	b.ResetTimer()
+	for range b.N {
+		// Toggle from what the Sidecar has (the benchmark runs more than once).
+		s.pushes++
+		bind := []string{"127.0.0.2", "127.0.0.3"}[s.pushes%2]
+		sc := &istionetworkingv1.Sidecar{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "ratings"}, sc); err != nil {
+			b.Fatal(err)
+		}
+		sc.Spec.Egress[0].Bind = bind
+		s.fleet.expect(bind + "_8080")
+		start := time.Now()
+		if err := env.Client.Update(ctx, sc); err != nil {
+			b.Fatal(err)
+		}
+		s.fleet.wait(b)
+		total += time.Since(start)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/push")
+	b.ReportMetric(float64(debounce.Milliseconds()), "debounce-ms")
+	b.ReportMetric(float64(*workloads), "workloads")
+}
+
+// BenchmarkRawSnapshotFanOut is the baseline: a bare go-control-plane
+// SnapshotCache and server with the same number of streams; one push is a
+// SetSnapshot per node of the same listeners, until every client has them.
+func BenchmarkRawSnapshotFanOut(b *testing.B) {
+	s := start(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	snapshots := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
+	g := grpc.NewServer()
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(ctx, snapshots, nil))
+	defer g.Stop()
+	addr, err := serve(g)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := newFleet(*workloads)
+	nodes := make([]string, *workloads)
+	first, err := cache.NewSnapshot("0", map[resource.Type][]types.Resource{resource.ListenerType: s.listeners["127.0.0.2"]})
+	if err != nil {
+		b.Fatal(err)
+	}
+	conns, err := dialN(addr, 10)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ready sync.WaitGroup
+	ready.Add(*workloads)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("node-%d", i)
+		if err := snapshots.SetSnapshot(ctx, nodes[i], first); err != nil {
+			b.Fatal(err)
+		}
+		if err := f.client(ctx, conns[i%len(conns)], &core.Node{Id: nodes[i]}, &ready); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ready.Wait()
+	binds := []string{"127.0.0.3", "127.0.0.2"}
+	var total time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		bind := binds[i%2]
+		snap, err := cache.NewSnapshot(fmt.Sprint(i+1), map[resource.Type][]types.Resource{resource.ListenerType: s.listeners[bind]})
+		if err != nil {
+			b.Fatal(err)
+		}
+		f.expect(bind + "_8080")
+		start := time.Now()
+		for _, n := range nodes {
+			if err := snapshots.SetSnapshot(ctx, n, snap); err != nil {
+				b.Fatal(err)
+			}
+		}
+		f.wait(b)
+		total += time.Since(start)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/push")
+	b.ReportMetric(float64(*workloads), "workloads")
+}

@@ -1,0 +1,516 @@
+// Package streams benchmarks Embark's xDS server holding sidecar ADS streams
+// against a real kube-apiserver + etcd, next to a bare go-control-plane
+// server holding the same number of streams in the same run:
+//
+//	go test -run='^$' -bench=. -benchtime=1x ./benchmarks/streams/ -args -streams=1000 -json=streams.json
+//
+// (-json writes the figures in the benchjson format of `make bench`.)
+//
+// For each stream count it reports the heap and goroutines per held stream
+// and the CPU used while every stream idles (both servers; the clients run
+// in the same process and are included on both sides), then, for Embark:
+// a reconnect storm (replica A dies, every sidecar reconnects to replica B
+// at once): API writes per workload (target ≤ 1 status and ≤ 1
+// WorkloadEntry write) and re-created objects (target 0); and a mass
+// disconnect: the time from closing every stream until every registration
+// stores AgentConnected=False (includes the 1s disconnect delay).
+package streams
+
+//embark:bench -test.benchtime=1x
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/benchmarks/benchjson"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/xds"
+)
+
+var (
+	streamsFlag = flag.String("streams", "1000", "comma-separated numbers of concurrent streams to hold")
+	jsonFlag    = benchjson.Flag()
+
+	env       *testenv.Env
+	informers crcache.Cache
+	clientset *kubernetes.Clientset
+)
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+		var err error
+		informers, err = env.StartCache(ctx, func(c crcache.Cache) error { return registry.SetupIndexes(ctx, c) },
+			&istionetworkingv1.WorkloadEntryList{}, &runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{})
+		if err != nil {
+			return err
+		}
+		clientset, err = kubernetes.NewForConfig(env.Config)
+		return err
+	})
+}
+
+// workload is one registered workload with its sidecar token.
+type workload struct {
+	key    ktypes.NamespacedName
+	token  string
+	nodeID string
+	uids   [2]ktypes.UID // registration, WorkloadEntry
+}
+
+func registerAll(b *testing.B, n int) (string, []*workload) {
+	b.Helper()
+	ctx := b.Context()
+	ns := env.Namespace(b)
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
+	if err := env.Client.Create(ctx, wg); err != nil {
+		b.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
+		b.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: informers, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ws := make([]*workload, n)
+	var next atomic.Int64
+	var wgp sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wgp.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				ip := fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256)
+				res, err := reg.Register(ctx, registry.Request{
+					Group: wg,
+					Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+						Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+						EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i)},
+					}},
+					Registration: runtimev1alpha1.Registration{
+						Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
+						Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+						Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
+					},
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				key := client.ObjectKeyFromObject(res.Registration)
+				ws[i] = &workload{key: key, token: res.SidecarToken.Token, uids: [2]ktypes.UID{res.Registration.UID, res.WorkloadEntry.UID},
+					nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
+			}
+		})
+	}
+	wgp.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	return ns, ws
+}
+
+// countingClient counts API writes by kind ("status" of registrations,
+// "entry" for WorkloadEntries).
+type countingClient struct {
+	client.Client
+	status, entry atomic.Int64
+}
+
+func newCountingClient() *countingClient {
+	cc := &countingClient{}
+	cc.Client = interceptor.NewClient(env.Client, interceptor.Funcs{
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			cc.entry.Add(1)
+			return c.Update(ctx, obj, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			cc.status.Add(1)
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+	})
+	return cc
+}
+
+// server is a gRPC server of one ADS implementation on loopback.
+type server struct {
+	addr  string
+	conns *registry.Connections
+	stop  func()
+}
+
+func serve(b *testing.B, register func(*grpc.Server), cancel context.CancelFunc, after func()) *server {
+	b.Helper()
+	g := grpc.NewServer(grpc.MaxConcurrentStreams(1 << 20))
+	register(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	var once sync.Once
+	s := &server{addr: lis.Addr().String()}
+	s.stop = func() {
+		once.Do(func() {
+			g.Stop()
+			<-done
+			cancel()
+			if after != nil {
+				after()
+			}
+		})
+	}
+	b.Cleanup(s.stop)
+	return s
+}
+
+// startEmbark starts an Embark replica whose connection tracker writes
+// through c.
+func startEmbark(b *testing.B, replica string, c client.Client) *server {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: c, Replica: replica, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := xds.NewServer(ctx, xds.Options{
+		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
+		Reader: informers, APIReader: env.Client, Informers: informers, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runDone := make(chan struct{})
+	go func() { defer close(runDone); _ = srv.Run(ctx) }()
+	s := serve(b, srv.Register, cancel, func() { <-runDone; conns.Wait() })
+	s.conns = conns
+	return s
+}
+
+// startBare starts a bare go-control-plane ADS server that serves every node
+// the same empty snapshot (what Embark serves today), with no
+// authentication and no callbacks.
+func startBare(b *testing.B, ws []*workload) *server {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	snaps := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
+	snap, err := cache.NewSnapshot("empty", map[resource.Type][]types.Resource{
+		resource.ClusterType: {}, resource.ListenerType: {}, resource.RouteType: {}, resource.EndpointType: {},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, w := range ws {
+		if err := snaps.SetSnapshot(ctx, w.nodeID, snap); err != nil {
+			b.Fatal(err)
+		}
+	}
+	srv := serverv3.NewServer(ctx, snaps, nil)
+	return serve(b, func(g *grpc.Server) { discovery.RegisterAggregatedDiscoveryServiceServer(g, srv) }, cancel, nil)
+}
+
+func sidecarNode(id string) *core.Node {
+	return &core.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"PROXY_CONFIG":  structpb.NewStructValue(&structpb.Struct{}),
+		"ISTIO_VERSION": structpb.NewStringValue("1.30.0"),
+	}}}
+}
+
+// holdStreams opens one SotW stream per workload over conns client
+// connections, subscribes to listeners and ACKs the first response. The
+// returned func closes them all.
+func holdStreams(b *testing.B, addr string, ws []*workload) func() {
+	b.Helper()
+	const perConn = 100
+	var conns []*grpc.ClientConn
+	ctx, cancel := context.WithCancel(context.Background())
+	var cancels []context.CancelFunc
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, len(ws))
+	sem := make(chan struct{}, 64)
+	var cc *grpc.ClientConn
+	for i, w := range ws {
+		if i%perConn == 0 {
+			var err error
+			if cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+				b.Fatal(err)
+			}
+			conns = append(conns, cc)
+		}
+		conn := cc
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			sctx, scancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+w.token))
+			mu.Lock()
+			cancels = append(cancels, scancel)
+			mu.Unlock()
+			st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
+			if err == nil {
+				err = st.Send(&discovery.DiscoveryRequest{Node: sidecarNode(w.nodeID), TypeUrl: resource.ListenerType})
+			}
+			var resp *discovery.DiscoveryResponse
+			if err == nil {
+				resp, err = st.Recv()
+			}
+			if err == nil {
+				err = st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+			}
+			if err != nil {
+				errs <- fmt.Errorf("stream of %s: %w", w.key, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		cancel()
+		for _, c := range cancels {
+			c()
+		}
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+}
+
+// footprint is what held streams cost the process.
+type footprint struct {
+	HeapBytesPerStream  float64 `json:"heapBytesPerStream"`
+	GoroutinesPerStream float64 `json:"goroutinesPerStream"`
+	IdleCPUMillisPerSec float64 `json:"idleCPUMillisPerSecond"`
+}
+
+func heap() (uint64, int) {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc, runtime.NumGoroutine()
+}
+
+func cpu() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// measure holds the streams while it measures heap, goroutines and idle
+// CPU, relative to before.
+func measure(n int, heap0 uint64, gr0 int) footprint {
+	h, g := heap()
+	c0, t0 := cpu(), time.Now()
+	time.Sleep(5 * time.Second)
+	idle := float64(cpu()-c0) / float64(time.Since(t0)) * 1000
+	return footprint{
+		HeapBytesPerStream:  (float64(h) - float64(heap0)) / float64(n),
+		GoroutinesPerStream: float64(g-gr0) / float64(n),
+		IdleCPUMillisPerSec: idle,
+	}
+}
+
+// waitAll polls the registrations of ns until pred holds for all n.
+func waitAll(b *testing.B, ns string, n int, pred func(*runtimev1alpha1.WorkloadAutoRegistration) bool) {
+	b.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+		if err := env.Client.List(b.Context(), list, client.InNamespace(ns)); err != nil {
+			b.Fatal(err)
+		}
+		ok := 0
+		for i := range list.Items {
+			if pred(&list.Items[i]) {
+				ok++
+			}
+		}
+		if ok == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d registrations reached the state", ok, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func connectedTo(replica string) func(*runtimev1alpha1.WorkloadAutoRegistration) bool {
+	return func(war *runtimev1alpha1.WorkloadAutoRegistration) bool {
+		return meta.IsStatusConditionTrue(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected) &&
+			war.Status.Connection != nil && war.Status.Connection.Replica == replica
+	}
+}
+
+func disconnected(war *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	return meta.IsStatusConditionFalse(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
+}
+
+// result is one stream count's figures.
+type result struct {
+	Streams int       `json:"streams"`
+	Embark  footprint `json:"embark"`
+	Bare    footprint `json:"bareGoControlPlane"`
+	// HeapRatio is Embark's heap per stream over the bare server's.
+	HeapRatio float64 `json:"heapRatio"`
+	// Reconnect storm to another replica.
+	StormSeconds            float64 `json:"stormSeconds"`
+	StatusWritesPerWorkload float64 `json:"statusWritesPerWorkload"`
+	EntryWritesPerWorkload  float64 `json:"entryWritesPerWorkload"`
+	Recreated               int     `json:"recreated"`
+	MassDisconnectSeconds   float64 `json:"massDisconnectSeconds"`
+	MassDisconnectPerSecond float64 `json:"massDisconnectWorkloadsPerSecond"`
+}
+
+var recorder benchjson.Recorder
+
+// record hands r's figures to the report generator, each next to its
+// baseline where it has one.
+func record(r result) {
+	s := fmt.Sprintf("streams=%d", r.Streams)
+	recorder.Add(
+		benchjson.Result{Name: "Held/" + s, Unit: "B/stream", Value: r.Embark.HeapBytesPerStream, Baseline: "Bare/" + s, Note: "heap per held ADS stream, clients included"},
+		benchjson.Result{Name: "Bare/" + s, Unit: "B/stream", Value: r.Bare.HeapBytesPerStream, Note: "bare go-control-plane, same streams"},
+		benchjson.Result{Name: "HeldGoroutines/" + s, Unit: "goroutines/stream", Value: r.Embark.GoroutinesPerStream, Baseline: "BareGoroutines/" + s},
+		benchjson.Result{Name: "BareGoroutines/" + s, Unit: "goroutines/stream", Value: r.Bare.GoroutinesPerStream},
+		benchjson.Result{Name: "IdleCPU/" + s, Unit: "ms/s", Value: r.Embark.IdleCPUMillisPerSec, Baseline: "BareIdleCPU/" + s},
+		benchjson.Result{Name: "BareIdleCPU/" + s, Unit: "ms/s", Value: r.Bare.IdleCPUMillisPerSec},
+		benchjson.Result{Name: "StormStatusWrites/" + s, Unit: "writes/workload", Value: r.StatusWritesPerWorkload, Note: "target <= 1"},
+		benchjson.Result{Name: "StormEntryWrites/" + s, Unit: "writes/workload", Value: r.EntryWritesPerWorkload, Note: "target <= 1"},
+		benchjson.Result{Name: "StormRecreated/" + s, Unit: "objects", Value: float64(r.Recreated), Note: "target 0"},
+		benchjson.Result{Name: "StormTime/" + s, Unit: "s", Value: r.StormSeconds, Note: "bound by registration.writeQPS"},
+		benchjson.Result{Name: "MassDisconnect/" + s, Unit: "s", Value: r.MassDisconnectSeconds, Note: "until every AgentConnected=False is stored"},
+	)
+}
+
+func BenchmarkStreams(b *testing.B) {
+	var counts []int
+	for _, f := range strings.Split(*streamsFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("-streams: %q", f)
+		}
+		counts = append(counts, n)
+	}
+	for _, n := range counts {
+		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				r := run(b, n)
+				b.ReportMetric(r.Embark.HeapBytesPerStream, "embark-heap-B/stream")
+				b.ReportMetric(r.Bare.HeapBytesPerStream, "bare-heap-B/stream")
+				b.ReportMetric(r.HeapRatio, "heap-ratio")
+				b.ReportMetric(r.Embark.IdleCPUMillisPerSec, "embark-idle-cpu-ms/s")
+				b.ReportMetric(r.Bare.IdleCPUMillisPerSec, "bare-idle-cpu-ms/s")
+				b.ReportMetric(r.StatusWritesPerWorkload, "storm-status-writes/workload")
+				b.ReportMetric(r.EntryWritesPerWorkload, "storm-entry-writes/workload")
+				b.ReportMetric(float64(r.Recreated), "storm-recreated")
+				b.ReportMetric(r.StormSeconds, "storm-s")
+				b.ReportMetric(r.MassDisconnectSeconds, "mass-disconnect-s")
+				record(r)
+			}
+		})
+	}
+	if *jsonFlag != "" {
+		if err := recorder.WriteFile(*jsonFlag, "github.com/embark-mesh/embark/benchmarks/streams"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func run(b *testing.B, n int) result {
+	ns, ws := registerAll(b, n)
+	r := result{Streams: n}
+
+	// Bare go-control-plane first, then Embark, each from a quiet heap.
+	bare := startBare(b, ws)
+	h0, g0 := heap()
+	closeBare := holdStreams(b, bare.addr, ws)
+	r.Bare = measure(n, h0, g0)
+	closeBare()
+	bare.stop()
+
+	a := startEmbark(b, "replica-a", env.Client)
+	h0, g0 = heap()
+	closeA := holdStreams(b, a.addr, ws)
+	waitAll(b, ns, n, connectedTo("replica-a"))
+	// Idle means every connection state (also the WorkloadEntries') is stored.
+	if err := a.conns.Flush(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	r.Embark = measure(n, h0, g0)
+	if r.Bare.HeapBytesPerStream > 0 {
+		r.HeapRatio = r.Embark.HeapBytesPerStream / r.Bare.HeapBytesPerStream
+	}
+
+	// Reconnect storm: replica A dies (writing nothing), every sidecar
+	// reconnects to replica B at once.
+	a.stop()
+	closeA()
+	cc := newCountingClient()
+	bsrv := startEmbark(b, "replica-b", cc)
+	t0 := time.Now()
+	closeB := holdStreams(b, bsrv.addr, ws)
+	waitAll(b, ns, n, connectedTo("replica-b"))
+	if err := bsrv.conns.Flush(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	r.StormSeconds = time.Since(t0).Seconds()
+	r.StatusWritesPerWorkload = float64(cc.status.Load()) / float64(n)
+	r.EntryWritesPerWorkload = float64(cc.entry.Load()) / float64(n)
+	for _, w := range ws {
+		war := &runtimev1alpha1.WorkloadAutoRegistration{}
+		we := &istionetworkingv1.WorkloadEntry{}
+		if env.Client.Get(b.Context(), w.key, war) != nil || env.Client.Get(b.Context(), w.key, we) != nil ||
+			war.UID != w.uids[0] || we.UID != w.uids[1] {
+			r.Recreated++
+		}
+	}
+
+	// Mass disconnect: every stream closes at once.
+	t0 = time.Now()
+	closeB()
+	waitAll(b, ns, n, disconnected)
+	r.MassDisconnectSeconds = time.Since(t0).Seconds()
+	r.MassDisconnectPerSecond = float64(n) / r.MassDisconnectSeconds
+	bsrv.stop()
+	return r
+}

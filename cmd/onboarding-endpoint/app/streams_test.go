@@ -1,0 +1,290 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+)
+
+// process is one onboarding endpoint process (app.Run) of a test.
+type process struct {
+	replica string
+	xds     string
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+// startEndpoint runs the endpoint as replica with its own listeners; it
+// serves workloads of ns, keeps its Leases there, and removes registrations
+// after grace.
+func startEndpoint(t *testing.T, ns, replica string, grace time.Duration) *process {
+	t.Helper()
+	dir := t.TempDir()
+	e := &process{replica: replica, xds: freeAddr(t), done: make(chan error, 1)}
+	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+namespace: %s
+endpoint:
+  hosts: [onboarding-endpoint.example.corp]
+  plaintext: true
+registration:
+  gracePeriod: %s
+listen:
+  onboarding: %s
+  metrics: %s
+  xds: %s
+`, ns, grace, freeAddr(t), freeAddr(t), e.xds)
+	file := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	ready := make(chan struct{})
+	go func() {
+		e.done <- Run(ctx, Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: replica, DebugXDS: "off",
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-e.done:
+		t.Fatalf("Run %s: %v", replica, err)
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("endpoint %s not ready", replica)
+	}
+	t.Cleanup(func() { e.stop(t) })
+	return e
+}
+
+// stop shuts the endpoint down as a rollout would, and waits for it.
+func (e *process) stop(t *testing.T) {
+	t.Helper()
+	if e.cancel == nil {
+		return
+	}
+	e.cancel()
+	e.cancel = nil
+	select {
+	case err := <-e.done:
+		if err != nil {
+			t.Errorf("Run %s returned %v after shutdown", e.replica, err)
+		}
+	case <-time.After(time.Minute):
+		t.Errorf("Run %s did not stop", e.replica)
+	}
+}
+
+// sidecar is a workload registered in ns, whose ADS streams speak like
+// Istio's agent.
+type sidecar struct {
+	key    client.ObjectKey
+	uid    string
+	token  string
+	nodeID string
+}
+
+func registerSidecar(t *testing.T, ns, ip string) *sidecar {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
+	for _, obj := range []client.Object{wg, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}} {
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := reg.Register(ctx, registry.Request{
+		Group: wg,
+		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0123456789abcdef0"},
+		}},
+		Registration: runtimev1alpha1.Registration{
+			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
+			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+			Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(res.Registration)
+	return &sidecar{key: key, uid: string(res.Registration.UID), token: res.SidecarToken.Token,
+		nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
+}
+
+// connect opens an ADS stream to addr, subscribes to listeners and ACKs the
+// first response; the returned func closes the stream.
+func (s *sidecar) connect(t *testing.T, addr string) func() {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.token))
+	closeAll := func() { cancel(); _ = conn.Close() }
+	t.Cleanup(closeAll)
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &core.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
+	}}}
+	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatalf("stream to %s: %v", addr, err)
+	}
+	if err := st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	return closeAll
+}
+
+// state is the registration's AgentConnected status and holder.
+func (s *sidecar) state(t *testing.T) (metav1.ConditionStatus, string) {
+	t.Helper()
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(t.Context(), s.key, war); err != nil {
+		t.Fatal(err)
+	}
+	if string(war.UID) != s.uid {
+		t.Fatalf("registration %s was re-created", s.key)
+	}
+	var st metav1.ConditionStatus
+	if c := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected); c != nil {
+		st = c.Status
+	}
+	var replica string
+	if war.Status.Connection != nil {
+		replica = war.Status.Connection.Replica
+	}
+	return st, replica
+}
+
+func (s *sidecar) waitState(t *testing.T, status metav1.ConditionStatus, replica string) {
+	t.Helper()
+	var gotS metav1.ConditionStatus
+	var gotR string
+	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		gotS, gotR = s.state(t)
+		return gotS == status && gotR == replica, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: AgentConnected=%s on %q, want %s on %q", s.key.Name, gotS, gotR, status, replica)
+	}
+}
+
+// watchFalse records every AgentConnected=False the registration shows
+// from now on.
+func (s *sidecar) watchFalse(t *testing.T) func() []string {
+	t.Helper()
+	w, err := env.Client.Watch(t.Context(), &runtimev1alpha1.WorkloadAutoRegistrationList{},
+		client.InNamespace(s.key.Namespace), client.MatchingFields{"metadata.name": s.key.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			war, ok := ev.Object.(*runtimev1alpha1.WorkloadAutoRegistration)
+			if !ok || ev.Type == watch.Deleted {
+				continue
+			}
+			if c := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected); c != nil && c.Status == metav1.ConditionFalse {
+				mu.Lock()
+				seen = append(seen, c.Reason+" at resourceVersion "+war.ResourceVersion)
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() []string {
+		w.Stop()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return seen
+	}
+}
+
+// Two endpoint processes against one API server: a workload moving from
+// replica A to replica B (the new stream opens before the old one closes)
+// is never stored disconnected; B restarting (a rollout) leaves the live
+// registration in place, and the reconnect to the new process re-asserts
+// the connection; nothing is re-created.
+func TestTakeoverAndRestartKeepALiveWorkloadConnected(t *testing.T) {
+	ns := env.Namespace(t)
+	const grace = time.Minute
+	a := startEndpoint(t, ns, "embark-a", grace)
+	b := startEndpoint(t, ns, "embark-b", grace)
+	s := registerSidecar(t, ns, "172.31.9.1")
+
+	closeA := s.connect(t, a.xds)
+	s.waitState(t, metav1.ConditionTrue, "embark-a")
+
+	// Takeover: the sidecar moves to B, then its stream to A closes.
+	falses := s.watchFalse(t)
+	closeB := s.connect(t, b.xds)
+	s.waitState(t, metav1.ConditionTrue, "embark-b")
+	closeA()
+	// Replica A's held disconnect (1s) is due by now; it must not apply.
+	time.Sleep(3 * time.Second)
+	s.waitState(t, metav1.ConditionTrue, "embark-b")
+	if got := falses(); len(got) > 0 {
+		t.Errorf("the workload was stored disconnected while connected to B: %v", got)
+	}
+
+	// Rollout of B: the old process closes its streams and stores the
+	// disconnect; the sidecar reconnects to the new process well within
+	// the grace period, and nothing is removed.
+	b.stop(t)
+	closeB()
+	s.waitState(t, metav1.ConditionFalse, "embark-b")
+	b2 := startEndpoint(t, ns, "embark-b", grace)
+	s.connect(t, b2.xds)
+	s.waitState(t, metav1.ConditionTrue, "embark-b")
+	if we := (&istionetworkingv1.WorkloadEntry{}); env.Client.Get(t.Context(), s.key, we) != nil {
+		t.Errorf("the WorkloadEntry of %s is gone", s.key.Name)
+	}
+}

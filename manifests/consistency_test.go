@@ -1,0 +1,157 @@
+package manifests
+
+import (
+	"net"
+	"slices"
+	"strconv"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/embark-mesh/embark/onboarding/config"
+)
+
+// endpointConfig parses the configuration a ConfigMap carries exactly as the
+// endpoint does at start.
+func endpointConfig(t *testing.T, cm *unstructured.Unstructured) *config.Configuration {
+	t.Helper()
+	data, _, _ := unstructured.NestedString(cm.Object, "data", "config.yaml")
+	cfg, err := config.Parse([]byte(data))
+	if err != nil {
+		t.Fatalf("ConfigMap %s: the endpoint would refuse its configuration: %v", cm.GetName(), err)
+	}
+	return cfg
+}
+
+func port(t *testing.T, addr string) int32 {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(n)
+}
+
+// The base's parts agree with each other: the configuration parses, its
+// ports are the container's and the Services', the probes reach the
+// health endpoints, the pod runs hardened, and the cert-manager example
+// issues the Secret the configuration names.
+func TestBaseIsConsistent(t *testing.T) {
+	_, objs := build(t, "base")
+	cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", "onboarding-endpoint"))
+	var dep appsv1.Deployment
+	if err := into(mustFind(t, objs, "Deployment", "onboarding-endpoint"), &dep); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Namespace != dep.Namespace {
+		t.Errorf("configuration namespace %q, Deployment in %q", cfg.Namespace, dep.Namespace)
+	}
+	if r := dep.Spec.Replicas; r == nil || *r < 2 {
+		t.Errorf("replicas %v, want at least 2", r)
+	}
+	pod := dep.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	for name, addr := range map[string]string{"grpc-onboard": cfg.Listen.Onboarding, "grpc-xds": cfg.Listen.XDS, "http-metrics": cfg.Listen.Metrics} {
+		if ports[name] != port(t, addr) {
+			t.Errorf("container port %s = %d, configuration listens on %s", name, ports[name], addr)
+		}
+	}
+	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe, "startup": c.StartupProbe} {
+		if p == nil || p.HTTPGet == nil {
+			t.Errorf("%s probe missing", name)
+			continue
+		}
+		if p.HTTPGet.Port.StrVal != "http-metrics" || (p.HTTPGet.Path != "/healthz" && p.HTTPGet.Path != "/readyz") {
+			t.Errorf("%s probe %s on %s, want /healthz or /readyz on http-metrics", name, p.HTTPGet.Path, p.HTTPGet.Port.String())
+		}
+	}
+	if c.ReadinessProbe != nil && c.ReadinessProbe.HTTPGet != nil && c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe on %s, want /readyz", c.ReadinessProbe.HTTPGet.Path)
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+		t.Errorf("resource requests %v", c.Resources.Requests)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Errorf("container securityContext %+v: want non-root, read-only root, no escalation, no capabilities", sc)
+	}
+	if pod.ServiceAccountName != "onboarding-endpoint" {
+		t.Errorf("serviceAccountName %q", pod.ServiceAccountName)
+	}
+	if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool {
+		return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
+	}) {
+		t.Error("POD_NAME (the replica name) is not the pod name")
+	}
+	podLabels := labels.Set(dep.Spec.Template.Labels)
+
+	// Services select the pods and reach named container ports.
+	for _, name := range []string{"vmgateway", "onboarding-endpoint-metrics"} {
+		var svc corev1.Service
+		if err := into(mustFind(t, objs, "Service", name), &svc); err != nil {
+			t.Fatal(err)
+		}
+		if !labels.SelectorFromSet(svc.Spec.Selector).Matches(podLabels) {
+			t.Errorf("Service %s selector %v does not select the pods %v", name, svc.Spec.Selector, podLabels)
+		}
+		for _, p := range svc.Spec.Ports {
+			if _, ok := ports[p.TargetPort.StrVal]; !ok {
+				t.Errorf("Service %s port %s targets %s, not a container port", name, p.Name, p.TargetPort.String())
+			}
+		}
+	}
+	var gw corev1.Service
+	if err := into(mustFind(t, objs, "Service", "vmgateway"), &gw); err != nil {
+		t.Fatal(err)
+	}
+	got := map[int32]string{}
+	for _, p := range gw.Spec.Ports {
+		got[p.Port] = p.TargetPort.StrVal
+	}
+	// Seed 004: onboarding on 15443 and 443; the sidecars' discovery
+	// address port is the xDS listener.
+	want := map[int32]string{15443: "grpc-onboard", 443: "grpc-onboard", port(t, cfg.Mesh.DiscoveryAddress): "grpc-xds"}
+	for p, target := range want {
+		if got[p] != target {
+			t.Errorf("vmgateway port %d -> %q, want %q", p, got[p], target)
+		}
+	}
+	var pdb policyv1.PodDisruptionBudget
+	if err := into(mustFind(t, objs, "PodDisruptionBudget", "onboarding-endpoint"), &pdb); err != nil {
+		t.Fatal(err)
+	}
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() < 1 || pdb.Spec.MinAvailable.IntValue() >= int(*dep.Spec.Replicas) {
+		t.Errorf("PodDisruptionBudget minAvailable %v with %d replicas", pdb.Spec.MinAvailable, *dep.Spec.Replicas)
+	}
+
+	// The cert-manager example issues what the configuration reads.
+	_, certObjs := build(t, "examples/cert-manager")
+	cert := mustFind(t, certObjs, "Certificate", "onboarding-endpoint-tls")
+	secretName, _, _ := unstructured.NestedString(cert.Object, "spec", "secretName")
+	if secretName != cfg.Endpoint.SecretName {
+		t.Errorf("Certificate writes Secret %q, the configuration reads %q", secretName, cfg.Endpoint.SecretName)
+	}
+	dnsNames, _, _ := unstructured.NestedStringSlice(cert.Object, "spec", "dnsNames")
+	if !slices.Equal(dnsNames, cfg.Endpoint.Hosts) {
+		t.Errorf("Certificate dnsNames %v, endpoint hosts %v", dnsNames, cfg.Endpoint.Hosts)
+	}
+	if cert.GetNamespace() != cfg.Namespace {
+		t.Errorf("Certificate in %q, the endpoint reads Secrets in %q", cert.GetNamespace(), cfg.Namespace)
+	}
+}

@@ -1,0 +1,218 @@
+package configsource
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+)
+
+// edsStream is a SotW ADS client that subscribes to listeners, clusters and
+// the endpoints of every EDS cluster it is sent, ACKing everything, and
+// keeps the latest endpoints by cluster.
+type edsStream struct {
+	mu        sync.Mutex
+	endpoints map[string][]string // cluster -> "ip:port"
+	err       error
+}
+
+func subscribeEDS(t *testing.T, e *endpoint, w *workload) *edsStream {
+	t.Helper()
+	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+w.token))
+	t.Cleanup(cancel)
+	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &core.Node{Id: w.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
+	}}}
+	for i, typ := range []string{resource.ClusterType, resource.ListenerType} {
+		req := &discovery.DiscoveryRequest{TypeUrl: typ}
+		if i == 0 {
+			req.Node = node
+		}
+		if err := ads.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &edsStream{endpoints: map[string][]string{}}
+	go func() {
+		var edsNames []string
+		var edsVersion, edsNonce string
+		for {
+			resp, err := ads.Recv()
+			if err != nil {
+				s.mu.Lock()
+				s.err = err
+				s.mu.Unlock()
+				return
+			}
+			ack := &discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+			switch resp.GetTypeUrl() {
+			case resource.ClusterType:
+				var names []string
+				for _, a := range resp.GetResources() {
+					c := &clusterv3.Cluster{}
+					if err := a.UnmarshalTo(c); err == nil && c.GetType() == clusterv3.Cluster_EDS {
+						names = append(names, c.GetName())
+					}
+				}
+				slices.Sort(names)
+				if err := ads.Send(ack); err != nil {
+					return
+				}
+				if !slices.Equal(names, edsNames) {
+					edsNames = names
+					if err := ads.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: names, VersionInfo: edsVersion, ResponseNonce: edsNonce}); err != nil {
+						return
+					}
+				}
+				continue
+			case resource.EndpointType:
+				edsVersion, edsNonce = resp.GetVersionInfo(), resp.GetNonce()
+				ack.ResourceNames = edsNames
+				got := map[string][]string{}
+				for _, a := range resp.GetResources() {
+					cla := &endpointv3.ClusterLoadAssignment{}
+					if err := a.UnmarshalTo(cla); err != nil {
+						continue
+					}
+					var eps []string
+					for _, l := range cla.GetEndpoints() {
+						for _, lb := range l.GetLbEndpoints() {
+							sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+							eps = append(eps, sa.GetAddress())
+						}
+					}
+					got[cla.GetClusterName()] = eps
+				}
+				s.mu.Lock()
+				s.endpoints = got
+				s.mu.Unlock()
+			}
+			if err := ads.Send(ack); err != nil {
+				return
+			}
+		}
+	}()
+	return s
+}
+
+func (s *edsStream) waitEndpoints(t *testing.T, what, cluster string, ok func([]string) bool) {
+	t.Helper()
+	var got []string
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		eps, seen := s.endpoints[cluster]
+		got = eps
+		return seen && ok(eps), nil
+	})
+	if err != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		t.Fatalf("%s: endpoints of %s are %v (all %v, stream error %v)", what, cluster, got, s.endpoints, s.err)
+	}
+}
+
+// TestUnhealthyWorkloadLeavesTheEDSOfOthers registers a reviews VM whose
+// WorkloadGroup has a probe and a ratings VM that calls it; the ratings VM's
+// EDS for reviews follows the reviews VM's health as the HealthMirror
+// stores it: absent until the first success, present while healthy, gone
+// again once unhealthy.
+func TestUnhealthyWorkloadLeavesTheEDSOfOthers(t *testing.T) {
+	e := startEndpoint(t)
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	client1 := register(t, e, ns, "10.0.0.20") // ratings: the client
+	if err := env.Client.Create(ctx, seed004Sidecar(ns)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reviews VM, of a group with a probe.
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "reviews", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "reviews"}, ServiceAccount: "reviews-vm"}
+	wg.Spec.Probe = &istioapi.ReadinessProbe{HealthCheckMethod: &istioapi.ReadinessProbe_HttpGet{HttpGet: &istioapi.HTTPHealthCheckConfig{Path: "/ready", Port: 8080}}}
+	if err := env.Client.Create(ctx, wg); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "reviews-vm", Namespace: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: e.cache, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := reg.Register(ctx, registry.Request{
+		Group: wg,
+		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0000000000000000e"},
+		}},
+		Registration: runtimev1alpha1.Registration{
+			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: "10.0.0.30", Type: runtimev1alpha1.AddressTypeVPC}}},
+			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reviews := registry.Workload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: "reviews"}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "reviews", Namespace: ns}}
+	svc.Spec.Selector = map[string]string{"app": "reviews"}
+	svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 8080}}
+	if err := env.Client.Create(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reviews VM's sidecar is connected to this replica ("replica-a").
+	mctx, stop := context.WithCancel(context.Background())
+	conns, err := registry.NewConnections(mctx, registry.ConnectionOptions{Client: env.Client, Replica: "replica-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mirror, err := registry.NewHealthMirror(mctx, registry.HealthOptions{Client: env.Client, Connections: conns, Damping: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stop(); conns.Wait(); mirror.Wait() })
+	conns.Opened(reviews, 1)
+
+	s := subscribeEDS(t, e, client1)
+	cluster := "outbound|8080||reviews." + ns + ".svc.cluster.local"
+	// Registered with a probe, no report yet: unhealthy, no endpoint.
+	s.waitEndpoints(t, "before the first probe", cluster, func(eps []string) bool { return len(eps) == 0 })
+
+	mirror.ReportHealth(ctx, reviews, registry.Health{Healthy: true, At: time.Now()})
+	s.waitEndpoints(t, "after the first passing probe", cluster, func(eps []string) bool { return slices.Equal(eps, []string{"10.0.0.30"}) })
+
+	mirror.ReportHealth(ctx, reviews, registry.Health{Healthy: false, Message: "HTTP probe failed with statuscode: 503", At: time.Now()})
+	s.waitEndpoints(t, "after the probe failed", cluster, func(eps []string) bool { return len(eps) == 0 })
+}
