@@ -49,6 +49,12 @@ type ConfigSource interface {
 	Snapshot(ctx context.Context, p *Proxy) (cache.ResourceSnapshot, error)
 }
 
+// NodeForgetter is implemented by a ConfigSource that keeps state per
+// node: the server calls Forget once a node's last stream has closed.
+type NodeForgetter interface {
+	Forget(nodeID string)
+}
+
 // EmptyConfig serves every proxy an empty but valid configuration.
 type EmptyConfig struct{}
 

@@ -435,18 +435,23 @@ func (s *Server) attach(ctx context.Context, st *stream) error {
 
 func (s *Server) detach(st *stream) {
 	key := st.proxy.Workload.Key
+	node := st.proxy.NodeID
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if set := s.byWorkload[key]; set != nil {
 		delete(set, st)
 		if len(set) == 0 {
 			delete(s.byWorkload, key)
 		}
 	}
-	node := st.proxy.NodeID
+	gone := false
 	if s.nodes[node]--; s.nodes[node] <= 0 {
 		delete(s.nodes, node)
 		s.snapshots.ClearSnapshot(node) // no sends: safe under s.mu
+		gone = true
+	}
+	s.mu.Unlock()
+	if f, ok := s.opts.Config.(NodeForgetter); ok && gone {
+		f.Forget(node)
 	}
 }
 

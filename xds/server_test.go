@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -796,4 +797,52 @@ func TestAStreamEndsWhenItsTokenExpires(t *testing.T) {
 		t.Fatalf("fresh token: %v", err)
 	}
 	waitState(t, w.key, connected("replica-a"))
+}
+
+// forgettingConfig serves empty configurations and records the nodes the
+// server tells it to forget.
+type forgettingConfig struct {
+	EmptyConfig
+	mu        sync.Mutex
+	forgotten []string
+}
+
+func (f *forgettingConfig) Forget(node string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forgotten = append(f.forgotten, node)
+}
+
+func (f *forgettingConfig) all() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.forgotten)
+}
+
+// A config source's per-node state is dropped when the node's last stream
+// closes, not while another stream of the node is open.
+func TestLastStreamClosedForgetsTheNode(t *testing.T) {
+	cfg := &forgettingConfig{}
+	r := startReplica(t, "replica-a", nil, func(o *Options) { o.Config = cfg })
+	w := register(t, env.Namespace(t), "i-0000000000000000f", "10.0.4.3")
+	conn := dial(t, r.addr)
+	first, err := open(t, conn, false, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := open(t, conn, false, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return r.conns.Streams(w.key) == 2 })
+	first.cancel()
+	waitFor(t, func() bool { return r.conns.Streams(w.key) == 1 })
+	if got := cfg.all(); len(got) != 0 {
+		t.Fatalf("forgotten while a stream is open: %v", got)
+	}
+	second.cancel()
+	waitFor(t, func() bool { return len(cfg.all()) == 1 })
+	if got := cfg.all(); got[0] != w.nodeID {
+		t.Errorf("forgotten %v, want %s", got, w.nodeID)
+	}
 }

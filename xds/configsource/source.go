@@ -94,7 +94,10 @@ type served struct {
 	lastWarn string
 }
 
-var _ xds.ConfigSource = (*Source)(nil)
+var (
+	_ xds.ConfigSource  = (*Source)(nil)
+	_ xds.NodeForgetter = (*Source)(nil)
+)
 
 // New returns a Source.
 func New(opts Options) (*Source, error) {
@@ -168,7 +171,8 @@ func (s *Source) Snapshot(ctx context.Context, p *xds.Proxy) (cache.ResourceSnap
 	return keep, nil
 }
 
-// Forget drops what is remembered of a node (its last good configuration).
+// Forget drops what is remembered of a node (its last good configuration);
+// the xDS server calls it when the node's last stream closes.
 func (s *Source) Forget(nodeID string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
