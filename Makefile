@@ -57,7 +57,7 @@ generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate
 		$(PROTO_FILES)
 
 .PHONY: verify
-verify: ## Fail when generated files are stale, code is not gofmt-clean, or go vet complains.
+verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet complains, or git tracks a binary or a file over 2 MiB.
 	@before=$$($(GENERATED_SUM)); \
 		$(MAKE) --no-print-directory generate >/dev/null; \
 		after=$$($(GENERATED_SUM)); \
@@ -67,6 +67,7 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, or go v
 	@unformatted=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
+	@test/tools/check-tracked-files.sh
 
 ##@ Packages
 

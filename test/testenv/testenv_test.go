@@ -1,7 +1,9 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
+	"crypto/x509"
 	"strings"
 	"testing"
 	"time"
@@ -129,5 +131,29 @@ func TestDecodeCRDsRejectsOtherKinds(t *testing.T) {
 				t.Errorf("err = %v, want %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+func TestIstiodStartsAndRestarts(t *testing.T) {
+	ctx := t.Context()
+	istiod, err := StartIstiod(ctx, env, IstiodOptions{})
+	if err != nil {
+		t.Fatalf("start istiod: %v", err)
+	}
+	t.Cleanup(func() { _ = istiod.Close() })
+	root := istiod.RootPool()
+	if root.Equal(x509.NewCertPool()) {
+		t.Fatalf("istiod's root certificate is empty: %q", istiod.RootCert)
+	}
+	var secret corev1.Secret
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: IstiodNamespace, Name: "istio-ca-secret"}, &secret); err != nil {
+		t.Fatalf("istiod's CA secret: %v", err)
+	}
+	istiod.Stop()
+	if err := istiod.Start(ctx); err != nil {
+		t.Fatalf("restart istiod: %v", err)
+	}
+	if !bytes.Equal(istiod.RootCert, []byte(secret.Data["ca-cert.pem"])) {
+		t.Errorf("after a restart istiod publishes another root than its CA secret's")
 	}
 }

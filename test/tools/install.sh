@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the real binaries Embark's tests run against into bin/testenv/ (git-ignored):
 #   - from this pinned tools module: kube-apiserver, etcd, kube-controller-manager, kubectl;
-#   - from the pinned tools module in istio/: Istio's own pilot-agent and istioctl.
+#   - from the pinned tools module in istio/: Istio's own pilot-agent, istioctl and
+#     pilot-discovery (istiod).
 # Each binary is rebuilt only when it is missing or was built from a different pin
 # (recorded in bin/testenv/.stamp-<name>).
-# Usage: test/tools/install.sh [kube-apiserver|etcd|kube-controller-manager|kubectl|pilot-agent|istioctl ...]
+# Usage: test/tools/install.sh [kube-apiserver|etcd|kube-controller-manager|kubectl|pilot-agent|istioctl|pilot-discovery ...]
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -34,6 +35,8 @@ plain_ldflags() {
 # revision is the commit of the pinned pseudo-version.
 istio_ldflags() {
   local dir ver rev pkg=istio.io/istio/pkg/version
+  # The module's directory is empty until it is downloaded: fetch it first.
+  (cd "$here/istio" && go mod download istio.io/istio)
   read -r dir ver < <(cd "$here/istio" && go list -m -f '{{.Dir}} {{.Version}}' istio.io/istio)
   rev=${ver##*-}
   echo "-s -w -X $pkg.buildVersion=$(tr -d '[:space:]' < "$dir/VERSION")-dev -X $pkg.buildGitRevision=$rev -X $pkg.buildStatus=Clean -X $pkg.buildTag=$ver -X $pkg.buildOS=$(go env GOOS) -X $pkg.buildArch=$(go env GOARCH)"
@@ -63,7 +66,7 @@ if [ ${#targets[@]} -eq 0 ]; then
   # build one of the same version as the API server where there is none.
   command -v kubectl >/dev/null 2>&1 || targets+=(kubectl)
   # istioctl first: it compiles nearly everything pilot-agent needs.
-  targets+=(istioctl pilot-agent)
+  targets+=(istioctl pilot-agent pilot-discovery)
 fi
 for t in "${targets[@]}"; do
   case "$t" in
@@ -73,6 +76,7 @@ for t in "${targets[@]}"; do
     etcd) build etcd go.etcd.io/etcd/server/v3 "$here" plain_ldflags ;;
     istioctl) build istioctl istio.io/istio/istioctl/cmd/istioctl "$here/istio" istio_ldflags ;;
     pilot-agent) build pilot-agent istio.io/istio/pilot/cmd/pilot-agent "$here/istio" istio_ldflags ;;
+    pilot-discovery) build pilot-discovery istio.io/istio/pilot/cmd/pilot-discovery "$here/istio" istio_ldflags ;;
     *) echo "testenv: unknown binary $t" >&2; exit 2 ;;
   esac
 done
