@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -239,22 +239,24 @@ func TestJWTRegistrationNamesCollideAcrossIssuers(t *testing.T) {
 	}
 }
 
-// Lists written as [] must not mean "anything": the API server refuses
-// them (and evaluation treats a stored one as matching nothing).
+// Lists written as [] (as kubectl sends them from YAML) must not mean
+// "anything": the API server refuses them, and evaluation treats a stored
+// one as matching nothing (onboarding/policy tests).
 func TestEmptyListsMeanAnything(t *testing.T) {
 	Attack(t, "empty lists (iamRoleNames: [], subjects: [], zones: []) admitted as 'anything'")
 	ns := env.Namespace(t)
-	for name, m := range map[string]authorizationv1alpha1.WorkloadMatcher{
-		"roles":    {AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{"123456789012"}, EC2: &authorizationv1alpha1.EC2Matcher{IAMRoleNames: []string{}}}},
-		"zones":    {AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{"123456789012"}, Zones: []string{}}},
-		"subjects": {JWT: &authorizationv1alpha1.JWTMatcher{Issuer: "https://corp.idp.example", Subjects: []string{}}},
+	for name, matcher := range map[string]map[string]any{
+		"roles":    {"aws": map[string]any{"accounts": []any{"123456789012"}, "ec2": map[string]any{"iamRoleNames": []any{}}}},
+		"zones":    {"aws": map[string]any{"accounts": []any{"123456789012"}, "zones": []any{}}},
+		"subjects": {"jwt": map[string]any{"issuer": "https://corp.idp.example", "subjects": []any{}}},
 	} {
-		p := &authorizationv1alpha1.OnboardingPolicy{
-			ObjectMeta: metav1.ObjectMeta{Name: "empty-" + name, Namespace: ns},
-			Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
-				Workloads: []authorizationv1alpha1.WorkloadMatcher{m}, OnboardTo: []authorizationv1alpha1.OnboardTarget{{}},
+		p := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": authorizationv1alpha1.SchemeGroupVersion.String(), "kind": "OnboardingPolicy",
+			"metadata": map[string]any{"name": "empty-" + name, "namespace": ns},
+			"spec": map[string]any{"allow": []any{map[string]any{
+				"workloads": []any{matcher}, "onboardTo": []any{map[string]any{"workloadGroupSelector": map[string]any{}}},
 			}}},
-		}
+		}}
 		if err := env.Client.Create(t.Context(), p); !apierrors.IsInvalid(err) {
 			t.Errorf("%s: create = %v, want Invalid", name, err)
 		}

@@ -233,6 +233,9 @@ func Run(ctx context.Context, opts Options) error {
 		Logger:           log,
 		Metrics:          metrics,
 		Recorder:         recorder,
+		ServiceCIDRs:     config.Prefixes(cfg.Registration.ServiceCIDRs),
+		Source:           sourceCheck(cfg.Registration.SourceAddressCheck),
+		VerifyLimit:      endpoint.RateLimit{PerSecond: cfg.Registration.VerifyPerSecond, Burst: cfg.Registration.VerifyBurst},
 	})
 	if err != nil {
 		return err
@@ -528,4 +531,12 @@ func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.V
 		return nil, fmt.Errorf("identity.jwt: %w", err)
 	}
 	return v, nil
+}
+
+// sourceCheck converts the configuration's source address check.
+func sourceCheck(c *config.SourceAddressCheck) endpoint.SourceCheck {
+	if c == nil {
+		return endpoint.SourceCheck{}
+	}
+	return endpoint.SourceCheck{Enabled: c.Enabled, TrustedProxies: config.Prefixes(c.TrustedProxyCIDRs)}
 }
