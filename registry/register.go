@@ -30,8 +30,8 @@ var (
 	// ErrIdentityConflict: a registration of that name holds another identity.
 	ErrIdentityConflict = errors.New("registration name held by another identity")
 	// ErrAddressConflict: the address is held by a WorkloadEntry Embark does
-	// not manage, by a registration in another namespace, or (for an address
-	// the workload's identity does not prove) by any other registration.
+	// not manage or (for an address the workload's identity does not prove)
+	// by another registration of the same namespace.
 	ErrAddressConflict = errors.New("address held by another WorkloadEntry")
 	// ErrSessionMismatch: the registration exists and is bound to another
 	// agent session, and the request carries no proof strong enough to take
@@ -405,9 +405,10 @@ func mergeAnnotations(cur, want map[string]string) map[string]string {
 // hold want's address on want's network, so that no two live WorkloadEntries
 // share an address (an IP reused by a new VM while the old registration is
 // still in its grace period). Only a proven address fences, and only within
-// the registration's own namespace: a WorkloadEntry that Embark does not
-// manage, one in another namespace, or any holder of an unproven address is
-// never touched: the registration is refused instead (ErrAddressConflict).
+// the registration's own namespace: a holder in another namespace is left
+// alone (logged), and a WorkloadEntry that Embark does not manage or any
+// same-namespace holder of an unproven address is never touched: the
+// registration is refused instead (ErrAddressConflict).
 func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, want *istionetworkingv1.WorkloadEntry, proven bool) error {
 	holders := &istionetworkingv1.WorkloadEntryList{}
 	if err := r.cache.List(ctx, holders, client.MatchingFields{addressIndex: addressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
@@ -422,7 +423,10 @@ func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha
 		case !managed:
 			return fmt.Errorf("%w: WorkloadEntry %s/%s, not managed by Embark, holds %s on network %q", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
 		case holder.Namespace != want.Namespace:
-			return fmt.Errorf("%w: a WorkloadEntry in namespace %s holds %s on network %q; registrations never fence across namespaces", ErrAddressConflict, holder.Namespace, want.Spec.Address, want.Spec.Network)
+			// Never across namespaces: a workload allowed in one namespace
+			// must not evict (nor block) another namespace's workload.
+			r.log.Warn("another namespace's WorkloadEntry holds the same address; not fenced", "holder", holder.Namespace+"/"+holder.Name, "registration", war.Namespace+"/"+war.Name, "address", want.Spec.Address, "network", want.Spec.Network)
+			continue
 		case !proven:
 			return fmt.Errorf("%w: WorkloadEntry %s/%s holds %s on network %q, and an address the identity does not prove never fences another registration", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
 		}
