@@ -15,7 +15,9 @@ import (
 // form), the unspecified address, loopback (127.0.0.0/8, ::1), link-local
 // (169.254.0.0/16 - including the instance metadata service 169.254.169.254 -
 // and fe80::/10) and multicast addresses, and the limited broadcast address.
-func ParseWorkloadAddress(s string) (netip.Addr, error) {
+// allowLoopback accepts loopback addresses (demos and tests that run
+// "VMs" on 127.0.0.0/8; never in production).
+func ParseWorkloadAddress(s string, allowLoopback bool) (netip.Addr, error) {
 	ip, err := netip.ParseAddr(s)
 	switch {
 	case err != nil:
@@ -26,7 +28,7 @@ func ParseWorkloadAddress(s string) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("IPv4-mapped IPv6 address: write the IPv4 address %s", ip.Unmap())
 	case ip.IsUnspecified():
 		return netip.Addr{}, fmt.Errorf("unspecified address")
-	case ip.IsLoopback():
+	case ip.IsLoopback() && !allowLoopback:
 		return netip.Addr{}, fmt.Errorf("loopback address")
 	case ip.IsLinkLocalUnicast():
 		return netip.Addr{}, fmt.Errorf("link-local address (169.254.0.0/16, fe80::/10)")

@@ -94,7 +94,7 @@ func ValidateRegistration(reg runtimev1alpha1.Registration, group *istioapi.Work
 		errs = append(errs, field.TooMany(addrs, len(reg.Host.Addresses), 16))
 	}
 	for i, a := range reg.Host.Addresses {
-		if ip, err := ParseWorkloadAddress(a.IP); err != nil {
+		if ip, err := ParseWorkloadAddress(a.IP, true); err != nil {
 			errs = append(errs, field.Invalid(addrs.Index(i).Child("ip"), a.IP, "must be a workload's unicast IPv4 or IPv6 address: "+err.Error()))
 		} else if ip.String() != a.IP {
 			errs = append(errs, field.Invalid(addrs.Index(i).Child("ip"), a.IP, "must be in canonical form "+ip.String()))

@@ -208,6 +208,10 @@ type Registration struct {
 	// negative VerifyPerSecond disables the limit.
 	VerifyPerSecond float64 `json:"verifyPerSecond,omitempty"`
 	VerifyBurst     int     `json:"verifyBurst,omitempty"`
+	// AllowLoopbackAddresses accepts loopback workload addresses. For
+	// demos and tests that simulate VMs on 127.0.0.0/8 only; it logs a
+	// warning. Default false.
+	AllowLoopbackAddresses bool `json:"allowLoopbackAddresses,omitempty"`
 }
 
 // SourceAddressCheck configures the check of workload addresses against the

@@ -46,7 +46,7 @@ type SourceCheck struct {
 func (s *Server) normalizeAddresses(reg *runtimev1alpha1.Registration) error {
 	for i := range reg.Host.Addresses {
 		a := &reg.Host.Addresses[i]
-		ip, err := registry.ParseWorkloadAddress(a.IP)
+		ip, err := registry.ParseWorkloadAddress(a.IP, s.opts.AllowLoopbackAddresses)
 		if err != nil {
 			return status.Errorf(codes.InvalidArgument, "addresses[%d].ip %q: %v", i, clip(a.IP), err)
 		}

@@ -114,6 +114,9 @@ type Options struct {
 	// VerifyLimit limits platform credential verifications (Authorize) per
 	// source address. Default: DefaultVerifyLimit.
 	VerifyLimit RateLimit
+	// AllowLoopbackAddresses accepts loopback workload addresses: for demos
+	// and tests that run their "VMs" on 127.0.0.0/8 only. Default false.
+	AllowLoopbackAddresses bool
 }
 
 // BootstrapSettings are the mesh settings every sidecar's bootstrap carries.
