@@ -85,6 +85,12 @@ type LifecycleOptions struct {
 	// GracePeriod is how long a workload may have no ADS stream before its
 	// registration and WorkloadEntry are removed. Default: 5m.
 	GracePeriod time.Duration
+	// NeverConnectedAfter is how long after registering a workload whose
+	// sidecar never opened an ADS stream is shown AgentConnected=False,
+	// reason AgentNeverConnected. It is removed at the end of the grace
+	// period from its registration either way. Default: 1m
+	// (DefaultNeverConnectedAfter).
+	NeverConnectedAfter time.Duration
 	// RemovalQPS bounds the steady rate of removals (token bucket).
 	// Default: 20.
 	RemovalQPS float64
@@ -145,6 +151,9 @@ func (o *LifecycleOptions) setDefaults() error {
 	}
 	if o.GracePeriod <= 0 {
 		o.GracePeriod = DefaultGracePeriod
+	}
+	if o.NeverConnectedAfter <= 0 {
+		o.NeverConnectedAfter = DefaultNeverConnectedAfter
 	}
 	if o.RemovalQPS <= 0 {
 		o.RemovalQPS = DefaultRemovalQPS
@@ -223,7 +232,7 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 	}
 	l.sweeper = &sweeper{
 		client: opts.Client, reader: opts.APIReader, cache: opts.Cache, leases: l.leases,
-		grace: opts.GracePeriod, resync: opts.ResyncPeriod, workers: opts.Workers,
+		grace: opts.GracePeriod, neverConnectedAfter: opts.NeverConnectedAfter, resync: opts.ResyncPeriod, workers: opts.Workers,
 		removals: rate.NewLimiter(rate.Limit(opts.RemovalQPS), opts.RemovalBurst),
 		writer:   writes, recorder: opts.Recorder, metrics: opts.Metrics, now: opts.Clock,
 		log: log.With("component", "sweeper"),
@@ -429,8 +438,10 @@ func decide(war *runtimev1alpha1.WorkloadAutoRegistration, now time.Time, grace 
 		}
 	default:
 		// Never connected (no condition, AgentNeverConnected or Unknown).
+		// The grace period runs from the registration: writing
+		// AgentNeverConnected does not extend it.
 		d.since = war.CreationTimestamp.Time
-		if cond != nil && cond.LastTransitionTime.After(d.since) {
+		if cond != nil && cond.Reason != runtimev1alpha1.ReasonAgentNeverConnected && cond.LastTransitionTime.After(d.since) {
 			d.since = cond.LastTransitionTime.Time
 		}
 		d.cause = causeNeverConnected
@@ -462,6 +473,9 @@ type sweeper struct {
 	metrics  *LifecycleMetrics
 	log      *slog.Logger
 	now      func() time.Time
+
+	// neverConnectedAfter: see LifecycleOptions.NeverConnectedAfter.
+	neverConnectedAfter time.Duration
 
 	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
 }
@@ -531,7 +545,18 @@ func (s *sweeper) process(ctx context.Context, key types.NamespacedName) error {
 	case verdictKeep:
 		return nil
 	case verdictWait:
-		s.queue.AddAfter(key, d.at.Sub(s.now()))
+		at := d.at
+		if d.cause == causeNeverConnected {
+			due, when := neverConnectedDue(war, s.now(), s.neverConnectedAfter)
+			if due {
+				if err := s.markNeverConnected(ctx, war); err != nil {
+					return err
+				}
+			} else if !when.IsZero() && when.Before(at) {
+				at = when
+			}
+		}
+		s.queue.AddAfter(key, at.Sub(s.now()))
 		return nil
 	case verdictMarkGone:
 		return s.markGone(ctx, war)

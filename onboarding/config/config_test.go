@@ -24,6 +24,7 @@ func TestParseDefaults(t *testing.T) {
 	}{
 		{"token expiration", cfg.TokenIssuer.JWT.Expiration.Duration, time.Hour},
 		{"grace period", cfg.Registration.GracePeriod.Duration, 5 * time.Minute},
+		{"never connected after", cfg.Registration.NeverConnectedAfter.Duration, time.Minute},
 		{"health damping", cfg.Registration.HealthDamping.Duration, 10 * time.Second},
 		{"namespace", cfg.Namespace, "istio-system"},
 		{"discovery address", cfg.Mesh.DiscoveryAddress, "onboarding-endpoint.example.corp:15012"},

@@ -266,7 +266,7 @@ func Run(ctx context.Context, opts Options) error {
 		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
-		RemovalBurst: cfg.Registration.SweepBurst,
+		RemovalBurst: cfg.Registration.SweepBurst, NeverConnectedAfter: cfg.Registration.NeverConnectedAfter.Duration,
 		Writes:       registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
 		Recorder:     recorder, Metrics: lifecycleMetrics, Logger: log,
 	})
@@ -518,10 +518,22 @@ func newAWSVerifier(cfg *config.Configuration, log *slog.Logger) (*awsidentity.V
 func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.Verifier, error) {
 	issuers := make([]jwtidentity.IssuerConfig, 0, len(cfg.Identity.JWT))
 	for _, j := range cfg.Identity.JWT {
-		issuers = append(issuers, jwtidentity.IssuerConfig{
+		is := jwtidentity.IssuerConfig{
 			Issuer: j.Issuer, ShortName: j.ShortName, Audiences: j.Audiences,
 			JWKS: []byte(j.JWKS), JWKSURL: j.JWKSURL, Attributes: j.Attributes,
-		})
+			AllowTokensWithoutJTI: j.AllowTokensWithoutJTI,
+		}
+		if j.MaxTokenLifetime != nil {
+			is.MaxTokenLifetime = j.MaxTokenLifetime.Duration
+		}
+		if j.CAFile != "" {
+			ca, err := os.ReadFile(j.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("identity.jwt %s: caFile: %w", j.Issuer, err)
+			}
+			is.CACertificates = ca
+		}
+		issuers = append(issuers, is)
 	}
 	v, err := jwtidentity.NewVerifier(issuers, jwtidentity.WithLogger(log))
 	if err != nil {
