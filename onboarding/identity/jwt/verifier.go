@@ -3,6 +3,8 @@ package jwt
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -18,6 +20,7 @@ import (
 	josejwt "github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/replay"
 )
 
 // Defaults of the options.
@@ -34,6 +37,10 @@ const (
 	DefaultFetchTimeout = 10 * time.Second
 	// MaxTokenSize is the largest token accepted.
 	MaxTokenSize = 16 << 10
+	// DefaultMaxTokenLifetime is IssuerConfig.MaxTokenLifetime's default.
+	DefaultMaxTokenLifetime = time.Hour
+	// DefaultReplayCacheSize bounds the jti replay cache (WithReplayCacheSize).
+	DefaultReplayCacheSize = 100_000
 )
 
 // AllowedAlgorithms are the only signature algorithms accepted.
@@ -55,6 +62,8 @@ type Verifier struct {
 	issuers map[string]*issuer
 	now     func() time.Time
 	leeway  time.Duration
+	// used remembers the jti of every accepted token until it expires.
+	used *replay.Cache
 }
 
 var _ identity.Verifier[string] = (*Verifier)(nil)
@@ -66,6 +75,7 @@ type options struct {
 	refresh    time.Duration
 	minRefresh time.Duration
 	logger     *slog.Logger
+	replaySize int
 }
 
 // Option configures a Verifier.
@@ -89,6 +99,11 @@ func WithLeeway(d time.Duration) Option { return func(o *options) { o.leeway = d
 func WithJWKSRefresh(refresh, minRefresh time.Duration) Option {
 	return func(o *options) { o.refresh, o.minRefresh = refresh, minRefresh }
 }
+
+// WithReplayCacheSize bounds how many used jti values are remembered (per
+// verifier, so per endpoint replica). At capacity the one that expires
+// soonest is forgotten. Default: DefaultReplayCacheSize.
+func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize = n } }
 
 // WithLogger sets the logger. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
@@ -118,6 +133,9 @@ func (o *options) setDefaults() error {
 	if o.logger == nil {
 		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if o.replaySize <= 0 {
+		o.replaySize = DefaultReplayCacheSize
+	}
 	return nil
 }
 
@@ -131,7 +149,7 @@ func NewVerifier(issuers []IssuerConfig, opts ...Option) (*Verifier, error) {
 	if err := o.setDefaults(); err != nil {
 		return nil, fmt.Errorf("jwt identity verifier: %w", err)
 	}
-	v := &Verifier{issuers: make(map[string]*issuer), now: o.now, leeway: o.leeway}
+	v := &Verifier{issuers: make(map[string]*issuer), now: o.now, leeway: o.leeway, used: replay.New(o.replaySize)}
 	shortNames := map[string]bool{}
 	for _, cfg := range issuers {
 		if err := cfg.validate(); err != nil {
@@ -144,16 +162,30 @@ func NewVerifier(issuers []IssuerConfig, opts ...Option) (*Verifier, error) {
 			return nil, fmt.Errorf("jwt identity verifier: shortName %q used by two issuers", cfg.ShortName)
 		}
 		shortNames[cfg.ShortName] = true
+		if cfg.MaxTokenLifetime == 0 {
+			cfg.MaxTokenLifetime = DefaultMaxTokenLifetime
+		}
 		is := &issuer{cfg: cfg}
-		if len(cfg.JWKS) > 0 {
+		httpClient := o.httpClient
+		if len(cfg.CACertificates) > 0 {
+			httpClient = clientWithRoots(o.httpClient, cfg.CACertificates)
+		}
+		switch {
+		case len(cfg.JWKS) == 0 && cfg.JWKSURL == "":
+			is.keys = &discoveredKeySet{
+				issuer: cfg.Issuer, client: httpClient, now: o.now,
+				refresh: o.refresh, minRefresh: o.minRefresh,
+				log: o.logger.With("issuer", cfg.Issuer),
+			}
+		case len(cfg.JWKS) > 0:
 			set, err := parseKeySet(cfg.JWKS)
 			if err != nil {
 				return nil, fmt.Errorf("jwt identity verifier: issuer %q: %w", cfg.Issuer, err)
 			}
 			is.keys = &staticKeySet{set: set}
-		} else {
+		default:
 			is.keys = &remoteKeySet{
-				url: cfg.JWKSURL, client: o.httpClient, now: o.now,
+				url: cfg.JWKSURL, client: httpClient, now: o.now,
 				refresh: o.refresh, minRefresh: o.minRefresh,
 				log: o.logger.With("issuer", cfg.Issuer),
 			}
@@ -283,6 +315,14 @@ func (v *Verifier) checkClaims(is *issuer, payload []byte) (*identity.Identity, 
 	if claims.Subject == "" {
 		return nil, identity.Refuse(identity.ReasonMalformed, "token has no sub")
 	}
+	if err := v.checkLifetime(is, &claims, now); err != nil {
+		return nil, err
+	}
+	// Last, once everything else holds: a refused token does not use up
+	// its jti.
+	if err := v.checkReplay(is, &claims, now); err != nil {
+		return nil, err
+	}
 	return &identity.Identity{
 		Method: identity.MethodJWT,
 		JWT: &identity.JWTIdentity{
@@ -293,6 +333,62 @@ func (v *Verifier) checkClaims(is *issuer, payload []byte) (*identity.Identity, 
 			Expiry:     claims.Expiry.Time(),
 		},
 	}, nil
+}
+
+// checkLifetime refuses a token valid for longer than the issuer allows,
+// counted from its iat, else its nbf, else now.
+func (v *Verifier) checkLifetime(is *issuer, claims *josejwt.Claims, now time.Time) error {
+	start, from := now, "now"
+	switch {
+	case claims.IssuedAt != nil:
+		start, from = claims.IssuedAt.Time(), "iat"
+	case claims.NotBefore != nil:
+		start, from = claims.NotBefore.Time(), "nbf"
+	}
+	if life := claims.Expiry.Time().Sub(start); life > is.cfg.MaxTokenLifetime {
+		return identity.Refuse(identity.ReasonLifetimeTooLong, "token is valid for %s from its %s, longer than issuer %s's maxTokenLifetime %s: issue shorter-lived tokens",
+			life, from, is.cfg.Issuer, is.cfg.MaxTokenLifetime)
+	}
+	return nil
+}
+
+// checkReplay accepts each (issuer, jti) once until the token expires.
+func (v *Verifier) checkReplay(is *issuer, claims *josejwt.Claims, now time.Time) error {
+	if claims.ID == "" {
+		if is.cfg.AllowTokensWithoutJTI {
+			return nil
+		}
+		return identity.Refuse(identity.ReasonMalformed, "token has no jti: issuer %s's tokens must carry one so that a replay can be refused (or set allowTokensWithoutJTI)", is.cfg.Issuer)
+	}
+	if len(claims.ID) > maxJTILength {
+		return identity.Refuse(identity.ReasonMalformed, "token jti is %d bytes, more than %d", len(claims.ID), maxJTILength)
+	}
+	if !v.used.Reserve(is.cfg.Issuer+"\x00"+claims.ID, claims.Expiry.Time().Add(v.leeway), now) {
+		return identity.Refuse(identity.ReasonReplayed, "token jti %q of issuer %s was already used: every onboarding needs a freshly issued token", truncate(claims.ID, 100), is.cfg.Issuer)
+	}
+	return nil
+}
+
+// maxJTILength bounds what the replay cache keeps per token.
+const maxJTILength = 256
+
+// clientWithRoots is base with its TLS roots replaced by the PEM roots.
+func clientWithRoots(base *http.Client, pemRoots []byte) *http.Client {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pemRoots)
+	c := *base
+	var tr *http.Transport
+	if t, ok := base.Transport.(*http.Transport); ok && t != nil {
+		tr = t.Clone()
+	} else {
+		tr = http.DefaultTransport.(*http.Transport).Clone()
+	}
+	if tr.TLSClientConfig == nil {
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	tr.TLSClientConfig.RootCAs = pool
+	c.Transport = tr
+	return &c
 }
 
 func truncate(s string, n int) string {
