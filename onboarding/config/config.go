@@ -182,6 +182,9 @@ type JWTIssuer struct {
 	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
 	// Default 1h.
 	MaxTokenLifetime *metav1.Duration `json:"maxTokenLifetime,omitempty"`
+	// SubjectPrefix is required at the start of sub and removed from it
+	// (e.g. "system:serviceaccount:onprem:" for a Kubernetes issuer).
+	SubjectPrefix string `json:"subjectPrefix,omitempty"`
 	// AllowTokensWithoutJTI accepts tokens without a jti (which cannot be
 	// refused as replays). Default false.
 	AllowTokensWithoutJTI bool `json:"allowTokensWithoutJTI,omitempty"`

@@ -88,6 +88,9 @@ const (
 	// ReasonLifetimeTooLong: the token's lifetime (exp minus iat, else nbf,
 	// else now) exceeds the issuer's configured maximum.
 	ReasonLifetimeTooLong Reason = "LifetimeTooLong"
+	// ReasonWrongSubject: the token's sub does not start with the issuer's
+	// configured subjectPrefix.
+	ReasonWrongSubject Reason = "WrongSubject"
 )
 
 // Reasons lists every Reason, in the order of the constants above.
@@ -99,7 +102,7 @@ func Reasons() []Reason {
 		ReasonAccountMismatch, ReasonInstanceMismatch, ReasonRoleMismatch, ReasonSTSProofRequired,
 		ReasonDocumentReused, ReasonUnknownIssuer, ReasonExpired, ReasonNotYetValid,
 		ReasonWrongAudience, ReasonUnknownKey, ReasonDisallowedAlgorithm, ReasonKeySetUnavailable,
-		ReasonReplayed, ReasonLifetimeTooLong,
+		ReasonReplayed, ReasonLifetimeTooLong, ReasonWrongSubject,
 	}
 }
 

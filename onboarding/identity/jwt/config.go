@@ -37,6 +37,12 @@ type IssuerConfig struct {
 	// nbf, else the time of verification) is longer. Zero: 1h
 	// (DefaultMaxTokenLifetime).
 	MaxTokenLifetime time.Duration `json:"maxTokenLifetime,omitempty"`
+	// SubjectPrefix, when set, is required at the start of every token's
+	// sub and removed from it: the rest is the workload's subject (policy
+	// subjects, names). E.g. "system:serviceaccount:onprem:" makes a
+	// Kubernetes service-account issuer's token for service account
+	// vm-01.example.com prove subject vm-01.example.com.
+	SubjectPrefix string `json:"subjectPrefix,omitempty"`
 	// AllowTokensWithoutJTI accepts tokens without a jti claim, which
 	// cannot be refused as replays. Default false: a token must carry a jti,
 	// and each jti is accepted once within the token's lifetime.

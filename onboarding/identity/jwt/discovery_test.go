@@ -158,3 +158,37 @@ func TestReplayAndLifetime(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestSubjectPrefix(t *testing.T) {
+	k := testKeys(t)
+	clock := newFakeClock()
+	const prefix = "system:serviceaccount:onprem:"
+	v, err := jwt.NewVerifier([]jwt.IssuerConfig{{Issuer: testIssuer, ShortName: "kube", Audiences: []string{testAudience}, JWKS: jwks(t, k.rsa), SubjectPrefix: prefix}}, jwt.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		sub        string
+		wantReason identity.Reason
+		wantName   string
+	}{
+		{sub: prefix + "vm-01.example.com", wantName: "jwt-kube-vm-01-example-com"},
+		{sub: "system:serviceaccount:other:vm-01.example.com", wantReason: identity.ReasonWrongSubject},
+		{sub: prefix, wantReason: identity.ReasonWrongSubject},
+		{sub: "vm-01.example.com", wantReason: identity.ReasonWrongSubject},
+	}
+	for _, tt := range tests {
+		t.Run(tt.sub, func(t *testing.T) {
+			id, err := v.Verify(t.Context(), mint(t, k.rsa, "", nil, josejwt.Claims{Issuer: testIssuer, Subject: tt.sub, Audience: josejwt.Audience{testAudience},
+				IssuedAt: josejwt.NewNumericDate(clock.Now()), Expiry: josejwt.NewNumericDate(clock.Now().Add(10 * time.Minute))}))
+			if got := identity.ReasonOf(err); got != tt.wantReason {
+				t.Fatalf("Verify() = %v, want reason %q", err, tt.wantReason)
+			}
+			if err == nil {
+				if name, _ := id.WorkloadName(); name != tt.wantName {
+					t.Errorf("name %s, want %s", name, tt.wantName)
+				}
+			}
+		})
+	}
+}

@@ -315,6 +315,13 @@ func (v *Verifier) checkClaims(is *issuer, payload []byte) (*identity.Identity, 
 	if claims.Subject == "" {
 		return nil, identity.Refuse(identity.ReasonMalformed, "token has no sub")
 	}
+	subject := claims.Subject
+	if p := is.cfg.SubjectPrefix; p != "" {
+		if !strings.HasPrefix(subject, p) || len(subject) == len(p) {
+			return nil, identity.Refuse(identity.ReasonWrongSubject, "token sub %q does not start with issuer %s's subjectPrefix %q followed by a subject", truncate(subject, 200), is.cfg.Issuer, p)
+		}
+		subject = strings.TrimPrefix(subject, p)
+	}
 	if err := v.checkLifetime(is, &claims, now); err != nil {
 		return nil, err
 	}
@@ -328,7 +335,7 @@ func (v *Verifier) checkClaims(is *issuer, payload []byte) (*identity.Identity, 
 		JWT: &identity.JWTIdentity{
 			Issuer:     is.cfg.Issuer,
 			ShortName:  is.cfg.ShortName,
-			Subject:    claims.Subject,
+			Subject:    subject,
 			Attributes: extractAttributes(raw, is.cfg.Attributes),
 			Expiry:     claims.Expiry.Time(),
 		},
