@@ -123,6 +123,11 @@ type LifecycleOptions struct {
 	Logger *slog.Logger
 	// Clock for grace-period decisions and timestamps. Default: time.Now.
 	Clock func() time.Time
+
+	// Leading is more work run only on the sweeping replica, while it leads
+	// (e.g. rollout.Controller.Run), started again after 5s when it fails.
+	// Default: none.
+	Leading []func(context.Context) error
 }
 
 // ElectionTiming times the sweeper's leader election.
@@ -344,6 +349,9 @@ func (l *Lifecycle) lead(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { runWhileLeading(ctx, l.sweeper.run, log) })
 	wg.Go(func() { runWhileLeading(ctx, l.drift.run, l.drift.log) })
+	for _, fn := range l.opts.Leading {
+		wg.Go(func() { runWhileLeading(ctx, fn, log) })
+	}
 	wg.Wait()
 	log.Info("stopped leading")
 }
