@@ -409,6 +409,9 @@ func setProgress(status *runtimev1alpha1.WorkloadGroupRolloutStatus, ro *runtime
 			msg += fmt.Sprintf("; %d disconnected ones are out of date and take part when they reconnect", status.Skipped)
 		}
 		setCondition(status, ro, runtimev1alpha1.RolloutConditionProgressing, metav1.ConditionFalse, runtimev1alpha1.ReasonRolloutComplete, msg, now)
+	case ro.Spec.Paused:
+		setCondition(status, ro, runtimev1alpha1.RolloutConditionProgressing, metav1.ConditionTrue, runtimev1alpha1.ReasonRolloutPaused,
+			fmt.Sprintf("paused with %d of %d workloads at WorkloadGroup generation %d: no new batch starts", status.Updated, status.Total, group.Generation), now)
 	}
 	if !ro.Spec.Paused {
 		setCondition(status, ro, runtimev1alpha1.RolloutConditionPaused, metav1.ConditionFalse, runtimev1alpha1.ReasonNotPaused, "new batches start when the previous one is back", now)

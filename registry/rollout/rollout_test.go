@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	istioapi "istio.io/api/networking/v1alpha3"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,9 +22,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
@@ -36,6 +39,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	ctrllog.SetLogger(logr.Discard())
+	klog.SetLogger(logr.Discard())
 	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
 		var err error
 		recorder, err = env.EventRecorder(ctx, "embark-rollout-test")
@@ -270,7 +275,7 @@ func TestRollingUpdate(t *testing.T) {
 	ro := &runtimev1alpha1.WorkloadGroupRollout{
 		ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns},
 		Spec: runtimev1alpha1.WorkloadGroupRolloutSpec{WorkloadGroup: "ratings", MaxUnavailable: ptr.To(intstr.FromInt32(2)),
-			ProgressDeadlineSeconds: ptr.To[int32](3)},
+			ProgressDeadlineSeconds: ptr.To[int32](60)},
 	}
 	if err := env.Client.Create(ctx, ro); err != nil {
 		t.Fatal(err)
@@ -321,6 +326,9 @@ func TestRollingUpdate(t *testing.T) {
 
 	t.Log("a workload whose probe fails after re-onboarding pauses the rollout")
 	f.broken.Store(f.name(0), true)
+	if err := env.Client.Patch(ctx, getRollout(t, ns, "ratings"), client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"progressDeadlineSeconds":5}}`))); err != nil {
+		t.Fatal(err)
+	}
 	changeGroup("v3")
 	paused := waitRollout(t, ns, "ratings", time.Minute, "paused", func(ro *runtimev1alpha1.WorkloadGroupRollout) bool {
 		return ro.Spec.Paused && meta.IsStatusConditionTrue(ro.Status.Conditions, runtimev1alpha1.RolloutConditionPaused)
@@ -342,7 +350,7 @@ func TestRollingUpdate(t *testing.T) {
 	if err := f.setHealthy(ctx, f.name(0)); err != nil {
 		t.Fatal(err)
 	}
-	if err := env.Client.Patch(ctx, getRollout(t, ns, "ratings"), client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"paused":false}}`))); err != nil {
+	if err := env.Client.Patch(ctx, getRollout(t, ns, "ratings"), client.RawPatch("application/merge-patch+json", []byte(`{"spec":{"paused":false,"progressDeadlineSeconds":60}}`))); err != nil {
 		t.Fatal(err)
 	}
 	f.note("rollout resumed")

@@ -20,6 +20,7 @@ const (
 
 	ReasonRolloutComplete          = "RolloutComplete"
 	ReasonBatchInProgress          = "BatchInProgress"
+	ReasonRolloutPaused            = "RolloutPaused"
 	ReasonWorkloadGroupNotFound    = "WorkloadGroupNotFound"
 	ReasonProgressDeadlineExceeded = "ProgressDeadlineExceeded"
 	ReasonPausedByUser             = "PausedByUser"

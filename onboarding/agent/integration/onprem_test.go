@@ -24,6 +24,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
+	"github.com/embark-mesh/embark/registry"
 )
 
 // onPremHost is the service account whose tokens the on-prem host presents:
@@ -153,9 +154,10 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	if id == nil || id.Issuer != issuer || id.ShortName != "kube" || id.Subject != onPremHost {
 		t.Fatalf("registration identity %+v, want issuer %s, shortName kube, subject %s", war.Spec.Identity, issuer, onPremHost)
 	}
-	// docs/identity.md: <group>-jwt-<shortName>-<subject as a DNS label>.
-	if want := "ratings-jwt-kube-vm-01-example-com"; war.Name != want {
-		t.Errorf("registration name %s, want %s", war.Name, want)
+	// docs/identity.md: <group>-jwt-<shortName>-<subject>, the subject's
+	// dots kept (a valid DNS-1123 subdomain).
+	if want := registry.RegistrationName("ratings", registry.IdentityName(war.Spec.Identity), 0); war.Name != want || !strings.HasPrefix(war.Name, "ratings-jwt-kube-vm-01.example.com") {
+		t.Errorf("registration name %s, want %s, starting ratings-jwt-kube-vm-01.example.com", war.Name, want)
 	}
 	t.Logf("on-prem host registered as %s with identity %+v", war.Name, *id)
 }
