@@ -85,6 +85,12 @@ type LifecycleOptions struct {
 	// GracePeriod is how long a workload may have no ADS stream before its
 	// registration and WorkloadEntry are removed. Default: 5m.
 	GracePeriod time.Duration
+	// NeverConnectedAfter is how long after registering a workload whose
+	// sidecar never opened an ADS stream is shown AgentConnected=False,
+	// reason AgentNeverConnected. It is removed at the end of the grace
+	// period from its registration either way. Default: 1m
+	// (DefaultNeverConnectedAfter).
+	NeverConnectedAfter time.Duration
 	// RemovalQPS bounds the steady rate of removals (token bucket).
 	// Default: 20.
 	RemovalQPS float64
@@ -117,6 +123,11 @@ type LifecycleOptions struct {
 	Logger *slog.Logger
 	// Clock for grace-period decisions and timestamps. Default: time.Now.
 	Clock func() time.Time
+
+	// Leading is more work run only on the sweeping replica, while it leads
+	// (e.g. rollout.Controller.Run), started again after 5s when it fails.
+	// Default: none.
+	Leading []func(context.Context) error
 }
 
 // ElectionTiming times the sweeper's leader election.
@@ -145,6 +156,9 @@ func (o *LifecycleOptions) setDefaults() error {
 	}
 	if o.GracePeriod <= 0 {
 		o.GracePeriod = DefaultGracePeriod
+	}
+	if o.NeverConnectedAfter <= 0 {
+		o.NeverConnectedAfter = DefaultNeverConnectedAfter
 	}
 	if o.RemovalQPS <= 0 {
 		o.RemovalQPS = DefaultRemovalQPS
@@ -223,7 +237,7 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 	}
 	l.sweeper = &sweeper{
 		client: opts.Client, reader: opts.APIReader, cache: opts.Cache, leases: l.leases,
-		grace: opts.GracePeriod, resync: opts.ResyncPeriod, workers: opts.Workers,
+		grace: opts.GracePeriod, neverConnectedAfter: opts.NeverConnectedAfter, resync: opts.ResyncPeriod, workers: opts.Workers,
 		removals: rate.NewLimiter(rate.Limit(opts.RemovalQPS), opts.RemovalBurst),
 		writer:   writes, recorder: opts.Recorder, metrics: opts.Metrics, now: opts.Clock,
 		log: log.With("component", "sweeper"),
@@ -335,6 +349,9 @@ func (l *Lifecycle) lead(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { runWhileLeading(ctx, l.sweeper.run, log) })
 	wg.Go(func() { runWhileLeading(ctx, l.drift.run, l.drift.log) })
+	for _, fn := range l.opts.Leading {
+		wg.Go(func() { runWhileLeading(ctx, fn, log) })
+	}
 	wg.Wait()
 	log.Info("stopped leading")
 }
@@ -429,8 +446,10 @@ func decide(war *runtimev1alpha1.WorkloadAutoRegistration, now time.Time, grace 
 		}
 	default:
 		// Never connected (no condition, AgentNeverConnected or Unknown).
+		// The grace period runs from the registration: writing
+		// AgentNeverConnected does not extend it.
 		d.since = war.CreationTimestamp.Time
-		if cond != nil && cond.LastTransitionTime.After(d.since) {
+		if cond != nil && cond.Reason != runtimev1alpha1.ReasonAgentNeverConnected && cond.LastTransitionTime.After(d.since) {
 			d.since = cond.LastTransitionTime.Time
 		}
 		d.cause = causeNeverConnected
@@ -462,6 +481,9 @@ type sweeper struct {
 	metrics  *LifecycleMetrics
 	log      *slog.Logger
 	now      func() time.Time
+
+	// neverConnectedAfter: see LifecycleOptions.NeverConnectedAfter.
+	neverConnectedAfter time.Duration
 
 	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
 }
@@ -531,7 +553,18 @@ func (s *sweeper) process(ctx context.Context, key types.NamespacedName) error {
 	case verdictKeep:
 		return nil
 	case verdictWait:
-		s.queue.AddAfter(key, d.at.Sub(s.now()))
+		at := d.at
+		if d.cause == causeNeverConnected {
+			due, when := neverConnectedDue(war, s.now(), s.neverConnectedAfter)
+			if due {
+				if err := s.markNeverConnected(ctx, war); err != nil {
+					return err
+				}
+			} else if !when.IsZero() && when.Before(at) {
+				at = when
+			}
+		}
+		s.queue.AddAfter(key, at.Sub(s.now()))
 		return nil
 	case verdictMarkGone:
 		return s.markGone(ctx, war)

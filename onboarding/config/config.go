@@ -26,6 +26,9 @@ const (
 	Kind       = "OnboardingEndpointConfiguration"
 )
 
+// DefaultNeverConnectedAfter is registration.neverConnectedAfter's default.
+const DefaultNeverConnectedAfter = time.Minute
+
 // Defaults.
 const (
 	DefaultListenAddress      = ":15443"
@@ -172,6 +175,20 @@ type JWTIssuer struct {
 	// JWKS inline (a JSON Web Key Set) or JWKSURL (https).
 	JWKS    string `json:"jwks,omitempty"`
 	JWKSURL string `json:"jwksURL,omitempty"`
+	// With neither jwks nor jwksURL the key set is found by OIDC discovery
+	// (<issuer>/.well-known/openid-configuration); issuer must be https.
+	// CAFile (PEM) holds the roots the issuer's discovery document and JWKS
+	// are fetched with. Default: the system roots.
+	CAFile string `json:"caFile,omitempty"`
+	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
+	// Default 1h.
+	MaxTokenLifetime *metav1.Duration `json:"maxTokenLifetime,omitempty"`
+	// SubjectPrefix is required at the start of sub and removed from it
+	// (e.g. "system:serviceaccount:onprem:" for a Kubernetes issuer).
+	SubjectPrefix string `json:"subjectPrefix,omitempty"`
+	// AllowTokensWithoutJTI accepts tokens without a jti (which cannot be
+	// refused as replays). Default false.
+	AllowTokensWithoutJTI bool `json:"allowTokensWithoutJTI,omitempty"`
 	// Attributes maps attribute names to dotted claim paths.
 	Attributes map[string]string `json:"attributes,omitempty"`
 }
@@ -181,6 +198,11 @@ type Registration struct {
 	// GracePeriod after a workload's last stream closed before its
 	// registration is removed. Default 5m.
 	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
+	// NeverConnectedAfter is how long after registering a workload whose
+	// sidecar has not opened an ADS stream is shown AgentConnected=False,
+	// reason AgentNeverConnected (it is still removed at the end of the grace
+	// period from its registration). Zero or unset: 1m.
+	NeverConnectedAfter *metav1.Duration `json:"neverConnectedAfter,omitempty"`
 	// PropagationDelay the agent waits after unregistering. Default 5s.
 	PropagationDelay *metav1.Duration `json:"propagationDelay,omitempty"`
 	// WriteQPS and WriteBurst limit API writes of one replica. Default 50/100.
@@ -345,6 +367,9 @@ func (c *Configuration) SetDefaults() {
 	if r.GracePeriod == nil {
 		r.GracePeriod = &metav1.Duration{Duration: DefaultGracePeriod}
 	}
+	if r.NeverConnectedAfter == nil || r.NeverConnectedAfter.Duration == 0 {
+		r.NeverConnectedAfter = &metav1.Duration{Duration: DefaultNeverConnectedAfter}
+	}
 	if r.PropagationDelay == nil {
 		r.PropagationDelay = &metav1.Duration{Duration: DefaultPropagationDelay}
 	}
@@ -422,13 +447,19 @@ func (c *Configuration) Validate() field.ErrorList {
 			errs = append(errs, field.Duplicate(p.Child("shortName"), j.ShortName))
 		}
 		seen[j.ShortName] = true
-		if (j.JWKS == "") == (j.JWKSURL == "") {
-			errs = append(errs, field.Invalid(p.Child("jwks"), j.JWKS, "set exactly one of jwks and jwksURL"))
+		if j.JWKS != "" && j.JWKSURL != "" {
+			errs = append(errs, field.Invalid(p.Child("jwks"), j.JWKS, "set at most one of jwks and jwksURL (neither: OIDC discovery)"))
+		}
+		if j.MaxTokenLifetime != nil && j.MaxTokenLifetime.Duration < 0 {
+			errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), j.MaxTokenLifetime.Duration.String(), "must not be negative"))
 		}
 	}
 	r := field.NewPath("registration")
 	if c.Registration.GracePeriod.Duration < minGracePeriod {
 		errs = append(errs, field.Invalid(r.Child("gracePeriod"), c.Registration.GracePeriod.Duration.String(), "must be at least 1s"))
+	}
+	if c.Registration.NeverConnectedAfter.Duration < 0 {
+		errs = append(errs, field.Invalid(r.Child("neverConnectedAfter"), c.Registration.NeverConnectedAfter.Duration.String(), "must not be negative"))
 	}
 	if c.Registration.PropagationDelay.Duration < 0 {
 		errs = append(errs, field.Invalid(r.Child("propagationDelay"), c.Registration.PropagationDelay.Duration.String(), "must not be negative"))

@@ -24,6 +24,7 @@ func TestParseDefaults(t *testing.T) {
 	}{
 		{"token expiration", cfg.TokenIssuer.JWT.Expiration.Duration, time.Hour},
 		{"grace period", cfg.Registration.GracePeriod.Duration, 5 * time.Minute},
+		{"never connected after", cfg.Registration.NeverConnectedAfter.Duration, time.Minute},
 		{"health damping", cfg.Registration.HealthDamping.Duration, 10 * time.Second},
 		{"namespace", cfg.Namespace, "istio-system"},
 		{"discovery address", cfg.Mesh.DiscoveryAddress, "onboarding-endpoint.example.corp:15012"},
@@ -76,7 +77,9 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "expiration not a duration", yaml: minimal + "tokenIssuer: {jwt: {expiration: soon}}\n", wantErr: "soon"},
 		{name: "grace period too short", yaml: minimal + "registration: {gracePeriod: 10ms}\n", wantErr: "registration.gracePeriod"},
 		{name: "negative health damping", yaml: minimal + "registration: {healthDamping: -1s}\n", wantErr: "registration.healthDamping"},
-		{name: "jwt issuer without keys", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp}]}\n", wantErr: "identity.jwt[0].jwks"},
+		{name: "jwt issuer with both jwks and jwksURL", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, jwks: '{}', jwksURL: 'https://idp.example/keys'}]}\n", wantErr: "identity.jwt[0].jwks"},
+		{name: "jwt negative maxTokenLifetime", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, maxTokenLifetime: -1m}]}\n", wantErr: "identity.jwt[0].maxTokenLifetime"},
+		{name: "negative neverConnectedAfter", yaml: minimal + "registration: {neverConnectedAfter: -1s}\n", wantErr: "registration.neverConnectedAfter"},
 		{name: "jwt duplicate short name", yaml: minimal + "identity: {jwt: [{issuer: 'https://a', shortName: idp, jwksURL: 'https://a/keys'}, {issuer: 'https://b', shortName: idp, jwksURL: 'https://b/keys'}]}\n", wantErr: "identity.jwt[1].shortName: Duplicate value"},
 		{name: "bad listen", yaml: minimal + "listen: {xds: '15012'}\n", wantErr: "listen.xds"},
 		{name: "debounce too long", yaml: minimal + "xds: {debounce: 1m}\n", wantErr: "xds.debounce"},

@@ -125,6 +125,8 @@ func (d *demo) steps() []step {
 		step{"an instance of an account no OnboardingPolicy allows is refused", d.refuse},
 		step{"kubectl delete war " + d.vms[1].name + "'s registration: its onboarding agent onboards again and restarts the sidecar",
 			func(ctx context.Context, out io.Writer) error { return d.deleteRegistration(ctx, out, d.vms[1]) }},
+		step{"WorkloadGroupRollout (maxUnavailable 1): the group changes, each VM onboards again in turn, all connected with the new spec",
+			d.rollingUpdate},
 		step{"power off " + last.name + " (onboarding agent killed, sidecar stopped): its registration shows the disconnect",
 			func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
 		step{fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.name, gracePeriod),

@@ -47,6 +47,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/rollout"
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/configsource"
@@ -269,13 +270,19 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	// Rolling updates of opted-in WorkloadGroups, on the sweeping replica.
+	rollouts, err := rollout.New(rollout.Options{Client: kc, Cache: informers, Recorder: recorder, Logger: log})
+	if err != nil {
+		return err
+	}
 	lifecycle, err := registry.NewLifecycle(registry.LifecycleOptions{
 		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
-		RemovalBurst: cfg.Registration.SweepBurst,
-		Writes:       registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
-		Recorder:     recorder, Metrics: lifecycleMetrics, Logger: log,
+		RemovalBurst: cfg.Registration.SweepBurst, NeverConnectedAfter: cfg.Registration.NeverConnectedAfter.Duration,
+		Writes:   registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Recorder: recorder, Metrics: lifecycleMetrics, Logger: log,
+		Leading: []func(context.Context) error{rollouts.Run},
 	})
 	if err != nil {
 		return err
@@ -525,10 +532,22 @@ func newAWSVerifier(cfg *config.Configuration, log *slog.Logger) (*awsidentity.V
 func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.Verifier, error) {
 	issuers := make([]jwtidentity.IssuerConfig, 0, len(cfg.Identity.JWT))
 	for _, j := range cfg.Identity.JWT {
-		issuers = append(issuers, jwtidentity.IssuerConfig{
+		is := jwtidentity.IssuerConfig{
 			Issuer: j.Issuer, ShortName: j.ShortName, Audiences: j.Audiences,
 			JWKS: []byte(j.JWKS), JWKSURL: j.JWKSURL, Attributes: j.Attributes,
-		})
+			AllowTokensWithoutJTI: j.AllowTokensWithoutJTI, SubjectPrefix: j.SubjectPrefix,
+		}
+		if j.MaxTokenLifetime != nil {
+			is.MaxTokenLifetime = j.MaxTokenLifetime.Duration
+		}
+		if j.CAFile != "" {
+			ca, err := os.ReadFile(j.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("identity.jwt %s: caFile: %w", j.Issuer, err)
+			}
+			is.CACertificates = ca
+		}
+		issuers = append(issuers, is)
 	}
 	v, err := jwtidentity.NewVerifier(issuers, jwtidentity.WithLogger(log))
 	if err != nil {
