@@ -160,4 +160,3 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
-
