@@ -702,3 +702,16 @@ func (b *boundStream[Req, Resp]) pump() {
 		}
 	}
 }
+
+// State counts what the server holds: open streams, bound workloads, nodes
+// with a snapshot, and the snapshot cache's per-node status entries.
+type State struct {
+	Streams, Workloads, Nodes, CacheStatuses int
+}
+
+// State returns what the server holds now.
+func (s *Server) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return State{Streams: len(s.streams), Workloads: len(s.byWorkload), Nodes: len(s.nodes), CacheStatuses: len(s.snapshots.GetStatusKeys())}
+}
