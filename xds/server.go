@@ -28,7 +28,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/nodeid"
 )
 
 // Informers gives the informers the server watches (controller-runtime's
@@ -78,6 +80,10 @@ type Options struct {
 	// Clock tells when a sidecar token expired (its stream is then
 	// closed) and stamps ACKs. Default time.Now.
 	Clock func() time.Time
+	// FirstRequestTimeout is how long a workload stream may wait for its
+	// first request, which names the node, before it is closed
+	// DeadlineExceeded. Default limits.DefaultFirstRequestTimeout (10s).
+	FirstRequestTimeout time.Duration
 }
 
 func (o *Options) setDefaults() error {
@@ -107,6 +113,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.Clock == nil {
 		o.Clock = time.Now
+	}
+	if o.FirstRequestTimeout <= 0 {
+		o.FirstRequestTimeout = limits.DefaultFirstRequestTimeout
 	}
 	return nil
 }
@@ -341,7 +350,7 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 	denied := func(reason, format string, args ...any) error {
 		return refuse(codes.PermissionDenied, reason, format, args...)
 	}
-	info, err := ParseNodeID(node.GetId())
+	info, err := nodeid.Parse(node.GetId())
 	if err != nil {
 		return nil, denied(reasonBadNodeID, "%v", err)
 	}
@@ -516,7 +525,7 @@ func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp
 		})
 		defer t.Stop()
 	}
-	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st.kill)
+	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st)
 	go bs.pump()
 	err := handle(bs)
 	select {
@@ -526,6 +535,30 @@ func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp
 	default:
 	}
 	return err
+}
+
+// recvFirst waits for the first request of a workload stream at most
+// FirstRequestTimeout: a client that opens streams and sends nothing holds
+// them no longer. When it gives up, the handler returns, which ends the
+// stream and the receiving goroutine with it.
+func recvFirst[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp]) (*Req, error) {
+	type result struct {
+		req *Req
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		r, err := ss.Recv()
+		got <- result{r, err}
+	}()
+	t := time.NewTimer(s.opts.FirstRequestTimeout)
+	defer t.Stop()
+	select {
+	case r := <-got:
+		return r.req, r.err
+	case <-t.C:
+		return nil, s.opts.Metrics.refusedStream(refuse(codes.DeadlineExceeded, reasonNoFirstRequest, "no request within %s of opening the stream", s.opts.FirstRequestTimeout))
+	}
 }
 
 // adsService is the authenticated ADS service.
@@ -540,7 +573,7 @@ func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryS
 	if _, err := bearerToken(ss.Context()); err != nil {
 		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
 	}
-	first, err := ss.Recv()
+	first, err := recvFirst(s, ss)
 	if err != nil {
 		return err
 	}
@@ -564,7 +597,7 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 	if _, err := bearerToken(ss.Context()); err != nil {
 		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
 	}
-	first, err := ss.Recv()
+	first, err := recvFirst(s, ss)
 	if err != nil {
 		return err
 	}
@@ -598,18 +631,25 @@ func (d *debugService) StreamAggregatedResources(ss discovery.AggregatedDiscover
 }
 
 // boundStream hands go-control-plane a stream whose context carries the
-// server's stream and whose Recv ends when the server closes the stream.
+// server's stream, whose requests all carry the first request's node (or
+// none), and whose Recv ends when the server closes the stream.
 type boundStream[Req, Resp any] struct {
 	grpc.BidiStreamingServer[Req, Resp]
 	ctx   context.Context
 	first *Req
 	in    chan *Req
+	st    *stream
 	kill  <-chan struct{}
+	guard *nodeGuard
 	err   error // why in was closed; written before close(in)
 }
 
-func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, kill <-chan struct{}) *boundStream[Req, Resp] {
-	return &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, in: make(chan *Req), kill: kill}
+func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, st *stream) *boundStream[Req, Resp] {
+	var pinned any
+	if first != nil {
+		pinned = first
+	}
+	return &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, in: make(chan *Req), st: st, kill: st.kill, guard: newNodeGuard(pinned)}
 }
 
 // Context implements grpc.ServerStream.
@@ -635,13 +675,20 @@ func (b *boundStream[Req, Resp]) Recv() (*Req, error) {
 }
 
 // pump reads the client's requests; it ends when the gRPC stream ends (the
-// handler returned) or the server closed the stream.
+// handler returned), the server closed the stream, or a request carries
+// another node than the first (the stream is then closed PermissionDenied
+// before anything else sees that request).
 func (b *boundStream[Req, Resp]) pump() {
 	defer close(b.in)
 	for {
 		r, err := b.BidiStreamingServer.Recv()
 		if err != nil {
 			b.err = err
+			return
+		}
+		if refused := b.guard.check(r); refused != nil {
+			b.st.close(refused.code, refused.reason, refused.msg)
+			b.err = refused
 			return
 		}
 		select {
@@ -654,4 +701,17 @@ func (b *boundStream[Req, Resp]) pump() {
 			return
 		}
 	}
+}
+
+// State counts what the server holds: open streams, bound workloads, nodes
+// with a snapshot, and the snapshot cache's per-node status entries.
+type State struct {
+	Streams, Workloads, Nodes, CacheStatuses int
+}
+
+// State returns what the server holds now.
+func (s *Server) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return State{Streams: len(s.streams), Workloads: len(s.byWorkload), Nodes: len(s.nodes), CacheStatuses: len(s.snapshots.GetStatusKeys())}
 }

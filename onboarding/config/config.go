@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
+
+	"github.com/embark-mesh/embark/onboarding/limits"
 )
 
 // APIVersion and Kind identify the configuration file.
@@ -78,6 +80,21 @@ type Configuration struct {
 	Listen Listen `json:"listen,omitempty"`
 	// XDS configures what the xDS server serves.
 	XDS XDS `json:"xds,omitempty"`
+	// Limits bound what clients can make each server hold
+	// (docs/onboarding-endpoint.md, "Limits"). Every zero field means its
+	// default.
+	Limits Limits `json:"limits,omitempty"`
+}
+
+// Limits are the limits of the endpoint's three client-facing servers.
+type Limits struct {
+	// Onboarding API (gRPC).
+	Onboarding limits.Options `json:"onboarding,omitempty"`
+	// XDS server (gRPC); firstRequestTimeout applies here only.
+	XDS limits.Options `json:"xds,omitempty"`
+	// Repository: the local repository (HTTP); httpWriteTimeout applies
+	// here only.
+	Repository limits.Options `json:"repository,omitempty"`
 }
 
 // XDS configures the configuration served over xDS.
@@ -101,7 +118,9 @@ type Endpoint struct {
 	// they change; an alternative to SecretName.
 	CertFile string `json:"certFile,omitempty"`
 	KeyFile  string `json:"keyFile,omitempty"`
-	// Plaintext serves without TLS. Only for tests on loopback.
+	// Plaintext serves without TLS. Only for tests: the onboarding, xDS and
+	// repository listen addresses must then be loopback addresses
+	// (127.0.0.0/8, ::1 or localhost), or the configuration is refused.
 	Plaintext bool `json:"plaintext,omitempty"`
 }
 
@@ -363,6 +382,9 @@ func (c *Configuration) SetDefaults() {
 			c.Identity.JWT[i].Audiences = []string{c.Endpoint.Hosts[0]}
 		}
 	}
+	c.Limits.Onboarding.SetDefaults()
+	c.Limits.XDS.SetDefaults()
+	c.Limits.Repository.SetDefaults()
 	r := &c.Registration
 	if r.GracePeriod == nil {
 		r.GracePeriod = &metav1.Duration{Duration: DefaultGracePeriod}
@@ -501,11 +523,34 @@ func (c *Configuration) Validate() field.ErrorList {
 		errs = append(errs, field.Invalid(r.Child("sweepBurst"), c.Registration.SweepBurst, "must be positive"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}, {"repository", c.Listen.Repository}} {
-		if _, _, err := net.SplitHostPort(l.addr); err != nil {
+		host, _, err := net.SplitHostPort(l.addr)
+		switch {
+		case err != nil:
 			errs = append(errs, field.Invalid(field.NewPath("listen", l.name), l.addr, "must be [host]:port"))
+		case c.Endpoint.Plaintext && l.name != "metrics" && (l.name != "repository" || c.LocalRepository != nil) && !isLoopback(host):
+			errs = append(errs, field.Invalid(field.NewPath("listen", l.name), l.addr,
+				"endpoint.plaintext serves without TLS and is allowed only on loopback listen addresses (127.0.0.1, ::1 or localhost); configure TLS (endpoint.secretName or certFile/keyFile) to listen elsewhere"))
+		}
+	}
+	lp := field.NewPath("limits")
+	for _, l := range []struct {
+		name string
+		o    *limits.Options
+	}{{"onboarding", &c.Limits.Onboarding}, {"xds", &c.Limits.XDS}, {"repository", &c.Limits.Repository}} {
+		if name, msg, ok := l.o.Validate(); !ok {
+			errs = append(errs, field.Invalid(lp.Child(l.name, name), "", msg))
 		}
 	}
 	return errs
+}
+
+// isLoopback tells whether a listen host accepts loopback connections only.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 // Audience is the audience of onboarding tokens and STS proofs: this

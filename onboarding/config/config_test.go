@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/embark-mesh/embark/onboarding/limits"
 )
 
 const minimal = `apiVersion: config.onboarding.tetrate.io/v1alpha1
@@ -40,6 +42,53 @@ func TestParseDefaults(t *testing.T) {
 				t.Errorf("got %v, want %v", tt.got, tt.want)
 			}
 		})
+	}
+}
+
+const plaintext = `apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+endpoint:
+  hosts: [onboarding-endpoint.example.corp]
+  plaintext: true
+`
+
+// endpoint.plaintext is accepted on loopback listen addresses only.
+func TestPlaintextOnLoopback(t *testing.T) {
+	for _, listen := range []string{
+		"listen: {onboarding: '127.0.0.1:15443', xds: '127.0.0.1:15012'}",
+		"listen: {onboarding: '[::1]:15443', xds: 'localhost:15012', repository: '127.0.0.2:8443'}\nlocalRepository: {}",
+		// The repository is not served without localRepository.
+		"listen: {onboarding: '127.0.0.1:15443', xds: '127.0.0.1:15012', repository: ':8443'}",
+	} {
+		if _, err := Parse([]byte(plaintext + listen + "\n")); err != nil {
+			t.Errorf("%s: %v", listen, err)
+		}
+	}
+}
+
+// Every limit has its default; a zero written in the file means the
+// default too; a set value is kept.
+func TestLimitsDefaults(t *testing.T) {
+	cfg, err := Parse([]byte(minimal + "limits: {xds: {maxConnectionsPerSource: 0, firstRequestTimeout: 0s, requestsPerSecondPerSource: 5}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name      string
+		got, want any
+	}{
+		{"xds per-source connections (zero)", cfg.Limits.XDS.MaxConnectionsPerSource, limits.DefaultMaxConnectionsPerSource},
+		{"xds first request (zero)", cfg.Limits.XDS.FirstRequestTimeout.Duration, limits.DefaultFirstRequestTimeout},
+		{"xds rate (set)", cfg.Limits.XDS.RequestsPerSecondPerSource, 5.0},
+		{"onboarding rate", cfg.Limits.Onboarding.RequestsPerSecondPerSource, float64(limits.DefaultRequestsPerSecondPerSource)},
+		{"onboarding streams", cfg.Limits.Onboarding.MaxConcurrentStreams, uint32(limits.DefaultMaxConcurrentStreams)},
+		{"onboarding keepalive", cfg.Limits.Onboarding.KeepaliveMinTime.Duration, limits.DefaultKeepaliveMinTime},
+		{"repository write timeout", cfg.Limits.Repository.HTTPWriteTimeout.Duration, limits.DefaultHTTPWriteTimeout},
+		{"repository connections", cfg.Limits.Repository.MaxConnections, limits.DefaultMaxConnections},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("%s = %v, want %v", tt.name, tt.got, tt.want)
+		}
 	}
 }
 
@@ -85,6 +134,13 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "debounce too long", yaml: minimal + "xds: {debounce: 1m}\n", wantErr: "xds.debounce"},
 		{name: "debounce zero", yaml: minimal + "xds: {debounce: 0s}\n", wantErr: "xds.debounce"},
 		{name: "bad root namespace", yaml: minimal + "mesh: {rootNamespace: Istio_System}\n", wantErr: "mesh.rootNamespace"},
+		{name: "plaintext on every interface", yaml: plaintext + "listen: {onboarding: '127.0.0.1:1', xds: ':15012'}\n", wantErr: "listen.xds: Invalid value: \":15012\": endpoint.plaintext serves without TLS"},
+		{name: "plaintext on a routable address", yaml: plaintext + "listen: {onboarding: '10.0.0.1:15443', xds: '127.0.0.1:1'}\n", wantErr: "listen.onboarding"},
+		{name: "plaintext repository on every interface", yaml: plaintext + "listen: {onboarding: '127.0.0.1:1', xds: '[::1]:2', repository: '0.0.0.0:8443'}\nlocalRepository: {}\n", wantErr: "listen.repository"},
+		{name: "plaintext by default listen addresses", yaml: plaintext, wantErr: "listen.onboarding"},
+		{name: "negative per-source connections", yaml: minimal + "limits: {xds: {maxConnectionsPerSource: -1}}\n", wantErr: "limits.xds.maxConnectionsPerSource"},
+		{name: "negative first request timeout", yaml: minimal + "limits: {xds: {firstRequestTimeout: -1s}}\n", wantErr: "limits.xds.firstRequestTimeout"},
+		{name: "per-source above total", yaml: minimal + "limits: {onboarding: {maxConnectionsPerSource: 20, maxConnections: 10}}\n", wantErr: "limits.onboarding.maxConnectionsPerSource"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

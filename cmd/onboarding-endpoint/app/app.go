@@ -349,13 +349,18 @@ func Run(ctx context.Context, opts Options) error {
 		Reader: informers, APIReader: apiReader, Informers: informers,
 		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
 		Config: configSource, NACKMetrics: nackMetrics, Metrics: xdsMetrics,
+		FirstRequestTimeout: cfg.Limits.XDS.FirstRequestTimeout.Duration,
 	})
 	if err != nil {
 		return err
 	}
+	lim, err := newLimiters(cfg, reg)
+	if err != nil {
+		return err
+	}
 
-	grpcOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor())}
-	var xdsOpts []grpc.ServerOption
+	grpcOpts := append(lim.onboarding.GRPCServerOptions(), grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor()))
+	xdsOpts := lim.xds.GRPCServerOptions()
 	var servingTLS *tls.Config // nil when plaintext; the local repository serves with it
 	switch {
 	case cfg.Endpoint.Plaintext:
@@ -410,7 +415,8 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("listen on %s (xDS debug): %w", opts.DebugXDS, err)
 		}
 	}
-	repo, err := startRepository(cfg, servingTLS, log)
+	lis, xlis = lim.onboarding.Listen(lis), lim.xds.Listen(xlis)
+	repo, err := startRepository(cfg, servingTLS, lim.repository, log)
 	if err != nil {
 		_ = lis.Close()
 		_ = mlis.Close()
