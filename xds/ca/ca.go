@@ -147,7 +147,7 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	if req.GetCsr() == "" {
 		return nil, status.Error(codes.InvalidArgument, "certificate request without a CSR")
 	}
-	if v := req.GetValidityDuration(); v < 0 || time.Duration(v)*time.Second > MaxValidity {
+	if v := req.GetValidityDuration(); v < 0 || v > int64(MaxValidity/time.Second) {
 		return nil, status.Errorf(codes.InvalidArgument, "validity of %ds is outside 0..%ds", v, int64(MaxValidity/time.Second))
 	}
 	if !r.limit.Allow() {
