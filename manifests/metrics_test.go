@@ -18,6 +18,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/endpoint"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/ca"
 	"github.com/embark-mesh/embark/xds/configsource"
 )
 
@@ -47,6 +48,9 @@ func exportedMetrics(reg prometheus.Registerer, reader client.Reader) error {
 	}
 	if _, err := xds.NewMetrics(reg); err != nil {
 		return fmt.Errorf("xDS stream metrics: %w", err)
+	}
+	if _, err := ca.NewMetrics(reg); err != nil {
+		return fmt.Errorf("certificate relay metrics: %w", err)
 	}
 	return nil
 }

@@ -41,7 +41,7 @@ type Identity struct {
 // Write writes every file of boot. The token file is written last so that a
 // sidecar that starts at any point sees a complete configuration.
 func (f *Files) Write(id Identity, boot *onboardingv1alpha1.SidecarBootstrap) error {
-	env, err := ClusterEnv(id, boot, f.Revision)
+	env, err := ClusterEnv(id, boot, f.Revision, f.Paths.RootCert)
 	if err != nil {
 		return err
 	}
@@ -73,8 +73,15 @@ func (f *Files) WriteToken(token string) error {
 }
 
 // ClusterEnv renders cluster.env: the environment Istio's agent starts with
-// (the node ID is sidecar~INSTANCE_IP~POD_NAME.POD_NAMESPACE~...).
-func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, revision string) ([]byte, error) {
+// (the node ID is sidecar~INSTANCE_IP~POD_NAME.POD_NAMESPACE~...). rootCert
+// is the path of the bootstrap's root certificates: pilot-agent verifies the
+// discovery address with them (XDS_ROOT_CA) and the certificate service,
+// which the endpoint serves on the same address (CA_ROOT_CA; CA_ADDR is left
+// to default to the discovery address). The workload certificate comes from
+// that service: no FILE_MOUNTED_CERTS. Neither AUTO_REGISTER_GROUP nor
+// WORKLOAD_ENTRY metadata is set, so istiod's own auto-registration never
+// takes the sidecar for one it registers.
+func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, revision, rootCert string) ([]byte, error) {
 	labels, err := json.Marshal(boot.GetLabels())
 	if err != nil {
 		return nil, fmt.Errorf("encode workload labels: %w", err)
@@ -95,6 +102,10 @@ func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, revision
 	}
 	if revision != "" {
 		vars["ISTIO_REVISION"] = revision
+	}
+	if rootCert != "" {
+		vars["XDS_ROOT_CA"] = rootCert
+		vars["CA_ROOT_CA"] = rootCert
 	}
 	keys := make([]string, 0, len(vars))
 	for k := range vars {

@@ -47,9 +47,15 @@ func TestWriteBootstrap(t *testing.T) {
 	}
 	env := read(f.Paths.ClusterEnv)
 	for _, want := range []string{"POD_NAME='ratings-x'\n", "POD_NAMESPACE='bookinfo'\n", "INSTANCE_IP='172.31.5.254'\n", "ISTIO_META_NETWORK='virtual-machines'\n",
-		"ISTIO_REVISION='canary'\n", `ISTIO_METAJSON_LABELS='{"app":"ratings","quote":"it'\''s","version":"v5"}'` + "\n", "SERVICE_ACCOUNT='ratings-vm'\n"} {
+		"ISTIO_REVISION='canary'\n", `ISTIO_METAJSON_LABELS='{"app":"ratings","quote":"it'\''s","version":"v5"}'` + "\n", "SERVICE_ACCOUNT='ratings-vm'\n",
+		"CA_ROOT_CA='" + f.Paths.RootCert + "'\n", "XDS_ROOT_CA='" + f.Paths.RootCert + "'\n"} {
 		if !strings.Contains(env, want) {
 			t.Errorf("cluster.env lacks %q:\n%s", want, env)
+		}
+	}
+	for _, never := range []string{"FILE_MOUNTED_CERTS", "AUTO_REGISTER_GROUP", "WORKLOAD_ENTRY=", "CA_ADDR"} {
+		if strings.Contains(env, never) {
+			t.Errorf("cluster.env sets %s (istiod's auto-registration, or certificates not from the endpoint):\n%s", never, env)
 		}
 	}
 	var mesh struct {
