@@ -39,7 +39,7 @@ type sotwSub struct {
 
 func newSotwState() *sotwState { return &sotwState{subs: map[string]*sotwSub{}} }
 
-func (s *sotwState) node(r *sotwReq) *core.Node     { return r.GetNode() }
+func (s *sotwState) node(r *sotwReq) *core.Node       { return r.GetNode() }
 func (s *sotwState) setNode(r *sotwReq, n *core.Node) { r.Node = n }
 func (s *sotwState) nonce(r *sotwResp) *string        { return &r.Nonce }
 func (s *sotwState) sent(*sotwResp)                   {}
@@ -101,7 +101,7 @@ type deltaPending struct {
 
 func newDeltaState() *deltaState { return &deltaState{subs: map[string]*deltaSub{}} }
 
-func (s *deltaState) node(r *deltaReq) *core.Node     { return r.GetNode() }
+func (s *deltaState) node(r *deltaReq) *core.Node       { return r.GetNode() }
 func (s *deltaState) setNode(r *deltaReq, n *core.Node) { r.Node = n }
 func (s *deltaState) nonce(r *deltaResp) *string        { return &r.Nonce }
 
