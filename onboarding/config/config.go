@@ -74,7 +74,30 @@ type Configuration struct {
 	Listen Listen `json:"listen,omitempty"`
 	// XDS configures what the xDS server serves.
 	XDS XDS `json:"xds,omitempty"`
+	// Istiod is the istiod Embark runs beside. Empty address: no istiod
+	// (standalone; no certificate service for VMs).
+	Istiod Istiod `json:"istiod,omitempty"`
 }
+
+// Istiod is how the endpoint reaches istiod's secure gRPC port, whose
+// certificate service (istio.v1.auth.IstioCertificateService) it relays to
+// VMs on its own xDS address. Fields are added here for what else the
+// endpoint takes from istiod.
+type Istiod struct {
+	// Address of istiod's secure gRPC port, host:port, e.g.
+	// istiod.istio-system.svc:15012. Empty: no istiod (standalone).
+	Address string `json:"address,omitempty"`
+	// ServerName is the DNS name istiod's serving certificate is verified
+	// against. Default: the host of Address.
+	ServerName string `json:"serverName,omitempty"`
+	// RootCertFile is a PEM file of istiod's root certificates (the
+	// istio-ca-root-cert ConfigMap's root-cert.pem mounted as a file), read
+	// again when it changes. Required with Address.
+	RootCertFile string `json:"rootCertFile,omitempty"`
+}
+
+// Enabled reports whether an istiod is configured.
+func (i Istiod) Enabled() bool { return i.Address != "" }
 
 // XDS configures the configuration served over xDS.
 type XDS struct {
@@ -303,6 +326,11 @@ func (c *Configuration) SetDefaults() {
 			c.Identity.JWT[i].Audiences = []string{c.Endpoint.Hosts[0]}
 		}
 	}
+	if c.Istiod.Address != "" && c.Istiod.ServerName == "" {
+		if host, _, err := net.SplitHostPort(c.Istiod.Address); err == nil {
+			c.Istiod.ServerName = host
+		}
+	}
 	r := &c.Registration
 	if r.GracePeriod == nil {
 		r.GracePeriod = &metav1.Duration{Duration: DefaultGracePeriod}
@@ -415,6 +443,17 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.Registration.SweepBurst < 0 {
 		errs = append(errs, field.Invalid(r.Child("sweepBurst"), c.Registration.SweepBurst, "must be positive"))
+	}
+	if c.Istiod.Enabled() {
+		ip := field.NewPath("istiod")
+		if _, _, err := net.SplitHostPort(c.Istiod.Address); err != nil {
+			errs = append(errs, field.Invalid(ip.Child("address"), c.Istiod.Address, "must be host:port"))
+		}
+		if c.Istiod.RootCertFile == "" {
+			errs = append(errs, field.Required(ip.Child("rootCertFile"), "istiod's root certificates (root-cert.pem of the istio-ca-root-cert ConfigMap)"))
+		}
+	} else if c.Istiod.ServerName != "" || c.Istiod.RootCertFile != "" {
+		errs = append(errs, field.Required(field.NewPath("istiod", "address"), "serverName and rootCertFile need istiod's address"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}, {"repository", c.Listen.Repository}} {
 		if _, _, err := net.SplitHostPort(l.addr); err != nil {

@@ -32,6 +32,7 @@ func TestParseDefaults(t *testing.T) {
 		{"onboarding listen", cfg.Listen.Onboarding, ":15443"},
 		{"xds debounce", cfg.XDS.Debounce.Duration, 100 * time.Millisecond},
 		{"root namespace", cfg.Mesh.RootNamespace, "istio-system"},
+		{"no istiod", cfg.Istiod.Enabled(), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,6 +60,28 @@ localRepository: {}
 	}
 }
 
+func TestParseIstiod(t *testing.T) {
+	tests := []struct {
+		name           string
+		yaml           string
+		wantServerName string
+	}{
+		{name: "server name from address", yaml: "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /etc/istio/root-cert.pem}\n", wantServerName: "istiod.istio-system.svc"},
+		{name: "server name set", yaml: "istiod: {address: '10.0.0.1:15012', serverName: istiod.istio-system.svc, rootCertFile: /r}\n", wantServerName: "istiod.istio-system.svc"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal + tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !cfg.Istiod.Enabled() || cfg.Istiod.ServerName != tt.wantServerName {
+				t.Errorf("istiod = %+v, want enabled with server name %q", cfg.Istiod, tt.wantServerName)
+			}
+		})
+	}
+}
+
 func TestParseRefusesNamingTheField(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -76,6 +99,9 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "expiration not a duration", yaml: minimal + "tokenIssuer: {jwt: {expiration: soon}}\n", wantErr: "soon"},
 		{name: "grace period too short", yaml: minimal + "registration: {gracePeriod: 10ms}\n", wantErr: "registration.gracePeriod"},
 		{name: "negative health damping", yaml: minimal + "registration: {healthDamping: -1s}\n", wantErr: "registration.healthDamping"},
+		{name: "istiod without roots", yaml: minimal + "istiod: {address: 'istiod.istio-system.svc:15012'}\n", wantErr: "istiod.rootCertFile: Required value"},
+		{name: "istiod without port", yaml: minimal + "istiod: {address: istiod, rootCertFile: /r}\n", wantErr: "istiod.address: Invalid value"},
+		{name: "istiod roots without address", yaml: minimal + "istiod: {rootCertFile: /r}\n", wantErr: "istiod.address: Required value"},
 		{name: "jwt issuer without keys", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp}]}\n", wantErr: "identity.jwt[0].jwks"},
 		{name: "jwt duplicate short name", yaml: minimal + "identity: {jwt: [{issuer: 'https://a', shortName: idp, jwksURL: 'https://a/keys'}, {issuer: 'https://b', shortName: idp, jwksURL: 'https://b/keys'}]}\n", wantErr: "identity.jwt[1].shortName: Duplicate value"},
 		{name: "bad listen", yaml: minimal + "listen: {xds: '15012'}\n", wantErr: "listen.xds"},
