@@ -2,7 +2,6 @@ package xds
 
 import (
 	"bytes"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,9 +18,6 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/durationpb"
 	istionetworking "istio.io/api/networking/v1"
 	istiosecurity "istio.io/api/security/v1"
@@ -38,6 +34,7 @@ import (
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds/relay"
+	"github.com/embark-mesh/embark/xds/upstream"
 )
 
 // The tests of istiod mode run Embark's xDS server with a relay to a real
@@ -67,13 +64,19 @@ func tail(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// istiodRelay dials istiod's secure xDS port, verifying it with its root and
-// server name, and returns a relay over that connection.
+// istiodRelay dials istiod's secure xDS port as the endpoint does
+// (upstream.Dial: istiod's root and server name) and returns a relay over
+// that connection.
 func istiodRelay(t *testing.T, i *testenv.Istiod, m *relay.Metrics) *relay.Relay {
 	t.Helper()
-	conn, err := grpc.NewClient(i.SecureGRPCAddr,
-		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: i.RootPool(), ServerName: testenv.IstiodServerName, MinVersion: tls.VersionTLS12})),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second}, MinConnectTimeout: 5 * time.Second}))
+	roots := filepath.Join(t.TempDir(), "root-cert.pem")
+	if err := os.WriteFile(roots, i.RootCert, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := upstream.Dial(t.Context(), upstream.Options{
+		Address: i.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: roots,
+		BackoffMax: 2 * time.Second, Logger: testLogger(t),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
