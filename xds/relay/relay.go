@@ -162,11 +162,9 @@ func parseNonce(n string) (gen uint64, nonce string, ok bool) {
 	return gen, rest, true
 }
 
-type upstreamStream[Req, Resp any] interface {
-	Send(*Req) error
-	Recv() (*Resp, error)
-	CloseSend() error
-}
+// sendQueue bounds the requests waiting to be sent to istiod on one stream
+// (a sidecar sends a few per type and push).
+const sendQueue = 64
 
 // run is the relay loop of one stream. Only this goroutine sends to the
 // sidecar and to istiod; one goroutine reads the sidecar, one reads the
@@ -201,6 +199,7 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 	type opened struct {
 		gen    uint64
 		stream grpc.BidiStreamingClient[Req, Resp]
+		ctx    context.Context // ends with the stream
 		cancel context.CancelFunc
 		err    error
 	}
@@ -215,7 +214,7 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 	var (
 		node       *core.Node
 		gen        uint64 // generation of the current or pending upstream stream
-		up         upstreamStream[Req, Resp]
+		up         chan<- *Req // the current upstream stream's send queue; nil when none
 		upCancel   context.CancelFunc = func() {}
 		connecting bool
 		answered   bool // the current upstream stream answered at least once
@@ -239,7 +238,7 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 				scancel()
 			}
 			select {
-			case openings <- opened{gen: g, stream: st, cancel: scancel, err: err}:
+			case openings <- opened{gen: g, stream: st, ctx: sctx, cancel: scancel, err: err}:
 			case <-ctx.Done():
 				scancel()
 			}
@@ -265,13 +264,18 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 		r.log.Warn("istiod stream failed; the sidecar keeps its configuration, reconnecting", "node", node.GetId(), "retryIn", wait, "error", err)
 		retry = time.After(wait)
 	}
+	// send queues a request for the current upstream stream; a stream whose
+	// queue is full (istiod not reading) is dropped and resynchronised
+	// later, so that the sidecar's stream (its health reports) never waits
+	// for istiod.
 	send := func(req *Req) {
 		if up == nil {
 			return
 		}
-		if err := up.Send(req); err != nil {
-			// The reader reports the stream's status.
-			r.log.Debug("send to istiod", "node", node.GetId(), "error", err)
+		select {
+		case up <- req:
+		default:
+			drop(errors.New("istiod is not reading this stream's requests"))
 		}
 	}
 
@@ -322,10 +326,25 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 				drop(fmt.Errorf("open stream: %w", o.err))
 				continue
 			}
-			up, upCancel = o.stream, o.cancel
+			sendq := make(chan *Req, sendQueue)
+			up, upCancel = sendq, o.cancel
 			m.upstreamConnected()
 			g := o.gen
 			st := o.stream
+			sctx := o.ctx
+			go func() {
+				for {
+					select {
+					case req := <-sendq:
+						if err := st.Send(req); err != nil {
+							// The reader reports the stream's status.
+							return
+						}
+					case <-sctx.Done():
+						return
+					}
+				}
+			}()
 			go func() {
 				for {
 					resp, err := st.Recv()
