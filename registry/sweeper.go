@@ -104,8 +104,12 @@ type LifecycleOptions struct {
 	// Election times the sweeper election (client-go leaderelection).
 	// Defaults: LeaseDuration 15s, RenewDeadline 10s, RetryPeriod 2s.
 	Election ElectionTiming
-	// Workers is how many registrations the sweeper and the drift
-	// reconciler each handle at once. Default: 2.
+	// RecreateQPS bounds how fast WorkloadEntries deleted by someone else
+	// while their registration lives are created again (burst 10).
+	// Default: 10.
+	RecreateQPS float64
+	// Workers is how many registrations the sweeper, the drift reconciler
+	// and the entry reconciler each handle at once. Default: 2.
 	Workers int
 	// Writes limits and retries status writes. Default: DefaultWriteOptions.
 	Writes WriteOptions
@@ -173,6 +177,9 @@ func (o *LifecycleOptions) setDefaults() error {
 	if o.Election.RetryPeriod <= 0 {
 		o.Election.RetryPeriod = DefaultElectionRetry
 	}
+	if o.RecreateQPS <= 0 {
+		o.RecreateQPS = DefaultRecreateQPS
+	}
 	if o.Workers <= 0 {
 		o.Workers = defaultLifecycleWorkers
 	}
@@ -191,14 +198,16 @@ func (o *LifecycleOptions) setDefaults() error {
 // Lifecycle is the registry's background work on an endpoint replica: it
 // keeps the replica's Lease, and, on the one replica elected through the
 // embark-sweeper Lease, removes registrations whose workload had no ADS
-// stream for the grace period and keeps every registration's
-// WorkloadGroupOutOfDate condition.
+// stream for the grace period, keeps every registration's
+// WorkloadGroupOutOfDate condition, and creates again a WorkloadEntry deleted
+// while its registration lives.
 type Lifecycle struct {
 	opts      LifecycleOptions
 	leases    *ReplicaLeases
 	heartbeat *replicaHeartbeat
 	sweeper   *sweeper
 	drift     *driftReconciler
+	entries   *entryReconciler
 	elector   *leaderelection.LeaderElector
 	leadCh    chan context.Context
 	ready     chan struct{}
@@ -232,6 +241,12 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 		now: opts.Clock, client: opts.Client, reader: opts.APIReader, cache: opts.Cache, writer: writes,
 		metrics: opts.Metrics, resync: opts.ResyncPeriod, workers: opts.Workers,
 		log: log.With("component", "drift"),
+	}
+	l.entries = &entryReconciler{
+		client: opts.Client, reader: opts.APIReader, cache: opts.Cache, writer: writes,
+		recorder: opts.Recorder, limit: rate.NewLimiter(rate.Limit(opts.RecreateQPS), 10),
+		metrics: opts.Metrics, resync: opts.ResyncPeriod, workers: opts.Workers, now: opts.Clock,
+		log: log.With("component", "entries"),
 	}
 	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: &resourcelock.LeaseLock{
@@ -335,6 +350,7 @@ func (l *Lifecycle) lead(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { runWhileLeading(ctx, l.sweeper.run, log) })
 	wg.Go(func() { runWhileLeading(ctx, l.drift.run, l.drift.log) })
+	wg.Go(func() { runWhileLeading(ctx, l.entries.run, l.entries.log) })
 	wg.Wait()
 	log.Info("stopped leading")
 }
@@ -738,6 +754,7 @@ type LifecycleMetrics struct {
 	replicaLost prometheus.Counter
 	leader      prometheus.Gauge
 	drift       *prometheus.CounterVec
+	recreations prometheus.Counter
 }
 
 // NewLifecycleMetrics creates the metrics and registers them with reg.
@@ -759,8 +776,12 @@ func NewLifecycleMetrics(reg prometheus.Registerer) (*LifecycleMetrics, error) {
 			Namespace: "embark", Subsystem: "registry", Name: "workloadgroup_out_of_date_writes_total",
 			Help: "Writes of the WorkloadGroupOutOfDate condition, by the status written.",
 		}, []string{"status"}),
+		recreations: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "embark", Subsystem: "registry", Name: "workloadentry_recreations_total",
+			Help: "WorkloadEntries created again after someone else deleted them while their registration lived.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.removals, m.replicaLost, m.leader, m.drift} {
+	for _, c := range []prometheus.Collector{m.removals, m.replicaLost, m.leader, m.drift, m.recreations} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register lifecycle metrics: %w", err)
 		}
@@ -788,6 +809,12 @@ func (m *LifecycleMetrics) setLeader(leading bool) {
 		m.leader.Set(1)
 	} else {
 		m.leader.Set(0)
+	}
+}
+
+func (m *LifecycleMetrics) recreated() {
+	if m != nil {
+		m.recreations.Inc()
 	}
 }
 

@@ -357,6 +357,31 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 		return nil, denied(reasonOtherWorkload, "the sidecar token is bound to Secret %s/%s, not to the credential of registration %s named by node ID %q",
 			cred.ServiceAccount.Namespace, cred.SecretName, key, node.GetId())
 	}
+	war, err := s.registrationOf(ctx, cred, key)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
+		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
+	}
+	return &Proxy{
+		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
+		NodeID:       node.GetId(),
+		IP:           info.IP,
+		Metadata:     node.GetMetadata(),
+		Registration: war,
+	}, nil
+}
+
+// registrationOf checks that cred, a reviewed sidecar token, belongs to the
+// live registration key: the Secret the token is bound to is that
+// registration's current credential Secret, and the token's service account
+// is the one the registration runs as. Both the xDS streams and the
+// certificate requests of a sidecar are authorized by it.
+func (s *Server) registrationOf(ctx context.Context, cred *Credential, key types.NamespacedName) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
+	denied := func(reason, format string, args ...any) error {
+		return refuse(codes.PermissionDenied, reason, format, args...)
+	}
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := s.get(ctx, key, war); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -385,16 +410,7 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 	if sa := registry.ServiceAccountOf(group.GetTemplate().GetServiceAccount()); sa != cred.ServiceAccount.Name {
 		return nil, denied(reasonServiceAccount, "the sidecar token is of service account %s, registration %s runs as %s", cred.ServiceAccount, key, sa)
 	}
-	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
-		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
-	}
-	return &Proxy{
-		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
-		NodeID:       node.GetId(),
-		IP:           info.IP,
-		Metadata:     node.GetMetadata(),
-		Registration: war,
-	}, nil
+	return war, nil
 }
 
 // get reads from the cache, then from the API server when the cache has not

@@ -363,6 +363,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	xdsServer.Register(xg)
+	if err := serveCertificates(ctx, cfg, xg, xdsServer, reg, log); err != nil {
+		return err
+	}
 	dg := grpc.NewServer()
 	xdsServer.RegisterDebug(dg)
 	g := grpc.NewServer(grpcOpts...)
