@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -151,29 +152,64 @@ func destinationRule(ns string, maxConnections int32) *istionetworkingv1.Destina
 	}
 }
 
-// envoy plays Envoy's part on pilot-agent's XDS socket.
+// envoy plays Envoy's part on pilot-agent's XDS socket: it ACKs every
+// response as it arrives (istiod pushes when the mesh changes, and shows
+// STALE what is not ACKed) and keeps the latest of each type.
 type envoy struct {
 	t *testing.T
 	c *istioagent.Client
-	// last is the latest response per type.
+
+	mu   sync.Mutex
 	last map[string]*discovery.DiscoveryResponse
+	err  error
 }
 
-// recv reads responses until one of typeURL arrives, ACKing every response.
-func (e *envoy) recv(typeURL string) *discovery.DiscoveryResponse {
+func newEnvoy(t *testing.T, c *istioagent.Client) *envoy {
+	e := &envoy{t: t, c: c, last: map[string]*discovery.DiscoveryResponse{}}
+	go func() {
+		for {
+			resp, err := c.Recv(t.Context())
+			if err == nil {
+				err = c.ACK(resp)
+			}
+			e.mu.Lock()
+			if err != nil {
+				e.err = err
+				e.mu.Unlock()
+				return
+			}
+			e.last[resp.GetTypeUrl()] = resp
+			e.mu.Unlock()
+		}
+	}()
+	return e
+}
+
+// latest returns the latest response of typeURL.
+func (e *envoy) latest(typeURL string) *discovery.DiscoveryResponse {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.last[typeURL]
+}
+
+// waitFor waits until the latest response of typeURL satisfies ok.
+func (e *envoy) waitFor(typeURL string, ok func(*discovery.DiscoveryResponse) bool) *discovery.DiscoveryResponse {
 	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		resp, err := e.c.Recv(e.t.Context())
-		if err != nil {
-			e.t.Fatalf("waiting for %s: %v", typeURL, err)
-		}
-		e.last[resp.GetTypeUrl()] = resp
-		if err := e.c.ACK(resp); err != nil {
-			e.t.Fatal(err)
-		}
-		if resp.GetTypeUrl() == typeURL {
+		e.mu.Lock()
+		resp, err := e.last[typeURL], e.err
+		e.mu.Unlock()
+		if resp != nil && ok(resp) {
 			return resp
 		}
+		if err != nil {
+			e.t.Fatalf("waiting for %s: the stream ended: %v", typeURL, err)
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("waiting for %s: no satisfying response", typeURL)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -182,7 +218,7 @@ func (e *envoy) subscribe(typeURL string, names ...string) *discovery.DiscoveryR
 	if err := e.c.Send(typeURL, names, "", ""); err != nil {
 		e.t.Fatal(err)
 	}
-	return e.recv(typeURL)
+	return e.waitFor(typeURL, func(*discovery.DiscoveryResponse) bool { return true })
 }
 
 // subscribeAll subscribes like Envoy: CDS, then the EDS of its EDS clusters,
@@ -247,7 +283,7 @@ func startVM(t *testing.T, r *replica, w *workload, ns string) (*istioagent.Agen
 	if err != nil {
 		t.Fatal(err)
 	}
-	return agent, &envoy{t: t, c: c, last: map[string]*discovery.DiscoveryResponse{}}
+	return agent, newEnvoy(t, c)
 }
 
 // proxyStatus runs `istioctl proxy-status` against istiod and returns the
@@ -319,7 +355,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 	// The AuthorizationPolicy is enforced on the VM's inbound listener.
 	policy := fmt.Sprintf("ns[%s]-policy[ratings-viewer]-rule[0]", ns)
 	var inbound bool
-	for _, a := range e.last[resource.ListenerType].GetResources() {
+	for _, a := range e.latest(resource.ListenerType).GetResources() {
 		if bytes.Contains(a.GetValue(), []byte("virtualInbound")) && bytes.Contains(a.GetValue(), []byte("envoy.filters.http.rbac")) && bytes.Contains(a.GetValue(), []byte(policy)) {
 			inbound = true
 		}
@@ -329,7 +365,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 	}
 	// The VirtualService's route is in the VM's RDS.
 	rc := &route.RouteConfiguration{}
-	if rds := e.last[resource.RouteType]; len(rds.GetResources()) != 1 {
+	if rds := e.latest(resource.RouteType); len(rds.GetResources()) != 1 {
 		t.Fatalf("RDS 9080: %d route configurations", len(rds.GetResources()))
 	} else if err := rds.GetResources()[0].UnmarshalTo(rc); err != nil {
 		t.Fatal(err)
@@ -346,7 +382,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 		t.Errorf("route reviews-timeout timeout %v, want the VirtualService's 7s", timeout.AsDuration())
 	}
 	// The DestinationRule's connection limit is in the VM's CDS.
-	reviews := findCluster(t, e.last[resource.ClusterType], "outbound|9080||reviews."+ns+".svc.cluster.local")
+	reviews := findCluster(t, e.latest(resource.ClusterType), "outbound|9080||reviews."+ns+".svc.cluster.local")
 	if got := maxConnections(reviews); got != 7 {
 		t.Errorf("reviews cluster max connections %d, want the DestinationRule's 7", got)
 	}
@@ -447,10 +483,9 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The same stream gets istiod's new configuration.
-	cds := e.recv(resource.ClusterType)
-	for maxConnections(findCluster(t, cds, "outbound|9080||reviews."+ns+".svc.cluster.local")) != 9 {
-		cds = e.recv(resource.ClusterType)
-	}
+	e.waitFor(resource.ClusterType, func(cds *discovery.DiscoveryResponse) bool {
+		return maxConnections(findCluster(t, cds, "outbound|9080||reviews."+ns+".svc.cluster.local")) == 9
+	})
 	waitSynced(t, i, name)
 
 	if n := relayStreamIDs.Load() - streamsBefore; n != 0 {
