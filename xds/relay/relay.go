@@ -213,8 +213,8 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 
 	var (
 		node       *core.Node
-		gen        uint64 // generation of the current or pending upstream stream
-		up         chan<- *Req // the current upstream stream's send queue; nil when none
+		gen        uint64             // generation of the current or pending upstream stream
+		up         chan<- *Req        // the current upstream stream's send queue; nil when none
 		upCancel   context.CancelFunc = func() {}
 		connecting bool
 		answered   bool // the current upstream stream answered at least once
