@@ -31,6 +31,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
+	"github.com/embark-mesh/embark/xds/relay"
 )
 
 // Informers gives the informers the server watches (controller-runtime's
@@ -60,7 +61,13 @@ type Options struct {
 	// Audience a sidecar token must carry. Default registry.DefaultXDSAudience.
 	Audience string
 	// Config computes what each proxy is served. Default EmptyConfig.
+	// Unused in istiod mode (Relay set).
 	Config ConfigSource
+	// Relay, when set, is istiod mode: every workload stream's discovery
+	// requests are relayed to istiod (see package relay), which then decides
+	// what the proxy is served; the server keeps authentication, liveness,
+	// health reports and syncz. Default: none (standalone mode, Config).
+	Relay *relay.Relay
 	// NACKMetrics counts rejected configurations. Default: not counted.
 	NACKMetrics *NACKMetrics
 	// Health receives health reports. Default LogHealth.
@@ -438,7 +445,7 @@ func (s *Server) attach(ctx context.Context, st *stream) error {
 	set[st] = struct{}{}
 	s.nodes[st.proxy.NodeID]++
 	s.mu.Unlock()
-	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil {
+	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil && s.opts.Relay == nil {
 		if err := s.setSnapshot(ctx, st.proxy); err != nil {
 			// Not a reason to refuse the stream: serve an empty valid
 			// configuration until the next refresh.
@@ -603,6 +610,9 @@ func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryS
 	}
 	defer s.detach(st)
 	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		if s.opts.Relay != nil {
+			return s.relaySotW(bs, st)
+		}
 		return s.xds.StreamHandler(bs, resource.AnyType)
 	})
 }
@@ -627,6 +637,9 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 	}
 	defer s.detach(st)
 	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+		if s.opts.Relay != nil {
+			return s.relayDelta(bs, st)
+		}
 		return s.xds.DeltaStreamHandler(bs, resource.AnyType)
 	})
 }

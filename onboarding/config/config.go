@@ -115,10 +115,21 @@ type Istiod struct {
 	// istio-ca-root-cert ConfigMap's root-cert.pem mounted as a file), read
 	// again when it changes. Required with Address.
 	RootCertFile string `json:"rootCertFile,omitempty"`
+	// RelayXDS chooses istiod mode: every VM sidecar's discovery requests
+	// are relayed to istiod on a stream authenticated with the sidecar's own
+	// token, so VMs get istiod's whole configuration (AuthorizationPolicy,
+	// VirtualService, DestinationRule, ...); Embark keeps authentication,
+	// liveness and health. false: standalone mode, Embark translates the
+	// configuration itself. Default: true when Address is set; requires
+	// Address.
+	RelayXDS *bool `json:"relayXDS,omitempty"`
 }
 
 // Enabled reports whether an istiod is configured.
 func (i Istiod) Enabled() bool { return i.Address != "" }
+
+// Relays reports whether the endpoint runs in istiod mode (see RelayXDS).
+func (i Istiod) Relays() bool { return i.Enabled() && (i.RelayXDS == nil || *i.RelayXDS) }
 
 // XDS configures the configuration served over xDS.
 type XDS struct {
@@ -558,8 +569,8 @@ func (c *Configuration) Validate() field.ErrorList {
 		if c.Istiod.RootCertFile == "" {
 			errs = append(errs, field.Required(ip.Child("rootCertFile"), "istiod's root certificates (root-cert.pem of the istio-ca-root-cert ConfigMap)"))
 		}
-	} else if c.Istiod.ServerName != "" || c.Istiod.RootCertFile != "" {
-		errs = append(errs, field.Required(field.NewPath("istiod", "address"), "serverName and rootCertFile need istiod's address"))
+	} else if c.Istiod.ServerName != "" || c.Istiod.RootCertFile != "" || (c.Istiod.RelayXDS != nil && *c.Istiod.RelayXDS) {
+		errs = append(errs, field.Required(field.NewPath("istiod", "address"), "serverName, rootCertFile and relayXDS need istiod's address"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}, {"repository", c.Listen.Repository}} {
 		host, _, err := net.SplitHostPort(l.addr)

@@ -132,6 +132,31 @@ func TestParseIstiod(t *testing.T) {
 	}
 }
 
+func TestParseIstiodMode(t *testing.T) {
+	const istiod = "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /r"
+	tests := []struct {
+		name       string
+		yaml       string
+		wantRelays bool
+	}{
+		{name: "no istiod: standalone", yaml: "", wantRelays: false},
+		{name: "istiod: istiod mode by default", yaml: istiod + "}\n", wantRelays: true},
+		{name: "istiod mode asked", yaml: istiod + ", relayXDS: true}\n", wantRelays: true},
+		{name: "istiod for certificates only: standalone", yaml: istiod + ", relayXDS: false}\n", wantRelays: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal + tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Istiod.Relays(); got != tt.wantRelays {
+				t.Errorf("Relays() = %v, want %v", got, tt.wantRelays)
+			}
+		})
+	}
+}
+
 func TestParseRefusesNamingTheField(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -139,6 +164,7 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		wantErr string
 	}{
 		{name: "empty", yaml: "", wantErr: "empty configuration"},
+		{name: "relay without istiod", yaml: minimal + "istiod: {relayXDS: true}\n", wantErr: "istiod.address: Required value"},
 		{name: "wrong kind", yaml: strings.Replace(minimal, "OnboardingEndpointConfiguration", "Other", 1), wantErr: "kind: Unsupported value"},
 		{name: "unknown field", yaml: minimal + "tokenIssuer: {jwt: {expiry: 1h}}\n", wantErr: `unknown field "expiry"`},
 		{name: "no hosts", yaml: strings.Replace(minimal, "hosts: [onboarding-endpoint.example.corp]", "hosts: []", 1), wantErr: "endpoint.hosts: Required value"},

@@ -48,7 +48,6 @@ import (
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/rollout"
-	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/configsource"
 )
@@ -316,41 +315,40 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer func() { stopTracker(); healthMirror.Wait() }()
 
-	// What each sidecar is served: translated from the cached Sidecars,
-	// Services, EndpointSlices, ServiceEntries and WorkloadEntries.
-	for _, l := range configsource.Watched() {
-		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
-			return fmt.Errorf("sync informer for %T: %w", l, err)
-		}
-	}
-	configMetrics, err := configsource.NewMetrics(reg)
+	// What each sidecar is served: relayed from istiod (istiod mode), or
+	// translated from the cached Sidecars, Services, EndpointSlices,
+	// ServiceEntries and WorkloadEntries (standalone).
+	xdsRelay, closeIstiod, err := newRelay(ctx, cfg, reg, log)
 	if err != nil {
 		return err
 	}
+	defer closeIstiod()
 	nackMetrics, err := xds.NewNACKMetrics(reg)
 	if err != nil {
 		return err
 	}
-	configSource, err := configsource.New(configsource.Options{
-		Cache: informers, Mesh: translate.Mesh{TrustDomain: cfg.Mesh.TrustDomain, ClusterID: cfg.Mesh.ClusterID},
-		RootNamespace: cfg.Mesh.RootNamespace, Debounce: cfg.XDS.Debounce.Duration,
-		Recorder: recorder, Metrics: configMetrics, Logger: log,
-	})
-	if err != nil {
-		return err
+	var configSource *configsource.Source
+	if xdsRelay == nil {
+		if configSource, err = newConfigSource(ctx, cfg, informers, recorder, reg, log); err != nil {
+			return err
+		}
 	}
 
 	xdsMetrics, err := xds.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
-	xdsServer, err := xds.NewServer(ctx, xds.Options{
+	serverOpts := xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: apiReader, Informers: informers,
 		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
-		Config: configSource, NACKMetrics: nackMetrics, Metrics: xdsMetrics,
+		NACKMetrics: nackMetrics, Metrics: xdsMetrics, Relay: xdsRelay,
 		FirstRequestTimeout: cfg.Limits.XDS.FirstRequestTimeout.Duration,
-	})
+	}
+	if configSource != nil {
+		serverOpts.Config = configSource
+	}
+	xdsServer, err := xds.NewServer(ctx, serverOpts)
 	if err != nil {
 		return err
 	}
@@ -461,11 +459,13 @@ func Run(ctx context.Context, opts Options) error {
 			errc <- err
 		}
 	}()
-	go func() {
-		if err := configSource.Run(ctx, xdsServer); err != nil {
-			errc <- err
-		}
-	}()
+	if configSource != nil {
+		go func() {
+			if err := configSource.Run(ctx, xdsServer); err != nil {
+				errc <- err
+			}
+		}()
+	}
 	log.Info("onboarding endpoint serving", "onboarding", lis.Addr().String(), "xds", xlis.Addr().String(), "metrics", mlis.Addr().String(), "replica", opts.Replica)
 	if opts.Ready != nil {
 		close(opts.Ready)
