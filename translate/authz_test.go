@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	httprbacv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
@@ -47,13 +48,16 @@ func authzPolicy(ns, name string, sel map[string]string, spec *securityv1beta1.A
 	return ap
 }
 
-// chainRBAC returns, per listener port, the RBAC rules of its first filter
+// chainRBAC returns, per ingress listener port, the RBAC rules of its first filter
 // chain in order (HTTP filters for HTTP chains, network filters for TCP).
 func chainRBAC(t *testing.T, res *Result) map[uint32][]*rbacv3.RBAC {
 	t.Helper()
 	out := map[uint32][]*rbacv3.RBAC{}
 	for _, r := range res.Listeners {
 		l := r.(*listenerv3.Listener)
+		if l.GetTrafficDirection() != corev3.TrafficDirection_INBOUND {
+			continue
+		}
 		port := l.GetAddress().GetSocketAddress().GetPortValue()
 		out[port] = []*rbacv3.RBAC{}
 		for _, f := range l.GetFilterChains()[0].GetFilters() {
