@@ -134,6 +134,8 @@ func Run(ctx context.Context, opts Options) error {
 	// a token's bound Secret against them).
 	informers, err := cache.New(restCfg, cache.Options{Scheme: sch, ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{registry.LabelSidecarCredential: "true"})},
+		// Pods keep only what translation reads of them.
+		&corev1.Pod{}: {Transform: configsource.TrimPod},
 	}})
 	if err != nil {
 		return fmt.Errorf("informer cache: %w", err)
@@ -328,8 +330,18 @@ func Run(ctx context.Context, opts Options) error {
 		return err
 	}
 	var configSource *configsource.Source
+	var enforcement *registry.Enforcement
 	if xdsRelay == nil {
-		if configSource, err = newConfigSource(ctx, cfg, informers, recorder, reg, log); err != nil {
+		// ConfigurationEnforced conditions of registrations whose workload is
+		// selected by a policy standalone translation does not enforce.
+		enforcement, err = registry.NewEnforcement(registry.EnforcementOptions{
+			Client: apiReader, Reader: informers, Logger: log,
+			Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		})
+		if err != nil {
+			return err
+		}
+		if configSource, err = newConfigSource(ctx, cfg, informers, recorder, reg, enforcement, log); err != nil {
 			return err
 		}
 	}
@@ -465,6 +477,7 @@ func Run(ctx context.Context, opts Options) error {
 				errc <- err
 			}
 		}()
+		go enforcement.Run(ctx)
 	}
 	log.Info("onboarding endpoint serving", "onboarding", lis.Addr().String(), "xds", xlis.Addr().String(), "metrics", mlis.Addr().String(), "replica", opts.Replica)
 	if opts.Ready != nil {
