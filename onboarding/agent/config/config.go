@@ -108,8 +108,9 @@ type Sidecar struct {
 	// istio.service (Istio's istio-sidecar package).
 	Unit string `json:"unit,omitempty"`
 	// CAAddress is the certificate service the sidecar asks for its
-	// workload certificate (cluster.env CA_ADDR). Default: the bootstrap's
-	// discovery address (Embark relays istiod's certificate service there).
+	// workload certificate (cluster.env CA_ADDR). Default: unset, and
+	// istio-start.sh and pilot-agent use the bootstrap's discovery address
+	// (Embark relays istiod's certificate service there).
 	CAAddress string `json:"caAddress,omitempty"`
 	// StagingDir is where the agent writes cluster.env, the mesh config and
 	// the root certificate, and its restart/stop requests, for

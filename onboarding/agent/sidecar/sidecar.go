@@ -45,8 +45,13 @@ type Files struct {
 type EnvOptions struct {
 	// Revision of the Istio control plane (empty: default).
 	Revision string
-	// CAAddress is CA_ADDR (empty: the bootstrap's discovery address).
+	// CAAddress is CA_ADDR. Empty: not written, so istio-start.sh and
+	// pilot-agent use the discovery address (PILOT_ADDRESS), where Embark
+	// relays istiod's certificate service.
 	CAAddress string
+	// RootCert is the installed root certificate's path, written as
+	// XDS_ROOT_CA and CA_ROOT_CA (Files sets it from Paths.RootCert).
+	RootCert string
 }
 
 // Staged file names in the staging directory.
@@ -77,7 +82,11 @@ func (f *Files) Stage(dir string, id Identity, boot *onboardingv1alpha1.SidecarB
 }
 
 func (f *Files) write(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, envPath, meshPath, rootPath string) error {
-	env, err := ClusterEnv(id, boot, f.Env)
+	opts := f.Env
+	if opts.RootCert == "" {
+		opts.RootCert = f.Paths.RootCert
+	}
+	env, err := ClusterEnv(id, boot, opts)
 	if err != nil {
 		return err
 	}
@@ -121,7 +130,8 @@ var fixedEnv = map[string]string{
 
 // ClusterEnv renders cluster.env, which Istio's istio-start.sh sources
 // before starting pilot-agent: PILOT_ADDRESS (the discovery address,
-// which istio-start.sh puts in PROXY_CONFIG over the mesh config), CA_ADDR,
+// which istio-start.sh puts in PROXY_CONFIG over the mesh config; CA_ADDR
+// defaults to it), CA_ADDR when configured, XDS_ROOT_CA and CA_ROOT_CA,
 // ISTIO_SVC_IP/INSTANCE_IP, POD_NAME and ISTIO_NAMESPACE/POD_NAMESPACE (the
 // node ID is sidecar~ISTIO_SVC_IP~POD_NAME.NAMESPACE~...), the fixed
 // no-iptables settings, and the workload's metadata.
@@ -130,13 +140,8 @@ func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, opts Env
 	if err != nil {
 		return nil, fmt.Errorf("encode workload labels: %w", err)
 	}
-	ca := opts.CAAddress
-	if ca == "" {
-		ca = boot.GetDiscoveryAddress()
-	}
 	vars := map[string]string{
 		"PILOT_ADDRESS":            boot.GetDiscoveryAddress(),
-		"CA_ADDR":                  ca,
 		"ISTIO_SVC_IP":             boot.GetInstanceIp(),
 		"POD_NAME":                 id.RegistrationName,
 		"POD_NAMESPACE":            id.Namespace,
@@ -153,6 +158,13 @@ func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, opts Env
 	}
 	if opts.Revision != "" {
 		vars["ISTIO_REVISION"] = opts.Revision
+	}
+	if opts.CAAddress != "" {
+		vars["CA_ADDR"] = opts.CAAddress
+	}
+	if opts.RootCert != "" {
+		vars["XDS_ROOT_CA"] = opts.RootCert
+		vars["CA_ROOT_CA"] = opts.RootCert
 	}
 	for k, v := range fixedEnv {
 		vars[k] = v
