@@ -131,10 +131,10 @@ func New(opts Options) (*Agent, error) {
 		return nil, fmt.Errorf("connect to the onboarding endpoint %s: %w", opts.Onboarding.Address(), err)
 	}
 	return &Agent{
-		opts:  opts,
-		log:   opts.Logger,
-		api:   onboardingv1alpha1.NewOnboardingServiceClient(conn),
-		conn:  conn,
+		opts: opts,
+		log:  opts.Logger,
+		api:  onboardingv1alpha1.NewOnboardingServiceClient(conn),
+		conn: conn,
 		files: &sidecar.Files{Paths: opts.Agent.Sidecar.Bootstrap, Env: sidecar.EnvOptions{
 			Revision: opts.Agent.Sidecar.Istio.Revision, CAAddress: opts.Agent.Sidecar.CAAddress}},
 	}, nil

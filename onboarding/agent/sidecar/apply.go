@@ -70,7 +70,7 @@ func renderEnv(vars map[string]string) ([]byte, error) {
 }
 
 // ParseClusterEnv parses a cluster.env as ClusterEnv renders it: comment
-// lines, then KEY='value' lines (a ' inside written '\'') with keys from the
+// lines, then KEY='value' lines (a ' inside written '\”) with keys from the
 // allowed set, each once, the fixed no-iptables settings present with their
 // values. Anything else is an error: the result is safe to render and have
 // a root shell source.

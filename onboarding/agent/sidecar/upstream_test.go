@@ -132,7 +132,10 @@ func TestUpstreamIstioStartScript(t *testing.T) {
 	must(t, sidecar.Request(staging, sidecar.RequestRestart, 1))
 	var restarted []string
 	if _, err := sidecar.Apply(t.Context(), sidecar.ApplyOptions{StagingDir: staging, Paths: paths, Unit: "istio.service",
-		Systemctl: func(_ context.Context, verb, unit string) error { restarted = append(restarted, verb+" "+unit); return nil }}); err != nil {
+		Systemctl: func(_ context.Context, verb, unit string) error {
+			restarted = append(restarted, verb+" "+unit)
+			return nil
+		}}); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Join(restarted, ",") != "restart istio.service" {
