@@ -302,7 +302,7 @@ listen:
 		t.Errorf("WorkloadEntry %s: %v", reg.GetRegistrationName(), err)
 	}
 	// Unregistering deletes the registration, also as the ServiceAccount.
-	if _, err := api.Unregister(metadata.AppendToOutgoingContext(callCtx, "authorization", "Bearer "+auth.GetToken()), &onboardingv1alpha1.UnregisterRequest{}); err != nil {
+	if _, err := api.Unregister(metadata.AppendToOutgoingContext(callCtx, "authorization", "Bearer "+auth.GetToken(), "embark-session-key", reg.GetSessionKey()), &onboardingv1alpha1.UnregisterRequest{}); err != nil {
 		t.Errorf("Unregister as the ServiceAccount: %v", err)
 	}
 
