@@ -76,7 +76,7 @@ func TestStageAndApply(t *testing.T) {
 	if err != nil || action != RequestRestart {
 		t.Fatalf("Apply = %q, %v", action, err)
 	}
-	want, err := ClusterEnv(id, boot, f.Env)
+	want, err := ClusterEnv(id, boot, envWithRoot(f.Env, paths.RootCert))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,4 +202,11 @@ func TestParseClusterEnvRoundTrip(t *testing.T) {
 	if !strings.Contains(vars["ISTIO_METAJSON_LABELS"], `a'b\"c$(id)`) {
 		t.Errorf("labels %q", vars["ISTIO_METAJSON_LABELS"])
 	}
+}
+
+// envWithRoot is what Files passes to ClusterEnv: opts with the
+// installed root certificate's path.
+func envWithRoot(opts EnvOptions, rootCert string) EnvOptions {
+	opts.RootCert = rootCert
+	return opts
 }
