@@ -79,7 +79,7 @@ PACKAGE_ARCHES ?= amd64 arm64
 OUTPUT := $(ROOT)/_output
 
 .PHONY: packages
-packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/ and read them back.
+packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/, read them back, install, upgrade and remove them in a throwaway root.
 	for arch in $(PACKAGE_ARCHES); do \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w -X main.version=$(PACKAGE_VERSION)" \
 			-o $(OUTPUT)/bin/linux_$$arch/onboarding-agent ./cmd/onboarding-agent; \
@@ -92,6 +92,7 @@ packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm
 		done; \
 	done
 	onboarding/agent/packaging/check.sh $(OUTPUT)/packages
+	onboarding/agent/packaging/install-test.sh $(OUTPUT)/packages $(NFPM) $(PACKAGE_VERSION)
 
 $(NFPM):
 	mkdir -p $(TOOLS_BIN)
