@@ -60,12 +60,19 @@ func TestNeverConnectedDue(t *testing.T) {
 func TestSweeperWritesAgentNeverConnectedThenRemoves(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := lifecycleGroup(t, ns)
-	startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) {
+	h := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) {
 		o.NeverConnectedAfter = time.Second
 		o.GracePeriod = 6 * time.Second
 	})
 	silent, _ := createRegistration(t, wg, 1)
 	quick, _ := createRegistration(t, wg, 2)
+	// The connection is established after the replica started: one stamped
+	// before its start would rightly count as one of a previous run.
+	select {
+	case <-h.lc.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("replica-a never became ready")
+	}
 	setConnection(t, quick, "replica-a", true, time.Now())
 
 	var cond *metav1.Condition

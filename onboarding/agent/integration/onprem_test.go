@@ -89,6 +89,9 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "on-prem", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
 			Workloads: []authorizationv1alpha1.WorkloadMatcher{{JWT: &authorizationv1alpha1.JWTMatcher{Issuer: issuer, Subjects: []string{onPremHost}}}},
+			// A JWT proves no address: the host's address is allowed by an
+			// explicit rule (docs/security.md, address proof).
+			AddressCIDRs: []authorizationv1alpha1.CIDR{"10.20.30.0/24"},
 			OnboardTo: []authorizationv1alpha1.OnboardTarget{{WorkloadGroupSelector: metav1.LabelSelector{}}},
 		}}},
 	}
@@ -127,6 +130,10 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	// The on-prem host: no IMDS, a token file.
 	agentCfgText := strings.Replace(string(agentText), "host:\n  aws:\n", fmt.Sprintf("host:\n  platform: jwt\n  jwt:\n    tokenFile: %s\n  aws:\n", tokenFile), 1)
 	must(t, os.WriteFile(agentFile, []byte(agentCfgText), 0o600))
+	// The host's own address (not loopback, which the endpoint refuses).
+	onbText, err := os.ReadFile(onboardingFile)
+	must(t, err)
+	must(t, os.WriteFile(onboardingFile, append(onbText, []byte("  addresses:\n  - ip: 10.20.30.40\n")...), 0o600))
 	agentCfg, err := config.LoadAgent(agentFile)
 	must(t, err)
 	onbCfg, err := config.LoadOnboarding(onboardingFile)
