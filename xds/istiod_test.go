@@ -402,7 +402,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"proxy-config", "listeners", "--file", dump}, "virtualInbound"},
+		{[]string{"proxy-config", "listeners", "--file", dump}, "15006"}, // istiod's inbound listener (virtualInbound)
 		{[]string{"proxy-config", "routes", "--file", dump}, "reviews." + ns + ".svc.cluster.local"},
 		{[]string{"proxy-config", "clusters", "--file", dump}, "reviews." + ns + ".svc.cluster.local"},
 	} {
