@@ -349,13 +349,13 @@ func (d *demo) listRegistrations(ctx context.Context, out io.Writer) error {
 }
 
 func (d *demo) listWorkloadEntries(ctx context.Context, out io.Writer) error {
-	cols := "NAME:.metadata.name,ADDRESS:.spec.address,NETWORK:.spec.network,LOCALITY:.spec.locality,CONTROLLER:.metadata.annotations.istio\\.io/workloadController,CONNECTED AT:.metadata.annotations.istio\\.io/connectedAt"
+	cols := "NAME:.metadata.name,ADDRESS:.spec.address,NETWORK:.spec.network,LOCALITY:.spec.locality,REPLICA:.metadata.annotations.onboarding\\.tetrate\\.io/connected-replica,CONNECTED AT:.metadata.annotations.onboarding\\.tetrate\\.io/connected-at"
 	return d.showChecked(ctx, out, func(s string) error {
 		t, err := parseTable(s)
 		if err != nil {
 			return err
 		}
-		got, err := t.column("NAME", "CONTROLLER")
+		got, err := t.column("NAME", "REPLICA")
 		if err != nil {
 			return err
 		}
@@ -363,7 +363,7 @@ func (d *demo) listWorkloadEntries(ctx context.Context, out io.Writer) error {
 		for _, v := range d.vms {
 			want[v.reg()] = replica
 		}
-		return compare("WorkloadEntry", "CONTROLLER", got, want)
+		return compare("WorkloadEntry", "REPLICA", got, want)
 	}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols)
 }
 

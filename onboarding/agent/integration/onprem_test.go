@@ -92,7 +92,7 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 			// A JWT proves no address: the host's address is allowed by an
 			// explicit rule (docs/security.md, address proof).
 			AddressCIDRs: []authorizationv1alpha1.CIDR{"10.20.30.0/24"},
-			OnboardTo: []authorizationv1alpha1.OnboardTarget{{WorkloadGroupSelector: metav1.LabelSelector{}}},
+			OnboardTo:    []authorizationv1alpha1.OnboardTarget{{WorkloadGroupSelector: metav1.LabelSelector{}}},
 		}}},
 	}
 	must(t, env.Client.Create(ctx, policy))
