@@ -320,11 +320,18 @@ func Run(ctx context.Context, opts Options) error {
 	// What each sidecar is served: relayed from istiod (istiod mode), or
 	// translated from the cached Sidecars, Services, EndpointSlices,
 	// ServiceEntries and WorkloadEntries (standalone).
-	xdsRelay, closeIstiod, err := newRelay(ctx, cfg, reg, log)
+	// One connection to istiod serves both relays (certificates, xDS).
+	istiodConn, err := dialIstiod(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer closeIstiod()
+	if istiodConn != nil {
+		defer func() { _ = istiodConn.Close() }()
+	}
+	xdsRelay, err := newRelay(cfg, istiodConn, reg, log)
+	if err != nil {
+		return err
+	}
 	nackMetrics, err := xds.NewNACKMetrics(reg)
 	if err != nil {
 		return err
@@ -394,7 +401,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	xdsServer.Register(xg)
-	if err := serveCertificates(ctx, cfg, xg, xdsServer, reg, log); err != nil {
+	if err := serveCertificates(cfg, istiodConn, xg, xdsServer, reg, log); err != nil {
 		return err
 	}
 	dg := grpc.NewServer()

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"google.golang.org/grpc"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,30 +18,38 @@ import (
 	"github.com/embark-mesh/embark/xds/upstream"
 )
 
-// newRelay dials istiod and returns the relay of istiod mode
-// (istiod.relayXDS), or nil in standalone mode. close closes the connection.
-func newRelay(ctx context.Context, cfg *config.Configuration, reg prometheus.Registerer, log *slog.Logger) (r *relay.Relay, closeConn func(), err error) {
-	if !cfg.Istiod.Relays() {
-		return nil, func() {}, nil
+// dialIstiod opens the endpoint's one connection to istiod's secure port,
+// shared by the certificate relay and, in istiod mode, the xDS relay; nil
+// when no istiod is configured. The caller closes it.
+func dialIstiod(ctx context.Context, cfg *config.Configuration, log *slog.Logger) (*grpc.ClientConn, error) {
+	if !cfg.Istiod.Enabled() {
+		return nil, nil
 	}
 	conn, err := upstream.Dial(ctx, upstream.Options{
 		Address: cfg.Istiod.Address, ServerName: cfg.Istiod.ServerName, RootCertFile: cfg.Istiod.RootCertFile, Logger: log,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("istiod: %w", err)
+		return nil, fmt.Errorf("istiod: %w", err)
+	}
+	return conn, nil
+}
+
+// newRelay returns the relay of istiod mode (istiod.relayXDS) over conn, or
+// nil in standalone mode.
+func newRelay(cfg *config.Configuration, conn *grpc.ClientConn, reg prometheus.Registerer, log *slog.Logger) (*relay.Relay, error) {
+	if !cfg.Istiod.Relays() {
+		return nil, nil
 	}
 	m, err := relay.NewMetrics(reg)
 	if err != nil {
-		_ = conn.Close()
-		return nil, nil, err
+		return nil, err
 	}
-	r, err = relay.New(relay.Options{Conn: conn, Metrics: m, Logger: log})
+	r, err := relay.New(relay.Options{Conn: conn, Metrics: m, Logger: log})
 	if err != nil {
-		_ = conn.Close()
-		return nil, nil, err
+		return nil, err
 	}
 	log.Info("istiod mode: relaying sidecar discovery requests to istiod", "istiod", cfg.Istiod.Address)
-	return r, func() { _ = conn.Close() }, nil
+	return r, nil
 }
 
 // newConfigSource is standalone mode's configuration: translated from the
