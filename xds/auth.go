@@ -127,6 +127,12 @@ func (a *authenticator) authenticate(ctx context.Context, raw string) (*Credenti
 		}
 		return c, nil
 	}
+	// A bearer that is not even shaped like a service-account token is
+	// refused without asking the API server (unauthenticated floods cost
+	// no TokenReview); its claims are trusted only after the review below.
+	if _, err := registry.DecodeBoundClaims(raw); err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadToken, err)
+	}
 	review, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
 		Token: raw, Audiences: []string{a.audience},
 	}}, metav1.CreateOptions{})

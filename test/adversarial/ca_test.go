@@ -15,6 +15,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,6 +39,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/xds/ca"
 )
 
 func freeAddr(t *testing.T) string {
@@ -73,6 +76,18 @@ func selfSignedRoot(t *testing.T, dir string) string {
 // xDS address.
 func startCARelay(t *testing.T, ns string) securityv1alpha1.IstioCertificateServiceClient {
 	t.Helper()
+	conn, err := grpc.NewClient(startCARelayAddr(t, ns), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return securityv1alpha1.NewIstioCertificateServiceClient(conn)
+}
+
+// startCARelayAddr runs the endpoint as startCARelay does and returns its
+// xDS address.
+func startCARelayAddr(t *testing.T, ns string) string {
+	t.Helper()
 	dir := t.TempDir()
 	xdsAddr := freeAddr(t)
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
@@ -104,12 +119,7 @@ listen: {onboarding: %s, metrics: %s, xds: %s, repository: %s}
 		t.Fatalf("endpoint: %v", err)
 	}
 	t.Cleanup(func() { cancel(); <-done })
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return securityv1alpha1.NewIstioCertificateServiceClient(conn)
+	return xdsAddr
 }
 
 func TestCertificateRequestsNeedALiveRegistrationsToken(t *testing.T) {
@@ -199,5 +209,95 @@ func TestCertificateRequestsNeedALiveRegistrationsToken(t *testing.T) {
 				t.Errorf("CreateCertificate = %v, want one of %v", err, tt.want)
 			}
 		})
+	}
+}
+
+// caFrom is a certificate client of addr whose connections leave from the
+// loopback address src.
+func caFrom(t *testing.T, src, addr string) securityv1alpha1.IstioCertificateServiceClient {
+	t.Helper()
+	return securityv1alpha1.NewIstioCertificateServiceClient(dialFrom(t, src, addr))
+}
+
+// An unauthenticated flood from many source addresses, each within its own
+// per-source rate, must not spend the relay's shared budget (50/s, burst
+// 100 by default) that authenticated sidecars need: before the fix the
+// relay charged the shared bucket before it looked at the token, so
+// anyone who could reach the xDS port kept every VM from getting its
+// certificate.
+func TestUnauthenticatedFloodStarvesCertificateRequests(t *testing.T) {
+	Attack(t, "unauthenticated certificate requests from many sources spend the CA relay's shared budget")
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
+	for _, obj := range []client.Object{wg, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}} {
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live, err := reg.Register(ctx, registry.Request{
+		Group: wg,
+		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-00000000000000001"}}},
+		Registration: runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: "10.1.0.1", Type: runtimev1alpha1.AddressTypeVPC}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	xdsAddr := startCARelayAddr(t, ns)
+	csr := &securityv1alpha1.IstioCertificateRequest{Csr: "-----BEGIN CERTIFICATE REQUEST-----", ValidityDuration: 3600}
+
+	// The flood: 16 source addresses, each asking without a token as fast
+	// as its per-source bucket lets it (20/s each by default: 320/s in
+	// all, over the shared 50/s).
+	floodCtx, stopFlood := context.WithCancel(ctx)
+	var wgFlood sync.WaitGroup
+	var sent atomic.Int64
+	for i := range 16 {
+		ca := caFrom(t, fmt.Sprintf("127.0.1.%d", i+1), xdsAddr)
+		wgFlood.Add(1)
+		go func() {
+			defer wgFlood.Done()
+			for floodCtx.Err() == nil {
+				_, err := ca.CreateCertificate(floodCtx, csr)
+				if status.Code(err) == codes.ResourceExhausted {
+					// Over this source's own rate: wait as a client would.
+					select {
+					case <-floodCtx.Done():
+					case <-time.After(25 * time.Millisecond):
+					}
+					continue
+				}
+				sent.Add(1)
+			}
+		}()
+	}
+	defer func() { stopFlood(); wgFlood.Wait() }()
+	// Let the flood spend what it can: at least the shared burst (100)
+	// must have reached the relay's handler.
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return sent.Load() >= 2*ca.DefaultBurst, nil
+	}); err != nil {
+		t.Fatalf("the flood reached the relay %d times in 1m, want %d (the attack did not run)", sent.Load(), 2*ca.DefaultBurst)
+	}
+	// The victim, from its own address, during the flood: its live token
+	// passes Embark's checks and fails only because istiod is absent.
+	victim := caFrom(t, "127.0.2.1", xdsAddr)
+	vctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+live.SidecarToken.Token)
+	for i := range 10 {
+		_, err := victim.CreateCertificate(vctx, csr)
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("authenticated request %d during the flood (%d unauthenticated requests reached the relay): %v, want Unavailable from the absent istiod", i, sent.Load(), err)
+		}
+		time.Sleep(50 * time.Millisecond) // within the victim's own per-source rate
 	}
 }

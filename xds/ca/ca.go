@@ -6,7 +6,10 @@
 // xds.Server.AuthorizeCertificate), then the request is sent to istiod's CA
 // with the caller's own token: istiod reviews that token (audience istio-ca)
 // and certifies the token's service account, never anything the request
-// claims. Requests are bounded in size, rate, concurrency and time.
+// claims. Requests are bounded in size, rate, concurrency and time; the
+// shared rate is charged only after the caller is authenticated, so an
+// unauthenticated flood (bounded per source by the server's limits) cannot
+// starve registered sidecars.
 package ca
 
 import (
@@ -58,9 +61,10 @@ type Options struct {
 	// MaxRequestBytes bounds a request's encoded size (a CSR is about 1
 	// KiB). Default 16 KiB.
 	MaxRequestBytes int
-	// Rate and Burst bound the requests per second this replica relays
-	// (token bucket); over it requests fail with ResourceExhausted and
-	// pilot-agent retries with backoff. Defaults 50/s, burst 100.
+	// Rate and Burst bound the authenticated requests per second this
+	// replica relays (token bucket, charged after authentication); over it
+	// requests fail with ResourceExhausted and pilot-agent retries with
+	// backoff. Defaults 50/s, burst 100.
 	Rate  float64
 	Burst int
 	// MaxInFlight bounds requests waiting for istiod at once. Default 64.
@@ -150,12 +154,17 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	if v := req.GetValidityDuration(); v < 0 || v > int64(MaxValidity/time.Second) {
 		return nil, status.Errorf(codes.InvalidArgument, "validity of %ds is outside 0..%ds", v, int64(MaxValidity/time.Second))
 	}
-	if !r.limit.Allow() {
-		return nil, status.Error(codes.ResourceExhausted, "certificate requests over this endpoint's rate limit; retry later")
-	}
+	// Authenticate before the shared budget: an unauthenticated caller is
+	// bounded by its source's own rate (the xDS server's per-source limit,
+	// package onboarding/limits) and must never spend what sidecars with a
+	// live registration need. Authentication is cheap for them (reviews
+	// are cached) and a malformed token is refused without a TokenReview.
 	caller, err := r.opts.Authorizer.AuthorizeCertificate(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if !r.limit.Allow() {
+		return nil, status.Error(codes.ResourceExhausted, "certificate requests over this endpoint's rate limit; retry later")
 	}
 	select {
 	case r.inFlight <- struct{}{}:
