@@ -155,3 +155,45 @@ func TestBaseIsConsistent(t *testing.T) {
 		t.Errorf("Certificate in %q, the endpoint reads Secrets in %q", cert.GetNamespace(), cfg.Namespace)
 	}
 }
+
+// workloadRoleBinding is the RoleBinding of the endpoint's rights in one
+// workload namespace (workload-namespaces/).
+const workloadRoleBinding = "embark-onboarding-endpoint-workloads"
+
+// The endpoint has rights exactly where it watches: every namespace of a
+// configuration's workloadNamespaces has the RoleBinding, and no other, in
+// every kustomization that installs the endpoint.
+func TestWorkloadNamespacesAgree(t *testing.T) {
+	for _, tt := range []struct{ dir, configMap string }{
+		{dir: ".", configMap: "onboarding-endpoint"},
+		{dir: "istio-operator", configMap: "onboarding-endpoint-istiod"},
+	} {
+		t.Run(tt.dir, func(t *testing.T) {
+			_, objs := build(t, tt.dir)
+			cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", tt.configMap))
+			if len(cfg.WorkloadNamespaces) == 0 {
+				t.Fatal("the configuration sets no workloadNamespaces: the endpoint would need cluster-wide rights")
+			}
+			var bound []string
+			for _, o := range objs {
+				if o.GetKind() == "RoleBinding" && o.GetName() == workloadRoleBinding {
+					bound = append(bound, o.GetNamespace())
+					ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+					if ref != workloadRoleBinding {
+						t.Errorf("RoleBinding in %s grants %s, want %s", o.GetNamespace(), ref, workloadRoleBinding)
+					}
+				}
+				if o.GetKind() == "ClusterRoleBinding" {
+					if ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name"); ref == workloadRoleBinding {
+						t.Errorf("ClusterRoleBinding %s grants the workload rights cluster-wide", o.GetName())
+					}
+				}
+			}
+			want := slices.Sorted(slices.Values(cfg.WorkloadNamespaces))
+			slices.Sort(bound)
+			if !slices.Equal(bound, want) {
+				t.Errorf("RoleBindings of %s in %v, workloadNamespaces %v", workloadRoleBinding, bound, want)
+			}
+		})
+	}
+}

@@ -2,9 +2,16 @@ package manifests
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,12 +21,16 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
@@ -42,8 +53,11 @@ const (
 
 var serviceAccountGroups = []string{"system:serviceaccounts", "system:serviceaccounts:istio-system", "system:authenticated"}
 
-// applyBase stores the base's ServiceAccount, RBAC and ConfigMap for real.
-func applyBase(t *testing.T) []*unstructured.Unstructured {
+// applyBase stores the base's ServiceAccount, RBAC and ConfigMap for real,
+// and binds the endpoint's workload rights in each of workloadNamespaces
+// with the RoleBinding of workload-namespaces/ (the test namespaces stand
+// for bookinfo).
+func applyBase(t *testing.T, workloadNamespaces ...string) []*unstructured.Unstructured {
 	t.Helper()
 	_, objs := build(t, "base")
 	var keep []*unstructured.Unstructured
@@ -53,8 +67,22 @@ func applyBase(t *testing.T) []*unstructured.Unstructured {
 			keep = append(keep, o)
 		}
 	}
+	_, wl := build(t, "workload-namespaces")
+	binding := mustFind(t, wl, "RoleBinding", workloadRoleBinding)
+	for _, ns := range workloadNamespaces {
+		b := binding.DeepCopy()
+		b.SetNamespace(ns)
+		keep = append(keep, b)
+	}
+	apply(t, keep)
+	return objs
+}
+
+// apply stores objs with server-side apply.
+func apply(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
 	var docs []string
-	for _, o := range keep {
+	for _, o := range objs {
 		data, err := sigsyaml.Marshal(o.Object)
 		if err != nil {
 			t.Fatal(err)
@@ -65,7 +93,6 @@ func applyBase(t *testing.T) []*unstructured.Unstructured {
 		"--field-manager=embark-test", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
-	return objs
 }
 
 // access is one API call the endpoint makes (or must not be able to make).
@@ -82,55 +109,77 @@ func (a access) String() string {
 	return fmt.Sprintf("%s %s.%s in %q", a.verb, r, a.group, a.namespace)
 }
 
-// Every call of the endpoint's code is allowed to the ServiceAccount, and
-// what it does not need is not. The list mirrors docs/security.md.
+// Every call of the endpoint's code is allowed to the ServiceAccount where
+// it makes it, and nothing else: the namespaced rights only in a workload
+// namespace, nothing cluster-wide but TokenReview. The list mirrors
+// docs/security.md ("Least privilege").
 func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
-	applyBase(t)
-	const wl = "bookinfo" // any workload namespace
+	wl := env.Namespace(t) // a workload namespace (bookinfo in the manifests)
+	other := env.Namespace(t)
+	applyBase(t, wl)
 	allowed := []access{
-		{"list", "networking.istio.io", "workloadgroups", "", ""},
-		{"watch", "networking.istio.io", "workloadgroups", "", ""},
+		{"list", "networking.istio.io", "workloadgroups", "", wl},
+		{"watch", "networking.istio.io", "workloadgroups", "", wl},
 		{"get", "networking.istio.io", "workloadgroups", "", wl},
 		{"create", "networking.istio.io", "workloadentries", "", wl},
 		{"update", "networking.istio.io", "workloadentries", "", wl},
 		{"delete", "networking.istio.io", "workloadentries", "", wl},
-		{"watch", "networking.istio.io", "workloadentries", "", ""},
-		{"list", "authorization.onboarding.tetrate.io", "onboardingpolicies", "", ""},
-		{"watch", "authorization.onboarding.tetrate.io", "onboardingpolicies", "", ""},
+		{"watch", "networking.istio.io", "workloadentries", "", wl},
+		{"list", "authorization.onboarding.tetrate.io", "onboardingpolicies", "", wl},
+		{"watch", "authorization.onboarding.tetrate.io", "onboardingpolicies", "", wl},
 		{"create", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", wl},
 		{"update", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", wl},
 		{"delete", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", wl},
+		{"watch", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", wl},
 		{"update", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "status", wl},
 		{"update", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "finalizers", wl},
+		{"update", "runtime.onboarding.tetrate.io", "workloadgrouprollouts", "", wl},
 		{"update", "networking.istio.io", "workloadgroups", "finalizers", wl},
-		{"list", "", "secrets", "", ""},
-		{"watch", "", "secrets", "", ""},
+		{"list", "", "secrets", "", wl},
+		{"watch", "", "secrets", "", wl},
 		{"create", "", "secrets", "", wl},
 		{"get", "", "serviceaccounts", "", wl},
-		{"watch", "", "serviceaccounts", "", ""},
+		{"watch", "", "serviceaccounts", "", wl},
 		{"create", "", "serviceaccounts", "token", wl},
 		{"create", "authentication.k8s.io", "tokenreviews", "", ""},
 		{"update", "networking.istio.io", "workloadentries", "status", wl},
-		{"watch", "networking.istio.io", "sidecars", "", ""},
-		{"watch", "networking.istio.io", "serviceentries", "", ""},
-		{"watch", "security.istio.io", "peerauthentications", "", ""},
-		{"watch", "security.istio.io", "authorizationpolicies", "", ""},
-		{"watch", "security.istio.io", "requestauthentications", "", ""},
-		{"watch", "", "pods", "", ""},
-		{"watch", "", "services", "", ""},
-		{"watch", "discovery.k8s.io", "endpointslices", "", ""},
 		{"create", "", "events", "", wl},
 		{"patch", "", "events", "", wl},
+		{"get", "", "secrets", "", "istio-system"},
 		{"update", "", "secrets", "", "istio-system"},
 		{"create", "coordination.k8s.io", "leases", "", "istio-system"},
 		{"update", "coordination.k8s.io", "leases", "", "istio-system"},
 		{"delete", "coordination.k8s.io", "leases", "", "istio-system"},
 	}
 	denied := []access{
+		// Nothing namespaced cluster-wide.
+		{"list", "", "secrets", "", ""},
+		{"watch", "", "secrets", "", ""},
+		{"list", "networking.istio.io", "workloadgroups", "", ""},
+		{"list", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", ""},
+		// Not in a namespace that is not a workload namespace: no Secret
+		// read, no token minted (kube-system's, istiod's CA key).
+		{"get", "", "secrets", "", "kube-system"},
+		{"list", "", "secrets", "", "kube-system"},
+		{"get", "", "secrets", "", other},
+		{"list", "", "secrets", "", other},
+		{"create", "", "secrets", "", other},
+		{"create", "", "serviceaccounts", "token", "kube-system"},
+		{"create", "", "serviceaccounts", "token", other},
+		{"create", "", "serviceaccounts", "token", "istio-system"},
+		{"create", "networking.istio.io", "workloadentries", "", other},
+		{"create", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", other},
+		{"list", "networking.istio.io", "workloadgroups", "", other},
+		// Istiod mode (the base) reads no mesh configuration: that is
+		// standalone's ClusterRoleBinding (standalone/).
+		{"watch", "networking.istio.io", "sidecars", "", ""},
+		{"watch", "", "pods", "", ""},
+		{"watch", "", "services", "", ""},
+		{"watch", "discovery.k8s.io", "endpointslices", "", ""},
+		// What the workload rights never include.
 		{"update", "", "secrets", "", wl},
 		{"delete", "", "secrets", "", wl},
 		{"create", "", "pods", "", wl},
-		// Pods are read (service accounts of endpoints), never entered.
 		{"create", "", "pods", "exec", wl},
 		{"get", "", "pods", "log", wl},
 		{"update", "networking.istio.io", "sidecars", "", wl},
@@ -139,6 +188,7 @@ func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
 		{"create", "authorization.onboarding.tetrate.io", "onboardingpolicies", "", wl},
 		{"create", "coordination.k8s.io", "leases", "", wl},
 		{"update", "rbac.authorization.k8s.io", "clusterroles", "", ""},
+		{"create", "rbac.authorization.k8s.io", "rolebindings", "", wl},
 		{"impersonate", "", "serviceaccounts", "", wl},
 		{"create", "authorization.k8s.io", "subjectaccessreviews", "", ""},
 	}
@@ -196,15 +246,58 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// The real endpoint, running as the manifests' ServiceAccount with the
-// manifests' RBAC, starts (informers, signing key, Leases) and onboards a
-// workload (registration, WorkloadEntry, sidecar Secret and token).
+// selfSignedRoot writes a PEM root to dir: the roots of an istiod that is not
+// there (istiod mode starts without it; nothing here asks it).
+func selfSignedRoot(t *testing.T, dir string) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "absent istiod"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "istiod-root.pem")
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The real endpoint, running as the manifests' ServiceAccount with exactly
+// the manifests' RBAC (the base, the workload namespace's RoleBinding and,
+// in standalone mode, standalone/), starts (informers scoped to the
+// workload namespace, signing key, Leases) and onboards a workload
+// (registration, WorkloadEntry, sidecar Secret and token); a WorkloadGroup
+// in a namespace it was not given is refused at once, naming the
+// namespace; and the API server refuses it Secrets and tokens elsewhere.
 func TestRBACIsSufficientToOnboardAWorkload(t *testing.T) {
+	for _, mode := range []string{"istiod", "standalone"} {
+		t.Run(mode, func(t *testing.T) { onboardWithManifestRBAC(t, mode) })
+	}
+}
+
+func onboardWithManifestRBAC(t *testing.T, mode string) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	objs := applyBase(t)
+	ns, other := env.Namespace(t), env.Namespace(t)
+	objs := applyBase(t, ns)
+	if mode == "standalone" {
+		_, sa := build(t, "standalone")
+		apply(t, sa)
+		t.Cleanup(func() {
+			// The base's own tests must not see standalone's rights.
+			for _, o := range sa {
+				if err := env.Client.Delete(context.WithoutCancel(ctx), o); err != nil {
+					t.Errorf("delete %s %s: %v", o.GetKind(), o.GetName(), err)
+				}
+			}
+		})
+	}
 	cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", "onboarding-endpoint"))
-	ns := env.Namespace(t)
 	aws := awstest.Start(t, awstest.Instance{})
 
 	dir := t.TempDir()
@@ -216,12 +309,19 @@ func TestRBACIsSufficientToOnboardAWorkload(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The manifests' configuration, with loopback listeners, plaintext and
-	// the fake AWS instead of a serving Secret and the real AWS.
+	// the fake AWS instead of a serving Secret and the real AWS, the test
+	// namespace as the workload namespace, and istiod at an address where
+	// nothing listens (istiod mode) or none (standalone).
+	istiod := ""
+	if mode == "istiod" {
+		istiod = fmt.Sprintf("istiod: {address: %s, serverName: %s, rootCertFile: %s}\n", freeAddr(t), cfg.Istiod.ServerName, selfSignedRoot(t, dir))
+	}
 	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	cfgFile := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(cfgFile, fmt.Appendf(nil, `apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
 namespace: %s
+workloadNamespaces: [%s]
 endpoint:
   hosts: [%s]
   plaintext: true
@@ -233,7 +333,7 @@ listen:
   onboarding: %s
   metrics: %s
   xds: %s
-`, cfg.Namespace, cfg.Endpoint.Hosts[0], certs, aws.STS.URL, onboardingAddr, metricsAddr, xdsAddr), 0o600); err != nil {
+%s`, cfg.Namespace, ns, cfg.Endpoint.Hosts[0], certs, aws.STS.URL, onboardingAddr, metricsAddr, xdsAddr, istiod), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -251,6 +351,13 @@ listen:
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
 	for _, obj := range []client.Object{policy, wg, sa} {
 		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+		// The same in a namespace the endpoint was not given.
+		o := obj.DeepCopyObject().(client.Object)
+		o.SetNamespace(other)
+		o.SetResourceVersion("")
+		if err := env.Client.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -305,6 +412,38 @@ listen:
 	we := &istionetworkingv1.WorkloadEntry{}
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: reg.GetRegistrationName()}, we); err != nil {
 		t.Errorf("WorkloadEntry %s: %v", reg.GetRegistrationName(), err)
+	}
+	// A WorkloadGroup in a namespace not configured: refused at once,
+	// naming the namespace (the endpoint neither watches nor may write
+	// there; nothing waits on a cache that will never hold it).
+	_, err = api.Authorize(callCtx, &onboardingv1alpha1.AuthorizeRequest{
+		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: other, Name: "ratings"},
+		Credential: &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: &onboardingv1alpha1.AWSCredential{
+			InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature),
+		}},
+	})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), `"`+other+`"`) {
+		t.Errorf("Authorize for %s/ratings (not a workload namespace) = %v, want FailedPrecondition naming %q", other, err, other)
+	}
+	// What a compromised endpoint would try, as its ServiceAccount: the
+	// API server refuses it Secrets and tokens outside its workload
+	// namespace.
+	asEndpoint, err := clientcmd.BuildConfigFromFlags("", impersonatingKubeconfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ecs := kubernetes.NewForConfigOrDie(asEndpoint)
+	for _, target := range []string{other, "kube-system"} {
+		if _, err := ecs.CoreV1().Secrets(target).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("list Secrets in %s as the endpoint: %v, want Forbidden", target, err)
+		}
+	}
+	if _, err := ecs.CoreV1().ServiceAccounts(other).CreateToken(ctx, "ratings-vm", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("mint a token of %s/ratings-vm as the endpoint: %v, want Forbidden", other, err)
+	}
+	if _, err := ecs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("list Secrets in the workload namespace %s as the endpoint (control): %v", ns, err)
 	}
 	// Unregistering deletes the registration, also as the ServiceAccount.
 	if _, err := api.Unregister(metadata.AppendToOutgoingContext(callCtx, "authorization", "Bearer "+auth.GetToken(), "embark-session-key", reg.GetSessionKey()), &onboardingv1alpha1.UnregisterRequest{}); err != nil {

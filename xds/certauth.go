@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +48,9 @@ func (s *Server) AuthorizeCertificate(ctx context.Context) (*CertificateCaller, 
 	}
 	secret := &corev1.Secret{}
 	ns := cred.ServiceAccount.Namespace
+	if err := s.served(ns); err != nil {
+		return nil, err
+	}
 	if err := s.get(ctx, types.NamespacedName{Namespace: ns, Name: cred.SecretName}, secret); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, refuse(codes.PermissionDenied, reasonStaleCredential, "the sidecar credential Secret %s/%s does not exist; onboard again", ns, cred.SecretName)
@@ -63,4 +67,13 @@ func (s *Server) AuthorizeCertificate(ctx context.Context) (*CertificateCaller, 
 		return nil, err
 	}
 	return &CertificateCaller{Registration: key, ServiceAccount: cred.ServiceAccount, Token: raw}, nil
+}
+
+// served refuses a namespace outside Options.Namespaces: the cache does
+// not watch it, so its registrations can never be found there.
+func (s *Server) served(ns string) error {
+	if len(s.opts.Namespaces) == 0 || slices.Contains(s.opts.Namespaces, ns) {
+		return nil
+	}
+	return refuse(codes.PermissionDenied, reasonNamespaceNotServed, "namespace %q is not one of this endpoint's workload namespaces (workloadNamespaces)", ns)
 }

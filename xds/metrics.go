@@ -16,6 +16,7 @@ const (
 	reasonUnknownRegistration = "unknown_registration"
 	reasonRegistrationDeleted = "registration_deleted"
 	reasonStaleCredential     = "stale_credential"
+	reasonNamespaceNotServed  = "namespace_not_served"
 	reasonServiceAccount      = "wrong_service_account"
 	reasonAddress             = "wrong_address"
 	reasonUnavailable         = "unavailable"

@@ -91,6 +91,11 @@ type Options struct {
 	// first request, which names the node, before it is closed
 	// DeadlineExceeded. Default limits.DefaultFirstRequestTimeout (10s).
 	FirstRequestTimeout time.Duration
+	// Namespaces are the only namespaces whose workloads are served (the
+	// configuration's workloadNamespaces; Reader watches only these): a
+	// sidecar token of a service account elsewhere is refused
+	// PermissionDenied naming the namespace. Default: every namespace.
+	Namespaces []string
 }
 
 func (o *Options) setDefaults() error {
@@ -390,6 +395,9 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 func (s *Server) registrationOf(ctx context.Context, cred *Credential, key types.NamespacedName) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
 	denied := func(reason, format string, args ...any) error {
 		return refuse(codes.PermissionDenied, reason, format, args...)
+	}
+	if err := s.served(key.Namespace); err != nil {
+		return nil, err
 	}
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := s.get(ctx, key, war); err != nil {

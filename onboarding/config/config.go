@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"net/netip"
 	"os"
 	"time"
@@ -70,6 +71,16 @@ type Configuration struct {
 	LocalRepository *LocalRepository `json:"localRepository,omitempty"`
 	// Namespace of the endpoint's own Secrets and Lease. Default istio-system.
 	Namespace string `json:"namespace,omitempty"`
+	// WorkloadNamespaces are the namespaces whose WorkloadGroups this
+	// endpoint onboards: its informers watch only these namespaces, and the
+	// install grants its namespaced rights (Secrets, service-account tokens,
+	// registrations, WorkloadEntries, ...) there only, with one RoleBinding
+	// per namespace (docs/security.md, "Least privilege"). A request for a
+	// WorkloadGroup elsewhere is refused FAILED_PRECONDITION naming the
+	// namespace. Empty: every namespace, which needs the namespaced rights
+	// bound cluster-wide (a ClusterRoleBinding); the shipped manifests set
+	// the list.
+	WorkloadNamespaces []string `json:"workloadNamespaces,omitempty"`
 	// Mesh describes the mesh the workloads join.
 	Mesh Mesh `json:"mesh,omitempty"`
 	// Identity configures how platform identities are verified.
@@ -123,6 +134,12 @@ type Istiod struct {
 	// configuration itself. Default: true when Address is set; requires
 	// Address.
 	RelayXDS *bool `json:"relayXDS,omitempty"`
+}
+
+// ServesNamespace reports whether WorkloadGroups in ns are onboarded by
+// this endpoint (WorkloadNamespaces, empty: all).
+func (c *Configuration) ServesNamespace(ns string) bool {
+	return len(c.WorkloadNamespaces) == 0 || slices.Contains(c.WorkloadNamespaces, ns)
 }
 
 // Enabled reports whether an istiod is configured.
@@ -488,6 +505,17 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	for _, msg := range validation.IsDNS1123Label(c.Namespace) {
 		errs = append(errs, field.Invalid(field.NewPath("namespace"), c.Namespace, msg))
+	}
+	wns := map[string]bool{}
+	for i, ns := range c.WorkloadNamespaces {
+		p := field.NewPath("workloadNamespaces").Index(i)
+		for _, msg := range validation.IsDNS1123Label(ns) {
+			errs = append(errs, field.Invalid(p, ns, msg))
+		}
+		if wns[ns] {
+			errs = append(errs, field.Duplicate(p, ns))
+		}
+		wns[ns] = true
 	}
 	if c.LocalRepository != nil && c.LocalRepository.Directory == "" {
 		errs = append(errs, field.Required(field.NewPath("localRepository", "directory"), ""))

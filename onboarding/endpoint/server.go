@@ -10,6 +10,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -117,6 +118,11 @@ type Options struct {
 	// AllowLoopbackAddresses accepts loopback workload addresses: for demos
 	// and tests that run their "VMs" on 127.0.0.0/8 only. Default false.
 	AllowLoopbackAddresses bool
+	// Namespaces are the only namespaces whose WorkloadGroups are served
+	// (the configuration's workloadNamespaces: the informers watch only
+	// these and RBAC grants only these). A request for another namespace
+	// is refused FailedPrecondition naming it. Default: every namespace.
+	Namespaces []string
 }
 
 // BootstrapSettings are the mesh settings every sidecar's bootstrap carries.
@@ -171,6 +177,10 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	ns, group := req.GetWorkloadGroup().GetNamespace(), req.GetWorkloadGroup().GetName()
+	if err := s.served(ns); err != nil {
+		s.opts.Metrics.denied("authorize", "NamespaceNotServed")
+		return nil, err
+	}
 	if !s.limiter.allow(ctx) {
 		s.opts.Metrics.denied("authorize", "RateLimited")
 		return nil, status.Error(codes.ResourceExhausted, "too many platform credential verifications from this source; retry later")
@@ -420,7 +430,24 @@ func (s *Server) session(ctx context.Context) (*token.Claims, error) {
 	if claims.Workload.Verified == nil || !strings.Contains(claims.Workload.WorkloadGroup, "/") {
 		return nil, status.Error(codes.Unauthenticated, "onboarding token refused: it names no verified workload")
 	}
+	// A namespace removed from the configuration since the token was issued.
+	ns, _, _ := strings.Cut(claims.Workload.WorkloadGroup, "/")
+	if err := s.served(ns); err != nil {
+		s.opts.Metrics.denied("token", "NamespaceNotServed")
+		return nil, err
+	}
 	return claims, nil
+}
+
+// served refuses a namespace outside Options.Namespaces: this endpoint
+// neither watches nor may write there, so the request could only fail
+// later, or wait on a cache that will never hold it.
+func (s *Server) served(ns string) error {
+	if len(s.opts.Namespaces) == 0 || slices.Contains(s.opts.Namespaces, ns) {
+		return nil
+	}
+	return status.Errorf(codes.FailedPrecondition,
+		"namespace %q is not one of this onboarding endpoint's workload namespaces (workloadNamespaces: %s); ask the platform team to add it", ns, strings.Join(s.opts.Namespaces, ", "))
 }
 
 // bearer returns the token of the `authorization: Bearer` metadata.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,6 +39,17 @@ func Watched() []client.ObjectList {
 		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &istiosecurityv1.PeerAuthenticationList{},
 		&istiosecurityv1.AuthorizationPolicyList{}, &istiosecurityv1.RequestAuthenticationList{}, &corev1.PodList{},
 	}
+}
+
+// MeshConfig are the objects translation reads from every namespace (the
+// mesh's services and policies, not only the workloads' namespaces): an
+// endpoint whose cache is scoped to its workload namespaces watches these
+// cluster-wide, read-only, in standalone mode.
+func MeshConfig() []client.Object {
+	return slices.DeleteFunc(watched(), func(o client.Object) bool {
+		_, isRegistration := o.(*runtimev1alpha1.WorkloadAutoRegistration)
+		return isRegistration
+	})
 }
 
 // watched are the objects whose informers Run watches.

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
 	"regexp"
 	"time"
 
@@ -27,6 +28,7 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -76,6 +78,46 @@ type Options struct {
 	// They fill as workloads come and go, a few KiB per workload, then stay
 	// at the bound; the soak lowers it to reach the bound early.
 	EventCacheSize int
+}
+
+// cacheOptions scopes the informer cache to what the endpoint's RBAC grants
+// (docs/security.md, "Least privilege"): with workloadNamespaces set, every
+// namespaced informer watches only those namespaces (one watch per
+// namespace, each allowed by that namespace's RoleBinding); in standalone
+// mode the mesh configuration translation reads (Services, EndpointSlices,
+// Pods, ServiceEntries, WorkloadEntries, Sidecars, security policies) is
+// watched cluster-wide, read-only, as istiod watches it: a VM calls
+// services in any namespace. Secrets are only the sidecar credentials
+// (label-filtered; the xDS server checks a token's bound Secret against
+// them); Pods keep only what translation reads of them.
+func cacheOptions(cfg *config.Configuration, sch *runtime.Scheme) cache.Options {
+	opts := cache.Options{Scheme: sch, ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{registry.LabelSidecarCredential: "true"})},
+		&corev1.Pod{}:    {Transform: configsource.TrimPod},
+	}}
+	if len(cfg.WorkloadNamespaces) == 0 {
+		return opts
+	}
+	opts.DefaultNamespaces = map[string]cache.Config{}
+	for _, ns := range cfg.WorkloadNamespaces {
+		opts.DefaultNamespaces[ns] = cache.Config{}
+	}
+	if cfg.Istiod.Relays() {
+		return opts
+	}
+	all := map[string]cache.Config{cache.AllNamespaces: {}}
+	for _, obj := range configsource.MeshConfig() {
+		key := obj
+		for k := range opts.ByObject { // Pods: keep their Transform
+			if reflect.TypeOf(k) == reflect.TypeOf(obj) {
+				key = k
+			}
+		}
+		by := opts.ByObject[key]
+		by.Namespaces = all
+		opts.ByObject[key] = by
+	}
+	return opts
 }
 
 // DefaultDebugXDS is the default address of the xDS debug listener.
@@ -130,13 +172,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 		defer stopPprof()
 	}
-	// Only the sidecar credential Secrets are cached (the xDS server checks
-	// a token's bound Secret against them).
-	informers, err := cache.New(restCfg, cache.Options{Scheme: sch, ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{registry.LabelSidecarCredential: "true"})},
-		// Pods keep only what translation reads of them.
-		&corev1.Pod{}: {Transform: configsource.TrimPod},
-	}})
+	informers, err := cache.New(restCfg, cacheOptions(cfg, sch))
 	if err != nil {
 		return fmt.Errorf("informer cache: %w", err)
 	}
@@ -242,6 +278,7 @@ func Run(ctx context.Context, opts Options) error {
 		Source:                 sourceCheck(cfg.Registration.SourceAddressCheck),
 		AllowLoopbackAddresses: cfg.Registration.AllowLoopbackAddresses,
 		VerifyLimit:            endpoint.RateLimit{PerSecond: cfg.Registration.VerifyPerSecond, Burst: cfg.Registration.VerifyBurst},
+		Namespaces:             cfg.WorkloadNamespaces,
 	})
 	if err != nil {
 		return err
@@ -363,6 +400,7 @@ func Run(ctx context.Context, opts Options) error {
 		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
 		NACKMetrics: nackMetrics, Metrics: xdsMetrics, Relay: xdsRelay,
 		FirstRequestTimeout: cfg.Limits.XDS.FirstRequestTimeout.Duration,
+		Namespaces:          cfg.WorkloadNamespaces,
 	}
 	if configSource != nil {
 		serverOpts.Config = configSource
