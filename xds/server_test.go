@@ -846,3 +846,27 @@ func TestLastStreamClosedForgetsTheNode(t *testing.T) {
 		t.Errorf("forgotten %v, want %s", got, w.nodeID)
 	}
 }
+
+// A sidecar of a namespace outside Options.Namespaces (the endpoint's
+// workloadNamespaces: its cache does not watch there) is refused at once,
+// naming the namespace, on streams and certificate requests alike; not
+// answered Unavailable as a cache miss would be.
+func TestNamespaceNotServedIsRefused(t *testing.T) {
+	ns := env.Namespace(t)
+	r := startReplica(t, "replica-a", nil, func(o *Options) { o.Namespaces = []string{"bookinfo"} })
+	a := register(t, ns, "i-0000000000000000a", "10.0.1.1")
+	conn := dial(t, r.addr)
+	for _, delta := range []bool{false, true} {
+		_, err := open(t, conn, delta, a.token, sidecarNode(a.nodeID))
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), `"`+ns+`"`) {
+			t.Errorf("delta=%v: stream of a workload in %s = %v, want PermissionDenied naming the namespace", delta, ns, err)
+		}
+	}
+	if got := testutil.ToFloat64(r.metrics.refused.WithLabelValues(codes.PermissionDenied.String(), reasonNamespaceNotServed)); got != 2 {
+		t.Errorf("refusals counted as %s: %v, want 2", reasonNamespaceNotServed, got)
+	}
+	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs("authorization", "Bearer "+a.token))
+	if _, err := r.server.AuthorizeCertificate(ctx); status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), `"`+ns+`"`) {
+		t.Errorf("certificate request of a workload in %s = %v, want PermissionDenied naming the namespace", ns, err)
+	}
+}

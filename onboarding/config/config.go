@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"net/netip"
 	"os"
 	"time"
@@ -134,12 +133,6 @@ type Istiod struct {
 	// configuration itself. Default: true when Address is set; requires
 	// Address.
 	RelayXDS *bool `json:"relayXDS,omitempty"`
-}
-
-// ServesNamespace reports whether WorkloadGroups in ns are onboarded by
-// this endpoint (WorkloadNamespaces, empty: all).
-func (c *Configuration) ServesNamespace(ns string) bool {
-	return len(c.WorkloadNamespaces) == 0 || slices.Contains(c.WorkloadNamespaces, ns)
 }
 
 // Enabled reports whether an istiod is configured.

@@ -181,6 +181,8 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "istiod without roots", yaml: minimal + "istiod: {address: 'istiod.istio-system.svc:15012'}\n", wantErr: "istiod.rootCertFile: Required value"},
 		{name: "istiod without port", yaml: minimal + "istiod: {address: istiod, rootCertFile: /r}\n", wantErr: "istiod.address: Invalid value"},
 		{name: "istiod roots without address", yaml: minimal + "istiod: {rootCertFile: /r}\n", wantErr: "istiod.address: Required value"},
+		{name: "workload namespace not a DNS label", yaml: minimal + "workloadNamespaces: [Bookinfo]\n", wantErr: "workloadNamespaces[0]"},
+		{name: "workload namespace twice", yaml: minimal + "workloadNamespaces: [bookinfo, bookinfo]\n", wantErr: "workloadNamespaces[1]: Duplicate value"},
 		{name: "jwt duplicate short name", yaml: minimal + "identity: {jwt: [{issuer: 'https://a', shortName: idp, jwksURL: 'https://a/keys'}, {issuer: 'https://b', shortName: idp, jwksURL: 'https://b/keys'}]}\n", wantErr: "identity.jwt[1].shortName: Duplicate value"},
 		{name: "bad listen", yaml: minimal + "listen: {xds: '15012'}\n", wantErr: "listen.xds"},
 		{name: "debounce too long", yaml: minimal + "xds: {debounce: 1m}\n", wantErr: "xds.debounce"},
@@ -223,3 +225,4 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+

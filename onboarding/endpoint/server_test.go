@@ -80,7 +80,7 @@ type harness struct {
 	client onboardingv1alpha1.OnboardingServiceClient
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T, opts ...func(*Options)) *harness {
 	t.Helper()
 	h := &harness{t: t, ns: env.Namespace(t)}
 	h.aws = awstest.Start(t, awstest.Instance{Role: "ratings-role"})
@@ -114,11 +114,15 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(Options{
+	o := Options{
 		AWS: verifier, Authorizer: authz, Tokens: h.tokens, Registrar: reg, Client: cachedClient(t),
 		Bootstrap: BootstrapSettings{DiscoveryAddress: audience + ":15012", ClusterID: "Kubernetes", TrustDomain: "cluster.local"},
 		Logger:    slog.New(slog.DiscardHandler),
-	})
+	}
+	for _, f := range opts {
+		f(&o)
+	}
+	srv, err := NewServer(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,6 +479,28 @@ func TestMissingWorkloadGroupIsAFailedPrecondition(t *testing.T) {
 	_, err := h.authorize("ratings", h.aws.IMDS)
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "ratings") {
 		t.Errorf("err = %v, want FailedPrecondition naming the group", err)
+	}
+}
+
+// A WorkloadGroup outside the configured workload namespaces is refused
+// before any verification, naming the namespace; so is an onboarding token
+// of such a namespace (one removed from the configuration after the token
+// was issued).
+func TestNamespaceNotServedIsAFailedPrecondition(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Namespaces = []string{"bookinfo", "vms"} })
+	h.group("ratings", map[string]string{"app": "ratings"})
+	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	if _, err := h.authorize("ratings", h.aws.IMDS); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `"`+h.ns+`"`) {
+		t.Errorf("Authorize in %s = %v, want FailedPrecondition naming the namespace", h.ns, err)
+	}
+	tok, _, err := h.tokens.Issue(token.Request{Namespace: h.ns, Name: "ratings-x", WorkloadGroup: "ratings", WorkloadIdentity: "x",
+		Verified: &runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-1234567890abcdef0"}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.register(tok, "172.31.5.254"); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `"`+h.ns+`"`) {
+		t.Errorf("Register with a token of %s = %v, want FailedPrecondition naming the namespace", h.ns, err)
 	}
 }
 
