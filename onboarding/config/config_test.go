@@ -225,4 +225,3 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
-
