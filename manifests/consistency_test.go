@@ -1,9 +1,11 @@
 package manifests
 
 import (
+	"maps"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -195,5 +197,39 @@ func TestWorkloadNamespacesAgree(t *testing.T) {
 				t.Errorf("RoleBindings of %s in %v, workloadNamespaces %v", workloadRoleBinding, bound, want)
 			}
 		})
+	}
+}
+
+// The own-namespace Role names exactly the Secrets the configuration uses
+// (the signing key, updated; the serving certificate, read), and the base
+// creates the signing-key Secret empty for the endpoint to fill.
+func TestOwnNamespaceSecretsAreNamed(t *testing.T) {
+	_, objs := build(t, "base")
+	cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", "onboarding-endpoint"))
+	role := mustFind(t, objs, "Role", "embark-onboarding-endpoint")
+	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+	want := map[string]string{cfg.TokenIssuer.JWT.SigningKeySecret: "get,list,watch,update", cfg.Endpoint.SecretName: "get,list,watch"}
+	got := map[string]string{}
+	for _, r := range rules {
+		rule := r.(map[string]any)
+		res, _, _ := unstructured.NestedStringSlice(rule, "resources")
+		if !slices.Contains(res, "secrets") {
+			continue
+		}
+		names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
+		verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+		if len(names) == 0 {
+			t.Errorf("a rule grants %v on every Secret of the endpoint's namespace", verbs)
+		}
+		for _, n := range names {
+			got[n] = strings.Join(verbs, ",")
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("Secrets of the Role: %v, want %v", got, want)
+	}
+	secret := mustFind(t, objs, "Secret", cfg.TokenIssuer.JWT.SigningKeySecret)
+	if _, has := secret.Object["data"]; has {
+		t.Error("the signing-key Secret carries data: re-applying would overwrite the endpoint's keys")
 	}
 }

@@ -63,7 +63,7 @@ func applyBase(t *testing.T, workloadNamespaces ...string) []*unstructured.Unstr
 	var keep []*unstructured.Unstructured
 	for _, o := range objs {
 		switch o.GetKind() {
-		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap":
+		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Secret":
 			keep = append(keep, o)
 		}
 	}
@@ -145,8 +145,6 @@ func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
 		{"update", "networking.istio.io", "workloadentries", "status", wl},
 		{"create", "", "events", "", wl},
 		{"patch", "", "events", "", wl},
-		{"get", "", "secrets", "", "istio-system"},
-		{"update", "", "secrets", "", "istio-system"},
 		{"create", "coordination.k8s.io", "leases", "", "istio-system"},
 		{"update", "coordination.k8s.io", "leases", "", "istio-system"},
 		{"delete", "coordination.k8s.io", "leases", "", "istio-system"},
@@ -189,6 +187,10 @@ func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
 		{"create", "coordination.k8s.io", "leases", "", wl},
 		{"update", "rbac.authorization.k8s.io", "clusterroles", "", ""},
 		{"create", "rbac.authorization.k8s.io", "rolebindings", "", wl},
+		// istiod's namespace: no Secret but its own two, by name (below),
+		// and no create: not istiod's CA key, not a plug-in CA (cacerts).
+		{"list", "", "secrets", "", "istio-system"},
+		{"create", "", "secrets", "", "istio-system"},
 		{"impersonate", "", "serviceaccounts", "", wl},
 		{"create", "authorization.k8s.io", "subjectaccessreviews", "", ""},
 	}
@@ -213,6 +215,33 @@ func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
 	}
 	for _, a := range denied {
 		check(a, false)
+	}
+	// Secrets of istiod's namespace, by name.
+	named := []struct {
+		verb, name string
+		want       bool
+	}{
+		{"get", "onboarding-token-signing-key", true},
+		{"update", "onboarding-token-signing-key", true},
+		{"watch", "onboarding-token-signing-key", true},
+		{"get", "onboarding-endpoint-tls", true},
+		{"update", "onboarding-endpoint-tls", false},
+		{"get", "istio-ca-secret", false},
+		{"get", "cacerts", false},
+		{"update", "cacerts", false},
+	}
+	for _, n := range named {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: serviceAccountUser, Groups: serviceAccountGroups,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: n.verb, Resource: "secrets", Namespace: "istio-system", Name: n.name},
+		}}
+		res, err := cs.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), sar, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status.Allowed != n.want {
+			t.Errorf("%s Secret istio-system/%s: allowed=%v, want %v", n.verb, n.name, res.Status.Allowed, n.want)
+		}
 	}
 }
 

@@ -77,9 +77,17 @@ func GenerateKeySecret(namespace, name string) (*corev1.Secret, *KeySet, error) 
 // exist. When another replica creates it concurrently, the Secret it created
 // is read back and used. An existing Secret whose keys do not parse is an
 // error; it is never overwritten.
+//
+// An existing Secret with no data at all (the install creates it empty, so
+// that the endpoint needs no right to create Secrets in its namespace, where
+// istiod's CA lives) is filled with a fresh key by an update that carries the
+// resourceVersion it read; when another replica fills it first, the update
+// conflicts and its key is read back and used.
 func EnsureKeySecret(ctx context.Context, secrets typedcorev1.SecretsGetter, namespace, name string) (*KeySet, error) {
 	existing, err := secrets.Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
+	case err == nil && len(existing.Data) == 0:
+		return fillKeySecret(ctx, secrets, existing)
 	case err == nil:
 		return KeySetFromSecret(existing)
 	case !apierrors.IsNotFound(err):
@@ -102,6 +110,35 @@ func EnsureKeySecret(ctx context.Context, secrets typedcorev1.SecretsGetter, nam
 		return nil, fmt.Errorf("get signing-key secret %s/%s created concurrently: %w", namespace, name, err)
 	}
 	return KeySetFromSecret(existing)
+}
+
+// fillKeySecret writes a fresh key into the empty Secret existing.
+func fillKeySecret(ctx context.Context, secrets typedcorev1.SecretsGetter, existing *corev1.Secret) (*KeySet, error) {
+	generated, set, err := GenerateKeySecret(existing.Namespace, existing.Name)
+	if err != nil {
+		return nil, err
+	}
+	filled := existing.DeepCopy()
+	filled.Data = generated.Data
+	if filled.Labels == nil {
+		filled.Labels = map[string]string{}
+	}
+	for k, v := range generated.Labels {
+		filled.Labels[k] = v
+	}
+	_, err = secrets.Secrets(existing.Namespace).Update(ctx, filled, metav1.UpdateOptions{})
+	switch {
+	case err == nil:
+		return set, nil
+	case !apierrors.IsConflict(err):
+		return nil, fmt.Errorf("fill signing-key secret %s/%s: %w", existing.Namespace, existing.Name, err)
+	}
+	// Another replica filled it first: use its key.
+	current, err := secrets.Secrets(existing.Namespace).Get(ctx, existing.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get signing-key secret %s/%s filled concurrently: %w", existing.Namespace, existing.Name, err)
+	}
+	return KeySetFromSecret(current)
 }
 
 // Rotate rotates the keys of the signing-key Secret namespace/name: the

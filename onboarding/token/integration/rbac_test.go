@@ -20,6 +20,18 @@ import (
 // informer's field-selected list and watch are authorized by resourceNames,
 // and nothing else is readable.
 func TestTheDocumentedRoleIsEnough(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		// installed: the install creates the Secret empty and the Role
+		// grants no create (the manifests' way: istiod's CA key lives in
+		// the same namespace).
+		installed bool
+	}{{name: "endpoint creates the Secret"}, {name: "install creates it empty, no create right", installed: true}} {
+		t.Run(tt.name, func(t *testing.T) { documentedRoleIsEnough(t, tt.installed) })
+	}
+}
+
+func documentedRoleIsEnough(t *testing.T, installed bool) {
 	ctx := t.Context()
 	ns := env.Namespace(t)
 	admin := secrets(t)
@@ -28,8 +40,15 @@ func TestTheDocumentedRoleIsEnough(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "onboarding-token-signing-key"},
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{secretName}, Verbs: []string{"get", "list", "watch", "update"}},
-			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create"}},
 		},
+	}
+	if installed {
+		empty := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: secretName}}
+		if _, err := admin.Secrets(ns).Create(ctx, empty, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		role.Rules = append(role.Rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create"}})
 	}
 	binding := &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "onboarding-token-signing-key"},
@@ -58,7 +77,7 @@ func TestTheDocumentedRoleIsEnough(t *testing.T) {
 	}
 	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		_, err := restricted.Secrets(ns).Get(ctx, secretName, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		return apierrors.IsNotFound(err) || (installed && err == nil), nil
 	})
 	if err != nil {
 		t.Fatalf("the binding never took effect: %v", err)
@@ -70,6 +89,11 @@ func TestTheDocumentedRoleIsEnough(t *testing.T) {
 		t.Fatalf("list all secrets: %v, want Forbidden", err)
 	}
 
+	if installed {
+		if _, err := restricted.Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cacerts"}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+			t.Fatalf("create another Secret (istiod's plug-in CA name): %v, want Forbidden", err)
+		}
+	}
 	set, err := token.EnsureKeySecret(ctx, restricted, ns, secretName)
 	if err != nil {
 		t.Fatalf("EnsureKeySecret with the Role: %v", err)
