@@ -227,6 +227,37 @@ type AWSIdentity struct {
 	CertificatesDir string `json:"certificatesDir,omitempty"`
 	// STSEndpoint overrides the STS endpoint (tests, private endpoints).
 	STSEndpoint string `json:"stsEndpoint,omitempty"`
+	// InstanceProfileCheck, when set (even to {}), confirms every IAM role
+	// an STS proof shows with EC2 and IAM: the instance's currently
+	// associated instance profile must carry that role
+	// (docs/security.md, "What the STS proof proves").
+	InstanceProfileCheck *InstanceProfileCheck `json:"instanceProfileCheck,omitempty"`
+}
+
+// InstanceProfileCheck configures the EC2 instance profile check. The
+// endpoint's AWS credentials come from the SDK's default chain (IRSA, EKS
+// Pod Identity, environment).
+type InstanceProfileCheck struct {
+	// RoleARN is assumed in each instance's account to ask EC2 and IAM;
+	// "{account}" and "{partition}" are replaced, e.g.
+	// arn:{partition}:iam::{account}:role/embark-instance-profile-reader.
+	// It needs only ec2:DescribeIamInstanceProfileAssociations and
+	// iam:GetInstanceProfile. Empty: the endpoint's own credentials, for
+	// instances of its own account.
+	RoleARN string `json:"roleARN,omitempty"`
+	// RatePerSecond and Burst bound the EC2 and IAM calls (shared by all
+	// callers; over it Authorize answers UNAVAILABLE, retried). Default 5/s,
+	// burst 10.
+	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
+	Burst         int     `json:"burst,omitempty"`
+	// CacheTTL is how long an instance's profile and a profile's roles are
+	// reused. Default 1m.
+	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+	// EC2Endpoint, IAMEndpoint and STSEndpoint replace the AWS endpoints
+	// (tests, private endpoints).
+	EC2Endpoint string `json:"ec2Endpoint,omitempty"`
+	IAMEndpoint string `json:"iamEndpoint,omitempty"`
+	STSEndpoint string `json:"stsEndpoint,omitempty"`
 }
 
 // JWTIssuer is one trusted OIDC issuer.

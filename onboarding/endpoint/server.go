@@ -30,6 +30,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
@@ -118,12 +119,24 @@ type Options struct {
 	// AllowLoopbackAddresses accepts loopback workload addresses: for demos
 	// and tests that run their "VMs" on 127.0.0.0/8 only. Default false.
 	AllowLoopbackAddresses bool
+	// InstanceProfiles, when set, confirms with EC2 and IAM that the role
+	// an STS proof shows is the role of the instance's current instance
+	// profile. Default: not checked.
+	InstanceProfiles InstanceProfileChecker
 	// Namespaces are the only namespaces whose WorkloadGroups are served
 	// (the configuration's workloadNamespaces: the informers watch only
 	// these and RBAC grants only these). A request for another namespace
 	// is refused FailedPrecondition naming it. Default: every namespace.
 	Namespaces []string
 }
+
+// InstanceProfileChecker confirms an EC2 instance's instance profile
+// (*profile.Checker satisfies it).
+type InstanceProfileChecker interface {
+	Confirm(ctx context.Context, account, region, instance, role string) error
+}
+
+var _ InstanceProfileChecker = (*profile.Checker)(nil)
 
 // BootstrapSettings are the mesh settings every sidecar's bootstrap carries.
 type BootstrapSettings struct {
@@ -197,6 +210,9 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 	apiID := APIIdentity(id)
 	if _, err := s.opts.Authorizer.Authorize(ctx, ns, group, apiID); err != nil {
 		return nil, s.authzStatus(err, "authorize")
+	}
+	if err := s.confirmProfile(ctx, id); err != nil {
+		return nil, err
 	}
 	name := registry.RegistrationName(group, registry.IdentityName(apiID), 0)
 	raw, claims, err := s.opts.Tokens.Issue(token.Request{
@@ -437,6 +453,39 @@ func (s *Server) session(ctx context.Context) (*token.Claims, error) {
 		return nil, err
 	}
 	return claims, nil
+}
+
+// confirmProfile checks, when configured, that the IAM role an STS proof
+// showed is the role of the instance's current instance profile: the STS
+// proof alone shows only a session of that role named after the instance,
+// which anyone allowed to assume the role can create. It runs after the
+// policies allowed the identity, so no EC2 or IAM call is made for an
+// identity no policy admits.
+func (s *Server) confirmProfile(ctx context.Context, id *identity.Identity) error {
+	if s.opts.InstanceProfiles == nil || id.AWS == nil || !id.AWS.STSProven {
+		return nil
+	}
+	a := id.AWS
+	err := s.opts.InstanceProfiles.Confirm(ctx, a.Account, a.Region, a.InstanceID, a.IAMRole)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, profile.ErrNoProfile):
+		s.opts.Metrics.denied("authorize", "NoInstanceProfile")
+		s.log.Info("refused an STS proof: the instance has no instance profile", "instance", a.InstanceID, "role", a.IAMRole, "error", err)
+		return status.Errorf(codes.PermissionDenied, "instance %s has no instance profile associated: its STS proof of role %s did not come from it", a.InstanceID, a.IAMRole)
+	case errors.Is(err, profile.ErrRoleNotInProfile):
+		s.opts.Metrics.denied("authorize", "InstanceProfileMismatch")
+		s.log.Info("refused an STS proof: the role is not the instance profile's", "instance", a.InstanceID, "role", a.IAMRole, "error", err)
+		return status.Errorf(codes.PermissionDenied, "instance %s's instance profile does not carry role %s: its STS proof did not come from the instance", a.InstanceID, a.IAMRole)
+	case errors.Is(err, profile.ErrRateLimited):
+		s.opts.Metrics.denied("authorize", "InstanceProfileCheckRateLimited")
+		return status.Error(codes.Unavailable, "instance profile checks over their rate limit; retry later")
+	default:
+		s.opts.Metrics.denied("authorize", "InstanceProfileCheckUnavailable")
+		s.log.Warn("instance profile check failed", "instance", a.InstanceID, "error", err)
+		return status.Errorf(codes.Unavailable, "could not confirm instance %s's instance profile with EC2/IAM; retry later", a.InstanceID)
+	}
 }
 
 // served refuses a namespace outside Options.Namespaces: this endpoint

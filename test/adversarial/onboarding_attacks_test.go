@@ -19,6 +19,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 )
 
 // wantCode fails t unless err has code and its message holds every part of
@@ -373,4 +374,76 @@ func waitGone(t *testing.T, obj client.Object) {
 		sleep(t)
 	}
 	t.Fatalf("%s still cached", obj.GetName())
+}
+
+// profileChecker is the endpoint's instance profile check with the real
+// EC2 and IAM SDK clients pointed at fake, a loopback fake of EC2/IAM (a
+// true external edge), with the fake's credentials in the environment as
+// the SDK's default chain reads them.
+func profileChecker(t *testing.T, fake *awstest.EC2IAM) *profile.Checker {
+	t.Helper()
+	t.Setenv("AWS_ACCESS_KEY_ID", fake.AccessKeyID)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", fake.SecretAccessKey)
+	t.Setenv("AWS_SESSION_TOKEN", "")
+	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	clients, err := profile.NewClients(t.Context(), profile.ClientOptions{EC2Endpoint: fake.URL, IAMEndpoint: fake.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := profile.New(profile.Options{Clients: clients})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Anyone allowed to sts:AssumeRole into an instance role can name the
+// session after any instance ID, and STS then answers exactly what it
+// answers for the instance's own credentials
+// (assumed-role/<role>/<instance-id>). With the instance profile check on,
+// the endpoint asks EC2 which profile the instance carries now and IAM
+// which role that profile holds: a proof of a role the instance's profile
+// does not carry (or of an instance with no profile) is refused. Here the
+// fake STS mints the session as AssumeRole would; what the endpoint sees is
+// the same either way.
+func TestSTSProofFromARoleSessionOutsideTheInstance(t *testing.T) {
+	Attack(t, "STS proof of an instance role session that did not come from the instance's instance profile")
+	fake := awstest.NewEC2IAM()
+	t.Cleanup(fake.Close)
+	h := newOnboarding(t, onboardingOptions{profiles: profileChecker(t, fake)})
+	h.policy("ratings-role", authorizationv1alpha1.AllowRule{
+		Workloads: []authorizationv1alpha1.WorkloadMatcher{{AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{"123456789012"},
+			EC2: &authorizationv1alpha1.EC2Matcher{IAMRoleNames: []string{"ratings-role"}}}}},
+		OnboardTo: []authorizationv1alpha1.OnboardTarget{{}},
+	})
+	h.group("ratings")
+	const (
+		buildProfile   = "arn:aws:iam::123456789012:instance-profile/build"
+		ratingsProfile = "arn:aws:iam::123456789012:instance-profile/vms/ratings"
+	)
+	fake.SetProfile(buildProfile, "build-role")
+	fake.SetProfile(ratingsProfile, "ratings-role")
+
+	// The instance's profile carries another role.
+	other := h.instance(awstest.Instance{InstanceID: "i-0aaaaaaaaaaaaaa07", Role: "ratings-role"})
+	fake.Associate("i-0aaaaaaaaaaaaaa07", buildProfile)
+	_, err := h.authorizeAWS("ratings", other, true)
+	wantCode(t, "role outside the instance's profile", err, codes.PermissionDenied, "i-0aaaaaaaaaaaaaa07", "does not carry role ratings-role")
+
+	// The instance has no profile at all.
+	bare := h.instance(awstest.Instance{InstanceID: "i-0aaaaaaaaaaaaaa08", Role: "ratings-role"})
+	_, err = h.authorizeAWS("ratings", bare, true)
+	wantCode(t, "instance without a profile", err, codes.PermissionDenied, "i-0aaaaaaaaaaaaaa08", "no instance profile")
+
+	// Control: the instance's own profile carries the role.
+	own := h.instance(awstest.Instance{InstanceID: "i-0aaaaaaaaaaaaaa09", Role: "ratings-role"})
+	fake.Associate("i-0aaaaaaaaaaaaaa09", ratingsProfile)
+	if _, err := h.authorizeAWS("ratings", own, true); err != nil {
+		t.Fatalf("an instance whose profile carries the role: %v", err)
+	}
+	if fake.Calls("DescribeIamInstanceProfileAssociations") != 3 {
+		t.Errorf("EC2 asked %d times, want 3 (once per instance)", fake.Calls("DescribeIamInstanceProfileAssociations"))
+	}
 }

@@ -150,6 +150,8 @@ type onboardingOptions struct {
 	issuers []*jwtIssuer
 	// jwksURL overrides an issuer's JWKS URL (by short name).
 	jwksURL map[string]string
+	// profiles, when set, is the endpoint's EC2 instance profile check.
+	profiles endpoint.InstanceProfileChecker
 }
 
 func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
@@ -163,7 +165,7 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := endpoint.Options{AWS: verifier}
+	opts := endpoint.Options{AWS: verifier, InstanceProfiles: o.profiles}
 	if len(o.issuers) > 0 {
 		var cfgs []jwtidentity.IssuerConfig
 		pool := x509.NewCertPool()

@@ -44,6 +44,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/endpoint"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/servingcert"
@@ -239,6 +240,12 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	var profiles endpoint.InstanceProfileChecker // nil interface when not configured
+	if pc, err := newProfileChecker(ctx, cfg, log); err != nil {
+		return err
+	} else if pc != nil {
+		profiles = pc
+	}
 	var jwtVerifier endpoint.JWTVerifier
 	if len(cfg.Identity.JWT) > 0 {
 		if jwtVerifier, err = newJWTVerifier(cfg, log); err != nil {
@@ -279,6 +286,7 @@ func Run(ctx context.Context, opts Options) error {
 		AllowLoopbackAddresses: cfg.Registration.AllowLoopbackAddresses,
 		VerifyLimit:            endpoint.RateLimit{PerSecond: cfg.Registration.VerifyPerSecond, Burst: cfg.Registration.VerifyBurst},
 		Namespaces:             cfg.WorkloadNamespaces,
+		InstanceProfiles:       profiles,
 	})
 	if err != nil {
 		return err
@@ -594,6 +602,30 @@ func newAWSVerifier(cfg *config.Configuration, log *slog.Logger) (*awsidentity.V
 		return nil, fmt.Errorf("AWS identity verifier: %w", err)
 	}
 	return v, nil
+}
+
+// newProfileChecker returns the EC2 instance profile check of
+// identity.aws.instanceProfileCheck; nil when it is not configured.
+func newProfileChecker(ctx context.Context, cfg *config.Configuration, log *slog.Logger) (*profile.Checker, error) {
+	pc := cfg.Identity.AWS.InstanceProfileCheck
+	if pc == nil {
+		return nil, nil
+	}
+	clients, err := profile.NewClients(ctx, profile.ClientOptions{RoleARN: pc.RoleARN,
+		EC2Endpoint: pc.EC2Endpoint, IAMEndpoint: pc.IAMEndpoint, STSEndpoint: pc.STSEndpoint})
+	if err != nil {
+		return nil, fmt.Errorf("identity.aws.instanceProfileCheck: %w", err)
+	}
+	opts := profile.Options{Clients: clients, Rate: pc.RatePerSecond, Burst: pc.Burst, Logger: log}
+	if pc.CacheTTL != nil {
+		opts.CacheTTL = pc.CacheTTL.Duration
+	}
+	c, err := profile.New(opts)
+	if err != nil {
+		return nil, fmt.Errorf("identity.aws.instanceProfileCheck: %w", err)
+	}
+	log.Info("confirming STS-proven roles with the instances' instance profiles (EC2, IAM)", "roleARN", pc.RoleARN)
+	return c, nil
 }
 
 func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.Verifier, error) {

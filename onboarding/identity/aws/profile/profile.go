@@ -1,0 +1,274 @@
+// Package profile confirms with EC2 and IAM that an EC2 instance's current
+// instance profile carries the IAM role its STS proof showed.
+//
+// An STS proof (package aws) shows that the caller holds credentials of an
+// assumed-role session named after the instance, in the instance's
+// account; anyone allowed to sts:AssumeRole into that role can choose that
+// session name. The check here closes that gap: EC2
+// DescribeIamInstanceProfileAssociations names the instance profile
+// associated with the instance now, and IAM GetInstanceProfile names the
+// role in it; the proven role must be that role. Calls go through the real
+// aws-sdk-go-v2 clients, are rate-limited (a token bucket shared by all
+// callers: they cost the endpoint's AWS quota) and cached per instance and
+// per profile for a short time.
+package profile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/iam"
+	"golang.org/x/time/rate"
+)
+
+// EC2API is the part of the EC2 client the check calls.
+type EC2API interface {
+	DescribeIamInstanceProfileAssociations(ctx context.Context, in *ec2.DescribeIamInstanceProfileAssociationsInput, opts ...func(*ec2.Options)) (*ec2.DescribeIamInstanceProfileAssociationsOutput, error)
+}
+
+// IAMAPI is the part of the IAM client the check calls.
+type IAMAPI interface {
+	GetInstanceProfile(ctx context.Context, in *iam.GetInstanceProfileInput, opts ...func(*iam.Options)) (*iam.GetInstanceProfileOutput, error)
+}
+
+// Clients returns the EC2 client of an account's region and the IAM client
+// of the account (normally with credentials of a role assumed in that
+// account; see NewClients).
+type Clients func(ctx context.Context, account, region string) (EC2API, IAMAPI, error)
+
+// Errors of Confirm. Refusals (the instance does not carry the role) are
+// ErrNoProfile and ErrRoleNotInProfile; ErrRateLimited and ErrUnavailable
+// say the check could not be made now (retry later).
+var (
+	ErrNoProfile        = errors.New("no instance profile is associated with the instance")
+	ErrRoleNotInProfile = errors.New("the instance's instance profile does not carry the proven role")
+	ErrRateLimited      = errors.New("instance profile checks over their rate limit")
+	ErrUnavailable      = errors.New("EC2 or IAM could not be asked")
+)
+
+// Defaults of Options.
+const (
+	DefaultRate     = 5.0
+	DefaultBurst    = 10
+	DefaultCacheTTL = time.Minute
+	DefaultTimeout  = 10 * time.Second
+	maxCacheEntries = 4096
+)
+
+// Options configures a Checker. Every field documents its default.
+type Options struct {
+	// Clients makes the AWS clients. Required.
+	Clients Clients
+	// Rate and Burst bound the EC2 and IAM calls per second (token
+	// bucket); a check that needs a call over it fails ErrRateLimited.
+	// Defaults 5/s, burst 10.
+	Rate  float64
+	Burst int
+	// CacheTTL is how long an instance's profile and a profile's roles are
+	// reused. A profile replaced on the instance is seen after at most this
+	// long. Default 1m.
+	CacheTTL time.Duration
+	// Timeout bounds each AWS call. Default 10s.
+	Timeout time.Duration
+	// Clock. Default time.Now.
+	Clock func() time.Time
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Checker confirms instance profiles.
+type Checker struct {
+	opts  Options
+	limit *rate.Limiter
+
+	mu       sync.Mutex
+	profiles map[string]entry // "account/region/instance" -> profile ARN ("" = none)
+	roles    map[string]entry // profile ARN -> role names, comma-joined
+}
+
+type entry struct {
+	value   string
+	expires time.Time
+}
+
+// New returns a Checker.
+func New(opts Options) (*Checker, error) {
+	if opts.Clients == nil {
+		return nil, errors.New("profile: Clients is required")
+	}
+	if opts.Rate <= 0 {
+		opts.Rate = DefaultRate
+	}
+	if opts.Burst <= 0 {
+		opts.Burst = DefaultBurst
+	}
+	if opts.CacheTTL <= 0 {
+		opts.CacheTTL = DefaultCacheTTL
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Checker{opts: opts, limit: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
+		profiles: map[string]entry{}, roles: map[string]entry{}}, nil
+}
+
+// Confirm checks that instance (in account and region) has an instance
+// profile associated now whose role is role. It returns nil, or an error
+// wrapping one of the package's errors.
+func (c *Checker) Confirm(ctx context.Context, account, region, instance, role string) error {
+	profileARN, err := c.profileOf(ctx, account, region, instance)
+	if err != nil {
+		return err
+	}
+	if profileARN == "" {
+		return fmt.Errorf("%w: %s in %s/%s", ErrNoProfile, instance, account, region)
+	}
+	roles, err := c.rolesOf(ctx, account, region, profileARN)
+	if err != nil {
+		return err
+	}
+	for _, r := range strings.Split(roles, ",") {
+		if r != "" && r == role {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: instance %s has profile %s with role(s) [%s], the STS proof shows role %s", ErrRoleNotInProfile, instance, profileARN, roles, role)
+}
+
+func (c *Checker) cached(m map[string]entry, key string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := m[key]
+	if !ok || !c.opts.Clock().Before(e.expires) {
+		return "", false
+	}
+	return e.value, true
+}
+
+func (c *Checker) store(m map[string]entry, key, value string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.opts.Clock()
+	if len(m) >= maxCacheEntries {
+		for k, e := range m {
+			if !now.Before(e.expires) {
+				delete(m, k)
+			}
+		}
+		if len(m) >= maxCacheEntries {
+			for k := range m { // drop an arbitrary entry: the map is bounded
+				delete(m, k)
+				break
+			}
+		}
+	}
+	m[key] = entry{value: value, expires: now.Add(c.opts.CacheTTL)}
+}
+
+func (c *Checker) call(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if !c.limit.AllowN(c.opts.Clock(), 1) {
+		return nil, nil, ErrRateLimited
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	return ctx, cancel, nil
+}
+
+// profileOf returns the ARN of the instance profile associated with the
+// instance now ("" when none).
+func (c *Checker) profileOf(ctx context.Context, account, region, instance string) (string, error) {
+	key := account + "/" + region + "/" + instance
+	if v, ok := c.cached(c.profiles, key); ok {
+		return v, nil
+	}
+	ec2c, _, err := c.opts.Clients(ctx, account, region)
+	if err != nil {
+		return "", fmt.Errorf("%w: AWS clients of %s/%s: %w", ErrUnavailable, account, region, err)
+	}
+	ctx, cancel, err := c.call(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer cancel()
+	out, err := ec2c.DescribeIamInstanceProfileAssociations(ctx, &ec2.DescribeIamInstanceProfileAssociationsInput{
+		Filters: []ec2types.Filter{
+			{Name: aws.String("instance-id"), Values: []string{instance}},
+			{Name: aws.String("state"), Values: []string{"associated"}},
+		},
+	})
+	if err != nil {
+		return "", fmt.Errorf("%w: ec2:DescribeIamInstanceProfileAssociations for %s: %w", ErrUnavailable, instance, err)
+	}
+	var arn string
+	for _, a := range out.IamInstanceProfileAssociations {
+		// The filter is EC2's; check what it answered all the same.
+		if aws.ToString(a.InstanceId) != instance || a.State != ec2types.IamInstanceProfileAssociationStateAssociated || a.IamInstanceProfile == nil {
+			continue
+		}
+		if arn != "" {
+			return "", fmt.Errorf("%w: EC2 answered more than one associated instance profile for %s", ErrUnavailable, instance)
+		}
+		arn = aws.ToString(a.IamInstanceProfile.Arn)
+	}
+	if arn != "" {
+		if acct, ok := accountOf(arn); !ok || acct != account {
+			return "", fmt.Errorf("%w: instance profile %q is not an instance profile of account %s", ErrUnavailable, arn, account)
+		}
+	}
+	c.store(c.profiles, key, arn)
+	return arn, nil
+}
+
+// rolesOf returns the role names of the instance profile, comma-joined.
+func (c *Checker) rolesOf(ctx context.Context, account, region, profileARN string) (string, error) {
+	if v, ok := c.cached(c.roles, profileARN); ok {
+		return v, nil
+	}
+	_, iamc, err := c.opts.Clients(ctx, account, region)
+	if err != nil {
+		return "", fmt.Errorf("%w: AWS clients of %s: %w", ErrUnavailable, account, err)
+	}
+	name := profileARN[strings.LastIndex(profileARN, "/")+1:]
+	ctx, cancel, err := c.call(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer cancel()
+	out, err := iamc.GetInstanceProfile(ctx, &iam.GetInstanceProfileInput{InstanceProfileName: aws.String(name)})
+	if err != nil {
+		return "", fmt.Errorf("%w: iam:GetInstanceProfile %s: %w", ErrUnavailable, name, err)
+	}
+	if out.InstanceProfile == nil || aws.ToString(out.InstanceProfile.Arn) != profileARN {
+		return "", fmt.Errorf("%w: iam:GetInstanceProfile %s answered another profile", ErrUnavailable, name)
+	}
+	var roles []string
+	for _, r := range out.InstanceProfile.Roles {
+		roles = append(roles, aws.ToString(r.RoleName))
+	}
+	v := strings.Join(roles, ",")
+	c.store(c.roles, profileARN, v)
+	return v, nil
+}
+
+// accountOf returns the account of an IAM ARN
+// (arn:<partition>:iam::<account>:instance-profile/...).
+func accountOf(arn string) (string, bool) {
+	parts := strings.SplitN(arn, ":", 6)
+	if len(parts) != 6 || parts[0] != "arn" || parts[2] != "iam" || !strings.HasPrefix(parts[5], "instance-profile/") {
+		return "", false
+	}
+	return parts[4], true
+}
