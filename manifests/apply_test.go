@@ -4,6 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -21,6 +24,11 @@ func appliedAll(t *testing.T, out string, objs []*unstructured.Unstructured) {
 // kinds it serves (server-side apply, dry run: admission and validation run,
 // nothing is stored).
 func TestServerSideDryRun(t *testing.T) {
+	// The workload namespace the manifests bind the endpoint in exists, as
+	// in a cluster where VMs join its WorkloadGroups.
+	if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bookinfo"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	for _, dir := range []string{".", "base", "istio-operator"} {
 		t.Run(dir, func(t *testing.T) {
 			out, objs := build(t, dir)

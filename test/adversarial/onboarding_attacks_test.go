@@ -387,7 +387,6 @@ func profileChecker(t *testing.T, fake *awstest.EC2IAM) *profile.Checker {
 	t.Setenv("AWS_SESSION_TOKEN", "")
 	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	clients, err := profile.NewClients(t.Context(), profile.ClientOptions{EC2Endpoint: fake.URL, IAMEndpoint: fake.URL})
 	if err != nil {
 		t.Fatal(err)

@@ -89,7 +89,7 @@ func TestCacheAndRateLimit(t *testing.T) {
 	fake.Associate(instance, profArn)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	c := checker(t, fake, clock, 0.001, 3)
+	c := checker(t, fake, clock, 0.001, 4)
 	ctx := context.Background()
 	for range 5 {
 		if err := c.Confirm(ctx, account, region, instance, "ratings-role"); err != nil {
@@ -108,7 +108,8 @@ func TestCacheAndRateLimit(t *testing.T) {
 	if err := c.Confirm(ctx, account, region, instance, "ratings-role"); !errors.Is(err, ErrRoleNotInProfile) {
 		t.Errorf("after the profile was replaced: %v, want ErrRoleNotInProfile", err)
 	}
-	// The burst (3) is spent: a new instance cannot be asked about.
+	// The burst (4: two calls per uncached check) is spent: a new instance
+	// cannot be asked about.
 	if err := c.Confirm(ctx, account, region, "i-0000000000000000e", "ratings-role"); !errors.Is(err, ErrRateLimited) {
 		t.Errorf("over the rate: %v, want ErrRateLimited", err)
 	}
