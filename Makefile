@@ -21,6 +21,13 @@ GO_TEST_FLAGS ?= -race -count=1
 # Integration tests find the kube-apiserver and etcd binaries here.
 export KUBEBUILDER_ASSETS := $(TESTENV_BIN)
 
+# The release version, in one place: the VERSION file. Manifests, the Helm
+# chart and the image name it (manifests/version_test.go checks they agree).
+VERSION ?= $(shell cat $(ROOT)/VERSION)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# The only place build identity is stamped (make build, packages, image).
+VERSION_LDFLAGS := -X github.com/embark-mesh/embark/version.version=$(VERSION) -X github.com/embark-mesh/embark/version.revision=$(REVISION)
+
 CRD_DIR := api/crds
 # Checksums of every generated file, to tell whether `make generate` changed any.
 GENERATED_SUM := find api onboarding -name 'zz_generated*.go' -o -name '*.pb.go' -o -path 'api/crds/*.yaml' | LC_ALL=C sort | xargs sha256sum
@@ -44,7 +51,7 @@ demo: testenv ## Run Embark locally: control plane, endpoint, simulated EC2 VMs 
 .PHONY: build
 build: ## Build every package and the binaries under cmd/ into bin/.
 	go build ./...
-	@if compgen -G "cmd/*/main.go" >/dev/null; then GOBIN=$(BIN) go install ./cmd/...; fi
+	@if compgen -G "cmd/*/main.go" >/dev/null; then GOBIN=$(BIN) go install -ldflags "$(VERSION_LDFLAGS)" ./cmd/...; fi
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate deepcopy, CRD YAML and protobuf/gRPC code.
@@ -74,14 +81,15 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet 
 # nfpm builds the packages; its version is pinned in test/tools/nfpm/go.mod.
 NFPM_VERSION := v2.45.2
 NFPM := $(TOOLS_BIN)/nfpm-$(NFPM_VERSION)
-PACKAGE_VERSION ?= 0.0.0-dev
+# DEB/RPM versions have no leading v.
+PACKAGE_VERSION ?= $(patsubst v%,%,$(VERSION))
 PACKAGE_ARCHES ?= amd64 arm64
 OUTPUT := $(ROOT)/_output
 
 .PHONY: packages
 packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/ and read them back.
 	for arch in $(PACKAGE_ARCHES); do \
-		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w -X main.version=$(PACKAGE_VERSION)" \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w $(VERSION_LDFLAGS)" \
 			-o $(OUTPUT)/bin/linux_$$arch/onboarding-agent ./cmd/onboarding-agent; \
 		mkdir -p $(OUTPUT)/staging && cp $(OUTPUT)/bin/linux_$$arch/onboarding-agent $(OUTPUT)/staging/onboarding-agent; \
 		for fmt in deb rpm; do \

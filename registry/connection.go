@@ -540,32 +540,45 @@ func equalStrings(a, b map[string]string) bool {
 
 // ConnectionMetrics are the connection tracker's metrics.
 type ConnectionMetrics struct {
-	connected   *prometheus.GaugeVec
-	connects    *prometheus.CounterVec
-	disconnects *prometheus.CounterVec
-	latency     prometheus.Histogram
+	mu sync.Mutex
+	// held counts the workloads connected per group; a group's series are
+	// deleted when it drops to zero, so deleted groups leave no series.
+	held             map[groupKey]int
+	counterRetention time.Duration
+	connected        *prometheus.GaugeVec
+	connects         *prometheus.CounterVec
+	disconnects      *prometheus.CounterVec
+	latency          prometheus.Histogram
 }
 
+type groupKey struct{ namespace, group string }
+
 // NewConnectionMetrics registers the connection metrics with reg:
-// embark_xds_connected_workloads{namespace,group},
-// embark_xds_connects_total{namespace,group},
-// embark_xds_disconnects_total{namespace,group} and
+// embark_xds_connected_workloads{workload_namespace,group},
+// embark_xds_connects_total{workload_namespace,group},
+// embark_xds_disconnects_total{workload_namespace,group} (a group's gauge
+// is deleted when its last workload disconnects from this replica, its
+// counters 15 minutes later if none connected since: a deleted group
+// leaves no series) and
 // embark_registry_disconnect_status_write_seconds (from a workload's last
 // stream closing to its registration showing it).
 func NewConnectionMetrics(reg prometheus.Registerer) (*ConnectionMetrics, error) {
+	labels := []string{WorkloadNamespaceLabel, "group"}
 	m := &ConnectionMetrics{
+		held:             map[groupKey]int{},
+		counterRetention: 15 * time.Minute,
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "embark_xds_connected_workloads",
 			Help: "Workloads whose sidecar holds at least one ADS stream to this replica.",
-		}, []string{"namespace", "group"}),
+		}, labels),
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "embark_xds_connects_total",
 			Help: "Workloads that went from no stream to one stream on this replica.",
-		}, []string{"namespace", "group"}),
+		}, labels),
 		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "embark_xds_disconnects_total",
 			Help: "Workloads whose last stream on this replica closed.",
-		}, []string{"namespace", "group"}),
+		}, labels),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "embark_registry_disconnect_status_write_seconds",
 			Help:    "Time from a workload's last stream closing to its registration's status saying so.",
@@ -584,6 +597,9 @@ func (m *ConnectionMetrics) opened(w Workload) {
 	if m == nil {
 		return
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.held[groupKey{w.Key.Namespace, w.Group}]++
 	m.connected.WithLabelValues(w.Key.Namespace, w.Group).Inc()
 	m.connects.WithLabelValues(w.Key.Namespace, w.Group).Inc()
 }
@@ -592,8 +608,27 @@ func (m *ConnectionMetrics) closed(w Workload) {
 	if m == nil {
 		return
 	}
-	m.connected.WithLabelValues(w.Key.Namespace, w.Group).Dec()
-	m.disconnects.WithLabelValues(w.Key.Namespace, w.Group).Inc()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := groupKey{w.Key.Namespace, w.Group}
+	m.disconnects.WithLabelValues(k.namespace, k.group).Inc()
+	if m.held[k]--; m.held[k] > 0 {
+		m.connected.WithLabelValues(k.namespace, k.group).Dec()
+		return
+	}
+	// The group's last workload on this replica: its gauge goes now, its
+	// counters when the group stays empty for counterRetention (long
+	// enough for rate() to see the last increments).
+	delete(m.held, k)
+	m.connected.DeleteLabelValues(k.namespace, k.group)
+	time.AfterFunc(m.counterRetention, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.held[k] == 0 {
+			m.connects.DeleteLabelValues(k.namespace, k.group)
+			m.disconnects.DeleteLabelValues(k.namespace, k.group)
+		}
+	})
 }
 
 func (m *ConnectionMetrics) statusWritten(d time.Duration) {

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -15,13 +16,14 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
+	"github.com/embark-mesh/embark/version"
 )
-
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
 
 func main() {
 	if err := run(); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h/--help printed the usage: not a failure
+		}
 		fmt.Fprintf(os.Stderr, "onboarding-agent: %v\n", err)
 		os.Exit(1)
 	}
@@ -42,7 +44,7 @@ func run() error {
 		return err
 	}
 	if *showVersion {
-		fmt.Println(version)
+		fmt.Println(version.Line("onboarding-agent"))
 		return nil
 	}
 	level := slog.LevelInfo
@@ -78,7 +80,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: version, Logger: log})
+	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: version.Get().Version, Logger: log})
 	if err != nil {
 		return err
 	}
