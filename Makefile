@@ -116,7 +116,8 @@ test: testenv ## Run all tests (unit and integration against a real control plan
 	go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: manifests
-manifests: testenv ## Build, validate and dry-run apply manifests/; run the endpoint as its ServiceAccount; lint metrics and dashboards.
+manifests: testenv ## Build, validate and dry-run apply manifests/ and the Helm chart; run the endpoint as its ServiceAccount; test metrics, dashboard and alerts.
+	cd manifests/charts/embark/render && go test $(GO_TEST_FLAGS) ./...
 	go test $(GO_TEST_FLAGS) ./manifests/
 
 .PHONY: e2e

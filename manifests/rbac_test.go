@@ -46,6 +46,14 @@ var serviceAccountGroups = []string{"system:serviceaccounts", "system:serviceacc
 func applyBase(t *testing.T) []*unstructured.Unstructured {
 	t.Helper()
 	_, objs := build(t, "base")
+	applyObjects(t, objs)
+	return objs
+}
+
+// applyObjects stores the ServiceAccount, RBAC and ConfigMap of objs for
+// real (server-side apply); the rest is left out.
+func applyObjects(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
 	var keep []*unstructured.Unstructured
 	for _, o := range objs {
 		switch o.GetKind() {
@@ -65,7 +73,6 @@ func applyBase(t *testing.T) []*unstructured.Unstructured {
 		"--field-manager=embark-test", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
-	return objs
 }
 
 // access is one API call the endpoint makes (or must not be able to make).
