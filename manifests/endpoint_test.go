@@ -121,9 +121,13 @@ func runEndpoint(t *testing.T, ctx context.Context, cfgFile, kubeconfig, replica
 	return done
 }
 
+// session is what a registered agent holds: its onboarding token and the
+// session key Unregister needs.
+type session struct{ token, key string }
+
 // onboard authorizes the fixture's instance and registers it at addr from
-// ip; it returns the registration's name and the onboarding token.
-func onboard(t *testing.T, ctx context.Context, addr, host string, f *workloadFixture, ip string) (string, string) {
+// ip; it returns the registration's name and the agent's session.
+func onboard(t *testing.T, ctx context.Context, addr, host string, f *workloadFixture, ip string) (string, session) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -154,11 +158,11 @@ func onboard(t *testing.T, ctx context.Context, addr, host string, f *workloadFi
 	if err != nil {
 		t.Fatalf("Register: %v", err)
 	}
-	return reg.GetRegistrationName(), auth.GetToken()
+	return reg.GetRegistrationName(), session{token: auth.GetToken(), key: reg.GetSessionKey()}
 }
 
-// unregister unregisters the workload of token at addr.
-func unregister(t *testing.T, ctx context.Context, addr, token string) error {
+// unregister unregisters the workload of session s at addr.
+func unregister(t *testing.T, ctx context.Context, addr string, s session) error {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -166,6 +170,6 @@ func unregister(t *testing.T, ctx context.Context, addr, token string) error {
 	}
 	defer conn.Close()
 	_, err = onboardingv1alpha1.NewOnboardingServiceClient(conn).Unregister(
-		metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), &onboardingv1alpha1.UnregisterRequest{})
+		metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+s.token, "embark-session-key", s.key), &onboardingv1alpha1.UnregisterRequest{})
 	return err
 }

@@ -13,6 +13,9 @@ import (
 const (
 	// hashLen is how many hex digits of a SHA-256 a shortened name keeps.
 	hashLen = 10
+	// jwtHashLen is how many hex digits of the issuer and subject's SHA-256
+	// a JWT identity name carries.
+	jwtHashLen = 16
 	// minNameLen is the smallest length limit shorten honours.
 	minNameLen = hashLen + 2
 )
@@ -32,8 +35,15 @@ func RegistrationName(group, identity string, maxLen int) string {
 
 // IdentityName returns the workload-identity part of a registration's name:
 // aws-<partition>-<account>-<zone>-ec2-<instance-id> for EC2 instances,
-// jwt-<issuer-short-name>-<subject> for JWT identities. It is "" for an
-// identity with neither.
+// jwt-<issuer-short-name>-<subject>-<hash> for JWT identities, where <hash>
+// is 16 hex digits of the SHA-256 of the issuer URL and the subject: short
+// names and subjects may both contain '-' (corp/lab-host1 and
+// corp-lab/host1 would otherwise share a name), and the hash also keeps a
+// crafted subject from spelling out another subject's shortened name. It is
+// "" for an identity with neither.
+//
+// Names are labels, not proofs: the endpoint compares the full verified
+// identity, never the name, before acting on a registration.
 func IdentityName(id runtimev1alpha1.WorkloadIdentity) string {
 	switch {
 	case id.AWS != nil && id.AWS.EC2 != nil:
@@ -41,7 +51,8 @@ func IdentityName(id runtimev1alpha1.WorkloadIdentity) string {
 	case id.AWS != nil:
 		return strings.Join([]string{"aws", id.AWS.Partition, id.AWS.Account, id.AWS.Zone}, "-")
 	case id.JWT != nil:
-		return "jwt-" + id.JWT.ShortName + "-" + id.JWT.Subject
+		sum := sha256.Sum256([]byte(id.JWT.Issuer + "\x00" + id.JWT.Subject))
+		return "jwt-" + id.JWT.ShortName + "-" + id.JWT.Subject + "-" + hex.EncodeToString(sum[:])[:jwtHashLen]
 	default:
 		return ""
 	}

@@ -67,7 +67,8 @@ func TestIdentityName(t *testing.T) {
 		want string
 	}{
 		{name: "ec2", id: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws-cn", Account: "123456789012", Zone: "cn-north-1a", EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0abc"}}}, want: "aws-aws-cn-123456789012-cn-north-1a-ec2-i-0abc"},
-		{name: "jwt", id: runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{ShortName: "corp", Subject: "host-1"}}, want: "jwt-corp-host-1"},
+		{name: "jwt", id: runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{Issuer: "https://corp.example", ShortName: "corp", Subject: "host-1"}},
+			want: "jwt-corp-host-1-" + fullHashOf("https://corp.example\x00host-1")[:16]},
 		{name: "none", want: ""},
 	}
 	for _, tt := range tests {
@@ -77,6 +78,22 @@ func TestIdentityName(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestJWTIdentityNamesAreInjective: short names and subjects may both hold
+// '-', so the plain concatenation of corp/lab-host1 and corp-lab/host1 is
+// the same; the names must differ.
+func TestJWTIdentityNamesAreInjective(t *testing.T) {
+	a := IdentityName(runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{Issuer: "https://corp", ShortName: "corp", Subject: "lab-host1"}})
+	b := IdentityName(runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{Issuer: "https://corp-lab", ShortName: "corp-lab", Subject: "host1"}})
+	if a == b || RegistrationName("g", a, 0) == RegistrationName("g", b, 0) {
+		t.Fatalf("corp/lab-host1 and corp-lab/host1 share the name %q", a)
+	}
+}
+
+func fullHashOf(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }
 
 func hashOf(s string) string {

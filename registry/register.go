@@ -29,8 +29,14 @@ var (
 	ErrInvalidRegistration = errors.New("invalid registration")
 	// ErrIdentityConflict: a registration of that name holds another identity.
 	ErrIdentityConflict = errors.New("registration name held by another identity")
-	// ErrAddressConflict: the address is held by a WorkloadEntry Embark does not manage.
-	ErrAddressConflict = errors.New("address held by a WorkloadEntry not managed by Embark")
+	// ErrAddressConflict: the address is held by a WorkloadEntry Embark does
+	// not manage or (for an address the workload's identity does not prove)
+	// by another registration of the same namespace.
+	ErrAddressConflict = errors.New("address held by another WorkloadEntry")
+	// ErrSessionMismatch: the registration exists and is bound to another
+	// agent session, and the request carries no proof strong enough to take
+	// it over (Request.Takeover).
+	ErrSessionMismatch = errors.New("registration is bound to another agent session")
 )
 
 // Event reasons the registrar records.
@@ -134,7 +140,27 @@ type Request struct {
 	Identity runtimev1alpha1.WorkloadIdentity
 	// Registration is what the workload reported.
 	Registration runtimev1alpha1.Registration
+	// SessionHash is the hex SHA-256 of the agent's session key (see
+	// AnnotationSessionHash). A new registration is bound to it; an existing
+	// one is reused only when it is bound to the same hash, or when Takeover
+	// is set (it is then bound to SessionHash). Empty: not checked (tests
+	// and callers that bind no session).
+	SessionHash string
+	// Takeover says the identity carries a fresh proof (an STS proof of the
+	// instance's role session, or a JWT) that may take an existing
+	// registration over from another session. A bare instance identity
+	// document never does.
+	Takeover bool
+	// AddressProven says the workload address is proven by the identity
+	// (an EC2 document's signed privateIp). Only a proven address fences
+	// older registrations holding it; an unproven one held by another
+	// registration is refused with ErrAddressConflict.
+	AddressProven bool
 }
+
+// AnnotationSessionHash holds, on a WorkloadAutoRegistration, the hex SHA-256
+// of the session key of the agent bound to it.
+const AnnotationSessionHash = "onboarding.tetrate.io/session-sha256"
 
 // Result is a registration as stored.
 type Result struct {
@@ -182,8 +208,9 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	}
 	war := &runtimev1alpha1.WorkloadAutoRegistration{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      name,
-			Namespace: req.Group.Namespace,
+			Name:        name,
+			Namespace:   req.Group.Namespace,
+			Annotations: sessionAnnotations(req.SessionHash),
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: istionetworkingv1.SchemeGroupVersion.String(),
 				Kind:       "WorkloadGroup",
@@ -208,7 +235,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	case err == nil:
 		created = true
 	case apierrors.IsAlreadyExists(err):
-		war, err = r.reuse(ctx, war)
+		war, err = r.reuse(ctx, war, req)
 		if err != nil {
 			return nil, err
 		}
@@ -216,7 +243,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 		return nil, fmt.Errorf("create WorkloadAutoRegistration %s/%s: %w", war.Namespace, war.Name, err)
 	}
 
-	we, err := r.ensureWorkloadEntry(ctx, war)
+	we, err := r.ensureWorkloadEntry(ctx, war, req.AddressProven)
 	if err != nil {
 		if created {
 			r.rollback(ctx, war, log)
@@ -243,7 +270,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 
 // reuse updates an existing registration of the same identity with what the
 // workload reported now. Its snapshot is kept.
-func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAutoRegistration) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
+func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAutoRegistration, req Request) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
 	cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 	err := r.writer.do(ctx, func(ctx context.Context) error {
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
@@ -255,8 +282,21 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 		if cur.DeletionTimestamp != nil {
 			return apierrors.NewConflict(runtimev1alpha1.Resource("workloadautoregistrations"), cur.Name, errors.New("the registration is being deleted"))
 		}
-		if reflect.DeepEqual(cur.Spec.Registration, want.Spec.Registration) {
+		rekey := false
+		if req.SessionHash != "" && cur.Annotations[AnnotationSessionHash] != req.SessionHash {
+			if !req.Takeover {
+				return fmt.Errorf("%w: %s/%s", ErrSessionMismatch, cur.Namespace, cur.Name)
+			}
+			rekey = true
+		}
+		if !rekey && reflect.DeepEqual(cur.Spec.Registration, want.Spec.Registration) {
 			return nil
+		}
+		if rekey {
+			if cur.Annotations == nil {
+				cur.Annotations = map[string]string{}
+			}
+			cur.Annotations[AnnotationSessionHash] = req.SessionHash
 		}
 		cur.Spec.Registration = want.Spec.Registration
 		return r.client.Update(ctx, cur)
@@ -267,14 +307,21 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 	return cur, nil
 }
 
+func sessionAnnotations(hash string) map[string]string {
+	if hash == "" {
+		return nil
+	}
+	return map[string]string{AnnotationSessionHash: hash}
+}
+
 // ensureWorkloadEntry creates or updates the registration's WorkloadEntry,
 // fencing older registrations that hold its address.
-func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration) (*istionetworkingv1.WorkloadEntry, error) {
+func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, proven bool) (*istionetworkingv1.WorkloadEntry, error) {
 	want, err := BuildWorkloadEntry(war)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, err)
 	}
-	if err := r.fenceAddressHolders(ctx, war, want); err != nil {
+	if err := r.fenceAddressHolders(ctx, war, want, proven); err != nil {
 		return nil, err
 	}
 	var we *istionetworkingv1.WorkloadEntry
@@ -357,9 +404,12 @@ func mergeAnnotations(cur, want map[string]string) map[string]string {
 // fenceAddressHolders removes the WorkloadEntries of other registrations that
 // hold want's address on want's network, so that no two live WorkloadEntries
 // share an address (an IP reused by a new VM while the old registration is
-// still in its grace period). A WorkloadEntry that Embark does not manage is
-// never touched: the registration is refused instead.
-func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, want *istionetworkingv1.WorkloadEntry) error {
+// still in its grace period). Only a proven address fences, and only within
+// the registration's own namespace: a holder in another namespace is left
+// alone (logged), and a WorkloadEntry that Embark does not manage or any
+// same-namespace holder of an unproven address is never touched: the
+// registration is refused instead (ErrAddressConflict).
+func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, want *istionetworkingv1.WorkloadEntry, proven bool) error {
 	holders := &istionetworkingv1.WorkloadEntryList{}
 	if err := r.cache.List(ctx, holders, client.MatchingFields{addressIndex: addressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
 		return fmt.Errorf("find WorkloadEntries holding %s: %w", want.Spec.Address, err)
@@ -369,8 +419,16 @@ func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha
 			continue
 		}
 		ref, managed := ownedBy(holder.OwnerReferences, "")
-		if !managed {
-			return fmt.Errorf("%w: WorkloadEntry %s/%s holds %s on network %q", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
+		switch {
+		case !managed:
+			return fmt.Errorf("%w: WorkloadEntry %s/%s, not managed by Embark, holds %s on network %q", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
+		case holder.Namespace != want.Namespace:
+			// Never across namespaces: a workload allowed in one namespace
+			// must not evict (nor block) another namespace's workload.
+			r.log.Warn("another namespace's WorkloadEntry holds the same address; not fenced", "holder", holder.Namespace+"/"+holder.Name, "registration", war.Namespace+"/"+war.Name, "address", want.Spec.Address, "network", want.Spec.Network)
+			continue
+		case !proven:
+			return fmt.Errorf("%w: WorkloadEntry %s/%s holds %s on network %q, and an address the identity does not prove never fences another registration", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
 		}
 		// Delete exactly the entry we saw; a newer one of the same name is not ours to remove.
 		err := r.writer.do(ctx, func(ctx context.Context) error {

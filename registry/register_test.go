@@ -266,7 +266,7 @@ func TestIPReuseFencesTheOlderRegistration(t *testing.T) {
 
 	// A new instance got the same private IP while the old registration is
 	// still within its grace period.
-	fresh, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000b"), Registration: registration("10.0.0.5")})
+	fresh, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000b"), Registration: registration("10.0.0.5"), AddressProven: true})
 	if err != nil {
 		t.Fatal(err)
 	}

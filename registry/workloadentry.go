@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net/netip"
 	"strconv"
 
 	istioapi "istio.io/api/networking/v1alpha3"
@@ -95,8 +94,10 @@ func ValidateRegistration(reg runtimev1alpha1.Registration, group *istioapi.Work
 		errs = append(errs, field.TooMany(addrs, len(reg.Host.Addresses), 16))
 	}
 	for i, a := range reg.Host.Addresses {
-		if ip, err := netip.ParseAddr(a.IP); err != nil || ip.Zone() != "" || ip.IsUnspecified() || ip.IsMulticast() {
-			errs = append(errs, field.Invalid(addrs.Index(i).Child("ip"), a.IP, "must be a unicast IPv4 or IPv6 address"))
+		if ip, err := ParseWorkloadAddress(a.IP, true); err != nil {
+			errs = append(errs, field.Invalid(addrs.Index(i).Child("ip"), a.IP, "must be a workload's unicast IPv4 or IPv6 address: "+err.Error()))
+		} else if ip.String() != a.IP {
+			errs = append(errs, field.Invalid(addrs.Index(i).Child("ip"), a.IP, "must be in canonical form "+ip.String()))
 		}
 		if a.Type != runtimev1alpha1.AddressTypeVPC && a.Type != runtimev1alpha1.AddressTypeInternet {
 			errs = append(errs, field.NotSupported(addrs.Index(i).Child("type"), a.Type, []string{string(runtimev1alpha1.AddressTypeVPC), string(runtimev1alpha1.AddressTypeInternet)}))

@@ -111,6 +111,9 @@ type session struct {
 	sidecarExpiry  time.Time
 	sidecarIssued  time.Time
 	hasSidecarCred bool
+	// sessionKey binds this agent to its registration (RegisterResponse
+	// session_key); sent on Register, RenewSidecarToken and Unregister.
+	sessionKey string
 }
 
 // New returns an Agent; it connects lazily.
@@ -211,7 +214,7 @@ func (a *Agent) register(ctx context.Context) (*session, *onboardingv1alpha1.Sid
 		IstioSidecarVersion: a.opts.Agent.Sidecar.Istio.Version,
 		Labels:              w.Labels,
 	}
-	res, err := a.api.Register(withToken(ctx, auth.resp.GetToken()), req)
+	res, err := a.api.Register(withSession(withToken(ctx, auth.resp.GetToken()), a.current().sessionKey), req)
 	if err != nil {
 		return nil, nil, fmt.Errorf("register: %w", err)
 	}
@@ -219,6 +222,7 @@ func (a *Agent) register(ctx context.Context) (*session, *onboardingv1alpha1.Sid
 	s := &session{
 		token: auth.resp.GetToken(), tokenExpiry: auth.resp.GetExpiresAt().AsTime(), tokenIssued: now,
 		namespace: res.GetNamespace(), name: res.GetRegistrationName(), uid: res.GetRegistrationUid(),
+		sessionKey: res.GetSessionKey(),
 	}
 	if boot := res.GetBootstrap(); boot.GetSidecarTokenExpiresAt() != nil {
 		s.sidecarExpiry, s.sidecarIssued, s.hasSidecarCred = boot.GetSidecarTokenExpiresAt().AsTime(), now, true
@@ -330,6 +334,14 @@ func (a *Agent) logRefusal(stage string, err error) {
 
 func withToken(ctx context.Context, token string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+}
+
+// withSession adds the session key of the agent's registration, if any.
+func withSession(ctx context.Context, key string) context.Context {
+	if key == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "embark-session-key", key)
 }
 
 // backoff is capped, jittered exponential backoff.

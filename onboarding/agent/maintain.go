@@ -102,7 +102,7 @@ func (a *Agent) renewToken(ctx context.Context) error {
 // renewSidecarToken gets a fresh sidecar token and rewrites its file.
 func (a *Agent) renewSidecarToken(ctx context.Context) error {
 	s := a.current()
-	res, err := a.api.RenewSidecarToken(withToken(ctx, s.token), &onboardingv1alpha1.RenewSidecarTokenRequest{})
+	res, err := a.api.RenewSidecarToken(withSession(withToken(ctx, s.token), s.sessionKey), &onboardingv1alpha1.RenewSidecarTokenRequest{})
 	if err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func (a *Agent) shutdown(ctx context.Context) error {
 	s := a.current()
 	if s.token != "" {
 		uctx, cancel := context.WithTimeout(ctx, a.opts.ShutdownTimeout)
-		res, err := a.api.Unregister(withToken(uctx, s.token), &onboardingv1alpha1.UnregisterRequest{})
+		res, err := a.api.Unregister(withSession(withToken(uctx, s.token), s.sessionKey), &onboardingv1alpha1.UnregisterRequest{})
 		cancel()
 		if err != nil {
 			a.log.Error("unregister failed; the endpoint removes the registration after its grace period", "registration", s.namespace+"/"+s.name, "error", err.Error())

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -195,6 +196,43 @@ type Registration struct {
 	// SweepBurst is how many grace-period deletions may happen at once
 	// before SweepRatePerSecond applies. Default 1.
 	SweepBurst int `json:"sweepBurst,omitempty"`
+	// ServiceCIDRs are the cluster's Service ranges (e.g. 10.96.0.0/12): a
+	// workload address inside one is refused. Default: none.
+	ServiceCIDRs []string `json:"serviceCIDRs,omitempty"`
+	// SourceAddressCheck requires a workload address to be the source
+	// address of the connection that registers it (docs/security.md).
+	// Default: not checked.
+	SourceAddressCheck *SourceAddressCheck `json:"sourceAddressCheck,omitempty"`
+	// VerifyPerSecond and VerifyBurst limit platform credential
+	// verifications (Authorize) per source address. Default 5/20; a
+	// negative VerifyPerSecond disables the limit.
+	VerifyPerSecond float64 `json:"verifyPerSecond,omitempty"`
+	VerifyBurst     int     `json:"verifyBurst,omitempty"`
+	// AllowLoopbackAddresses accepts loopback workload addresses. For
+	// demos and tests that simulate VMs on 127.0.0.0/8 only; it logs a
+	// warning. Default false.
+	AllowLoopbackAddresses bool `json:"allowLoopbackAddresses,omitempty"`
+}
+
+// SourceAddressCheck configures the check of workload addresses against the
+// connection's source address.
+type SourceAddressCheck struct {
+	// Enabled turns the check on.
+	Enabled bool `json:"enabled"`
+	// TrustedProxyCIDRs are peers (proxies, load balancers that rewrite
+	// the source) whose connections are not checked.
+	TrustedProxyCIDRs []string `json:"trustedProxyCIDRs,omitempty"`
+}
+
+// Prefixes parses CIDRs that Validate accepted.
+func Prefixes(cidrs []string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
 }
 
 // Listen holds listen addresses.
@@ -397,6 +435,21 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.Registration.HealthDamping.Duration < 0 {
 		errs = append(errs, field.Invalid(r.Child("healthDamping"), c.Registration.HealthDamping.Duration.String(), "must not be negative"))
+	}
+	for i, cidr := range c.Registration.ServiceCIDRs {
+		if _, err := netip.ParsePrefix(cidr); err != nil {
+			errs = append(errs, field.Invalid(r.Child("serviceCIDRs").Index(i), cidr, "must be a CIDR"))
+		}
+	}
+	if sc := c.Registration.SourceAddressCheck; sc != nil {
+		for i, cidr := range sc.TrustedProxyCIDRs {
+			if _, err := netip.ParsePrefix(cidr); err != nil {
+				errs = append(errs, field.Invalid(r.Child("sourceAddressCheck", "trustedProxyCIDRs").Index(i), cidr, "must be a CIDR"))
+			}
+		}
+	}
+	if c.Registration.VerifyBurst < 0 {
+		errs = append(errs, field.Invalid(r.Child("verifyBurst"), c.Registration.VerifyBurst, "must not be negative"))
 	}
 	if c.Registration.WriteQPS < 0 {
 		errs = append(errs, field.Invalid(r.Child("writeQPS"), c.Registration.WriteQPS, "must be positive"))

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -21,7 +22,6 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -48,6 +48,11 @@ type JWTVerifier interface {
 // Authorizer checks OnboardingPolicies (policy.Authorizer).
 type Authorizer interface {
 	Authorize(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity) (policy.Decision, error)
+	// Precheck evaluates without recording an Event.
+	Precheck(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity) (policy.Decision, error)
+	// AllowsAddress says whether a rule allowing id lists addr in its
+	// addressCIDRs.
+	AllowsAddress(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity, addr netip.Addr) (bool, error)
 }
 
 // Registrar registers workloads and renews their sidecar tokens
@@ -100,6 +105,18 @@ type Options struct {
 	// WatchInterval is how often WatchRegistration looks at the
 	// registration in Client (an informer cache: no API request). Default 1s.
 	WatchInterval time.Duration
+	// ServiceCIDRs are the cluster's Service address ranges; a workload
+	// address inside one is refused with InvalidArgument. Default: none.
+	ServiceCIDRs []netip.Prefix
+	// Source configures the check of the workload address against the
+	// connection's source address. Default: not checked (see SourceCheck).
+	Source SourceCheck
+	// VerifyLimit limits platform credential verifications (Authorize) per
+	// source address. Default: DefaultVerifyLimit.
+	VerifyLimit RateLimit
+	// AllowLoopbackAddresses accepts loopback workload addresses: for demos
+	// and tests that run their "VMs" on 127.0.0.0/8 only. Default false.
+	AllowLoopbackAddresses bool
 }
 
 // BootstrapSettings are the mesh settings every sidecar's bootstrap carries.
@@ -119,9 +136,10 @@ type BootstrapSettings struct {
 // Server implements OnboardingService.
 type Server struct {
 	onboardingv1alpha1.UnimplementedOnboardingServiceServer
-	opts  Options
-	log   *slog.Logger
-	roots *rootCerts
+	opts    Options
+	log     *slog.Logger
+	roots   *rootCerts
+	limiter *sourceLimiter
 }
 
 // NewServer returns a Server.
@@ -138,7 +156,8 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.WatchInterval == 0 {
 		opts.WatchInterval = time.Second
 	}
-	return &Server{opts: opts, log: opts.Logger, roots: &rootCerts{fixed: opts.Bootstrap.RootCertificates, file: opts.Bootstrap.RootCertFile}}, nil
+	opts.VerifyLimit.setDefaults()
+	return &Server{opts: opts, log: opts.Logger, roots: &rootCerts{fixed: opts.Bootstrap.RootCertificates, file: opts.Bootstrap.RootCertFile}, limiter: newSourceLimiter(opts.VerifyLimit)}, nil
 }
 
 // RegisterService adds the service to a gRPC server.
@@ -152,8 +171,15 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	ns, group := req.GetWorkloadGroup().GetNamespace(), req.GetWorkloadGroup().GetName()
-	id, err := s.verify(ctx, req)
+	if !s.limiter.allow(ctx) {
+		s.opts.Metrics.denied("authorize", "RateLimited")
+		return nil, status.Error(codes.ResourceExhausted, "too many platform credential verifications from this source; retry later")
+	}
+	id, err := s.verify(ctx, req, ns, group)
 	if err != nil {
+		if _, isStatus := status.FromError(err); isStatus {
+			return nil, err // a policy denial found before STS was called
+		}
 		s.opts.Metrics.denied("authorize", reasonOf(err))
 		s.log.Info("refused platform credential", "group", ns+"/"+group, "error", err)
 		return nil, status.Errorf(codes.Unauthenticated, "platform credential refused: %v", err)
@@ -169,6 +195,7 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 		WorkloadGroup:    group,
 		WorkloadIdentity: registry.IdentityName(apiID),
 		Verified:         &apiID,
+		ProvenAddress:    provenAddress(id),
 	})
 	if err != nil {
 		s.log.Error("issue onboarding token", "error", err)
@@ -183,14 +210,39 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 	}, nil
 }
 
-// verify checks the request's platform credential.
-func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRequest) (*identity.Identity, error) {
+// verify checks the request's platform credential. A signed STS request is
+// sent to STS only when what the instance identity document proves could be
+// allowed by a policy (allowed already, or denied only for want of a proven
+// IAM role): identities no policy allows never cost an STS call. A denial
+// found that way is returned as a gRPC status.
+func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRequest, ns, group string) (*identity.Identity, error) {
 	switch c := req.GetCredential().(type) {
 	case *onboardingv1alpha1.AuthorizeRequest_Aws:
 		if s.opts.AWS == nil {
 			return nil, errors.New("this endpoint does not accept AWS credentials")
 		}
 		cred := awsCredentialFromProto(c.Aws)
+		if cred.STS == nil {
+			return s.opts.AWS.Verify(ctx, cred)
+		}
+		docOnly := cred
+		docOnly.STS = nil
+		docID, err := s.opts.AWS.Verify(ctx, docOnly)
+		if err != nil {
+			return nil, err
+		}
+		d, err := s.opts.Authorizer.Precheck(ctx, ns, group, APIIdentity(docID))
+		if err != nil {
+			return nil, s.authzStatus(err, "authorize")
+		}
+		if !d.Allowed && !d.NeedsIAMRoleProof {
+			// Record the denial as Authorize does; STS is not called.
+			_, err := s.opts.Authorizer.Authorize(ctx, ns, group, APIIdentity(docID))
+			if err == nil {
+				err = &policy.DeniedError{Decision: d}
+			}
+			return nil, s.authzStatus(err, "authorize")
+		}
 		return s.opts.AWS.Verify(ctx, cred)
 	case *onboardingv1alpha1.AuthorizeRequest_Jwt:
 		if s.opts.JWT == nil {
@@ -225,11 +277,35 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 		return nil, status.Errorf(codes.Unavailable, "read WorkloadGroup %s/%s: %v", ns, groupName, err)
 	}
 	regInfo := registrationOf(req)
-	if err := s.checkReuse(ctx, claims, id, regInfo); err != nil {
+	if err := s.normalizeAddresses(&regInfo); err != nil {
 		return nil, err
 	}
-	res, err := s.opts.Registrar.Register(ctx, registry.Request{Group: group, Identity: id, Registration: regInfo})
+	if errs := registry.ValidateRegistration(regInfo, &group.Spec); len(errs) > 0 {
+		return nil, status.Error(codes.InvalidArgument, errs.ToAggregate().Error())
+	}
+	addrText, err := registry.WorkloadAddress(regInfo)
 	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "connected_over: %v", err)
+	}
+	addr := netip.MustParseAddr(addrText) // normalized above
+	proven, err := s.proveAddress(ctx, ns, groupName, id, claims.Workload.ProvenAddress, addr, regInfo.Settings.ConnectedOver)
+	if err != nil {
+		return nil, err
+	}
+	key := sessionKey(ctx)
+	if key == "" {
+		if key, err = newSessionKey(); err != nil {
+			return nil, status.Error(codes.Unavailable, "cannot create a session key right now; try again")
+		}
+	}
+	res, err := s.opts.Registrar.Register(ctx, registry.Request{
+		Group: group, Identity: id, Registration: regInfo,
+		SessionHash: sessionHash(key), Takeover: freshProof(id), AddressProven: proven,
+	})
+	if err != nil {
+		if errors.Is(err, registry.ErrSessionMismatch) {
+			s.reportTakeoverRefused(ctx, claims, addr, err)
+		}
 		return nil, s.registerStatus(err)
 	}
 	boot, err := s.bootstrap(res)
@@ -243,6 +319,7 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 		RegistrationName: res.Registration.Name,
 		RegistrationUid:  string(res.Registration.UID),
 		Bootstrap:        boot,
+		SessionKey:       key,
 	}, nil
 }
 
@@ -260,8 +337,11 @@ func (s *Server) Unregister(ctx context.Context, _ *onboardingv1alpha1.Unregiste
 		}
 		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", claims.Subject, err)
 	}
-	if registry.IdentityName(war.Spec.Identity) != claims.Workload.Identity {
+	if !sameWorkload(war.Spec.Identity, *claims.Workload.Verified) {
 		return nil, status.Errorf(codes.PermissionDenied, "registration %s belongs to another workload", claims.Subject)
+	}
+	if err := checkSession(ctx, war); err != nil {
+		return nil, err
 	}
 	if err := s.opts.Client.Delete(ctx, war, client.Preconditions{UID: &war.UID}); client.IgnoreNotFound(err) != nil {
 		return nil, status.Errorf(codes.Unavailable, "delete registration %s: %v", claims.Subject, err)
@@ -284,8 +364,19 @@ func (s *Server) RenewSidecarToken(ctx context.Context, _ *onboardingv1alpha1.Re
 		}
 		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", key, err)
 	}
-	if registry.IdentityName(war.Spec.Identity) != claims.Workload.Identity {
+	if !war.DeletionTimestamp.IsZero() {
+		return nil, status.Errorf(codes.NotFound, "registration %s is being deleted: register again", key)
+	}
+	if !sameWorkload(war.Spec.Identity, *claims.Workload.Verified) {
 		return nil, status.Errorf(codes.PermissionDenied, "registration %s belongs to another workload", key)
+	}
+	if err := checkSession(ctx, war); err != nil {
+		return nil, err
+	}
+	// The policy may have changed since the workload registered.
+	ns, groupName, _ := strings.Cut(claims.Workload.WorkloadGroup, "/")
+	if _, err := s.opts.Authorizer.Authorize(ctx, ns, groupName, war.Spec.Identity); err != nil {
+		return nil, s.authzStatus(err, "renew")
 	}
 	tok, err := s.opts.Registrar.RenewSidecarToken(ctx, key)
 	switch {
@@ -300,38 +391,19 @@ func (s *Server) RenewSidecarToken(ctx context.Context, _ *onboardingv1alpha1.Re
 	return &onboardingv1alpha1.RenewSidecarTokenResponse{SidecarToken: tok.Token, ExpiresAt: timestamppb.New(tok.ExpiresAt)}, nil
 }
 
-// checkReuse refuses an AWS instance identity document that is already bound
-// to a live (connected) registration when it comes from another address
-// without a fresh STS proof: a document is not a secret, so a copy of it must
-// not move a running workload's registration elsewhere.
-func (s *Server) checkReuse(ctx context.Context, claims *token.Claims, id runtimev1alpha1.WorkloadIdentity, reg runtimev1alpha1.Registration) error {
-	if id.AWS == nil || id.AWS.EC2 == nil {
-		return nil
+// reportTakeoverRefused logs and records (as an Event on the registration)
+// a Register refused because the registration is bound to another agent
+// session and the identity carries no fresh proof.
+func (s *Server) reportTakeoverRefused(ctx context.Context, claims *token.Claims, addr netip.Addr, err error) {
+	s.opts.Metrics.denied("register", "SessionMismatch")
+	s.log.Warn("refused to hand a registration to another agent session", "registration", claims.Subject, "address", addr.String(), "error", err)
+	if s.opts.Recorder == nil {
+		return
 	}
 	cur := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := s.opts.Client.Get(ctx, client.ObjectKey{Namespace: claims.Namespace(), Name: claims.Name()}, cur); err != nil {
-		return nil // nothing bound yet (or unreadable: the registrar decides)
+	if s.opts.Client.Get(ctx, client.ObjectKey{Namespace: claims.Namespace(), Name: claims.Name()}, cur) == nil {
+		s.opts.Recorder.Eventf(cur, corev1.EventTypeWarning, "TakeoverRefused", "refused a registration from another agent session (workload address %s) without an STS proof", addr)
 	}
-	if !meta.IsStatusConditionTrue(cur.Status.Conditions, runtimev1alpha1.ConditionAgentConnected) {
-		return nil
-	}
-	addr, err := registry.WorkloadAddress(reg)
-	if err != nil {
-		return nil // the registrar refuses it with the precise reason
-	}
-	var bound []string
-	for _, a := range cur.Spec.Registration.Host.Addresses {
-		bound = append(bound, a.IP)
-	}
-	if err := awsidentity.ReuseDecision(bound, addr, id.AWS.EC2.IAMRole != ""); err != nil {
-		s.opts.Metrics.denied("register", reasonOf(err))
-		s.log.Warn("refused a reused instance identity document", "registration", claims.Subject, "address", addr, "error", err)
-		if s.opts.Recorder != nil {
-			s.opts.Recorder.Eventf(cur, corev1.EventTypeWarning, "DocumentReuseRefused", "refused a registration from %s: %v", addr, err)
-		}
-		return status.Errorf(codes.Unauthenticated, "%v", err)
-	}
-	return nil
 }
 
 // session verifies the onboarding token in the request's metadata.
@@ -389,6 +461,8 @@ func (s *Server) registerStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, registry.ErrIdentityConflict), errors.Is(err, registry.ErrAddressConflict), errors.Is(err, registry.ErrServiceAccountMissing):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, registry.ErrSessionMismatch):
+		return status.Errorf(codes.PermissionDenied, "%v: an instance identity document alone cannot take it over; present an STS proof (an instance profile) or send the session key of the agent that registered it", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	default:
@@ -423,6 +497,19 @@ func registrationOf(req *onboardingv1alpha1.RegisterRequest) runtimev1alpha1.Reg
 		reg.Host.Addresses = append(reg.Host.Addresses, runtimev1alpha1.HostAddress{IP: a.GetIp(), Type: runtimev1alpha1.AddressType(a.GetType())})
 	}
 	return reg
+}
+
+// provenAddress is the address a verified identity proves, in canonical form:
+// an EC2 document's signed privateIp. JWT identities prove none.
+func provenAddress(id *identity.Identity) string {
+	if id.AWS == nil {
+		return ""
+	}
+	ip, err := netip.ParseAddr(id.AWS.PrivateIP)
+	if err != nil {
+		return ""
+	}
+	return ip.Unmap().String()
 }
 
 // APIIdentity converts a verified identity to the form registrations and

@@ -255,7 +255,21 @@ func (h *harness) authorize(group string, m *awstest.IMDS) (*onboardingv1alpha1.
 }
 
 func (h *harness) register(tok string, ip string) (*onboardingv1alpha1.RegisterResponse, error) {
-	ctx := metadata.AppendToOutgoingContext(h.t.Context(), "authorization", "Bearer "+tok)
+	return h.registerSession(tok, "", ip)
+}
+
+// session returns a context with the onboarding token and, unless empty,
+// the agent's session key.
+func session(ctx context.Context, tok, key string) context.Context {
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+tok)
+	if key != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, SessionKeyMetadata, key)
+	}
+	return ctx
+}
+
+func (h *harness) registerSession(tok, key, ip string) (*onboardingv1alpha1.RegisterResponse, error) {
+	ctx := session(h.t.Context(), tok, key)
 	return h.client.Register(ctx, &onboardingv1alpha1.RegisterRequest{
 		Addresses:           []*onboardingv1alpha1.HostAddress{{Ip: ip, Type: "VPC"}},
 		ConnectedOver:       "VPC",
@@ -372,7 +386,7 @@ func TestOnboardRegisterRenewUnregister(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.register(renewed.GetToken(), "172.31.5.254"); err != nil {
+	if _, err := h.registerSession(renewed.GetToken(), reg.GetSessionKey(), "172.31.5.254"); err != nil {
 		t.Fatal(err)
 	}
 	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
@@ -381,7 +395,10 @@ func TestOnboardRegisterRenewUnregister(t *testing.T) {
 	}
 
 	// Graceful shutdown.
-	out, err := h.client.Unregister(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+renewed.GetToken()), &onboardingv1alpha1.UnregisterRequest{})
+	if _, err := h.client.Unregister(session(ctx, renewed.GetToken(), ""), &onboardingv1alpha1.UnregisterRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("unregister without the session key: %v, want PermissionDenied", err)
+	}
+	out, err := h.client.Unregister(session(ctx, renewed.GetToken(), reg.GetSessionKey()), &onboardingv1alpha1.UnregisterRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +419,8 @@ func TestReusedDocumentOfALiveRegistration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.register(auth.GetToken(), "10.0.0.10"); err != nil {
+	first, err := h.register(auth.GetToken(), "10.0.0.10")
+	if err != nil {
 		t.Fatal(err)
 	}
 	// The workload's sidecar is connected (the xDS server writes this).
@@ -426,18 +444,24 @@ func TestReusedDocumentOfALiveRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A copy of the document presented from elsewhere, with no STS proof.
+	// A copy of the document presented from elsewhere, with no STS proof:
+	// the document proves only its own address, and without the agent's
+	// session key it cannot take the registration over.
 	copied, err := h.authorize("ratings", noRole)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = h.register(copied.GetToken(), "10.9.9.9")
-	if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "without a fresh STS proof") {
-		t.Fatalf("err = %v, want Unauthenticated for a reused document", err)
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "not proven") {
+		t.Fatalf("err = %v, want PermissionDenied for an unproven address", err)
 	}
-	// From its own address it is accepted again (an agent restart).
-	if _, err := h.register(copied.GetToken(), "10.0.0.10"); err != nil {
-		t.Errorf("same address: %v", err)
+	_, err = h.register(copied.GetToken(), "10.0.0.10")
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "another agent session") {
+		t.Fatalf("err = %v, want PermissionDenied for a takeover without STS", err)
+	}
+	// The agent itself, with its session key, registers again.
+	if _, err := h.registerSession(copied.GetToken(), first.GetSessionKey(), "10.0.0.10"); err != nil {
+		t.Errorf("same session: %v", err)
 	}
 	got := &istionetworkingv1.WorkloadEntry{}
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: auth.GetRegistrationName()}, got); err != nil || got.Spec.Address != "10.0.0.10" {
@@ -610,7 +634,7 @@ func TestBootstrapCarriesARenewableSidecarToken(t *testing.T) {
 		t.Errorf("sidecar token lifetime %v, want 1h", d)
 	}
 
-	renewCtx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+auth.GetToken())
+	renewCtx := session(ctx, auth.GetToken(), reg.GetSessionKey())
 	renewed, err := h.client.RenewSidecarToken(renewCtx, &onboardingv1alpha1.RenewSidecarTokenRequest{})
 	if err != nil {
 		t.Fatal(err)

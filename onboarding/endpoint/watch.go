@@ -13,7 +13,6 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
-	"github.com/embark-mesh/embark/registry"
 )
 
 // WatchRegistration implements OnboardingService. It sends the caller's
@@ -32,7 +31,7 @@ func (s *Server) WatchRegistration(_ *onboardingv1alpha1.WatchRegistrationReques
 	ctx, cancel := context.WithDeadline(ctx, claims.Expiry)
 	defer cancel()
 
-	uid, err := s.registrationUID(ctx, key, claims.Workload.Identity)
+	uid, err := s.registrationUID(ctx, key, *claims.Workload.Verified)
 	if err != nil {
 		return err
 	}
@@ -56,7 +55,7 @@ func (s *Server) WatchRegistration(_ *onboardingv1alpha1.WatchRegistrationReques
 			return status.FromContextError(ctx.Err()).Err()
 		case <-tick.C:
 		}
-		cur, err := s.registrationUID(ctx, key, claims.Workload.Identity)
+		cur, err := s.registrationUID(ctx, key, *claims.Workload.Verified)
 		if err != nil {
 			if ctx.Err() != nil || status.Code(err) == codes.Unavailable {
 				continue // ending, or a cache read error: look again next tick
@@ -72,7 +71,7 @@ func (s *Server) WatchRegistration(_ *onboardingv1alpha1.WatchRegistrationReques
 
 // registrationUID returns the UID of the registration key ("" when it does
 // not exist), refusing a registration of another workload.
-func (s *Server) registrationUID(ctx context.Context, key types.NamespacedName, workload string) (types.UID, error) {
+func (s *Server) registrationUID(ctx context.Context, key types.NamespacedName, workload runtimev1alpha1.WorkloadIdentity) (types.UID, error) {
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := s.opts.Client.Get(ctx, client.ObjectKey(key), war); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -86,7 +85,7 @@ func (s *Server) registrationUID(ctx context.Context, key types.NamespacedName, 
 	if !war.DeletionTimestamp.IsZero() {
 		return "", nil
 	}
-	if registry.IdentityName(war.Spec.Identity) != workload {
+	if !sameWorkload(war.Spec.Identity, workload) {
 		return "", status.Errorf(codes.PermissionDenied, "registration %s belongs to another workload", key)
 	}
 	return war.UID, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -204,6 +205,30 @@ func (a *Authorizer) RequiresIAMRoleProof(ctx context.Context, namespace, groupN
 		return false, err
 	}
 	return RequiresIAMRoleProof(policies, GroupRefOf(wg)), nil
+}
+
+// AllowsAddress reports whether an OnboardingPolicy rule that allows id to
+// join the WorkloadGroup lets it register addr, an address its identity does
+// not prove (see AddressAllowed). It records no Event.
+func (a *Authorizer) AllowsAddress(ctx context.Context, namespace, groupName string, id runtimev1alpha1.WorkloadIdentity, addr netip.Addr) (bool, error) {
+	wg, policies, err := a.load(ctx, namespace, groupName)
+	if err != nil {
+		return false, err
+	}
+	return AddressAllowed(policies, GroupRefOf(wg), id, addr), nil
+}
+
+// Precheck evaluates the policies for id without recording an Event: the
+// endpoint asks it with what the instance identity document proves, before
+// it calls STS, so that identities no rule could allow never cost an STS
+// call. The Decision is allowed, or denied with NeedsIAMRoleProof when a
+// proof of the IAM role could still allow it.
+func (a *Authorizer) Precheck(ctx context.Context, namespace, groupName string, id runtimev1alpha1.WorkloadIdentity) (Decision, error) {
+	wg, policies, err := a.load(ctx, namespace, groupName)
+	if err != nil {
+		return Decision{}, err
+	}
+	return Evaluate(policies, GroupRefOf(wg), id), nil
 }
 
 // load reads the WorkloadGroup and the OnboardingPolicies of its namespace.

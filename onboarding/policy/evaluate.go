@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -245,7 +246,36 @@ func RequiresIAMRoleProof(policies []authorizationv1alpha1.OnboardingPolicy, gro
 
 func namesIAMRoles(ws []authorizationv1alpha1.WorkloadMatcher) bool {
 	for i := range ws {
-		if a := ws[i].AWS; a != nil && a.EC2 != nil && len(a.EC2.IAMRoleNames) > 0 {
+		if a := ws[i].AWS; a != nil && a.EC2 != nil && (len(a.EC2.IAMRoleNames) > 0 || a.EC2.RequireSTSProof) {
+			return true
+		}
+	}
+	return false
+}
+
+// AddressAllowed reports whether some rule of a policy in the group's
+// namespace that allows id to join group lists, in its addressCIDRs, a
+// prefix holding addr. Rules without addressCIDRs allow no unproven address.
+// A malformed CIDR (admission refuses them) holds nothing.
+func AddressAllowed(policies []authorizationv1alpha1.OnboardingPolicy, group GroupRef, id runtimev1alpha1.WorkloadIdentity, addr netip.Addr) bool {
+	groupLabels := labels.Set(group.Labels)
+	for _, p := range policiesIn(policies, group.Namespace) {
+		for ri := range p.Spec.Allow {
+			rule := &p.Spec.Allow[ri]
+			if !cidrsHold(rule.AddressCIDRs, addr) {
+				continue
+			}
+			if _, dist, _ := closestWorkload(rule.Workloads, id); dist == 0 && selectsGroup(rule.OnboardTo, groupLabels, nil) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func cidrsHold(cidrs []authorizationv1alpha1.CIDR, addr netip.Addr) bool {
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(string(c)); err == nil && p.Contains(addr) {
 			return true
 		}
 	}

@@ -30,6 +30,9 @@ const (
 	failIssuer
 	failSubject
 	failAttribute
+	// failEmptyList: the matcher holds a list that is present but empty
+	// (admission refuses this); "[]" never means "anything".
+	failEmptyList
 )
 
 // farAway is the distance of a matcher that cannot match this kind of
@@ -83,6 +86,9 @@ func matchAWS(m *authorizationv1alpha1.AWSMatcher, id *runtimev1alpha1.AWSIdenti
 		return failKind
 	}
 	var f failure
+	if emptyList(m.Partitions) || emptyList(m.Regions) || emptyList(m.Zones) || (m.EC2 != nil && emptyList(m.EC2.IAMRoleNames)) {
+		f |= failEmptyList
+	}
 	if len(m.Partitions) > 0 && !slices.Contains(m.Partitions, authorizationv1alpha1.AWSPartition(id.Partition)) {
 		f |= failPartition
 	}
@@ -100,9 +106,10 @@ func matchAWS(m *authorizationv1alpha1.AWSMatcher, id *runtimev1alpha1.AWSIdenti
 		switch {
 		case id.EC2 == nil:
 			f |= failNotEC2
-		case len(m.EC2.IAMRoleNames) == 0:
+		case len(m.EC2.IAMRoleNames) == 0 && !m.EC2.RequireSTSProof:
 		case id.EC2.IAMRole == "":
 			f |= failRoleUnproven
+		case len(m.EC2.IAMRoleNames) == 0:
 		case !slices.Contains(m.EC2.IAMRoleNames, id.EC2.IAMRole):
 			f |= failRole
 		}
@@ -115,6 +122,9 @@ func matchJWT(m *authorizationv1alpha1.JWTMatcher, id *runtimev1alpha1.JWTIdenti
 		return failKind
 	}
 	var f failure
+	if emptyList(m.Subjects) || emptyList(m.Attributes) {
+		f |= failEmptyList
+	}
 	if id.Issuer != m.Issuer {
 		f |= failIssuer
 	}
@@ -132,6 +142,10 @@ func matchJWT(m *authorizationv1alpha1.JWTMatcher, id *runtimev1alpha1.JWTIdenti
 	return f
 }
 
+// emptyList reports a list that is present but empty ("[]", as decoded from
+// JSON): admission refuses it; evaluation treats it as matching nothing.
+func emptyList[T any](l []T) bool { return l != nil && len(l) == 0 }
+
 // workloadReasons describes, for an operator, every constraint of m that id
 // fails. It is only called for the few rules a Decision reports.
 func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.WorkloadIdentity) []string {
@@ -145,6 +159,9 @@ func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha
 		a, ida := m.AWS, id.AWS
 		if ida == nil {
 			return []string{fmt.Sprintf("rule matches aws workloads, identity is %s", identityKind(id))}
+		}
+		if emptyList(a.Partitions) || emptyList(a.Regions) || emptyList(a.Zones) || (a.EC2 != nil && emptyList(a.EC2.IAMRoleNames)) {
+			out = append(out, "an empty list (partitions, regions, zones or ec2.iamRoleNames: []) matches nothing")
 		}
 		if len(a.Partitions) > 0 && !slices.Contains(a.Partitions, authorizationv1alpha1.AWSPartition(ida.Partition)) {
 			out = append(out, fmt.Sprintf("partition %s not in %s", clip(ida.Partition), formatList(a.Partitions)))
@@ -162,9 +179,12 @@ func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha
 			switch {
 			case ida.EC2 == nil:
 				out = append(out, "not an EC2 instance (rule requires ec2)")
-			case len(a.EC2.IAMRoleNames) == 0:
+			case len(a.EC2.IAMRoleNames) == 0 && !a.EC2.RequireSTSProof:
+			case ida.EC2.IAMRole == "" && len(a.EC2.IAMRoleNames) == 0:
+				out = append(out, "iam role not proven (policy requires an STS proof: requireSTSProof)")
 			case ida.EC2.IAMRole == "":
 				out = append(out, fmt.Sprintf("iam role not proven (policy requires one of %s)", formatList(a.EC2.IAMRoleNames)))
+			case len(a.EC2.IAMRoleNames) == 0:
 			case !slices.Contains(a.EC2.IAMRoleNames, ida.EC2.IAMRole):
 				out = append(out, fmt.Sprintf("iam role %s not in %s", clip(ida.EC2.IAMRole), formatList(a.EC2.IAMRoleNames)))
 			}
@@ -173,6 +193,9 @@ func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha
 		j, idj := m.JWT, id.JWT
 		if idj == nil {
 			return []string{fmt.Sprintf("rule matches jwt issuer %s, identity is %s", clip(j.Issuer), identityKind(id))}
+		}
+		if emptyList(j.Subjects) || emptyList(j.Attributes) {
+			out = append(out, "an empty list (subjects or attributes: []) matches nothing")
 		}
 		if idj.Issuer != j.Issuer {
 			out = append(out, fmt.Sprintf("issuer %s is not %s", clip(idj.Issuer), clip(j.Issuer)))

@@ -187,6 +187,10 @@ type Request struct {
 	// re-evaluate OnboardingPolicies without the platform credential.
 	// Optional; when set, exactly one of AWS and JWT is set. It is copied.
 	Verified *runtimev1alpha1.WorkloadIdentity
+	// ProvenAddress is the workload address the platform credential proves
+	// (an EC2 instance identity document's signed privateIp), in canonical
+	// form; empty when it proves none.
+	ProvenAddress string
 }
 
 // WorkloadClaim is the private claim WorkloadClaimKey.
@@ -198,6 +202,8 @@ type WorkloadClaim struct {
 	// Verified is the verified platform identity, if the issuer was given
 	// one.
 	Verified *runtimev1alpha1.WorkloadIdentity `json:"verified,omitempty"`
+	// ProvenAddress is the address the platform credential proves, if any.
+	ProvenAddress string `json:"provenAddress,omitempty"`
 }
 
 // Claims are the claims of a verified (or just issued) token. Times are in
@@ -268,6 +274,7 @@ func (i *Issuer) Issue(req Request) (string, *Claims, error) {
 			WorkloadGroup: req.Namespace + "/" + req.WorkloadGroup,
 			Identity:      req.WorkloadIdentity,
 			Verified:      req.Verified.DeepCopy(),
+			ProvenAddress: req.ProvenAddress,
 		},
 		KeyID: key.id,
 	}

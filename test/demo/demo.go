@@ -233,6 +233,9 @@ mesh:
   # Sent to every VM in its bootstrap, written there as the sidecar's root certificate.
   rootCertFile: %s
 registration:
+  # The demo's VMs listen on 127.0.1.x: loopback workload addresses are
+  # refused unless allowed (demos and tests only).
+  allowLoopbackAddresses: true
   # Health flips are stored at once (no damping), to show them quickly.
   healthDamping: 0s
   gracePeriod: %s

@@ -48,7 +48,26 @@ type AllowRule struct {
 	// +kubebuilder:validation:MaxItems=64
 	// +listType=atomic
 	OnboardTo []OnboardTarget `json:"onboardTo"`
+	// AddressCIDRs lets the workloads of this rule register workload
+	// addresses that their identity does not prove: an EC2 instance's
+	// INTERNET (public) address or a VPC address other than the signed
+	// privateIp of its instance identity document, and any address of a
+	// host onboarded with a JWT. Each entry is a CIDR (e.g. 203.0.113.0/24,
+	// 2001:db8::/64, or 192.0.2.7/32 for one address). Unset: only proven
+	// addresses (an EC2 instance's document privateIp) are accepted. An
+	// address allowed only by this field is never used to fence another
+	// registration: a registration holding it is refused instead.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	AddressCIDRs []CIDR `json:"addressCIDRs,omitempty"`
 }
+
+// CIDR is an IPv4 or IPv6 prefix in canonical form, e.g. 10.0.0.0/16.
+// +kubebuilder:validation:MaxLength=49
+// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).masked() == cidr(self)",message="must be a CIDR with no bits set after the prefix, e.g. 10.0.0.0/16"
+type CIDR string
 
 // WorkloadMatcher matches verified workload identities. Exactly one member is
 // set.
@@ -67,11 +86,13 @@ type WorkloadMatcher struct {
 type AWSPartition string
 
 // AWSMatcher matches AWS identities. Every field that is set must match; an
-// empty list matches any value, except Accounts, which must always be listed
-// explicitly.
+// unset list matches any value, except Accounts, which must always be listed
+// explicitly. A list that is present but empty is refused at admission (and
+// matches nothing if stored anyway): "[]" never means "anything".
 type AWSMatcher struct {
-	// Partitions the workload may be in; empty means any.
+	// Partitions the workload may be in; unset means any.
 	// +optional
+	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
 	// +listType=set
 	Partitions []AWSPartition `json:"partitions,omitempty"`
@@ -83,14 +104,16 @@ type AWSMatcher struct {
 	// +listType=set
 	// +kubebuilder:validation:items:Pattern=`^[0-9]{12}$`
 	Accounts []string `json:"accounts"`
-	// Regions the workload may be in, e.g. us-east-2; empty means any.
+	// Regions the workload may be in, e.g. us-east-2; unset means any.
 	// +optional
+	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=64
 	// +listType=set
 	// +kubebuilder:validation:items:Pattern=`^[a-z]{2,4}(-[a-z]+)+-[0-9]+$`
 	Regions []string `json:"regions,omitempty"`
-	// Zones the workload may be in, e.g. us-east-2b; empty means any.
+	// Zones the workload may be in, e.g. us-east-2b; unset means any.
 	// +optional
+	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=128
 	// +listType=set
 	// +kubebuilder:validation:items:Pattern=`^[a-z]{2,4}(-[a-z0-9]+)+$`
@@ -104,14 +127,24 @@ type AWSMatcher struct {
 
 // EC2Matcher matches EC2 instances.
 type EC2Matcher struct {
-	// IAMRoleNames the instance's IAM role must be one of; empty means any.
-	// When set, the agent must prove the role with a signed
-	// sts:GetCallerIdentity request.
+	// IAMRoleNames the instance's IAM role must be one of; unset means any
+	// (an explicitly empty list is refused at admission and, if stored
+	// anyway, matches nothing). When set, the agent must prove the role
+	// with a signed sts:GetCallerIdentity request.
 	// +optional
+	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=64
 	// +listType=set
 	// +kubebuilder:validation:items:Pattern=`^[\w+=,.@-]{1,64}$`
 	IAMRoleNames []string `json:"iamRoleNames,omitempty"`
+	// RequireSTSProof requires the instance to prove its IAM role session
+	// with a signed sts:GetCallerIdentity request (any role unless
+	// IAMRoleNames is set). Default false: the signed instance identity
+	// document alone is enough to onboard (seed 004's `ec2: {}`), but such
+	// document-only onboarding can never take over an existing
+	// registration (see docs/security.md).
+	// +optional
+	RequireSTSProof bool `json:"requireSTSProof,omitempty"`
 }
 
 // JWTMatcher matches hosts presenting a JWT from a trusted OIDC issuer (one
@@ -121,8 +154,9 @@ type JWTMatcher struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
 	Issuer string `json:"issuer"`
-	// Subjects the token's subject (sub) must be one of; empty means any.
+	// Subjects the token's subject (sub) must be one of; unset means any.
 	// +optional
+	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=256
 	// +listType=set
 	// +kubebuilder:validation:items:MinLength=1
@@ -131,6 +165,7 @@ type JWTMatcher struct {
 	// Attributes the token must carry: each named attribute (as the endpoint
 	// configuration extracts it) must have one of the listed values.
 	// +optional
+	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=32
 	// +listType=map
 	// +listMapKey=name

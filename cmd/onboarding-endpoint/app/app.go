@@ -227,16 +227,23 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("mesh.rootCertFile: %w", err)
 		}
 	}
+	if cfg.Registration.AllowLoopbackAddresses {
+		log.Warn("accepting loopback workload addresses (registration.allowLoopbackAddresses): for demos and tests only")
+	}
 	server, err := endpoint.NewServer(endpoint.Options{
 		AWS: awsVerifier, JWT: jwtVerifier, Authorizer: authz, Tokens: tokens, Registrar: registrar, Client: kc,
 		Bootstrap: endpoint.BootstrapSettings{
 			DiscoveryAddress: cfg.Mesh.DiscoveryAddress, ClusterID: cfg.Mesh.ClusterID, TrustDomain: cfg.Mesh.TrustDomain,
 			RootCertFile: cfg.Mesh.RootCertFile,
 		},
-		PropagationDelay: cfg.Registration.PropagationDelay.Duration,
-		Logger:           log,
-		Metrics:          metrics,
-		Recorder:         recorder,
+		PropagationDelay:       cfg.Registration.PropagationDelay.Duration,
+		Logger:                 log,
+		Metrics:                metrics,
+		Recorder:               recorder,
+		ServiceCIDRs:           config.Prefixes(cfg.Registration.ServiceCIDRs),
+		Source:                 sourceCheck(cfg.Registration.SourceAddressCheck),
+		AllowLoopbackAddresses: cfg.Registration.AllowLoopbackAddresses,
+		VerifyLimit:            endpoint.RateLimit{PerSecond: cfg.Registration.VerifyPerSecond, Burst: cfg.Registration.VerifyBurst},
 	})
 	if err != nil {
 		return err
@@ -532,4 +539,12 @@ func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.V
 		return nil, fmt.Errorf("identity.jwt: %w", err)
 	}
 	return v, nil
+}
+
+// sourceCheck converts the configuration's source address check.
+func sourceCheck(c *config.SourceAddressCheck) endpoint.SourceCheck {
+	if c == nil {
+		return endpoint.SourceCheck{}
+	}
+	return endpoint.SourceCheck{Enabled: c.Enabled, TrustedProxies: config.Prefixes(c.TrustedProxyCIDRs)}
 }

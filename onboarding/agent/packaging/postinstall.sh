@@ -16,9 +16,20 @@ if getent group istio-proxy >/dev/null; then
 	usermod --append --groups istio-proxy onboarding-agent || true
 fi
 
-for d in /var/lib/istio/envoy /etc/istio/config /etc/certs; do
-	mkdir -p "$d"
-	chown onboarding-agent:onboarding-agent "$d"
+# The agent writes the sidecar's bootstrap files into a directory of its own.
+# The Istio directories stay owned by root (root-run Istio scripts source files
+# from /var/lib/istio/envoy: the agent user must not be able to add any); only
+# the three files the agent writes are symlinks into its directory.
+install -d -m 0755 -o root -g root /var/lib/onboarding-agent
+install -d -m 0755 -o onboarding-agent -g onboarding-agent /var/lib/onboarding-agent/sidecar
+for link in /var/lib/istio/envoy/cluster.env:cluster.env /etc/istio/config/mesh:mesh /etc/certs/root-cert.pem:root-cert.pem; do
+	path=${link%%:*}
+	dir=$(dirname "$path")
+	mkdir -p "$dir"
+	# Undo the ownership earlier versions gave the agent user.
+	chown root:root "$dir"
+	chmod 0755 "$dir"
+	ln -sfn "/var/lib/onboarding-agent/sidecar/${link##*:}" "$path"
 done
 if command -v systemd-tmpfiles >/dev/null; then
 	systemd-tmpfiles --create /usr/lib/tmpfiles.d/onboarding-agent.conf || true

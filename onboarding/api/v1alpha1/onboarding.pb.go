@@ -670,8 +670,13 @@ type RegisterResponse struct {
 	// The registration's UID: WatchRegistration reports it, so the agent
 	// tells its own registration from a replacement.
 	RegistrationUid string `protobuf:"bytes,4,opt,name=registration_uid,json=registrationUid,proto3" json:"registration_uid,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The session key that binds this agent to the registration: the agent
+	// sends it as `embark-session-key` metadata on later Register,
+	// RenewSidecarToken and Unregister calls. Only an agent holding it (or
+	// presenting a fresh STS proof or JWT) may act on the registration.
+	SessionKey    string `protobuf:"bytes,5,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterResponse) Reset() {
@@ -728,6 +733,13 @@ func (x *RegisterResponse) GetBootstrap() *SidecarBootstrap {
 func (x *RegisterResponse) GetRegistrationUid() string {
 	if x != nil {
 		return x.RegistrationUid
+	}
+	return ""
+}
+
+func (x *RegisterResponse) GetSessionKey() string {
+	if x != nil {
+		return x.SessionKey
 	}
 	return ""
 }
@@ -1202,12 +1214,14 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v27.embark.onboarding.v1alpha1.RegisterRequest.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd4\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf5\x01\n" +
 	"\x10RegisterResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12+\n" +
 	"\x11registration_name\x18\x02 \x01(\tR\x10registrationName\x12J\n" +
 	"\tbootstrap\x18\x03 \x01(\v2,.embark.onboarding.v1alpha1.SidecarBootstrapR\tbootstrap\x12)\n" +
-	"\x10registration_uid\x18\x04 \x01(\tR\x0fregistrationUid\"\xde\x04\n" +
+	"\x10registration_uid\x18\x04 \x01(\tR\x0fregistrationUid\x12\x1f\n" +
+	"\vsession_key\x18\x05 \x01(\tR\n" +
+	"sessionKey\"\xde\x04\n" +
 	"\x10SidecarBootstrap\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12+\n" +
 	"\x11discovery_address\x18\x02 \x01(\tR\x10discoveryAddress\x12\x1d\n" +

@@ -120,6 +120,7 @@ type remoteKeySet struct {
 	now        func() time.Time
 	refresh    time.Duration
 	minRefresh time.Duration
+	maxAge     time.Duration // 0: keys never expire
 	log        *slog.Logger
 
 	mu        sync.Mutex
@@ -135,6 +136,10 @@ func (r *remoteKeySet) candidates(ctx context.Context, kid string, alg jose.Sign
 	for {
 		r.mu.Lock()
 		now := r.now()
+		if r.set != nil && r.maxAge > 0 && now.Sub(r.fetchedAt) >= r.maxAge {
+			r.log.WarnContext(ctx, "dropping a JWKS older than the maximum key age", "url", r.url, "fetchedAt", r.fetchedAt, "maxAge", r.maxAge)
+			r.set = nil
+		}
 		keys := match(r.set, kid, alg)
 		stale := r.set == nil || now.Sub(r.fetchedAt) >= r.refresh
 		if len(keys) > 0 && (!stale || r.fetching != nil) {
@@ -189,6 +194,27 @@ func (r *remoteKeySet) candidates(ctx context.Context, kid string, alg jose.Sign
 		}
 		fetched = true
 	}
+}
+
+// maxJWKSRedirects bounds the same-origin redirects a JWKS fetch follows.
+const maxJWKSRedirects = 3
+
+// sameOriginClient returns a copy of c that follows only redirects to the
+// origin of the first request: a JWKS URL that redirects elsewhere (an
+// attacker's host, or a plain-http downgrade) is refused.
+func sameOriginClient(c *http.Client) *http.Client {
+	cc := *c
+	cc.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if len(via) >= maxJWKSRedirects {
+			return fmt.Errorf("more than %d redirects", maxJWKSRedirects)
+		}
+		first := via[0].URL
+		if req.URL.Scheme != first.Scheme || req.URL.Host != first.Host {
+			return fmt.Errorf("redirect from %s://%s to another origin %s://%s refused", first.Scheme, first.Host, req.URL.Scheme, req.URL.Host)
+		}
+		return nil
+	}
+	return &cc
 }
 
 func (r *remoteKeySet) fetch(ctx context.Context) (*jose.JSONWebKeySet, error) {

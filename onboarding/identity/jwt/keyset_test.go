@@ -125,6 +125,16 @@ func TestRemoteJWKS(t *testing.T) {
 			},
 		},
 		{
+			name:    "keys older than the maximum key age are dropped while the issuer is down",
+			initial: []testKey{k.rsa},
+			steps: []step{
+				{key: k.rsa, wantFetches: 1},
+				{advance: time.Hour, serve: serveStatus(http.StatusInternalServerError), key: k.rsa, wantFetches: 2},
+				{advance: 22 * time.Hour, key: k.rsa, wantFetches: 3},
+				{advance: time.Hour, key: k.rsa, wantReason: identity.ReasonKeySetUnavailable, wantFetches: 4},
+			},
+		},
+		{
 			name:    "issuer down from the start, retried after the minimum interval",
 			initial: nil,
 			steps: []step{

@@ -32,6 +32,10 @@ const (
 	DefaultMinRefreshInterval = 30 * time.Second
 	// DefaultFetchTimeout bounds one JWKS fetch with the default HTTP client.
 	DefaultFetchTimeout = 10 * time.Second
+	// DefaultMaxKeyAge is how long after its last successful fetch a JWKS
+	// is still used while the issuer cannot be reached; older keys are
+	// dropped (a key the issuer revoked must not live forever).
+	DefaultMaxKeyAge = 24 * time.Hour
 	// MaxTokenSize is the largest token accepted.
 	MaxTokenSize = 16 << 10
 )
@@ -65,6 +69,7 @@ type options struct {
 	leeway     time.Duration
 	refresh    time.Duration
 	minRefresh time.Duration
+	maxKeyAge  time.Duration
 	logger     *slog.Logger
 }
 
@@ -72,7 +77,9 @@ type options struct {
 type Option func(*options)
 
 // WithHTTPClient sets the client that fetches JWKS URLs. Default: a client
-// with a DefaultFetchTimeout timeout.
+// with a DefaultFetchTimeout timeout. Whatever the client's own redirect
+// policy, a JWKS fetch follows only redirects to the same origin (scheme,
+// host and port) as the JWKS URL, at most 3.
 func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
 
 // WithClock sets the verifier's clock. Default: time.Now.
@@ -90,6 +97,11 @@ func WithJWKSRefresh(refresh, minRefresh time.Duration) Option {
 	return func(o *options) { o.refresh, o.minRefresh = refresh, minRefresh }
 }
 
+// WithMaxKeyAge sets how long after its last successful fetch a JWKS is
+// still used when refetching fails. Default DefaultMaxKeyAge; it is at
+// least the refresh interval.
+func WithMaxKeyAge(d time.Duration) Option { return func(o *options) { o.maxKeyAge = d } }
+
 // WithLogger sets the logger. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
@@ -105,6 +117,12 @@ func (o *options) setDefaults() error {
 	}
 	if o.refresh == 0 {
 		o.refresh = DefaultRefreshInterval
+	}
+	if o.maxKeyAge == 0 {
+		o.maxKeyAge = DefaultMaxKeyAge
+	}
+	if o.maxKeyAge < o.refresh {
+		o.maxKeyAge = o.refresh
 	}
 	if o.minRefresh == 0 {
 		o.minRefresh = DefaultMinRefreshInterval
@@ -153,8 +171,8 @@ func NewVerifier(issuers []IssuerConfig, opts ...Option) (*Verifier, error) {
 			is.keys = &staticKeySet{set: set}
 		} else {
 			is.keys = &remoteKeySet{
-				url: cfg.JWKSURL, client: o.httpClient, now: o.now,
-				refresh: o.refresh, minRefresh: o.minRefresh,
+				url: cfg.JWKSURL, client: sameOriginClient(o.httpClient), now: o.now,
+				refresh: o.refresh, minRefresh: o.minRefresh, maxAge: o.maxKeyAge,
 				log: o.logger.With("issuer", cfg.Issuer),
 			}
 		}
