@@ -182,7 +182,7 @@ func TestChartRBACIsSufficientToOnboardAWorkload(t *testing.T) {
 	f := newWorkloadFixture(t)
 	addrs := newEndpointAddrs(t)
 	done := runEndpoint(t, ctx, writeEndpointConfig(t, cfg.Namespace, cfg.Endpoint.Hosts[0], f, addrs), impersonatingKubeconfig(t), "chart-rbac-0")
-	_, token := onboard(t, ctx, addrs.onboarding, cfg.Endpoint.Hosts[0], f, "172.31.6.254")
+	_, token := onboard(t, ctx, addrs.onboarding, cfg.Endpoint.Hosts[0], f, "172.31.5.254")
 	if err := unregister(t, ctx, addrs.onboarding, token); err != nil {
 		t.Errorf("Unregister as the chart's ServiceAccount: %v", err)
 	}
