@@ -136,7 +136,8 @@ func scrape(t *testing.T, app storage.Appender, tg scrapeTarget, ts time.Time) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	families, err := expfmt.NewTextParser(model.UTF8Validation).TextToMetricFamilies(strings.NewReader(string(body)))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
 	if err != nil {
 		t.Fatalf("parse %s's metrics: %v", tg.pod, err)
 	}
@@ -394,7 +395,8 @@ func metricValue(t *testing.T, addr, name string) float64 {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	families, err := expfmt.NewTextParser(model.UTF8Validation).TextToMetricFamilies(resp.Body)
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
 	if err != nil {
 		t.Fatal(err)
 	}
