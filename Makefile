@@ -18,11 +18,16 @@ PROTOC_GEN_GO_GRPC := $(TOOLS_BIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSI
 PROTO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.proto')
 
 GO_TEST_FLAGS ?= -race -count=1
+# Test-only modules of their own (their heavy dependencies stay out of the
+# main go.mod; `go test ./...` at the root does not enter them): the
+# manifests' tests (kustomize, kubeconform, Prometheus TSDB/PromQL) and the
+# Helm chart's renderer (Helm's Go SDK).
+TEST_MODULES := manifests manifests/charts/embark/render
 # Integration tests find the kube-apiserver and etcd binaries here.
 export KUBEBUILDER_ASSETS := $(TESTENV_BIN)
 
 # The release version, in one place: the VERSION file. Manifests, the Helm
-# chart and the image name it (manifests/version_test.go checks they agree).
+# chart and the image name it (manifests/chart_test.go checks they agree).
 VERSION ?= $(shell cat $(ROOT)/VERSION)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 # The only place build identity is stamped (make build, packages, image).
@@ -74,6 +79,7 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet 
 	@unformatted=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go vet ./...;)
 	@test/tools/check-tracked-files.sh
 
 ##@ Packages
@@ -87,7 +93,7 @@ PACKAGE_ARCHES ?= amd64 arm64
 OUTPUT := $(ROOT)/_output
 
 .PHONY: packages
-packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/ and read them back.
+packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/, read them back, install, upgrade and remove them in a throwaway root.
 	for arch in $(PACKAGE_ARCHES); do \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w $(VERSION_LDFLAGS)" \
 			-o $(OUTPUT)/bin/linux_$$arch/onboarding-agent ./cmd/onboarding-agent; \
@@ -100,6 +106,7 @@ packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm
 		done; \
 	done
 	onboarding/agent/packaging/check.sh $(OUTPUT)/packages
+	onboarding/agent/packaging/install-test.sh $(OUTPUT)/packages $(NFPM) $(PACKAGE_VERSION)
 
 $(NFPM):
 	mkdir -p $(TOOLS_BIN)
@@ -112,13 +119,13 @@ testenv: ## Build the real kube-apiserver, etcd, kube-controller-manager, pilot-
 	TESTENV_BIN=$(TESTENV_BIN) test/tools/install.sh
 
 .PHONY: test
-test: testenv ## Run all tests (unit and integration against a real control plane).
+test: testenv ## Run all tests (unit and integration against a real control plane), the manifests' and the chart's included.
 	go test $(GO_TEST_FLAGS) ./...
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go test $(GO_TEST_FLAGS) ./...;)
 
 .PHONY: manifests
 manifests: testenv ## Build, validate and dry-run apply manifests/ and the Helm chart; run the endpoint as its ServiceAccount; test metrics, dashboard and alerts.
-	cd manifests/charts/embark/render && go test $(GO_TEST_FLAGS) ./...
-	go test $(GO_TEST_FLAGS) ./manifests/
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go test $(GO_TEST_FLAGS) ./...;)
 
 .PHONY: e2e
 e2e: faults ## Run the end-to-end suite (the fault suite).
@@ -147,6 +154,7 @@ lint: ## Run gofmt and go vet.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go vet ./...;)
 
 $(PROTOC_GEN_GO):
 	mkdir -p $(TOOLS_BIN)

@@ -20,6 +20,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/ca"
 	"github.com/embark-mesh/embark/xds/configsource"
 )
 
@@ -49,6 +50,9 @@ func exportedMetrics(reg prometheus.Registerer, reader client.Reader) error {
 	}
 	if _, err := xds.NewMetrics(reg); err != nil {
 		return fmt.Errorf("xDS stream metrics: %w", err)
+	}
+	if _, err := ca.NewMetrics(reg); err != nil {
+		return fmt.Errorf("certificate relay metrics: %w", err)
 	}
 	return version.Register(reg)
 }

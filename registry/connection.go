@@ -65,7 +65,8 @@ type ConnectionOptions struct {
 // Connections tracks which workloads hold ADS streams to this replica and
 // writes the connection state to their WorkloadAutoRegistration (condition
 // AgentConnected, status.connection) and WorkloadEntry (annotations
-// istio.io/connectedAt, istio.io/disconnectedAt, istio.io/workloadController).
+// onboarding.tetrate.io/connected-at, /disconnected-at and
+// /connected-replica; istiod's own istio.io/ annotations are removed).
 //
 // Opened and Closed never block on the API server: each workload has a queue
 // of one pending state that a newer event replaces (coalescing), written by a
@@ -492,29 +493,27 @@ func (c *Connections) storeWorkloadEntry(st *connState) error {
 			return nil
 		}
 		ann := we.Annotations
-		holder := ann[AnnotationWorkloadController]
+		holder := ann[AnnotationConnectedReplica]
 		heldSince, _ := time.Parse(time.RFC3339Nano, ann[AnnotationConnectedAt])
-		want := make(map[string]string, len(ann)+3)
-		for k, v := range ann {
-			want[k] = v
+		want := withoutIstiodAnnotations(ann)
+		if want == nil {
+			want = map[string]string{}
 		}
 		if st.connected {
-			if holder != "" && holder != c.replica && ann[AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt) {
-				return nil
+			switch {
+			case holder != "" && holder != c.replica && ann[AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt):
+				// a newer connection held by another replica
+			case holder == c.replica && ann[AnnotationDisconnectedAt] == "" && !heldSince.Before(c.started.Truncate(time.Second)):
+				// already shows this connection
+			default:
+				want[AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
+				want[AnnotationConnectedReplica] = c.replica
+				delete(want, AnnotationDisconnectedAt)
 			}
-			if holder == c.replica && ann[AnnotationDisconnectedAt] == "" && !heldSince.Before(c.started.Truncate(time.Second)) {
-				return nil // already shows this connection
-			}
-			want[AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
-			want[AnnotationWorkloadController] = c.replica
-			delete(want, AnnotationDisconnectedAt)
-		} else {
-			if holder != c.replica || ann[AnnotationDisconnectedAt] != "" || heldSince.After(st.connectedAt) {
-				return nil
-			}
+		} else if holder == c.replica && ann[AnnotationDisconnectedAt] == "" && !heldSince.After(st.connectedAt) {
 			want[AnnotationDisconnectedAt] = st.disconnectedAt.UTC().Format(time.RFC3339Nano)
 		}
-		if equalStrings(ann, want) {
+		if equalStrings(ann, want) { // (an entry with istiod's annotations always differs)
 			return nil
 		}
 		we.Annotations = want

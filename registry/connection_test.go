@@ -54,7 +54,7 @@ func observe(t *testing.T, key types.NamespacedName) observed {
 	if conn := war.Status.Connection; conn != nil {
 		o.replica, o.disconnected = conn.Replica, conn.DisconnectedAt != nil
 	}
-	o.weController = we.Annotations[AnnotationWorkloadController]
+	o.weController = we.Annotations[AnnotationConnectedReplica]
 	o.weDisconnected = we.Annotations[AnnotationDisconnectedAt] != ""
 	return o
 }

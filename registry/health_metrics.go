@@ -141,7 +141,7 @@ func (c *workloadCollector) Collect(ch chan<- prometheus.Metric) {
 		if _, ok := ownedBy(we.OwnerReferences, ""); !ok {
 			continue
 		}
-		counts[key{we.Namespace, we.Annotations[AnnotationAutoRegistrationGroup], WorkloadEntryHealth(we)}]++
+		counts[key{we.Namespace, we.Annotations[AnnotationWorkloadGroup], WorkloadEntryHealth(we)}]++
 	}
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), k.ns, k.group, k.health)

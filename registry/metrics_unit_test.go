@@ -104,7 +104,7 @@ func (oneEntryReader) List(_ context.Context, list client.ObjectList, _ ...clien
 	}
 	l.Items = []*istionetworkingv1.WorkloadEntry{{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "bookinfo", Name: "ratings-1",
-		Annotations: map[string]string{AnnotationAutoRegistrationGroup: "ratings"},
+		Annotations: map[string]string{AnnotationWorkloadGroup: "ratings"},
 		OwnerReferences: []metav1.OwnerReference{{
 			APIVersion: runtimev1alpha1.SchemeGroupVersion.String(), Kind: "WorkloadAutoRegistration",
 			Name: "ratings-1", Controller: ptr.To(true),

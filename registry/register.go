@@ -347,7 +347,7 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 			return nil
 		}
 		cur.Labels = want.Labels
-		cur.Annotations = mergeAnnotations(cur.Annotations, want.Annotations)
+		cur.Annotations = withoutIstiodAnnotations(mergeAnnotations(cur.Annotations, want.Annotations))
 		cur.Spec.Address = want.Spec.Address
 		cur.Spec.Labels = want.Spec.Labels
 		cur.Spec.Ports = want.Spec.Ports
@@ -375,6 +375,9 @@ func builtFromNewer(cur *istionetworkingv1.WorkloadEntry, war *runtimev1alpha1.W
 }
 
 func workloadEntryUpToDate(cur, want *istionetworkingv1.WorkloadEntry) bool {
+	if hasIstiodAnnotations(cur.Annotations) {
+		return false // migrate: an earlier version wrote istiod's annotations
+	}
 	for k, v := range want.Annotations {
 		if cur.Annotations[k] != v {
 			return false

@@ -157,7 +157,7 @@ func TestRegisterCreatesRegistrationAndWorkloadEntry(t *testing.T) {
 		we.Spec.ServiceAccount != "ratings-vm" || we.Spec.Ports["http"] != 8080 {
 		t.Errorf("WorkloadEntry spec = %v", &we.Spec)
 	}
-	if we.Annotations[AnnotationAutoRegistrationGroup] != "ratings" {
+	if we.Annotations[AnnotationWorkloadGroup] != "ratings" {
 		t.Errorf("annotations = %v", we.Annotations)
 	}
 	if ref := metav1.GetControllerOf(we); ref == nil || ref.Kind != "WorkloadAutoRegistration" || ref.UID != war.UID || ref.BlockOwnerDeletion == nil || !*ref.BlockOwnerDeletion {

@@ -85,6 +85,12 @@ type LifecycleOptions struct {
 	// GracePeriod is how long a workload may have no ADS stream before its
 	// registration and WorkloadEntry are removed. Default: 5m.
 	GracePeriod time.Duration
+	// NeverConnectedAfter is how long after registering a workload whose
+	// sidecar never opened an ADS stream is shown AgentConnected=False,
+	// reason AgentNeverConnected. It is removed at the end of the grace
+	// period from its registration either way. Default: 1m
+	// (DefaultNeverConnectedAfter).
+	NeverConnectedAfter time.Duration
 	// RemovalQPS bounds the steady rate of removals (token bucket).
 	// Default: 20.
 	RemovalQPS float64
@@ -104,8 +110,12 @@ type LifecycleOptions struct {
 	// Election times the sweeper election (client-go leaderelection).
 	// Defaults: LeaseDuration 15s, RenewDeadline 10s, RetryPeriod 2s.
 	Election ElectionTiming
-	// Workers is how many registrations the sweeper and the drift
-	// reconciler each handle at once. Default: 2.
+	// RecreateQPS bounds how fast WorkloadEntries deleted by someone else
+	// while their registration lives are created again (burst 10).
+	// Default: 10.
+	RecreateQPS float64
+	// Workers is how many registrations the sweeper, the drift reconciler
+	// and the entry reconciler each handle at once. Default: 2.
 	Workers int
 	// Writes limits and retries status writes. Default: DefaultWriteOptions.
 	Writes WriteOptions
@@ -117,6 +127,11 @@ type LifecycleOptions struct {
 	Logger *slog.Logger
 	// Clock for grace-period decisions and timestamps. Default: time.Now.
 	Clock func() time.Time
+
+	// Leading is more work run only on the sweeping replica, while it leads
+	// (e.g. rollout.Controller.Run), started again after 5s when it fails.
+	// Default: none.
+	Leading []func(context.Context) error
 }
 
 // ElectionTiming times the sweeper's leader election.
@@ -146,6 +161,9 @@ func (o *LifecycleOptions) setDefaults() error {
 	if o.GracePeriod <= 0 {
 		o.GracePeriod = DefaultGracePeriod
 	}
+	if o.NeverConnectedAfter <= 0 {
+		o.NeverConnectedAfter = DefaultNeverConnectedAfter
+	}
 	if o.RemovalQPS <= 0 {
 		o.RemovalQPS = DefaultRemovalQPS
 	}
@@ -173,6 +191,9 @@ func (o *LifecycleOptions) setDefaults() error {
 	if o.Election.RetryPeriod <= 0 {
 		o.Election.RetryPeriod = DefaultElectionRetry
 	}
+	if o.RecreateQPS <= 0 {
+		o.RecreateQPS = DefaultRecreateQPS
+	}
 	if o.Workers <= 0 {
 		o.Workers = defaultLifecycleWorkers
 	}
@@ -191,14 +212,16 @@ func (o *LifecycleOptions) setDefaults() error {
 // Lifecycle is the registry's background work on an endpoint replica: it
 // keeps the replica's Lease, and, on the one replica elected through the
 // embark-sweeper Lease, removes registrations whose workload had no ADS
-// stream for the grace period and keeps every registration's
-// WorkloadGroupOutOfDate condition.
+// stream for the grace period, keeps every registration's
+// WorkloadGroupOutOfDate condition, and creates again a WorkloadEntry deleted
+// while its registration lives.
 type Lifecycle struct {
 	opts      LifecycleOptions
 	leases    *ReplicaLeases
 	heartbeat *replicaHeartbeat
 	sweeper   *sweeper
 	drift     *driftReconciler
+	entries   *entryReconciler
 	elector   *leaderelection.LeaderElector
 	leadCh    chan context.Context
 	ready     chan struct{}
@@ -223,7 +246,7 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 	}
 	l.sweeper = &sweeper{
 		client: opts.Client, reader: opts.APIReader, cache: opts.Cache, leases: l.leases,
-		grace: opts.GracePeriod, resync: opts.ResyncPeriod, workers: opts.Workers,
+		grace: opts.GracePeriod, neverConnectedAfter: opts.NeverConnectedAfter, resync: opts.ResyncPeriod, workers: opts.Workers,
 		removals: rate.NewLimiter(rate.Limit(opts.RemovalQPS), opts.RemovalBurst),
 		writer:   writes, recorder: opts.Recorder, metrics: opts.Metrics, now: opts.Clock,
 		log: log.With("component", "sweeper"),
@@ -232,6 +255,12 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 		now: opts.Clock, client: opts.Client, reader: opts.APIReader, cache: opts.Cache, writer: writes,
 		metrics: opts.Metrics, resync: opts.ResyncPeriod, workers: opts.Workers,
 		log: log.With("component", "drift"),
+	}
+	l.entries = &entryReconciler{
+		client: opts.Client, reader: opts.APIReader, cache: opts.Cache, writer: writes,
+		recorder: opts.Recorder, limit: rate.NewLimiter(rate.Limit(opts.RecreateQPS), 10),
+		metrics: opts.Metrics, resync: opts.ResyncPeriod, workers: opts.Workers, now: opts.Clock,
+		log: log.With("component", "entries"),
 	}
 	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: &resourcelock.LeaseLock{
@@ -335,6 +364,10 @@ func (l *Lifecycle) lead(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Go(func() { runWhileLeading(ctx, l.sweeper.run, log) })
 	wg.Go(func() { runWhileLeading(ctx, l.drift.run, l.drift.log) })
+	wg.Go(func() { runWhileLeading(ctx, l.entries.run, l.entries.log) })
+	for _, fn := range l.opts.Leading {
+		wg.Go(func() { runWhileLeading(ctx, fn, log) })
+	}
 	wg.Wait()
 	log.Info("stopped leading")
 }
@@ -429,8 +462,10 @@ func decide(war *runtimev1alpha1.WorkloadAutoRegistration, now time.Time, grace 
 		}
 	default:
 		// Never connected (no condition, AgentNeverConnected or Unknown).
+		// The grace period runs from the registration: writing
+		// AgentNeverConnected does not extend it.
 		d.since = war.CreationTimestamp.Time
-		if cond != nil && cond.LastTransitionTime.After(d.since) {
+		if cond != nil && cond.Reason != runtimev1alpha1.ReasonAgentNeverConnected && cond.LastTransitionTime.After(d.since) {
 			d.since = cond.LastTransitionTime.Time
 		}
 		d.cause = causeNeverConnected
@@ -462,6 +497,9 @@ type sweeper struct {
 	metrics  *LifecycleMetrics
 	log      *slog.Logger
 	now      func() time.Time
+
+	// neverConnectedAfter: see LifecycleOptions.NeverConnectedAfter.
+	neverConnectedAfter time.Duration
 
 	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
 }
@@ -531,7 +569,18 @@ func (s *sweeper) process(ctx context.Context, key types.NamespacedName) error {
 	case verdictKeep:
 		return nil
 	case verdictWait:
-		s.queue.AddAfter(key, d.at.Sub(s.now()))
+		at := d.at
+		if d.cause == causeNeverConnected {
+			due, when := neverConnectedDue(war, s.now(), s.neverConnectedAfter)
+			if due {
+				if err := s.markNeverConnected(ctx, war); err != nil {
+					return err
+				}
+			} else if !when.IsZero() && when.Before(at) {
+				at = when
+			}
+		}
+		s.queue.AddAfter(key, at.Sub(s.now()))
 		return nil
 	case verdictMarkGone:
 		return s.markGone(ctx, war)
@@ -738,6 +787,7 @@ type LifecycleMetrics struct {
 	replicaLost prometheus.Counter
 	leader      prometheus.Gauge
 	drift       *prometheus.CounterVec
+	recreations prometheus.Counter
 }
 
 // NewLifecycleMetrics creates the metrics and registers them with reg.
@@ -759,8 +809,12 @@ func NewLifecycleMetrics(reg prometheus.Registerer) (*LifecycleMetrics, error) {
 			Namespace: "embark", Subsystem: "registry", Name: "workloadgroup_out_of_date_writes_total",
 			Help: "Writes of the WorkloadGroupOutOfDate condition, by the status written.",
 		}, []string{"status"}),
+		recreations: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "embark", Subsystem: "registry", Name: "workloadentry_recreations_total",
+			Help: "WorkloadEntries created again after someone else deleted them while their registration lived.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.removals, m.replicaLost, m.leader, m.drift} {
+	for _, c := range []prometheus.Collector{m.removals, m.replicaLost, m.leader, m.drift, m.recreations} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register lifecycle metrics: %w", err)
 		}
@@ -788,6 +842,12 @@ func (m *LifecycleMetrics) setLeader(leading bool) {
 		m.leader.Set(1)
 	} else {
 		m.leader.Set(0)
+	}
+}
+
+func (m *LifecycleMetrics) recreated() {
+	if m != nil {
+		m.recreations.Inc()
 	}
 }
 

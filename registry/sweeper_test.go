@@ -290,6 +290,11 @@ func TestDecide(t *testing.T) {
 			Connection: &runtimev1alpha1.ConnectionStatus{Replica: "a", ConnectedAt: ts(time.Hour), DisconnectedAt: ts(ago)},
 		}
 	}
+	neverConnected := func(ago time.Duration) runtimev1alpha1.WorkloadAutoRegistrationStatus {
+		return runtimev1alpha1.WorkloadAutoRegistrationStatus{
+			Conditions: []metav1.Condition{{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: runtimev1alpha1.ReasonAgentNeverConnected, LastTransitionTime: *ts(ago)}},
+		}
+	}
 	replicas := map[string]ReplicaState{
 		"alive":     {Found: true, Alive: true, Expiry: now.Add(30 * time.Second), Started: now.Add(-time.Hour)},
 		"expired":   {Found: true, Expiry: now.Add(-time.Second), Started: now.Add(-time.Hour)},
@@ -320,7 +325,9 @@ func TestDecide(t *testing.T) {
 		{name: "replica gone, within the grace period", created: time.Hour, status: disconnected(ReasonReplicaGone, time.Minute), want: verdictWait, wantAt: now.Add(4*time.Minute + slack), wantCause: causeReplicaGone},
 		{name: "never connected, young", created: time.Minute, want: verdictWait, wantAt: now.Add(4*time.Minute + slack), wantCause: causeNeverConnected},
 		{name: "never connected, old", created: time.Hour, want: verdictRemove, wantAt: now.Add(-55*time.Minute + slack), wantCause: causeNeverConnected},
-		{name: "never connected condition", created: time.Hour, status: disconnected(runtimev1alpha1.ReasonAgentNeverConnected, 2*time.Minute), want: verdictWait, wantAt: now.Add(3*time.Minute + slack), wantCause: causeNeverConnected},
+		// Writing AgentNeverConnected does not extend the grace period.
+		{name: "never connected condition, old", created: time.Hour, status: neverConnected(58 * time.Minute), want: verdictRemove, wantAt: now.Add(-55*time.Minute + slack), wantCause: causeNeverConnected},
+		{name: "never connected condition, young", created: 2 * time.Minute, status: neverConnected(time.Minute), want: verdictWait, wantAt: now.Add(3*time.Minute + slack), wantCause: causeNeverConnected},
 		{name: "being deleted", created: time.Hour, deleting: true, want: verdictKeep},
 	}
 	for _, tt := range tests {

@@ -16,18 +16,26 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 )
 
-// Annotations and labels Embark writes on WorkloadEntries, as Istio's own
-// auto-registration does.
+// Annotations and labels Embark writes on WorkloadEntries. They are Embark's
+// own (prefix onboarding.tetrate.io/), never istiod's auto-registration
+// annotations: istiod's WorkloadEntry clean-up, in every istiod, deletes
+// entries carrying istio.io/autoRegistrationGroup and strips the Healthy
+// condition of entries carrying istio.io/workloadController once their
+// istio.io/connectedAt or istio.io/disconnectedAt is old enough (see
+// IstiodAnnotations and docs/istiod.md).
 const (
-	// AnnotationAutoRegistrationGroup names the WorkloadGroup a WorkloadEntry
-	// was registered for.
-	AnnotationAutoRegistrationGroup = "istio.io/autoRegistrationGroup"
-	// AnnotationConnectedAt is when the workload's sidecar last connected.
-	AnnotationConnectedAt = "istio.io/connectedAt"
-	// AnnotationDisconnectedAt is when the workload's sidecar last disconnected.
-	AnnotationDisconnectedAt = "istio.io/disconnectedAt"
-	// AnnotationWorkloadController is the endpoint replica holding the stream.
-	AnnotationWorkloadController = "istio.io/workloadController"
+	// AnnotationWorkloadGroup names the WorkloadGroup a WorkloadEntry was
+	// registered for. Written at registration.
+	AnnotationWorkloadGroup = "onboarding.tetrate.io/workload-group"
+	// AnnotationConnectedAt is when the workload's sidecar last connected
+	// (RFC 3339), written by the replica holding its stream.
+	AnnotationConnectedAt = "onboarding.tetrate.io/connected-at"
+	// AnnotationDisconnectedAt is when the workload's sidecar last
+	// disconnected (RFC 3339); removed when it connects again.
+	AnnotationDisconnectedAt = "onboarding.tetrate.io/disconnected-at"
+	// AnnotationConnectedReplica is the endpoint replica holding (or last
+	// holding) the workload's stream.
+	AnnotationConnectedReplica = "onboarding.tetrate.io/connected-replica"
 	// AnnotationRegistrationGeneration is the registration's generation the
 	// WorkloadEntry was built from, so a concurrent older write never
 	// replaces a newer one.
@@ -37,6 +45,37 @@ const (
 	// DefaultServiceAccount is used when the WorkloadGroup template names none.
 	DefaultServiceAccount = "default"
 )
+
+// IstiodAnnotations are istiod's own auto-registration annotations. Embark
+// never writes them, and removes them from its WorkloadEntries whenever it
+// writes one (entries written by earlier Embark versions carried them):
+// istiod takes an entry carrying them for one it auto-registered and deletes
+// it, or removes its Healthy condition, after its clean-up grace period.
+var IstiodAnnotations = []string{
+	"istio.io/autoRegistrationGroup",
+	"istio.io/connectedAt",
+	"istio.io/disconnectedAt",
+	"istio.io/workloadController",
+}
+
+// hasIstiodAnnotations reports whether ann holds any of IstiodAnnotations.
+func hasIstiodAnnotations(ann map[string]string) bool {
+	for _, k := range IstiodAnnotations {
+		if _, ok := ann[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// withoutIstiodAnnotations returns a copy of ann without IstiodAnnotations.
+func withoutIstiodAnnotations(ann map[string]string) map[string]string {
+	out := maps.Clone(ann)
+	for _, k := range IstiodAnnotations {
+		delete(out, k)
+	}
+	return out
+}
 
 // GroupSpec decodes the WorkloadGroup spec held in a registration's snapshot.
 func GroupSpec(snap runtimev1alpha1.WorkloadGroupSnapshot) (*istioapi.WorkloadGroup, error) {
@@ -173,7 +212,7 @@ func BuildWorkloadEntry(war *runtimev1alpha1.WorkloadAutoRegistration) (*istione
 			Namespace: war.Namespace,
 			Labels:    labels,
 			Annotations: map[string]string{
-				AnnotationAutoRegistrationGroup:  war.Spec.WorkloadGroup.Name,
+				AnnotationWorkloadGroup:          war.Spec.WorkloadGroup.Name,
 				AnnotationRegistrationGeneration: strconv.FormatInt(war.Generation, 10),
 			},
 			OwnerReferences: []metav1.OwnerReference{{

@@ -39,7 +39,7 @@ func Translate(in *Inputs) (*Result, error) {
 	}
 	b := newBuilder(in)
 	sc := selectSidecar(in.Sidecars, in.Workload, b.root)
-	res := &Result{Sidecar: sc}
+	res := &Result{Sidecar: sc, Unenforced: b.authz.unenforced}
 	if sc == nil {
 		return res, nil
 	}
@@ -61,6 +61,8 @@ type builder struct {
 	trust       string
 	suffix      string
 	sidecarName string
+	// authz is the inbound authorization every ingress chain enforces.
+	authz *authz
 
 	listeners map[string]*listenerv3.Listener
 	routes    map[string]*routev3.RouteConfiguration
@@ -104,6 +106,7 @@ func newBuilder(in *Inputs) *builder {
 	if b.suffix == "" {
 		b.suffix = "cluster.local"
 	}
+	b.authz = newAuthz(in, b.root)
 	for _, p := range in.Pods {
 		if p != nil {
 			sa := p.Spec.ServiceAccountName
@@ -221,14 +224,14 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 					TransportProtocol:    "tls",
 					ApplicationProtocols: istioInboundALPNs,
 				},
-				Filters:         []*listenerv3.Filter{inboundFilter(proto, port.GetNumber(), clusterName)},
+				Filters:         b.inboundFilters(proto, port.GetNumber(), clusterName),
 				TransportSocket: inboundTLS(proto.isHTTP()),
 			})
 		}
 		if mode != MTLSStrict {
 			chains = append(chains, &listenerv3.FilterChain{
 				Name:    fmt.Sprintf("inbound|%d|plaintext", port.GetNumber()),
-				Filters: []*listenerv3.Filter{inboundFilter(proto, port.GetNumber(), clusterName)},
+				Filters: b.inboundFilters(proto, port.GetNumber(), clusterName),
 			})
 		}
 		l := &listenerv3.Listener{
@@ -277,10 +280,17 @@ func (b *builder) defaultEndpoint(s string) (*corev3.Address, error) {
 	return socketAddress(addr, uint32(port)), nil
 }
 
-func inboundFilter(proto protocol, port uint32, cluster string) *listenerv3.Filter {
+// inboundFilters are an ingress chain's filters: the inbound authorization
+// (RBAC; refuse-all when a policy selecting the workload is not enforced),
+// then the HTTP connection manager or TCP proxy to the application.
+func (b *builder) inboundFilters(proto protocol, port uint32, cluster string) []*listenerv3.Filter {
 	if !proto.isHTTP() {
-		return tcpProxy(fmt.Sprintf("inbound|%d||", port), cluster)
+		return append(b.authz.networkFilters(port), tcpProxy(fmt.Sprintf("inbound|%d||", port), cluster))
 	}
+	return []*listenerv3.Filter{inboundHTTP(proto, port, cluster, b.authz.httpFilters())}
+}
+
+func inboundHTTP(proto protocol, port uint32, cluster string, authzFilters []*hcmv3.HttpFilter) *listenerv3.Filter {
 	codec := hcmv3.HttpConnectionManager_AUTO
 	if proto.isHTTP2() {
 		codec = hcmv3.HttpConnectionManager_HTTP2
@@ -296,7 +306,7 @@ func inboundFilter(proto protocol, port uint32, cluster string) *listenerv3.Filt
 				Routes:  []*routev3.Route{routeTo(cluster)},
 			}},
 		}},
-		HttpFilters: []*hcmv3.HttpFilter{routerFilter()},
+		HttpFilters: append(authzFilters, routerFilter()),
 	}
 	return &listenerv3.Filter{Name: wellknown.HTTPConnectionManager, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(m)}}
 }

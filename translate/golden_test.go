@@ -80,6 +80,14 @@ func parseInputs(data []byte) (*Inputs, error) {
 			o := &istiosecurityv1.PeerAuthentication{}
 			err = yaml.Unmarshal(doc, o)
 			in.PeerAuthentications = append(in.PeerAuthentications, o)
+		case "AuthorizationPolicy":
+			o := &istiosecurityv1.AuthorizationPolicy{}
+			err = yaml.Unmarshal(doc, o)
+			in.AuthorizationPolicies = append(in.AuthorizationPolicies, o)
+		case "RequestAuthentication":
+			o := &istiosecurityv1.RequestAuthentication{}
+			err = yaml.Unmarshal(doc, o)
+			in.RequestAuthentications = append(in.RequestAuthentications, o)
 		case "Pod":
 			o := &corev1.Pod{}
 			err = yaml.Unmarshal(doc, o)
@@ -101,6 +109,13 @@ func renderResult(res *Result) ([]byte, error) {
 		out["sidecar"] = res.Sidecar.Namespace + "/" + res.Sidecar.Name
 	}
 	out["warnings"] = append([]string{}, res.Warnings...)
+	if len(res.Unenforced) > 0 {
+		var u []string
+		for _, p := range res.Unenforced {
+			u = append(u, p.String())
+		}
+		out["unenforced"] = u
+	}
 	for key, group := range map[string][]types.Resource{"listeners": res.Listeners, "routes": res.Routes, "clusters": res.Clusters, "endpoints": res.Endpoints} {
 		list := []json.RawMessage{}
 		for _, r := range group {

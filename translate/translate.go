@@ -58,6 +58,13 @@ type Inputs struct {
 	// their targetRef) for the SAN of outbound mutual TLS. Optional: without
 	// them a destination's SAN is checked by namespace prefix only.
 	Pods []*corev1.Pod
+	// AuthorizationPolicies and RequestAuthentications of the workload's
+	// namespace and of the root namespace (security.istio.io/v1). Those
+	// that select the workload are enforced on every ingress chain: the
+	// ALLOW/DENY subset of docs/translate.md as Envoy RBAC, anything else
+	// by refusing all inbound traffic (Result.Unenforced).
+	AuthorizationPolicies  []*istiosecurityv1.AuthorizationPolicy
+	RequestAuthentications []*istiosecurityv1.RequestAuthentication
 }
 
 // Result is a workload's complete configuration, ready to be served.
@@ -72,6 +79,10 @@ type Result struct {
 	// translated unambiguously (for example a TCP egress port with several
 	// destinations); they were left out. Sorted.
 	Warnings []string
+	// Unenforced are the policies that select the workload but that
+	// translation cannot enforce; when there are any, every ingress filter
+	// chain refuses all traffic (fail closed). Sorted.
+	Unenforced []UnenforcedPolicy
 }
 
 // ByType returns the resources keyed by go-control-plane resource type URL,

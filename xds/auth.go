@@ -241,32 +241,3 @@ func (a *authenticator) forget(uid types.UID) {
 		el = next
 	}
 }
-
-// NodeInfo is what an Istio node ID says.
-type NodeInfo struct {
-	// Type is sidecar, router...
-	Type string
-	// IP is the proxy's address.
-	IP string
-	// Registration is the namespace and name of the registration it names.
-	Registration types.NamespacedName
-}
-
-// ParseNodeID parses sidecar~<ip>~<registration>.<namespace>~<namespace>.svc.cluster.local.
-func ParseNodeID(id string) (NodeInfo, error) {
-	parts := strings.Split(id, "~")
-	if len(parts) != 4 {
-		return NodeInfo{}, fmt.Errorf("node ID %q is not <type>~<ip>~<name>.<namespace>~<namespace>.svc.<domain>", id)
-	}
-	if parts[0] != "sidecar" {
-		return NodeInfo{}, fmt.Errorf("node ID %q: type %q, want sidecar", id, parts[0])
-	}
-	name, ns, ok := strings.Cut(parts[2], ".")
-	if !ok || name == "" || ns == "" || strings.Contains(ns, ".") {
-		return NodeInfo{}, fmt.Errorf("node ID %q: %q is not <registration>.<namespace>", id, parts[2])
-	}
-	if dom, _, _ := strings.Cut(parts[3], "."); dom != ns {
-		return NodeInfo{}, fmt.Errorf("node ID %q: domain %q is not of namespace %s", id, parts[3], ns)
-	}
-	return NodeInfo{Type: parts[0], IP: parts[1], Registration: types.NamespacedName{Namespace: ns, Name: name}}, nil
-}

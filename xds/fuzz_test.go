@@ -3,49 +3,115 @@ package xds
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 )
 
-// FuzzParseNodeID: the node ID comes from the proxy. Parsing never panics,
-// and what it accepts names exactly one registration.
-func FuzzParseNodeID(f *testing.F) {
-	for _, seed := range []string{
-		"sidecar~10.0.0.1~ratings-aws-1.ns~ns.svc.cluster.local",
-		"sidecar~fd00::1~a.b~b.svc.cluster.local",
-		"router~10.0.0.1~x.y~y.svc.cluster.local",
-		"sidecar~10.0.0.1~a.b.c~b.svc.cluster.local",
-		"sidecar~10.0.0.1~a.b~c.svc.cluster.local",
-		"sidecar~~.~",
-		"sidecar~10.0.0.1~a.b~b~extra",
-		"",
-		"~~~",
-		"sidecar~10.0.0.1~ä.ß~ß",
+// FuzzRequest: every field of a request the server reads comes from the
+// proxy (node ID and metadata, type URL, nonce and version, the error
+// detail of a HealthInformation report, syncz requests). A request never
+// panics the server: a switched node ends the stream PermissionDenied, a
+// debug type on a workload stream is refused, a health report passes on
+// exactly its error detail, and syncz renders whatever metadata was sent.
+func FuzzRequest(f *testing.F) {
+	first := &core.Node{Id: "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"CLUSTER_ID": structpb.NewStringValue("c1"),
+	}}}
+	for _, req := range []*discovery.DiscoveryRequest{
+		{TypeUrl: resource.ListenerType},
+		{Node: first, TypeUrl: resource.ClusterType, VersionInfo: "1", ResponseNonce: "n1"},
+		{Node: &core.Node{Id: "sidecar~10.0.0.2~b.ns~ns.svc.cluster.local"}, TypeUrl: resource.ListenerType},
+		{TypeUrl: TypeHealthInformation, ErrorDetail: &rpcstatus.Status{Code: 13, Message: "probe failed"}},
+		{TypeUrl: TypeSyncz, Node: &core.Node{Id: "debug~0.0.0.0~istioctl~.svc.cluster.local"}},
+		{TypeUrl: "istio.io/debug/connections"},
+		{TypeUrl: "", ResponseNonce: "x", ErrorDetail: &rpcstatus.Status{}},
 	} {
-		f.Add(seed)
-	}
-	f.Fuzz(func(t *testing.T, id string) {
-		info, err := ParseNodeID(id)
+		b, err := proto.Marshal(req)
 		if err != nil {
-			if !strings.Contains(err.Error(), "node ID") {
-				t.Fatalf("ParseNodeID(%q): error %q does not say what it parsed", id, err)
-			}
+			f.Fatal(err)
+		}
+		f.Add(b, false)
+		f.Add(b, true)
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, debug bool) {
+		req := &discovery.DiscoveryRequest{}
+		if proto.Unmarshal(raw, req) != nil {
 			return
 		}
-		key := info.Registration
+		health := &recordingHealth{}
+		s := &Server{opts: Options{Health: health, Clock: time.Now, ClusterID: "Kubernetes"}, ctx: context.Background(), log: slog.New(slog.DiscardHandler),
+			byWorkload: map[types.NamespacedName]map[*stream]struct{}{}}
+		st := newStream()
+		st.debug = debug
+		if !debug {
+			st.proxy = &Proxy{Workload: registry.Workload{Key: types.NamespacedName{Namespace: "ns", Name: "a"}}, NodeID: first.GetId(),
+				Metadata: req.GetNode().GetMetadata(), Registration: &runtimev1alpha1.WorkloadAutoRegistration{}}
+			st.counted = true
+		}
+
+		// The node guard: another node ends the stream.
+		g := newNodeGuard(&discovery.DiscoveryRequest{Node: first})
+		refused := g.check(req)
+		same := req.GetNode() == nil || proto.Equal(req.GetNode(), first)
+		if same != (refused == nil) {
+			t.Fatalf("node %v: refused=%v", req.GetNode(), refused)
+		}
+		if refused != nil && refused.code != codes.PermissionDenied {
+			t.Fatalf("switched node refused with %v", refused.code)
+		}
+
+		// The type URL decides what the request means.
+		track, err := s.checkType(st, req.GetTypeUrl(), req.GetErrorDetail())
+		isDebug := strings.HasPrefix(req.GetTypeUrl(), debugTypePrefix)
 		switch {
-		case info.Type != "sidecar":
-			t.Fatalf("ParseNodeID(%q) accepted type %q", id, info.Type)
-		case key.Name == "" || key.Namespace == "":
-			t.Fatalf("ParseNodeID(%q) accepted an empty name: %+v", id, key)
-		case strings.Contains(key.Name, ".") || strings.Contains(key.Namespace, "."):
-			t.Fatalf("ParseNodeID(%q): ambiguous %+v", id, key)
-		case strings.Contains(info.IP, "~") || strings.Contains(key.Name, "~") || strings.Contains(key.Namespace, "~"):
-			t.Fatalf("ParseNodeID(%q): a field holds the separator: %+v", id, info)
-		case !strings.HasPrefix(id, "sidecar~"+info.IP+"~"+key.Name+"."+key.Namespace+"~"+key.Namespace):
-			t.Fatalf("ParseNodeID(%q) = %+v, which is not what the ID says", id, info)
+		case debug && req.GetTypeUrl() != TypeSyncz || !debug && isDebug:
+			if status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("type %q on debug=%v: %v, want PermissionDenied", req.GetTypeUrl(), debug, err)
+			}
+		case err != nil:
+			t.Fatalf("type %q on debug=%v: %v", req.GetTypeUrl(), debug, err)
+		case !debug && req.GetTypeUrl() == TypeHealthInformation:
+			got := health.all()
+			if track || len(got) != 1 || got[0].Healthy != (req.GetErrorDetail() == nil) || got[0].Message != req.GetErrorDetail().GetMessage() {
+				t.Fatalf("health report of %v: %+v (track %v)", req.GetErrorDetail(), got, track)
+			}
+		}
+		if track {
+			st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, time.Now())
+			st.sent(req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), time.Now())
+			st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, time.Now())
+		}
+
+		// syncz renders the stream with the metadata it sent.
+		if !debug {
+			s.byWorkload[st.proxy.Workload.Key] = map[*stream]struct{}{st: {}}
+			// syncz asks the tracker only its replica name: it writes nothing.
+			conns, err := registry.NewConnections(context.Background(), registry.ConnectionOptions{Client: unusedClient{}, Replica: "r"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.opts.Connections = conns
+			resp := s.syncz()
+			if len(resp.GetResources()) != 1 {
+				t.Fatalf("syncz listed %d proxies, want 1", len(resp.GetResources()))
+			}
 		}
 	})
 }
@@ -95,3 +161,6 @@ func FuzzBearerToken(f *testing.F) {
 		f.Fatalf("no metadata: %v, want errNoToken", err)
 	}
 }
+
+// unusedClient is a client nothing calls (any call would panic).
+type unusedClient struct{ client.Client }

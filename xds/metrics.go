@@ -20,6 +20,7 @@ const (
 	reasonAddress             = "wrong_address"
 	reasonUnavailable         = "unavailable"
 	reasonInternal            = "internal"
+	reasonNoFirstRequest      = "no_first_request"
 )
 
 // Reasons (metrics labels) of streams the server closed.
@@ -27,6 +28,7 @@ const (
 	closeRegistrationDeleted = "registration_deleted"
 	closeCredentialDeleted   = "credential_deleted"
 	closeCredentialExpired   = "credential_expired"
+	closeNodeSwitched        = "node_switched"
 )
 
 // refusal is a refused stream's gRPC status and the reason metrics count it

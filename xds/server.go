@@ -28,7 +28,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/nodeid"
+	"github.com/embark-mesh/embark/xds/relay"
 )
 
 // Informers gives the informers the server watches (controller-runtime's
@@ -58,7 +61,13 @@ type Options struct {
 	// Audience a sidecar token must carry. Default registry.DefaultXDSAudience.
 	Audience string
 	// Config computes what each proxy is served. Default EmptyConfig.
+	// Unused in istiod mode (Relay set).
 	Config ConfigSource
+	// Relay, when set, is istiod mode: every workload stream's discovery
+	// requests are relayed to istiod (see package relay), which then decides
+	// what the proxy is served; the server keeps authentication, liveness,
+	// health reports and syncz. Default: none (standalone mode, Config).
+	Relay *relay.Relay
 	// NACKMetrics counts rejected configurations. Default: not counted.
 	NACKMetrics *NACKMetrics
 	// Health receives health reports. Default LogHealth.
@@ -78,6 +87,10 @@ type Options struct {
 	// Clock tells when a sidecar token expired (its stream is then
 	// closed) and stamps ACKs. Default time.Now.
 	Clock func() time.Time
+	// FirstRequestTimeout is how long a workload stream may wait for its
+	// first request, which names the node, before it is closed
+	// DeadlineExceeded. Default limits.DefaultFirstRequestTimeout (10s).
+	FirstRequestTimeout time.Duration
 }
 
 func (o *Options) setDefaults() error {
@@ -107,6 +120,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.Clock == nil {
 		o.Clock = time.Now
+	}
+	if o.FirstRequestTimeout <= 0 {
+		o.FirstRequestTimeout = limits.DefaultFirstRequestTimeout
 	}
 	return nil
 }
@@ -341,7 +357,7 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 	denied := func(reason, format string, args ...any) error {
 		return refuse(codes.PermissionDenied, reason, format, args...)
 	}
-	info, err := ParseNodeID(node.GetId())
+	info, err := nodeid.Parse(node.GetId())
 	if err != nil {
 		return nil, denied(reasonBadNodeID, "%v", err)
 	}
@@ -349,6 +365,31 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 	if cred.ServiceAccount.Namespace != key.Namespace || cred.SecretName != registry.SidecarSecretName(key.Name) {
 		return nil, denied(reasonOtherWorkload, "the sidecar token is bound to Secret %s/%s, not to the credential of registration %s named by node ID %q",
 			cred.ServiceAccount.Namespace, cred.SecretName, key, node.GetId())
+	}
+	war, err := s.registrationOf(ctx, cred, key)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
+		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
+	}
+	return &Proxy{
+		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
+		NodeID:       node.GetId(),
+		IP:           info.IP,
+		Metadata:     node.GetMetadata(),
+		Registration: war,
+	}, nil
+}
+
+// registrationOf checks that cred, a reviewed sidecar token, belongs to the
+// live registration key: the Secret the token is bound to is that
+// registration's current credential Secret, and the token's service account
+// is the one the registration runs as. Both the xDS streams and the
+// certificate requests of a sidecar are authorized by it.
+func (s *Server) registrationOf(ctx context.Context, cred *Credential, key types.NamespacedName) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
+	denied := func(reason, format string, args ...any) error {
+		return refuse(codes.PermissionDenied, reason, format, args...)
 	}
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := s.get(ctx, key, war); err != nil {
@@ -378,16 +419,7 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 	if sa := registry.ServiceAccountOf(group.GetTemplate().GetServiceAccount()); sa != cred.ServiceAccount.Name {
 		return nil, denied(reasonServiceAccount, "the sidecar token is of service account %s, registration %s runs as %s", cred.ServiceAccount, key, sa)
 	}
-	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
-		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
-	}
-	return &Proxy{
-		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
-		NodeID:       node.GetId(),
-		IP:           info.IP,
-		Metadata:     node.GetMetadata(),
-		Registration: war,
-	}, nil
+	return war, nil
 }
 
 // get reads from the cache, then from the API server when the cache has not
@@ -413,7 +445,7 @@ func (s *Server) attach(ctx context.Context, st *stream) error {
 	set[st] = struct{}{}
 	s.nodes[st.proxy.NodeID]++
 	s.mu.Unlock()
-	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil {
+	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil && s.opts.Relay == nil {
 		if err := s.setSnapshot(ctx, st.proxy); err != nil {
 			// Not a reason to refuse the stream: serve an empty valid
 			// configuration until the next refresh.
@@ -516,7 +548,7 @@ func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp
 		})
 		defer t.Stop()
 	}
-	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st.kill)
+	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st)
 	go bs.pump()
 	err := handle(bs)
 	select {
@@ -526,6 +558,30 @@ func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp
 	default:
 	}
 	return err
+}
+
+// recvFirst waits for the first request of a workload stream at most
+// FirstRequestTimeout: a client that opens streams and sends nothing holds
+// them no longer. When it gives up, the handler returns, which ends the
+// stream and the receiving goroutine with it.
+func recvFirst[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp]) (*Req, error) {
+	type result struct {
+		req *Req
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		r, err := ss.Recv()
+		got <- result{r, err}
+	}()
+	t := time.NewTimer(s.opts.FirstRequestTimeout)
+	defer t.Stop()
+	select {
+	case r := <-got:
+		return r.req, r.err
+	case <-t.C:
+		return nil, s.opts.Metrics.refusedStream(refuse(codes.DeadlineExceeded, reasonNoFirstRequest, "no request within %s of opening the stream", s.opts.FirstRequestTimeout))
+	}
 }
 
 // adsService is the authenticated ADS service.
@@ -540,7 +596,7 @@ func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryS
 	if _, err := bearerToken(ss.Context()); err != nil {
 		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
 	}
-	first, err := ss.Recv()
+	first, err := recvFirst(s, ss)
 	if err != nil {
 		return err
 	}
@@ -554,6 +610,9 @@ func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryS
 	}
 	defer s.detach(st)
 	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		if s.opts.Relay != nil {
+			return s.relaySotW(bs, st)
+		}
 		return s.xds.StreamHandler(bs, resource.AnyType)
 	})
 }
@@ -564,7 +623,7 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 	if _, err := bearerToken(ss.Context()); err != nil {
 		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
 	}
-	first, err := ss.Recv()
+	first, err := recvFirst(s, ss)
 	if err != nil {
 		return err
 	}
@@ -578,6 +637,9 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 	}
 	defer s.detach(st)
 	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+		if s.opts.Relay != nil {
+			return s.relayDelta(bs, st)
+		}
 		return s.xds.DeltaStreamHandler(bs, resource.AnyType)
 	})
 }
@@ -598,18 +660,25 @@ func (d *debugService) StreamAggregatedResources(ss discovery.AggregatedDiscover
 }
 
 // boundStream hands go-control-plane a stream whose context carries the
-// server's stream and whose Recv ends when the server closes the stream.
+// server's stream, whose requests all carry the first request's node (or
+// none), and whose Recv ends when the server closes the stream.
 type boundStream[Req, Resp any] struct {
 	grpc.BidiStreamingServer[Req, Resp]
 	ctx   context.Context
 	first *Req
 	in    chan *Req
+	st    *stream
 	kill  <-chan struct{}
+	guard *nodeGuard
 	err   error // why in was closed; written before close(in)
 }
 
-func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, kill <-chan struct{}) *boundStream[Req, Resp] {
-	return &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, in: make(chan *Req), kill: kill}
+func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, st *stream) *boundStream[Req, Resp] {
+	var pinned any
+	if first != nil {
+		pinned = first
+	}
+	return &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, in: make(chan *Req), st: st, kill: st.kill, guard: newNodeGuard(pinned)}
 }
 
 // Context implements grpc.ServerStream.
@@ -635,13 +704,20 @@ func (b *boundStream[Req, Resp]) Recv() (*Req, error) {
 }
 
 // pump reads the client's requests; it ends when the gRPC stream ends (the
-// handler returned) or the server closed the stream.
+// handler returned), the server closed the stream, or a request carries
+// another node than the first (the stream is then closed PermissionDenied
+// before anything else sees that request).
 func (b *boundStream[Req, Resp]) pump() {
 	defer close(b.in)
 	for {
 		r, err := b.BidiStreamingServer.Recv()
 		if err != nil {
 			b.err = err
+			return
+		}
+		if refused := b.guard.check(r); refused != nil {
+			b.st.close(refused.code, refused.reason, refused.msg)
+			b.err = refused
 			return
 		}
 		select {
@@ -654,4 +730,17 @@ func (b *boundStream[Req, Resp]) pump() {
 			return
 		}
 	}
+}
+
+// State counts what the server holds: open streams, bound workloads, nodes
+// with a snapshot, and the snapshot cache's per-node status entries.
+type State struct {
+	Streams, Workloads, Nodes, CacheStatuses int
+}
+
+// State returns what the server holds now.
+func (s *Server) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return State{Streams: len(s.streams), Workloads: len(s.byWorkload), Nodes: len(s.nodes), CacheStatuses: len(s.snapshots.GetStatusKeys())}
 }

@@ -351,7 +351,7 @@ func readState(t *testing.T, key types.NamespacedName) connState {
 	if c := war.Status.Connection; c != nil {
 		s.replica, s.disconnected = c.Replica, c.DisconnectedAt != nil
 	}
-	s.weController = we.Annotations[registry.AnnotationWorkloadController]
+	s.weController = we.Annotations[registry.AnnotationConnectedReplica]
 	s.weConnected = we.Annotations[registry.AnnotationConnectedAt] != ""
 	s.weDisconn = we.Annotations[registry.AnnotationDisconnectedAt] != ""
 	return s

@@ -12,6 +12,7 @@ func TestAllDecodesEveryGeneratedCRD(t *testing.T) {
 	want := map[string]string{
 		"workloadautoregistrations.runtime.onboarding.tetrate.io": "WorkloadAutoRegistration",
 		"onboardingpolicies.authorization.onboarding.tetrate.io":  "OnboardingPolicy",
+		"workloadgrouprollouts.runtime.onboarding.tetrate.io":     "WorkloadGroupRollout",
 	}
 	if len(crds) != len(want) {
 		t.Fatalf("got %d CRDs, want %d", len(crds), len(want))

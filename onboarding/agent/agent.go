@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -98,6 +99,8 @@ type Agent struct {
 
 	mu      sync.Mutex
 	session *session
+	// requests counts sidecar requests (staging mode).
+	requests uint64
 }
 
 // session is the state of one successful onboarding.
@@ -131,11 +134,12 @@ func New(opts Options) (*Agent, error) {
 		return nil, fmt.Errorf("connect to the onboarding endpoint %s: %w", opts.Onboarding.Address(), err)
 	}
 	return &Agent{
-		opts:  opts,
-		log:   opts.Logger,
-		api:   onboardingv1alpha1.NewOnboardingServiceClient(conn),
-		conn:  conn,
-		files: &sidecar.Files{Paths: opts.Agent.Sidecar.Bootstrap, Revision: opts.Agent.Sidecar.Istio.Revision},
+		opts: opts,
+		log:  opts.Logger,
+		api:  onboardingv1alpha1.NewOnboardingServiceClient(conn),
+		conn: conn,
+		files: &sidecar.Files{Paths: opts.Agent.Sidecar.Bootstrap, Env: sidecar.EnvOptions{
+			Revision: opts.Agent.Sidecar.Istio.Revision, CAAddress: opts.Agent.Sidecar.CAAddress}},
 	}, nil
 }
 
@@ -178,7 +182,7 @@ func (a *Agent) onboard(ctx context.Context) error {
 	for {
 		sess, boot, err := a.register(ctx)
 		if err == nil {
-			if err := a.files.Write(sidecar.Identity{Namespace: sess.namespace, RegistrationName: sess.name}, boot); err != nil {
+			if err := a.writeBootstrap(sidecar.Identity{Namespace: sess.namespace, RegistrationName: sess.name}, boot); err != nil {
 				a.log.Error("cannot write the sidecar's bootstrap files; retrying", "error", err.Error())
 			} else {
 				a.setSession(sess)
@@ -286,14 +290,43 @@ func (a *Agent) current() session {
 	return *a.session
 }
 
-// restartSidecar runs the restart command, retrying with backoff on failure
+// writeBootstrap writes the bootstrap at its paths (restart commands
+// configured) or stages it for onboarding-agent-sidecar.service.
+func (a *Agent) writeBootstrap(id sidecar.Identity, boot *onboardingv1alpha1.SidecarBootstrap) error {
+	if a.opts.Agent.Sidecar.Direct() {
+		return a.files.Write(id, boot)
+	}
+	return a.files.Stage(a.opts.Agent.Sidecar.StagingDir, id, boot)
+}
+
+// sidecarAction restarts or stops the sidecar: the configured command, or a
+// request to onboarding-agent-sidecar.service through the staging
+// directory.
+func (a *Agent) sidecarAction(ctx context.Context, action sidecar.Action) (string, error) {
+	sc := a.opts.Agent.Sidecar
+	if sc.Direct() {
+		argv := sc.RestartCommand
+		if action == sidecar.RequestStop {
+			argv = sc.StopCommand
+		}
+		return strings.Join(argv, " "), sidecar.Run(ctx, argv)
+	}
+	a.mu.Lock()
+	a.requests++
+	seq := a.requests
+	a.mu.Unlock()
+	how := "request " + string(action) + " of " + sc.Unit + " in " + sc.StagingDir
+	return how, sidecar.Request(sc.StagingDir, action, seq)
+}
+
+// restartSidecar restarts the sidecar, retrying with backoff on failure
 // (the bootstrap stays written).
 func (a *Agent) restartSidecar(ctx context.Context) {
 	b := a.backoff()
 	for {
-		err := sidecar.Run(ctx, a.opts.Agent.Sidecar.RestartCommand)
+		how, err := a.sidecarAction(ctx, sidecar.RequestRestart)
 		if err == nil {
-			a.log.Info("sidecar (re)started", "command", a.opts.Agent.Sidecar.RestartCommand)
+			a.log.Info("sidecar (re)started", "how", how)
 			return
 		}
 		if ctx.Err() != nil {

@@ -170,10 +170,11 @@ func (a *Agent) shutdown(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithTimeout(ctx, a.opts.ShutdownTimeout)
 	defer cancel()
-	if err := sidecar.Run(sctx, a.opts.Agent.Sidecar.StopCommand); err != nil {
+	how, err := a.sidecarAction(sctx, sidecar.RequestStop)
+	if err != nil {
 		a.log.Error("cannot stop the sidecar", "error", err.Error())
 		return err
 	}
-	a.log.Info("sidecar stopped; onboarding agent exiting")
+	a.log.Info("sidecar stopped; onboarding agent exiting", "how", how)
 	return nil
 }

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
+
+	"github.com/embark-mesh/embark/onboarding/limits"
 )
 
 // APIVersion and Kind identify the configuration file.
@@ -25,6 +27,9 @@ const (
 	APIVersion = "config.onboarding.tetrate.io/v1alpha1"
 	Kind       = "OnboardingEndpointConfiguration"
 )
+
+// DefaultNeverConnectedAfter is registration.neverConnectedAfter's default.
+const DefaultNeverConnectedAfter = time.Minute
 
 // Defaults.
 const (
@@ -75,7 +80,56 @@ type Configuration struct {
 	Listen Listen `json:"listen,omitempty"`
 	// XDS configures what the xDS server serves.
 	XDS XDS `json:"xds,omitempty"`
+	// Istiod is the istiod Embark runs beside. Empty address: no istiod
+	// (standalone; no certificate service for VMs).
+	Istiod Istiod `json:"istiod,omitempty"`
+	// Limits bound what clients can make each server hold
+	// (docs/onboarding-endpoint.md, "Limits"). Every zero field means its
+	// default.
+	Limits Limits `json:"limits,omitempty"`
 }
+
+// Limits are the limits of the endpoint's three client-facing servers.
+type Limits struct {
+	// Onboarding API (gRPC).
+	Onboarding limits.Options `json:"onboarding,omitempty"`
+	// XDS server (gRPC); firstRequestTimeout applies here only.
+	XDS limits.Options `json:"xds,omitempty"`
+	// Repository: the local repository (HTTP); httpWriteTimeout applies
+	// here only.
+	Repository limits.Options `json:"repository,omitempty"`
+}
+
+// Istiod is how the endpoint reaches istiod's secure gRPC port, whose
+// certificate service (istio.v1.auth.IstioCertificateService) it relays to
+// VMs on its own xDS address. Fields are added here for what else the
+// endpoint takes from istiod.
+type Istiod struct {
+	// Address of istiod's secure gRPC port, host:port, e.g.
+	// istiod.istio-system.svc:15012. Empty: no istiod (standalone).
+	Address string `json:"address,omitempty"`
+	// ServerName is the DNS name istiod's serving certificate is verified
+	// against. Default: the host of Address.
+	ServerName string `json:"serverName,omitempty"`
+	// RootCertFile is a PEM file of istiod's root certificates (the
+	// istio-ca-root-cert ConfigMap's root-cert.pem mounted as a file), read
+	// again when it changes. Required with Address.
+	RootCertFile string `json:"rootCertFile,omitempty"`
+	// RelayXDS chooses istiod mode: every VM sidecar's discovery requests
+	// are relayed to istiod on a stream authenticated with the sidecar's own
+	// token, so VMs get istiod's whole configuration (AuthorizationPolicy,
+	// VirtualService, DestinationRule, ...); Embark keeps authentication,
+	// liveness and health. false: standalone mode, Embark translates the
+	// configuration itself. Default: true when Address is set; requires
+	// Address.
+	RelayXDS *bool `json:"relayXDS,omitempty"`
+}
+
+// Enabled reports whether an istiod is configured.
+func (i Istiod) Enabled() bool { return i.Address != "" }
+
+// Relays reports whether the endpoint runs in istiod mode (see RelayXDS).
+func (i Istiod) Relays() bool { return i.Enabled() && (i.RelayXDS == nil || *i.RelayXDS) }
 
 // XDS configures the configuration served over xDS.
 type XDS struct {
@@ -98,7 +152,9 @@ type Endpoint struct {
 	// they change; an alternative to SecretName.
 	CertFile string `json:"certFile,omitempty"`
 	KeyFile  string `json:"keyFile,omitempty"`
-	// Plaintext serves without TLS. Only for tests on loopback.
+	// Plaintext serves without TLS. Only for tests: the onboarding, xDS and
+	// repository listen addresses must then be loopback addresses
+	// (127.0.0.0/8, ::1 or localhost), or the configuration is refused.
 	Plaintext bool `json:"plaintext,omitempty"`
 }
 
@@ -172,6 +228,20 @@ type JWTIssuer struct {
 	// JWKS inline (a JSON Web Key Set) or JWKSURL (https).
 	JWKS    string `json:"jwks,omitempty"`
 	JWKSURL string `json:"jwksURL,omitempty"`
+	// With neither jwks nor jwksURL the key set is found by OIDC discovery
+	// (<issuer>/.well-known/openid-configuration); issuer must be https.
+	// CAFile (PEM) holds the roots the issuer's discovery document and JWKS
+	// are fetched with. Default: the system roots.
+	CAFile string `json:"caFile,omitempty"`
+	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
+	// Default 1h.
+	MaxTokenLifetime *metav1.Duration `json:"maxTokenLifetime,omitempty"`
+	// SubjectPrefix is required at the start of sub and removed from it
+	// (e.g. "system:serviceaccount:onprem:" for a Kubernetes issuer).
+	SubjectPrefix string `json:"subjectPrefix,omitempty"`
+	// AllowTokensWithoutJTI accepts tokens without a jti (which cannot be
+	// refused as replays). Default false.
+	AllowTokensWithoutJTI bool `json:"allowTokensWithoutJTI,omitempty"`
 	// Attributes maps attribute names to dotted claim paths.
 	Attributes map[string]string `json:"attributes,omitempty"`
 }
@@ -181,6 +251,11 @@ type Registration struct {
 	// GracePeriod after a workload's last stream closed before its
 	// registration is removed. Default 5m.
 	GracePeriod *metav1.Duration `json:"gracePeriod,omitempty"`
+	// NeverConnectedAfter is how long after registering a workload whose
+	// sidecar has not opened an ADS stream is shown AgentConnected=False,
+	// reason AgentNeverConnected (it is still removed at the end of the grace
+	// period from its registration). Zero or unset: 1m.
+	NeverConnectedAfter *metav1.Duration `json:"neverConnectedAfter,omitempty"`
 	// PropagationDelay the agent waits after unregistering. Default 5s.
 	PropagationDelay *metav1.Duration `json:"propagationDelay,omitempty"`
 	// WriteQPS and WriteBurst limit API writes of one replica. Default 50/100.
@@ -341,9 +416,20 @@ func (c *Configuration) SetDefaults() {
 			c.Identity.JWT[i].Audiences = []string{c.Endpoint.Hosts[0]}
 		}
 	}
+	c.Limits.Onboarding.SetDefaults()
+	c.Limits.XDS.SetDefaults()
+	c.Limits.Repository.SetDefaults()
+	if c.Istiod.Address != "" && c.Istiod.ServerName == "" {
+		if host, _, err := net.SplitHostPort(c.Istiod.Address); err == nil {
+			c.Istiod.ServerName = host
+		}
+	}
 	r := &c.Registration
 	if r.GracePeriod == nil {
 		r.GracePeriod = &metav1.Duration{Duration: DefaultGracePeriod}
+	}
+	if r.NeverConnectedAfter == nil || r.NeverConnectedAfter.Duration == 0 {
+		r.NeverConnectedAfter = &metav1.Duration{Duration: DefaultNeverConnectedAfter}
 	}
 	if r.PropagationDelay == nil {
 		r.PropagationDelay = &metav1.Duration{Duration: DefaultPropagationDelay}
@@ -422,13 +508,19 @@ func (c *Configuration) Validate() field.ErrorList {
 			errs = append(errs, field.Duplicate(p.Child("shortName"), j.ShortName))
 		}
 		seen[j.ShortName] = true
-		if (j.JWKS == "") == (j.JWKSURL == "") {
-			errs = append(errs, field.Invalid(p.Child("jwks"), j.JWKS, "set exactly one of jwks and jwksURL"))
+		if j.JWKS != "" && j.JWKSURL != "" {
+			errs = append(errs, field.Invalid(p.Child("jwks"), j.JWKS, "set at most one of jwks and jwksURL (neither: OIDC discovery)"))
+		}
+		if j.MaxTokenLifetime != nil && j.MaxTokenLifetime.Duration < 0 {
+			errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), j.MaxTokenLifetime.Duration.String(), "must not be negative"))
 		}
 	}
 	r := field.NewPath("registration")
 	if c.Registration.GracePeriod.Duration < minGracePeriod {
 		errs = append(errs, field.Invalid(r.Child("gracePeriod"), c.Registration.GracePeriod.Duration.String(), "must be at least 1s"))
+	}
+	if c.Registration.NeverConnectedAfter.Duration < 0 {
+		errs = append(errs, field.Invalid(r.Child("neverConnectedAfter"), c.Registration.NeverConnectedAfter.Duration.String(), "must not be negative"))
 	}
 	if c.Registration.PropagationDelay.Duration < 0 {
 		errs = append(errs, field.Invalid(r.Child("propagationDelay"), c.Registration.PropagationDelay.Duration.String(), "must not be negative"))
@@ -469,12 +561,46 @@ func (c *Configuration) Validate() field.ErrorList {
 	if c.Registration.SweepBurst < 0 {
 		errs = append(errs, field.Invalid(r.Child("sweepBurst"), c.Registration.SweepBurst, "must be positive"))
 	}
+	if c.Istiod.Enabled() {
+		ip := field.NewPath("istiod")
+		if _, _, err := net.SplitHostPort(c.Istiod.Address); err != nil {
+			errs = append(errs, field.Invalid(ip.Child("address"), c.Istiod.Address, "must be host:port"))
+		}
+		if c.Istiod.RootCertFile == "" {
+			errs = append(errs, field.Required(ip.Child("rootCertFile"), "istiod's root certificates (root-cert.pem of the istio-ca-root-cert ConfigMap)"))
+		}
+	} else if c.Istiod.ServerName != "" || c.Istiod.RootCertFile != "" || (c.Istiod.RelayXDS != nil && *c.Istiod.RelayXDS) {
+		errs = append(errs, field.Required(field.NewPath("istiod", "address"), "serverName, rootCertFile and relayXDS need istiod's address"))
+	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}, {"repository", c.Listen.Repository}} {
-		if _, _, err := net.SplitHostPort(l.addr); err != nil {
+		host, _, err := net.SplitHostPort(l.addr)
+		switch {
+		case err != nil:
 			errs = append(errs, field.Invalid(field.NewPath("listen", l.name), l.addr, "must be [host]:port"))
+		case c.Endpoint.Plaintext && l.name != "metrics" && (l.name != "repository" || c.LocalRepository != nil) && !isLoopback(host):
+			errs = append(errs, field.Invalid(field.NewPath("listen", l.name), l.addr,
+				"endpoint.plaintext serves without TLS and is allowed only on loopback listen addresses (127.0.0.1, ::1 or localhost); configure TLS (endpoint.secretName or certFile/keyFile) to listen elsewhere"))
+		}
+	}
+	lp := field.NewPath("limits")
+	for _, l := range []struct {
+		name string
+		o    *limits.Options
+	}{{"onboarding", &c.Limits.Onboarding}, {"xds", &c.Limits.XDS}, {"repository", &c.Limits.Repository}} {
+		if name, msg, ok := l.o.Validate(); !ok {
+			errs = append(errs, field.Invalid(lp.Child(l.name, name), "", msg))
 		}
 	}
 	return errs
+}
+
+// isLoopback tells whether a listen host accepts loopback connections only.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 // Audience is the audience of onboarding tokens and STS proofs: this

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/embark-mesh/embark/onboarding/limits"
 )
 
 const minimal = `apiVersion: config.onboarding.tetrate.io/v1alpha1
@@ -24,6 +26,7 @@ func TestParseDefaults(t *testing.T) {
 	}{
 		{"token expiration", cfg.TokenIssuer.JWT.Expiration.Duration, time.Hour},
 		{"grace period", cfg.Registration.GracePeriod.Duration, 5 * time.Minute},
+		{"never connected after", cfg.Registration.NeverConnectedAfter.Duration, time.Minute},
 		{"health damping", cfg.Registration.HealthDamping.Duration, 10 * time.Second},
 		{"namespace", cfg.Namespace, "istio-system"},
 		{"discovery address", cfg.Mesh.DiscoveryAddress, "onboarding-endpoint.example.corp:15012"},
@@ -32,6 +35,7 @@ func TestParseDefaults(t *testing.T) {
 		{"onboarding listen", cfg.Listen.Onboarding, ":15443"},
 		{"xds debounce", cfg.XDS.Debounce.Duration, 100 * time.Millisecond},
 		{"root namespace", cfg.Mesh.RootNamespace, "istio-system"},
+		{"no istiod", cfg.Istiod.Enabled(), false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -39,6 +43,53 @@ func TestParseDefaults(t *testing.T) {
 				t.Errorf("got %v, want %v", tt.got, tt.want)
 			}
 		})
+	}
+}
+
+const plaintext = `apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+endpoint:
+  hosts: [onboarding-endpoint.example.corp]
+  plaintext: true
+`
+
+// endpoint.plaintext is accepted on loopback listen addresses only.
+func TestPlaintextOnLoopback(t *testing.T) {
+	for _, listen := range []string{
+		"listen: {onboarding: '127.0.0.1:15443', xds: '127.0.0.1:15012'}",
+		"listen: {onboarding: '[::1]:15443', xds: 'localhost:15012', repository: '127.0.0.2:8443'}\nlocalRepository: {}",
+		// The repository is not served without localRepository.
+		"listen: {onboarding: '127.0.0.1:15443', xds: '127.0.0.1:15012', repository: ':8443'}",
+	} {
+		if _, err := Parse([]byte(plaintext + listen + "\n")); err != nil {
+			t.Errorf("%s: %v", listen, err)
+		}
+	}
+}
+
+// Every limit has its default; a zero written in the file means the
+// default too; a set value is kept.
+func TestLimitsDefaults(t *testing.T) {
+	cfg, err := Parse([]byte(minimal + "limits: {xds: {maxConnectionsPerSource: 0, firstRequestTimeout: 0s, requestsPerSecondPerSource: 5}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name      string
+		got, want any
+	}{
+		{"xds per-source connections (zero)", cfg.Limits.XDS.MaxConnectionsPerSource, limits.DefaultMaxConnectionsPerSource},
+		{"xds first request (zero)", cfg.Limits.XDS.FirstRequestTimeout.Duration, limits.DefaultFirstRequestTimeout},
+		{"xds rate (set)", cfg.Limits.XDS.RequestsPerSecondPerSource, 5.0},
+		{"onboarding rate", cfg.Limits.Onboarding.RequestsPerSecondPerSource, float64(limits.DefaultRequestsPerSecondPerSource)},
+		{"onboarding streams", cfg.Limits.Onboarding.MaxConcurrentStreams, uint32(limits.DefaultMaxConcurrentStreams)},
+		{"onboarding keepalive", cfg.Limits.Onboarding.KeepaliveMinTime.Duration, limits.DefaultKeepaliveMinTime},
+		{"repository write timeout", cfg.Limits.Repository.HTTPWriteTimeout.Duration, limits.DefaultHTTPWriteTimeout},
+		{"repository connections", cfg.Limits.Repository.MaxConnections, limits.DefaultMaxConnections},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("%s = %v, want %v", tt.name, tt.got, tt.want)
+		}
 	}
 }
 
@@ -59,6 +110,53 @@ localRepository: {}
 	}
 }
 
+func TestParseIstiod(t *testing.T) {
+	tests := []struct {
+		name           string
+		yaml           string
+		wantServerName string
+	}{
+		{name: "server name from address", yaml: "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /etc/istio/root-cert.pem}\n", wantServerName: "istiod.istio-system.svc"},
+		{name: "server name set", yaml: "istiod: {address: '10.0.0.1:15012', serverName: istiod.istio-system.svc, rootCertFile: /r}\n", wantServerName: "istiod.istio-system.svc"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal + tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !cfg.Istiod.Enabled() || cfg.Istiod.ServerName != tt.wantServerName {
+				t.Errorf("istiod = %+v, want enabled with server name %q", cfg.Istiod, tt.wantServerName)
+			}
+		})
+	}
+}
+
+func TestParseIstiodMode(t *testing.T) {
+	const istiod = "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /r"
+	tests := []struct {
+		name       string
+		yaml       string
+		wantRelays bool
+	}{
+		{name: "no istiod: standalone", yaml: "", wantRelays: false},
+		{name: "istiod: istiod mode by default", yaml: istiod + "}\n", wantRelays: true},
+		{name: "istiod mode asked", yaml: istiod + ", relayXDS: true}\n", wantRelays: true},
+		{name: "istiod for certificates only: standalone", yaml: istiod + ", relayXDS: false}\n", wantRelays: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal + tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Istiod.Relays(); got != tt.wantRelays {
+				t.Errorf("Relays() = %v, want %v", got, tt.wantRelays)
+			}
+		})
+	}
+}
+
 func TestParseRefusesNamingTheField(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -66,6 +164,7 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		wantErr string
 	}{
 		{name: "empty", yaml: "", wantErr: "empty configuration"},
+		{name: "relay without istiod", yaml: minimal + "istiod: {relayXDS: true}\n", wantErr: "istiod.address: Required value"},
 		{name: "wrong kind", yaml: strings.Replace(minimal, "OnboardingEndpointConfiguration", "Other", 1), wantErr: "kind: Unsupported value"},
 		{name: "unknown field", yaml: minimal + "tokenIssuer: {jwt: {expiry: 1h}}\n", wantErr: `unknown field "expiry"`},
 		{name: "no hosts", yaml: strings.Replace(minimal, "hosts: [onboarding-endpoint.example.corp]", "hosts: []", 1), wantErr: "endpoint.hosts: Required value"},
@@ -76,12 +175,24 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "expiration not a duration", yaml: minimal + "tokenIssuer: {jwt: {expiration: soon}}\n", wantErr: "soon"},
 		{name: "grace period too short", yaml: minimal + "registration: {gracePeriod: 10ms}\n", wantErr: "registration.gracePeriod"},
 		{name: "negative health damping", yaml: minimal + "registration: {healthDamping: -1s}\n", wantErr: "registration.healthDamping"},
-		{name: "jwt issuer without keys", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp}]}\n", wantErr: "identity.jwt[0].jwks"},
+		{name: "jwt issuer with both jwks and jwksURL", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, jwks: '{}', jwksURL: 'https://idp.example/keys'}]}\n", wantErr: "identity.jwt[0].jwks"},
+		{name: "jwt negative maxTokenLifetime", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, maxTokenLifetime: -1m}]}\n", wantErr: "identity.jwt[0].maxTokenLifetime"},
+		{name: "negative neverConnectedAfter", yaml: minimal + "registration: {neverConnectedAfter: -1s}\n", wantErr: "registration.neverConnectedAfter"},
+		{name: "istiod without roots", yaml: minimal + "istiod: {address: 'istiod.istio-system.svc:15012'}\n", wantErr: "istiod.rootCertFile: Required value"},
+		{name: "istiod without port", yaml: minimal + "istiod: {address: istiod, rootCertFile: /r}\n", wantErr: "istiod.address: Invalid value"},
+		{name: "istiod roots without address", yaml: minimal + "istiod: {rootCertFile: /r}\n", wantErr: "istiod.address: Required value"},
 		{name: "jwt duplicate short name", yaml: minimal + "identity: {jwt: [{issuer: 'https://a', shortName: idp, jwksURL: 'https://a/keys'}, {issuer: 'https://b', shortName: idp, jwksURL: 'https://b/keys'}]}\n", wantErr: "identity.jwt[1].shortName: Duplicate value"},
 		{name: "bad listen", yaml: minimal + "listen: {xds: '15012'}\n", wantErr: "listen.xds"},
 		{name: "debounce too long", yaml: minimal + "xds: {debounce: 1m}\n", wantErr: "xds.debounce"},
 		{name: "debounce zero", yaml: minimal + "xds: {debounce: 0s}\n", wantErr: "xds.debounce"},
 		{name: "bad root namespace", yaml: minimal + "mesh: {rootNamespace: Istio_System}\n", wantErr: "mesh.rootNamespace"},
+		{name: "plaintext on every interface", yaml: plaintext + "listen: {onboarding: '127.0.0.1:1', xds: ':15012'}\n", wantErr: "listen.xds: Invalid value: \":15012\": endpoint.plaintext serves without TLS"},
+		{name: "plaintext on a routable address", yaml: plaintext + "listen: {onboarding: '10.0.0.1:15443', xds: '127.0.0.1:1'}\n", wantErr: "listen.onboarding"},
+		{name: "plaintext repository on every interface", yaml: plaintext + "listen: {onboarding: '127.0.0.1:1', xds: '[::1]:2', repository: '0.0.0.0:8443'}\nlocalRepository: {}\n", wantErr: "listen.repository"},
+		{name: "plaintext by default listen addresses", yaml: plaintext, wantErr: "listen.onboarding"},
+		{name: "negative per-source connections", yaml: minimal + "limits: {xds: {maxConnectionsPerSource: -1}}\n", wantErr: "limits.xds.maxConnectionsPerSource"},
+		{name: "negative first request timeout", yaml: minimal + "limits: {xds: {firstRequestTimeout: -1s}}\n", wantErr: "limits.xds.firstRequestTimeout"},
+		{name: "per-source above total", yaml: minimal + "limits: {onboarding: {maxConnectionsPerSource: 20, maxConnections: 10}}\n", wantErr: "limits.onboarding.maxConnectionsPerSource"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -11,16 +11,12 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/nodeid"
 )
-
-// NodeID is the Istio node ID of a registered workload's sidecar:
-// sidecar~<ip>~<registration>.<namespace>~<namespace>.svc.cluster.local.
-func NodeID(ip, registration, namespace string) string {
-	return fmt.Sprintf("sidecar~%s~%s.%s~%s.svc.cluster.local", ip, registration, namespace, namespace)
-}
 
 // bootstrap returns what the workload's sidecar needs to start, from the
 // registration's WorkloadGroup snapshot (never the live group).
@@ -39,7 +35,7 @@ func (s *Server) bootstrap(res *registry.Result) (*onboardingv1alpha1.SidecarBoo
 	}
 	we := res.WorkloadEntry
 	boot := &onboardingv1alpha1.SidecarBootstrap{
-		NodeId:           NodeID(we.Spec.Address, res.Registration.Name, res.Registration.Namespace),
+		NodeId:           nodeid.Build(we.Spec.Address, client.ObjectKeyFromObject(res.Registration)),
 		DiscoveryAddress: s.opts.Bootstrap.DiscoveryAddress,
 		ClusterId:        s.opts.Bootstrap.ClusterID,
 		Network:          we.Spec.Network,

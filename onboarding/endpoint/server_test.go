@@ -376,7 +376,7 @@ func TestOnboardRegisterRenewUnregister(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: seedName}, we); err != nil {
 		t.Fatal(err)
 	}
-	if we.Spec.Address != "172.31.5.254" || we.Spec.Locality != "us-east-2/us-east-2b" || we.Annotations[registry.AnnotationAutoRegistrationGroup] != "ratings" {
+	if we.Spec.Address != "172.31.5.254" || we.Spec.Locality != "us-east-2/us-east-2b" || we.Annotations[registry.AnnotationWorkloadGroup] != "ratings" {
 		t.Errorf("WorkloadEntry = %v %v", we.Annotations, &we.Spec)
 	}
 

@@ -82,6 +82,15 @@ const (
 	// ReasonKeySetUnavailable: the issuer's JWKS could not be fetched and no
 	// cached copy exists.
 	ReasonKeySetUnavailable Reason = "KeySetUnavailable"
+	// ReasonReplayed: a token with this issuer and jti was already used
+	// within its lifetime; every onboarding needs a freshly issued token.
+	ReasonReplayed Reason = "Replayed"
+	// ReasonLifetimeTooLong: the token's lifetime (exp minus iat, else nbf,
+	// else now) exceeds the issuer's configured maximum.
+	ReasonLifetimeTooLong Reason = "LifetimeTooLong"
+	// ReasonWrongSubject: the token's sub does not start with the issuer's
+	// configured subjectPrefix.
+	ReasonWrongSubject Reason = "WrongSubject"
 )
 
 // Reasons lists every Reason, in the order of the constants above.
@@ -93,6 +102,7 @@ func Reasons() []Reason {
 		ReasonAccountMismatch, ReasonInstanceMismatch, ReasonRoleMismatch, ReasonSTSProofRequired,
 		ReasonDocumentReused, ReasonUnknownIssuer, ReasonExpired, ReasonNotYetValid,
 		ReasonWrongAudience, ReasonUnknownKey, ReasonDisallowedAlgorithm, ReasonKeySetUnavailable,
+		ReasonReplayed, ReasonLifetimeTooLong, ReasonWrongSubject,
 	}
 }
 

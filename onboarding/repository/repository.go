@@ -29,7 +29,6 @@ import (
 	"path"
 	"strings"
 	"sync"
-	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -100,9 +99,15 @@ type Handler struct {
 	sums map[string]digest
 }
 
+// digest is a file's SHA-256 with the identity of the file version it was
+// computed from. A version is the inode with its size, modification time
+// and change time: a file replaced by rename is another inode, and a write
+// in place sets the change time, which, unlike the modification time
+// (touch -d), no unprivileged user can set back. Same size and
+// modification time alone, the old key, kept a stale checksum and ETag
+// after an in-place rewrite.
 type digest struct {
-	size    int64
-	modTime time.Time
+	version fileVersion
 	sum     string
 }
 
@@ -174,13 +179,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, "", info.ModTime(), f)
 }
 
-// checksum returns the hex SHA-256 of f, cached while its size and
-// modification time stay the same.
+// checksum returns the hex SHA-256 of f's content, cached for the file
+// version (see digest) it was computed from.
 func (h *Handler) checksum(name string, f io.Reader, info fs.FileInfo) (string, error) {
+	v, known := versionOf(info)
 	h.mu.Lock()
 	d, ok := h.sums[name]
 	h.mu.Unlock()
-	if ok && d.size == info.Size() && d.modTime.Equal(info.ModTime()) {
+	if ok && known && d.version == v {
 		return d.sum, nil
 	}
 	hash := sha256.New()
@@ -189,7 +195,7 @@ func (h *Handler) checksum(name string, f io.Reader, info fs.FileInfo) (string, 
 	}
 	sum := hex.EncodeToString(hash.Sum(nil))
 	h.mu.Lock()
-	h.sums[name] = digest{size: info.Size(), modTime: info.ModTime(), sum: sum}
+	h.sums[name] = digest{version: v, sum: sum}
 	h.mu.Unlock()
 	return sum, nil
 }

@@ -114,6 +114,51 @@ func TestChecksumFormatAndTamperDetection(t *testing.T) {
 	}
 }
 
+// A package rewritten in place with the same size and modification time
+// (a rebuild whose tooling pins timestamps, or `touch -d`) gets its new
+// checksum and ETag: they follow the content.
+func TestChecksumFollowsContentAtSameSizeAndTime(t *testing.T) {
+	srv, dir := newRepo(t)
+	c := srv.Client()
+	file := filepath.Join(dir, "deb/amd64/onboarding-agent.deb")
+	info, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const p = "/install/deb/amd64/onboarding-agent.deb"
+	fetch := func(path string) (string, string) {
+		t.Helper()
+		res, err := c.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return string(b), res.Header.Get("ETag")
+	}
+	old, oldTag := fetch(p)
+	oldSum, _ := fetch(p + ChecksumSuffix)
+	tampered := []byte(strings.Repeat("X", len(old)))
+	if err := os.WriteFile(file, tampered, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(file, info.ModTime(), info.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := os.Stat(file); again.Size() != info.Size() || !again.ModTime().Equal(info.ModTime()) {
+		t.Fatal("setup: size or modification time differs")
+	}
+	body, tag := fetch(p)
+	sum, _ := fetch(p + ChecksumSuffix)
+	want := sha256.Sum256(tampered)
+	if body != string(tampered) || tag == oldTag || tag != `"`+hex.EncodeToString(want[:])+`"` {
+		t.Errorf("ETag %s after the rewrite (before %s), want the new content's SHA-256", tag, oldTag)
+	}
+	if sum == oldSum || !strings.HasPrefix(sum, hex.EncodeToString(want[:])) {
+		t.Errorf("checksum file %q after the rewrite, want the new content's", sum)
+	}
+}
+
 func TestRangeAndCaching(t *testing.T) {
 	srv, _ := newRepo(t)
 	c := srv.Client()

@@ -129,7 +129,7 @@ func (is *jwtIssuer) mint(t *testing.T, subject string, key *ecdsa.PrivateKey) s
 	}
 	now := time.Now()
 	raw, err := josejwt.Signed(signer).Claims(josejwt.Claims{
-		Issuer: is.url, Subject: subject, Audience: josejwt.Audience{audience},
+		Issuer: is.url, Subject: subject, Audience: josejwt.Audience{audience}, ID: rand.Text(),
 		IssuedAt: josejwt.NewNumericDate(now), Expiry: josejwt.NewNumericDate(now.Add(10 * time.Minute)),
 	}).Serialize()
 	if err != nil {

@@ -125,6 +125,8 @@ func (d *demo) steps() []step {
 		step{"an instance of an account no OnboardingPolicy allows is refused", d.refuse},
 		step{"kubectl delete war " + d.vms[1].name + "'s registration: its onboarding agent onboards again and restarts the sidecar",
 			func(ctx context.Context, out io.Writer) error { return d.deleteRegistration(ctx, out, d.vms[1]) }},
+		step{"WorkloadGroupRollout (maxUnavailable 1): the group changes, each VM onboards again in turn, all connected with the new spec",
+			d.rollingUpdate},
 		step{"power off " + last.name + " (onboarding agent killed, sidecar stopped): its registration shows the disconnect",
 			func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
 		step{fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.name, gracePeriod),
@@ -347,13 +349,13 @@ func (d *demo) listRegistrations(ctx context.Context, out io.Writer) error {
 }
 
 func (d *demo) listWorkloadEntries(ctx context.Context, out io.Writer) error {
-	cols := "NAME:.metadata.name,ADDRESS:.spec.address,NETWORK:.spec.network,LOCALITY:.spec.locality,CONTROLLER:.metadata.annotations.istio\\.io/workloadController,CONNECTED AT:.metadata.annotations.istio\\.io/connectedAt"
+	cols := "NAME:.metadata.name,ADDRESS:.spec.address,NETWORK:.spec.network,LOCALITY:.spec.locality,REPLICA:.metadata.annotations.onboarding\\.tetrate\\.io/connected-replica,CONNECTED AT:.metadata.annotations.onboarding\\.tetrate\\.io/connected-at"
 	return d.showChecked(ctx, out, func(s string) error {
 		t, err := parseTable(s)
 		if err != nil {
 			return err
 		}
-		got, err := t.column("NAME", "CONTROLLER")
+		got, err := t.column("NAME", "REPLICA")
 		if err != nil {
 			return err
 		}
@@ -361,7 +363,7 @@ func (d *demo) listWorkloadEntries(ctx context.Context, out io.Writer) error {
 		for _, v := range d.vms {
 			want[v.reg()] = replica
 		}
-		return compare("WorkloadEntry", "CONTROLLER", got, want)
+		return compare("WorkloadEntry", "REPLICA", got, want)
 	}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols)
 }
 

@@ -281,8 +281,13 @@ func (a *Agent) prepare() error {
 	if sa == "" {
 		sa = "default"
 	}
-	if err := writeWorkloadCerts(filepath.Join(a.workDir, certDir), o.PodNamespace, sa); err != nil {
-		return err
+	// Self-signed workload certificates only where pilot-agent is told to
+	// use mounted ones: with FILE_MOUNTED_CERTS=false it asks its CA, and
+	// files in ./etc/certs would still be served in place of the CA's.
+	if o.Env["FILE_MOUNTED_CERTS"] != "false" {
+		if err := writeWorkloadCerts(filepath.Join(a.workDir, certDir), o.PodNamespace, sa); err != nil {
+			return err
+		}
 	}
 	if o.Token != "" {
 		if err := a.writeToken(o.Token); err != nil {

@@ -100,6 +100,11 @@ func Start(opts Options) (*Env, error) {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	// The service-account issuer's discovery document names its JWKS at
+	// the advertised address: keep it on loopback, where the apiserver
+	// serves (by default it is the host's first address, which may not be
+	// reachable here), so OIDC discovery against this issuer works.
+	te.ControlPlane.GetAPIServer().Configure().Set("advertise-address", "127.0.0.1")
 	if opts.Restartable {
 		te.ControlPlane.GetAPIServer().CertDir = filepath.Join(workDir, "apiserver")
 		// A busy kube-apiserver can take over a minute to drain its

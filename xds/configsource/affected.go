@@ -125,10 +125,12 @@ func serviceExportTo(svc *corev1.Service) []string {
 //     ServiceEntry spec.exportTo; none means every namespace);
 //   - an EndpointSlice: as its Service (its own namespace when the Service
 //     is gone);
-//   - a WorkloadEntry: as every Service and ServiceEntry of its namespace
-//     (those are what may select it), and its own namespace;
-//   - a PeerAuthentication: every proxy in the root namespace's case, else
-//     the proxies of its namespace;
+//   - a WorkloadEntry or Pod: as every Service and ServiceEntry of its
+//     namespace (those are what may select it or list it as an endpoint),
+//     and its own namespace;
+//   - a PeerAuthentication, AuthorizationPolicy or RequestAuthentication:
+//     every proxy in the root namespace's case, else the proxies of its
+//     namespace;
 //   - a WorkloadAutoRegistration: that workload;
 //   - anything else: every proxy.
 func (s *scope) affected(ctx context.Context, c change, rootNamespace string, ex exports) {
@@ -175,14 +177,14 @@ func (s *scope) affected(ctx context.Context, c change, rootNamespace string, ex
 			return
 		}
 		s.addVisibility(ns, exportTo)
-	case *istionetworkingv1.WorkloadEntry:
+	case *istionetworkingv1.WorkloadEntry, *corev1.Pod:
 		s.namespaces[ns] = true
 		for _, e := range ex.namespaceExportTo(ctx, ns) {
 			s.addVisibility(ns, e)
 		}
 	case *runtimev1alpha1.WorkloadAutoRegistration:
 		s.workloads[types.NamespacedName{Namespace: ns, Name: obj.GetName()}] = true
-	case *istiosecurityv1.PeerAuthentication:
+	case *istiosecurityv1.PeerAuthentication, *istiosecurityv1.AuthorizationPolicy, *istiosecurityv1.RequestAuthentication:
 		if ns == rootNamespace {
 			s.all = true
 			return

@@ -36,6 +36,7 @@ func Watched() []client.ObjectList {
 		&istionetworkingv1.SidecarList{}, &corev1.ServiceList{}, &discoveryv1.EndpointSliceList{},
 		&istionetworkingv1.ServiceEntryList{}, &istionetworkingv1.WorkloadEntryList{},
 		&runtimev1alpha1.WorkloadAutoRegistrationList{}, &istiosecurityv1.PeerAuthenticationList{},
+		&istiosecurityv1.AuthorizationPolicyList{}, &istiosecurityv1.RequestAuthenticationList{}, &corev1.PodList{},
 	}
 }
 
@@ -45,6 +46,7 @@ func watched() []client.Object {
 		&istionetworkingv1.Sidecar{}, &corev1.Service{}, &discoveryv1.EndpointSlice{},
 		&istionetworkingv1.ServiceEntry{}, &istionetworkingv1.WorkloadEntry{},
 		&runtimev1alpha1.WorkloadAutoRegistration{}, &istiosecurityv1.PeerAuthentication{},
+		&istiosecurityv1.AuthorizationPolicy{}, &istiosecurityv1.RequestAuthentication{}, &corev1.Pod{},
 	}
 }
 

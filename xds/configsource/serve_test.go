@@ -75,9 +75,13 @@ func startEndpoint(t *testing.T) *endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
+	enforcement, err := registry.NewEnforcement(registry.EnforcementOptions{Client: env.Client, Reader: c, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
 	src, err := New(Options{
 		Cache: c, Mesh: translate.Mesh{TrustDomain: "cluster.local", ClusterID: "Kubernetes"},
-		Debounce: 20 * time.Millisecond, Recorder: recorder, Metrics: metrics, Logger: log,
+		Debounce: 20 * time.Millisecond, Recorder: recorder, Metrics: metrics, Logger: log, Enforcement: enforcement,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +108,8 @@ func startEndpoint(t *testing.T) *endpoint {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); enforcement.Run(ctx) }()
 	go func() { defer wg.Done(); _ = g.Serve(lis) }()
 	go func() { defer wg.Done(); _ = srv.Run(ctx) }()
 	go func() {

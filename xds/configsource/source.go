@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -58,8 +59,10 @@ type Cache interface {
 
 // Options configures a Source. Every field documents its default.
 type Options struct {
-	// Cache holds Sidecars, Services, EndpointSlices, ServiceEntries,
-	// WorkloadEntries and WorkloadAutoRegistrations. Required.
+	// Cache holds the objects of Watched(): Sidecars, Services,
+	// EndpointSlices, ServiceEntries, WorkloadEntries, Pods,
+	// PeerAuthentications, AuthorizationPolicies, RequestAuthentications and
+	// WorkloadAutoRegistrations. Required.
 	Cache Cache
 	// Mesh settings handed to translation (trust domain, cluster ID).
 	Mesh translate.Mesh
@@ -76,6 +79,17 @@ type Options struct {
 	Logger *slog.Logger
 	// Clock. Default time.Now.
 	Clock func() time.Time
+	// Enforcement is told, for each workload, which policies selecting it
+	// are not enforced (its inbound listeners refuse all traffic then), so
+	// its registration's ConfigurationEnforced condition says so
+	// (*registry.Enforcement). Default: no condition written.
+	Enforcement EnforcementReporter
+}
+
+// EnforcementReporter records which policies selecting a workload are not
+// enforced (*registry.Enforcement satisfies it). Set must not block.
+type EnforcementReporter interface {
+	Set(key ktypes.NamespacedName, unenforced []string)
 }
 
 // Source is an xds.ConfigSource fed by informers. Run it to push changes.
@@ -92,6 +106,8 @@ type served struct {
 	snap     *cache.Snapshot
 	lastErr  string
 	lastWarn string
+	// unenforced is what was last reported of the policies not enforced.
+	unenforced string
 }
 
 var (
@@ -140,8 +156,15 @@ func (s *Source) Snapshot(ctx context.Context, p *xds.Proxy) (cache.ResourceSnap
 	if err == nil {
 		warnings := strings.Join(warned.warnings, "; ")
 		newWarning := warnings != "" && warnings != prev.lastWarn
-		prev.snap, prev.lastErr, prev.lastWarn = snap, "", warnings
+		unenforced := strings.Join(warned.unenforced, "; ")
+		// The first configuration of a node always reports, so a condition
+		// another replica (or an earlier stream) left behind is corrected.
+		report := prev.snap == nil || unenforced != prev.unenforced
+		prev.snap, prev.lastErr, prev.lastWarn, prev.unenforced = snap, "", warnings, unenforced
 		s.mu.Unlock()
+		if report {
+			s.reportEnforcement(p, warned.unenforced, unenforced)
+		}
 		if newWarning {
 			s.log.Warn("configuration served with warnings", "node", p.NodeID, "warnings", warnings)
 			if s.opts.Recorder != nil && warned.on != nil {
@@ -171,6 +194,23 @@ func (s *Source) Snapshot(ctx context.Context, p *xds.Proxy) (cache.ResourceSnap
 	return keep, nil
 }
 
+// reportEnforcement tells the registry which policies selecting the
+// workload are not enforced and, when there are any, records a
+// ConfigurationWarning Event on its registration naming them.
+func (s *Source) reportEnforcement(p *xds.Proxy, list []string, joined string) {
+	if s.opts.Enforcement != nil {
+		s.opts.Enforcement.Set(p.Workload.Key, list)
+	}
+	if joined == "" {
+		return
+	}
+	s.log.Warn("policies selecting the workload are not enforced; its inbound traffic is refused", "node", p.NodeID, "policies", joined)
+	if s.opts.Recorder != nil && p.Registration != nil {
+		s.opts.Recorder.Eventf(p.Registration, corev1.EventTypeWarning, ReasonConfigurationWarning,
+			"inbound traffic of %s/%s (node %s) refused: not enforced in standalone mode: %s", p.Workload.Key.Namespace, p.Workload.Key.Name, p.NodeID, joined)
+	}
+}
+
 // Forget drops what is remembered of a node (its last good configuration);
 // the xDS server calls it when the node's last stream closes.
 func (s *Source) Forget(nodeID string) {
@@ -184,6 +224,9 @@ func (s *Source) Forget(nodeID string) {
 type warned struct {
 	warnings []string
 	on       runtime.Object
+	// unenforced names the policies selecting the workload that are not
+	// enforced (translate.Result.Unenforced).
+	unenforced []string
 }
 
 // compute reads the proxy's inputs, translates and validates them. On error
@@ -209,7 +252,11 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 	if err != nil {
 		return nil, w, p.Registration, reasonValidation, err
 	}
-	return snap, warned{warnings: res.Warnings, on: subject}, nil, "", nil
+	var unenforced []string
+	for _, u := range res.Unenforced {
+		unenforced = append(unenforced, u.String())
+	}
+	return snap, warned{warnings: res.Warnings, on: subject, unenforced: unenforced}, nil, "", nil
 }
 
 // Inputs reads what translation needs for p from the cache. The objects are
@@ -244,6 +291,16 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 			return nil, fmt.Errorf("list PeerAuthentications: %w", err)
 		}
 		in.PeerAuthentications = append(in.PeerAuthentications, pas.Items...)
+		aps := &istiosecurityv1.AuthorizationPolicyList{}
+		if err := s.opts.Cache.List(ctx, aps, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
+			return nil, fmt.Errorf("list AuthorizationPolicies: %w", err)
+		}
+		in.AuthorizationPolicies = append(in.AuthorizationPolicies, aps.Items...)
+		ras := &istiosecurityv1.RequestAuthenticationList{}
+		if err := s.opts.Cache.List(ctx, ras, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
+			return nil, fmt.Errorf("list RequestAuthentications: %w", err)
+		}
+		in.RequestAuthentications = append(in.RequestAuthentications, ras.Items...)
 	}
 	services := &corev1.ServiceList{}
 	if err := s.opts.Cache.List(ctx, services, client.UnsafeDisableDeepCopy); err != nil {
@@ -265,6 +322,11 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 		return nil, fmt.Errorf("list WorkloadEntries: %w", err)
 	}
 	in.WorkloadEntries = wes.Items
+	pods := &corev1.PodList{}
+	if err := s.opts.Cache.List(ctx, pods, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list Pods: %w", err)
+	}
+	in.Pods = pointers(pods.Items)
 	return in, nil
 }
 

@@ -21,6 +21,13 @@ const (
 	// WorkloadGroup's spec.probe, run by the sidecar): True while it passes,
 	// False while it fails. Unset until the first report.
 	ConditionHealthy = "Healthy"
+	// ConditionConfigurationEnforced is False while a policy selecting the
+	// workload (an AuthorizationPolicy or RequestAuthentication) is not
+	// enforced by the standalone configuration it is served, so its inbound
+	// listeners refuse all traffic; the message names the policies. True
+	// once everything selecting it is enforced again. Unset means nothing
+	// was ever left unenforced.
+	ConditionConfigurationEnforced = "ConfigurationEnforced"
 )
 
 // Condition reasons of a WorkloadAutoRegistration.
@@ -35,6 +42,12 @@ const (
 	ReasonProbeSucceeded = "ProbeSucceeded"
 	// ReasonProbeFailed: the sidecar reported the readiness probe failing.
 	ReasonProbeFailed = "ProbeFailed"
+	// ReasonUnsupportedPolicy: a policy selecting the workload is not
+	// enforced; its inbound traffic is refused (ConfigurationEnforced=False).
+	ReasonUnsupportedPolicy = "UnsupportedPolicy"
+	// ReasonPoliciesEnforced: every policy selecting the workload is
+	// enforced (ConfigurationEnforced=True).
+	ReasonPoliciesEnforced = "PoliciesEnforced"
 )
 
 // AddressType says how a host address can be reached.

@@ -47,7 +47,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
-	"github.com/embark-mesh/embark/translate"
+	"github.com/embark-mesh/embark/registry/rollout"
 	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/configsource"
@@ -135,6 +135,8 @@ func Run(ctx context.Context, opts Options) error {
 	// a token's bound Secret against them).
 	informers, err := cache.New(restCfg, cache.Options{Scheme: sch, ByObject: map[client.Object]cache.ByObject{
 		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{registry.LabelSidecarCredential: "true"})},
+		// Pods keep only what translation reads of them.
+		&corev1.Pod{}: {Transform: configsource.TrimPod},
 	}})
 	if err != nil {
 		return fmt.Errorf("informer cache: %w", err)
@@ -273,13 +275,19 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	// Rolling updates of opted-in WorkloadGroups, on the sweeping replica.
+	rollouts, err := rollout.New(rollout.Options{Client: kc, Cache: informers, Recorder: recorder, Logger: log})
+	if err != nil {
+		return err
+	}
 	lifecycle, err := registry.NewLifecycle(registry.LifecycleOptions{
 		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
-		RemovalBurst: cfg.Registration.SweepBurst,
-		Writes:       registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
-		Recorder:     recorder, Metrics: lifecycleMetrics, Logger: log,
+		RemovalBurst: cfg.Registration.SweepBurst, NeverConnectedAfter: cfg.Registration.NeverConnectedAfter.Duration,
+		Writes:   registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Recorder: recorder, Metrics: lifecycleMetrics, Logger: log,
+		Leading: []func(context.Context) error{rollouts.Run},
 	})
 	if err != nil {
 		return err
@@ -313,14 +321,18 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	defer func() { stopTracker(); healthMirror.Wait() }()
 
-	// What each sidecar is served: translated from the cached Sidecars,
-	// Services, EndpointSlices, ServiceEntries and WorkloadEntries.
-	for _, l := range configsource.Watched() {
-		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
-			return fmt.Errorf("sync informer for %T: %w", l, err)
-		}
+	// What each sidecar is served: relayed from istiod (istiod mode), or
+	// translated from the cached Sidecars, Services, EndpointSlices,
+	// ServiceEntries and WorkloadEntries (standalone).
+	// One connection to istiod serves both relays (certificates, xDS).
+	istiodConn, err := dialIstiod(ctx, cfg, log)
+	if err != nil {
+		return err
 	}
-	configMetrics, err := configsource.NewMetrics(reg)
+	if istiodConn != nil {
+		defer func() { _ = istiodConn.Close() }()
+	}
+	xdsRelay, err := newRelay(cfg, istiodConn, reg, log)
 	if err != nil {
 		return err
 	}
@@ -328,31 +340,48 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	configSource, err := configsource.New(configsource.Options{
-		Cache: informers, Mesh: translate.Mesh{TrustDomain: cfg.Mesh.TrustDomain, ClusterID: cfg.Mesh.ClusterID},
-		RootNamespace: cfg.Mesh.RootNamespace, Debounce: cfg.XDS.Debounce.Duration,
-		Recorder: recorder, Metrics: configMetrics, Logger: log,
-	})
-	if err != nil {
-		return err
+	var configSource *configsource.Source
+	var enforcement *registry.Enforcement
+	if xdsRelay == nil {
+		// ConfigurationEnforced conditions of registrations whose workload is
+		// selected by a policy standalone translation does not enforce.
+		enforcement, err = registry.NewEnforcement(registry.EnforcementOptions{
+			Client: apiReader, Reader: informers, Logger: log,
+			Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		})
+		if err != nil {
+			return err
+		}
+		if configSource, err = newConfigSource(ctx, cfg, informers, recorder, reg, enforcement, log); err != nil {
+			return err
+		}
 	}
 
 	xdsMetrics, err := xds.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
-	xdsServer, err := xds.NewServer(ctx, xds.Options{
+	serverOpts := xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: informers, APIReader: apiReader, Informers: informers,
 		Health: healthMirror, ClusterID: cfg.Mesh.ClusterID, Logger: log,
-		Config: configSource, NACKMetrics: nackMetrics, Metrics: xdsMetrics,
-	})
+		NACKMetrics: nackMetrics, Metrics: xdsMetrics, Relay: xdsRelay,
+		FirstRequestTimeout: cfg.Limits.XDS.FirstRequestTimeout.Duration,
+	}
+	if configSource != nil {
+		serverOpts.Config = configSource
+	}
+	xdsServer, err := xds.NewServer(ctx, serverOpts)
+	if err != nil {
+		return err
+	}
+	lim, err := newLimiters(cfg, reg)
 	if err != nil {
 		return err
 	}
 
-	grpcOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor())}
-	var xdsOpts []grpc.ServerOption
+	grpcOpts := append(lim.onboarding.GRPCServerOptions(), grpc.ChainUnaryInterceptor(metrics.UnaryInterceptor()))
+	xdsOpts := lim.xds.GRPCServerOptions()
 	var servingTLS *tls.Config // nil when plaintext; the local repository serves with it
 	switch {
 	case cfg.Endpoint.Plaintext:
@@ -376,6 +405,9 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	xdsServer.Register(xg)
+	if err := serveCertificates(cfg, istiodConn, xg, xdsServer, reg, log); err != nil {
+		return err
+	}
 	dg := grpc.NewServer()
 	xdsServer.RegisterDebug(dg)
 	g := grpc.NewServer(grpcOpts...)
@@ -407,7 +439,8 @@ func Run(ctx context.Context, opts Options) error {
 			return fmt.Errorf("listen on %s (xDS debug): %w", opts.DebugXDS, err)
 		}
 	}
-	repo, err := startRepository(cfg, servingTLS, log)
+	lis, xlis = lim.onboarding.Listen(lis), lim.xds.Listen(xlis)
+	repo, err := startRepository(cfg, servingTLS, lim.repository, log)
 	if err != nil {
 		_ = lis.Close()
 		_ = mlis.Close()
@@ -449,11 +482,14 @@ func Run(ctx context.Context, opts Options) error {
 			errc <- err
 		}
 	}()
-	go func() {
-		if err := configSource.Run(ctx, xdsServer); err != nil {
-			errc <- err
-		}
-	}()
+	if configSource != nil {
+		go func() {
+			if err := configSource.Run(ctx, xdsServer); err != nil {
+				errc <- err
+			}
+		}()
+		go enforcement.Run(ctx)
+	}
 	log.Info("onboarding endpoint serving", "onboarding", lis.Addr().String(), "xds", xlis.Addr().String(), "metrics", mlis.Addr().String(), "replica", opts.Replica)
 	if opts.Ready != nil {
 		close(opts.Ready)
@@ -529,10 +565,22 @@ func newAWSVerifier(cfg *config.Configuration, log *slog.Logger) (*awsidentity.V
 func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.Verifier, error) {
 	issuers := make([]jwtidentity.IssuerConfig, 0, len(cfg.Identity.JWT))
 	for _, j := range cfg.Identity.JWT {
-		issuers = append(issuers, jwtidentity.IssuerConfig{
+		is := jwtidentity.IssuerConfig{
 			Issuer: j.Issuer, ShortName: j.ShortName, Audiences: j.Audiences,
 			JWKS: []byte(j.JWKS), JWKSURL: j.JWKSURL, Attributes: j.Attributes,
-		})
+			AllowTokensWithoutJTI: j.AllowTokensWithoutJTI, SubjectPrefix: j.SubjectPrefix,
+		}
+		if j.MaxTokenLifetime != nil {
+			is.MaxTokenLifetime = j.MaxTokenLifetime.Duration
+		}
+		if j.CAFile != "" {
+			ca, err := os.ReadFile(j.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("identity.jwt %s: caFile: %w", j.Issuer, err)
+			}
+			is.CACertificates = ca
+		}
+		issuers = append(issuers, is)
 	}
 	v, err := jwtidentity.NewVerifier(issuers, jwtidentity.WithLogger(log))
 	if err != nil {

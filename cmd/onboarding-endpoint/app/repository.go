@@ -9,7 +9,10 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/onboarding/repository"
 )
 
@@ -24,7 +27,7 @@ type repositoryServer struct {
 // startRepository opens the local repository's listener when
 // localRepository is configured (nil otherwise). It serves with the
 // endpoint's serving certificate (plaintext only with endpoint.plaintext).
-func startRepository(cfg *config.Configuration, servingTLS *tls.Config, log *slog.Logger) (*repositoryServer, error) {
+func startRepository(cfg *config.Configuration, servingTLS *tls.Config, lim *limits.Limiter, log *slog.Logger) (*repositoryServer, error) {
 	if cfg.LocalRepository == nil {
 		return nil, nil
 	}
@@ -37,7 +40,9 @@ func startRepository(cfg *config.Configuration, servingTLS *tls.Config, log *slo
 		_ = h.Close()
 		return nil, fmt.Errorf("listen on %s (listen.repository): %w", cfg.Listen.Repository, err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	lis = lim.Listen(lis)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	lim.HTTPServer(srv) // write and idle timeouts, per-source request rate
 	if servingTLS != nil {
 		srv.TLSConfig = servingTLS.Clone()
 	}
@@ -55,4 +60,29 @@ func (r *repositoryServer) serve() error {
 func (r *repositoryServer) shutdown(ctx context.Context) {
 	_ = r.srv.Shutdown(ctx)
 	_ = r.handler.Close()
+}
+
+// limiters are the limits of the endpoint's client-facing servers.
+type limiters struct {
+	onboarding, xds, repository *limits.Limiter
+}
+
+// newLimiters builds the limiters of limits.onboarding, limits.xds and
+// limits.repository, counting refusals in reg.
+func newLimiters(cfg *config.Configuration, reg prometheus.Registerer) (*limiters, error) {
+	m, err := limits.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	var l limiters
+	for _, x := range []struct {
+		name string
+		opts limits.Options
+		out  **limits.Limiter
+	}{{"onboarding", cfg.Limits.Onboarding, &l.onboarding}, {"xds", cfg.Limits.XDS, &l.xds}, {"repository", cfg.Limits.Repository, &l.repository}} {
+		if *x.out, err = limits.New(x.name, x.opts, m); err != nil {
+			return nil, fmt.Errorf("limits.%s: %w", x.name, err)
+		}
+	}
+	return &l, nil
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +37,12 @@ const (
 	DefaultRootCertFile      = "/etc/certs/root-cert.pem"
 	DefaultTokenFile         = "/var/run/secrets/tokens/istio-token"
 	DefaultCredentialTimeout = 10 * time.Second
+	// DefaultSidecarUnit is the systemd unit of Istio's istio-sidecar
+	// package (tools/packaging/common/istio.service upstream).
+	DefaultSidecarUnit = "istio.service"
+	// DefaultStagingDir is where the agent stages the sidecar's files for
+	// the root-run onboarding-agent-sidecar.service to install.
+	DefaultStagingDir = "/var/lib/onboarding-agent/sidecar"
 )
 
 // Platforms the agent knows.
@@ -44,12 +51,6 @@ const (
 	PlatformAWS  = "aws"
 	PlatformJWT  = "jwt"
 )
-
-// DefaultRestartCommand restarts the systemd unit of the istio-sidecar package.
-var DefaultRestartCommand = []string{"systemctl", "restart", "istio-sidecar"}
-
-// DefaultStopCommand stops it.
-var DefaultStopCommand = []string{"systemctl", "stop", "istio-sidecar"}
 
 // AgentConfiguration is /etc/onboarding-agent/agent.config.yaml.
 type AgentConfiguration struct {
@@ -102,12 +103,33 @@ type Sidecar struct {
 	Istio IstioSidecar `json:"istio,omitempty"`
 	// Bootstrap is where the sidecar's files are written.
 	Bootstrap BootstrapFiles `json:"bootstrap,omitempty"`
-	// RestartCommand starts or restarts the sidecar (argv, no shell).
-	// Default: systemctl restart istio-sidecar.
+	// Unit is the sidecar's systemd unit, which the root-run
+	// onboarding-agent-sidecar.service restarts and stops. Default
+	// istio.service (Istio's istio-sidecar package).
+	Unit string `json:"unit,omitempty"`
+	// CAAddress is the certificate service the sidecar asks for its
+	// workload certificate (cluster.env CA_ADDR). Default: unset, and
+	// istio-start.sh and pilot-agent use the bootstrap's discovery address
+	// (Embark relays istiod's certificate service there).
+	CAAddress string `json:"caAddress,omitempty"`
+	// StagingDir is where the agent writes cluster.env, the mesh config and
+	// the root certificate, and its restart/stop requests, for
+	// onboarding-agent-sidecar.service (run as root by the
+	// onboarding-agent-sidecar.path unit) to validate, install at the
+	// Bootstrap paths and act on. Default /var/lib/onboarding-agent/sidecar.
+	// Used only when RestartCommand is empty.
+	StagingDir string `json:"stagingDir,omitempty"`
+	// RestartCommand and StopCommand, when set (both), replace the staging
+	// directory: the agent writes the Bootstrap paths itself and runs these
+	// (argv, no shell) to restart the sidecar after a new bootstrap and to
+	// stop it at shutdown. Default: unset.
 	RestartCommand []string `json:"restartCommand,omitempty"`
-	// StopCommand stops it at shutdown. Default: systemctl stop istio-sidecar.
-	StopCommand []string `json:"stopCommand,omitempty"`
+	StopCommand    []string `json:"stopCommand,omitempty"`
 }
+
+// Direct reports whether the agent writes the bootstrap and runs the
+// sidecar commands itself (RestartCommand set) rather than staging them.
+func (s *Sidecar) Direct() bool { return len(s.RestartCommand) > 0 }
 
 // IstioSidecar describes the installed Istio sidecar.
 type IstioSidecar struct {
@@ -253,11 +275,11 @@ func (c *AgentConfiguration) SetDefaults() {
 			*d.f = d.def
 		}
 	}
-	if len(c.Sidecar.RestartCommand) == 0 {
-		c.Sidecar.RestartCommand = append([]string(nil), DefaultRestartCommand...)
+	if c.Sidecar.Unit == "" {
+		c.Sidecar.Unit = DefaultSidecarUnit
 	}
-	if len(c.Sidecar.StopCommand) == 0 {
-		c.Sidecar.StopCommand = append([]string(nil), DefaultStopCommand...)
+	if c.Sidecar.StagingDir == "" {
+		c.Sidecar.StagingDir = DefaultStagingDir
 	}
 }
 
@@ -308,11 +330,25 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 		}
 		seen[f.path] = f.name
 	}
+	if !strings.HasPrefix(c.Sidecar.StagingDir, "/") {
+		errs = append(errs, field.Invalid(sc.Child("stagingDir"), c.Sidecar.StagingDir, "must be an absolute path"))
+	}
+	if !unitName.MatchString(c.Sidecar.Unit) {
+		errs = append(errs, field.Invalid(sc.Child("unit"), c.Sidecar.Unit, "must be a systemd service name such as istio.service"))
+	}
+	if a := c.Sidecar.CAAddress; a != "" {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, field.Invalid(sc.Child("caAddress"), a, "must be host:port"))
+		}
+	}
+	if (len(c.Sidecar.RestartCommand) == 0) != (len(c.Sidecar.StopCommand) == 0) {
+		errs = append(errs, field.Required(sc.Child("stopCommand"), "set restartCommand and stopCommand together, or neither"))
+	}
 	for _, cmd := range []struct {
 		name string
 		argv []string
 	}{{"restartCommand", c.Sidecar.RestartCommand}, {"stopCommand", c.Sidecar.StopCommand}} {
-		if cmd.argv[0] == "" {
+		if len(cmd.argv) > 0 && cmd.argv[0] == "" {
 			errs = append(errs, field.Invalid(sc.Child(cmd.name).Index(0), "", "must name a program"))
 		}
 	}
@@ -446,6 +482,9 @@ func SplitHostPort(s string) (string, int, error) {
 	}
 	return host, port, nil
 }
+
+// unitName is a systemd service unit name.
+var unitName = regexp.MustCompile(`^[A-Za-z0-9:_.\\@-]{1,240}\.service$`)
 
 func contains(list []string, s string) bool {
 	for _, v := range list {

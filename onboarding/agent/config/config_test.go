@@ -19,6 +19,7 @@ sidecar:
   bootstrap:
     token: /run/istio/token
   restartCommand: ["/bin/true"]
+  stopCommand: ["/bin/true"]
 `
 
 const goodOnboarding = `apiVersion: config.agent.onboarding.tetrate.io/v1alpha1
@@ -45,8 +46,8 @@ func TestParseAgentDefaults(t *testing.T) {
 	if got := cfg.Sidecar.Bootstrap.Token; got != "/run/istio/token" {
 		t.Errorf("token = %q", got)
 	}
-	if got := strings.Join(cfg.Sidecar.StopCommand, " "); got != "systemctl stop istio-sidecar" {
-		t.Errorf("stopCommand = %q", got)
+	if !cfg.Sidecar.Direct() || cfg.Sidecar.Unit != DefaultSidecarUnit {
+		t.Errorf("sidecar = %+v, want commands and unit %s", cfg.Sidecar, DefaultSidecarUnit)
 	}
 	if cfg.Host.JWT.Timeout.Duration != DefaultCredentialTimeout {
 		t.Errorf("timeout = %v", cfg.Host.JWT.Timeout.Duration)
@@ -55,7 +56,8 @@ func TestParseAgentDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if minimal.Host.Platform != PlatformAuto || strings.Join(minimal.Sidecar.RestartCommand, " ") != "systemctl restart istio-sidecar" {
+	if minimal.Host.Platform != PlatformAuto || minimal.Sidecar.Direct() || minimal.Sidecar.Unit != "istio.service" ||
+		minimal.Sidecar.StagingDir != DefaultStagingDir || minimal.Sidecar.CAAddress != "" {
 		t.Errorf("minimal defaults: %+v", minimal)
 	}
 }
@@ -92,6 +94,10 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"relative path", true, strings.Replace(goodAgent, "/run/istio/token", "token", 1), "sidecar.bootstrap.token"},
 		{"same file twice", true, strings.Replace(goodAgent, "token: /run/istio/token", "token: /etc/certs/root-cert.pem", 1), "sidecar.bootstrap.token"},
 		{"empty program", true, strings.Replace(goodAgent, `["/bin/true"]`, `[""]`, 1), "sidecar.restartCommand[0]"},
+		{"restart without stop", true, strings.Replace(goodAgent, `  stopCommand: ["/bin/true"]`+"\n", "", 1), "sidecar.stopCommand"},
+		{"bad unit", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  unit: istio\n", 1), "sidecar.unit"},
+		{"bad ca address", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  caAddress: istiod\n", 1), "sidecar.caAddress"},
+		{"relative staging dir", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  stagingDir: sidecar\n", 1), "sidecar.stagingDir"},
 		{"bad revision", true, strings.Replace(goodAgent, "canary", "Canary_1", 1), "sidecar.istio.revision"},
 		{"bad imds url", true, strings.Replace(goodAgent, "platform: jwt", "platform: jwt\n  aws: {imdsEndpoint: 169.254.169.254}", 1), "host.aws.imdsEndpoint"},
 		{"wrong type", false, strings.Replace(goodOnboarding, "name: ratings", "name: [ratings]", 1), "workload.name"},
@@ -169,8 +175,12 @@ func TestPackagedConfigurationFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(agent.Sidecar.RestartCommand, " "); got != "sudo -n systemctl restart istio-sidecar" {
-		t.Errorf("packaged restartCommand %q", got)
+	// Istio's own sidecar package, driven through the root-run
+	// onboarding-agent-sidecar.service: no commands, no sudo.
+	if agent.Sidecar.Direct() || agent.Sidecar.Unit != "istio.service" || agent.Sidecar.StagingDir != "/var/lib/onboarding-agent/sidecar" ||
+		agent.Sidecar.Bootstrap != (BootstrapFiles{ClusterEnv: "/var/lib/istio/envoy/cluster.env", MeshConfig: "/etc/istio/config/mesh",
+			RootCert: "/etc/certs/root-cert.pem", Token: "/var/run/secrets/tokens/istio-token"}) {
+		t.Errorf("packaged sidecar configuration %+v", agent.Sidecar)
 	}
 	_, err = LoadOnboarding("../packaging/onboarding.config.yaml")
 	for _, f := range []string{"onboardingEndpoint.host", "workload.namespace", "workload.name"} {

@@ -1,13 +1,24 @@
-// Package sidecar writes the files Istio's agent (pilot-agent) reads on a VM
-// from an onboarding bootstrap — cluster.env, the mesh config with the
-// discovery address and readiness probe, the root certificate and the
-// sidecar token — each replaced atomically (written to a temporary file in
-// the same directory, synced, renamed), and runs the commands that restart
-// and stop the sidecar.
+// Package sidecar writes the files Istio's sidecar package (istio-sidecar:
+// istio.service running istio-start.sh, which sources cluster.env as root and
+// starts pilot-agent as istio-proxy) reads on a VM from an onboarding
+// bootstrap — cluster.env, the mesh config with the discovery address and
+// readiness probe, the root certificate and the sidecar token — each replaced
+// atomically (written to a temporary file in the same directory, synced,
+// renamed).
+//
+// The unprivileged agent never writes a file a root process sources. It
+// stages cluster.env, the mesh config and the root certificate in a directory
+// of its own and writes a request (Stage, Request); the root-run
+// onboarding-agent-sidecar.service, started by a systemd path unit, reads the
+// staged files through an os.Root, admits only what ClusterEnv renders
+// (ParseClusterEnv), installs canonical copies at the upstream paths and
+// restarts or stops istio.service (Apply). Only the token, which pilot-agent
+// reads as istio-proxy and no root process reads, is written by the agent in
+// place. Tests and development setups may instead let the agent write every
+// path and run restart/stop commands itself (Write, Run).
 package sidecar
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,7 +26,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -27,9 +37,30 @@ import (
 // Files renders and writes the bootstrap.
 type Files struct {
 	Paths config.BootstrapFiles
+	// Env configures what ClusterEnv renders beyond the bootstrap.
+	Env EnvOptions
+}
+
+// EnvOptions are cluster.env settings of the agent's configuration.
+type EnvOptions struct {
 	// Revision of the Istio control plane (empty: default).
 	Revision string
+	// CAAddress is CA_ADDR. Empty: not written, so istio-start.sh and
+	// pilot-agent use the discovery address (PILOT_ADDRESS), where Embark
+	// relays istiod's certificate service.
+	CAAddress string
+	// RootCert is the installed root certificate's path, written as
+	// XDS_ROOT_CA and CA_ROOT_CA (Files sets it from Paths.RootCert).
+	RootCert string
 }
+
+// Staged file names in the staging directory.
+const (
+	StagedClusterEnv = "cluster.env"
+	StagedMeshConfig = "mesh"
+	StagedRootCert   = "root-cert.pem"
+	RequestFile      = "request"
+)
 
 // Identity is what the registration says about the workload, beyond the
 // bootstrap itself.
@@ -41,7 +72,21 @@ type Identity struct {
 // Write writes every file of boot. The token file is written last so that a
 // sidecar that starts at any point sees a complete configuration.
 func (f *Files) Write(id Identity, boot *onboardingv1alpha1.SidecarBootstrap) error {
-	env, err := ClusterEnv(id, boot, f.Revision)
+	return f.write(id, boot, f.Paths.ClusterEnv, f.Paths.MeshConfig, f.Paths.RootCert)
+}
+
+// Stage writes cluster.env, the mesh config and the root certificate into
+// dir (for Apply to install) and the token at its path, last.
+func (f *Files) Stage(dir string, id Identity, boot *onboardingv1alpha1.SidecarBootstrap) error {
+	return f.write(id, boot, filepath.Join(dir, StagedClusterEnv), filepath.Join(dir, StagedMeshConfig), filepath.Join(dir, StagedRootCert))
+}
+
+func (f *Files) write(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, envPath, meshPath, rootPath string) error {
+	opts := f.Env
+	if opts.RootCert == "" {
+		opts.RootCert = f.Paths.RootCert
+	}
+	env, err := ClusterEnv(id, boot, opts)
 	if err != nil {
 		return err
 	}
@@ -54,9 +99,9 @@ func (f *Files) Write(id Identity, boot *onboardingv1alpha1.SidecarBootstrap) er
 		data []byte
 		mode os.FileMode
 	}{
-		{f.Paths.ClusterEnv, env, 0o644},
-		{f.Paths.MeshConfig, mesh, 0o644},
-		{f.Paths.RootCert, boot.GetRootCertificates(), 0o644},
+		{envPath, env, 0o644},
+		{meshPath, mesh, 0o644},
+		{rootPath, boot.GetRootCertificates(), 0o644},
 		{f.Paths.Token, []byte(boot.GetSidecarToken()), 0o640},
 	} {
 		if err := WriteAtomic(w.path, w.data, w.mode); err != nil {
@@ -72,14 +117,32 @@ func (f *Files) WriteToken(token string) error {
 	return WriteAtomic(f.Paths.Token, []byte(token), 0o640)
 }
 
-// ClusterEnv renders cluster.env: the environment Istio's agent starts with
-// (the node ID is sidecar~INSTANCE_IP~POD_NAME.POD_NAMESPACE~...).
-func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, revision string) ([]byte, error) {
+// Settings of cluster.env that Apply enforces: Istio's istio-start.sh
+// installs no iptables rules (ISTIO_CUSTOM_IP_TABLES=true) and keeps
+// pilot-agent as istio-proxy (only TPROXY would make it root); the proxy
+// tells istiod it captures no traffic (INTERCEPTION_MODE NONE), so its
+// listeners bind the addresses the Sidecar resource names.
+var fixedEnv = map[string]string{
+	"ISTIO_CUSTOM_IP_TABLES":          "true",
+	"ISTIO_INBOUND_INTERCEPTION_MODE": "NONE",
+	"ISTIO_META_INTERCEPTION_MODE":    "NONE",
+}
+
+// ClusterEnv renders cluster.env, which Istio's istio-start.sh sources
+// before starting pilot-agent: PILOT_ADDRESS (the discovery address,
+// which istio-start.sh puts in PROXY_CONFIG over the mesh config; CA_ADDR
+// defaults to it), CA_ADDR when configured, XDS_ROOT_CA and CA_ROOT_CA,
+// ISTIO_SVC_IP/INSTANCE_IP, POD_NAME and ISTIO_NAMESPACE/POD_NAMESPACE (the
+// node ID is sidecar~ISTIO_SVC_IP~POD_NAME.NAMESPACE~...), the fixed
+// no-iptables settings, and the workload's metadata.
+func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, opts EnvOptions) ([]byte, error) {
 	labels, err := json.Marshal(boot.GetLabels())
 	if err != nil {
 		return nil, fmt.Errorf("encode workload labels: %w", err)
 	}
 	vars := map[string]string{
+		"PILOT_ADDRESS":            boot.GetDiscoveryAddress(),
+		"ISTIO_SVC_IP":             boot.GetInstanceIp(),
 		"POD_NAME":                 id.RegistrationName,
 		"POD_NAMESPACE":            id.Namespace,
 		"ISTIO_NAMESPACE":          id.Namespace,
@@ -93,20 +156,20 @@ func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, revision
 		"CANONICAL_REVISION":       boot.GetLabels()["version"],
 		"ISTIO_META_WORKLOAD_NAME": id.RegistrationName,
 	}
-	if revision != "" {
-		vars["ISTIO_REVISION"] = revision
+	if opts.Revision != "" {
+		vars["ISTIO_REVISION"] = opts.Revision
 	}
-	keys := make([]string, 0, len(vars))
-	for k := range vars {
-		keys = append(keys, k)
+	if opts.CAAddress != "" {
+		vars["CA_ADDR"] = opts.CAAddress
 	}
-	sort.Strings(keys)
-	var b bytes.Buffer
-	b.WriteString("# Written by onboarding-agent from registration " + id.Namespace + "/" + id.RegistrationName + ". Do not edit.\n")
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s=%s\n", k, shellQuote(vars[k]))
+	if opts.RootCert != "" {
+		vars["XDS_ROOT_CA"] = opts.RootCert
+		vars["CA_ROOT_CA"] = opts.RootCert
 	}
-	return b.Bytes(), nil
+	for k, v := range fixedEnv {
+		vars[k] = v
+	}
+	return renderEnv(vars)
 }
 
 // MeshConfig renders the mesh config: defaultConfig is the bootstrap's
@@ -126,6 +189,14 @@ func MeshConfig(boot *onboardingv1alpha1.SidecarBootstrap) ([]byte, error) {
 		return nil, fmt.Errorf("encode mesh config: %w", err)
 	}
 	return out, nil
+}
+
+// Request asks onboarding-agent-sidecar.service, through the path unit
+// watching dir/request, to install the staged files and restart the
+// sidecar (RequestRestart) or to stop it (RequestStop). The request carries
+// a sequence number so that each one changes the file.
+func Request(dir string, action Action, seq uint64) error {
+	return WriteAtomic(filepath.Join(dir, RequestFile), fmt.Appendf(nil, "%s %d\n", action, seq), 0o644)
 }
 
 // shellQuote quotes s for a systemd EnvironmentFile and a POSIX shell alike.

@@ -34,7 +34,7 @@ func TestWriteBootstrap(t *testing.T) {
 		MeshConfig: filepath.Join(dir, "etc/istio/config/mesh"),
 		RootCert:   filepath.Join(dir, "etc/certs/root-cert.pem"),
 		Token:      filepath.Join(dir, "var/run/secrets/tokens/istio-token"),
-	}, Revision: "canary"}
+	}, Env: EnvOptions{Revision: "canary"}}
 	if err := f.Write(Identity{Namespace: "bookinfo", RegistrationName: "ratings-x"}, testBootstrap()); err != nil {
 		t.Fatal(err)
 	}
@@ -47,10 +47,17 @@ func TestWriteBootstrap(t *testing.T) {
 	}
 	env := read(f.Paths.ClusterEnv)
 	for _, want := range []string{"POD_NAME='ratings-x'\n", "POD_NAMESPACE='bookinfo'\n", "INSTANCE_IP='172.31.5.254'\n", "ISTIO_META_NETWORK='virtual-machines'\n",
-		"ISTIO_REVISION='canary'\n", `ISTIO_METAJSON_LABELS='{"app":"ratings","quote":"it'\''s","version":"v5"}'` + "\n", "SERVICE_ACCOUNT='ratings-vm'\n"} {
+		"ISTIO_REVISION='canary'\n",
+		"PILOT_ADDRESS='onboarding.example:15012'\n", "XDS_ROOT_CA='" + f.Paths.RootCert + "'\n", "CA_ROOT_CA='" + f.Paths.RootCert + "'\n", "ISTIO_SVC_IP='172.31.5.254'\n",
+		"ISTIO_NAMESPACE='bookinfo'\n", "ISTIO_CUSTOM_IP_TABLES='true'\n", "ISTIO_INBOUND_INTERCEPTION_MODE='NONE'\n", "ISTIO_META_INTERCEPTION_MODE='NONE'\n", `ISTIO_METAJSON_LABELS='{"app":"ratings","quote":"it'\''s","version":"v5"}'` + "\n", "SERVICE_ACCOUNT='ratings-vm'\n"} {
 		if !strings.Contains(env, want) {
 			t.Errorf("cluster.env lacks %q:\n%s", want, env)
 		}
+	}
+	// CA_ADDR unset: istio-start.sh and pilot-agent default it to the
+	// discovery address, where Embark relays istiod's certificate service.
+	if strings.Contains(env, "CA_ADDR=") {
+		t.Errorf("cluster.env sets CA_ADDR without sidecar.caAddress:\n%s", env)
 	}
 	var mesh struct {
 		DefaultConfig struct {

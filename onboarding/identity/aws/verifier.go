@@ -18,6 +18,7 @@ import (
 
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
+	"github.com/embark-mesh/embark/onboarding/identity/replay"
 )
 
 // Defaults of the options.
@@ -59,7 +60,7 @@ type Verifier struct {
 	stsWindow   time.Duration
 	clockSkew   time.Duration
 	log         *slog.Logger
-	replay      *replayCache
+	replay      *replay.Cache
 }
 
 var _ identity.Verifier[Credential] = (*Verifier)(nil)
@@ -161,7 +162,7 @@ func NewVerifier(audience string, opts ...Option) (*Verifier, error) {
 		stsWindow:   o.window,
 		clockSkew:   o.skew,
 		log:         o.logger,
-		replay:      newReplayCache(o.replaySize),
+		replay:      replay.New(o.replaySize),
 	}
 	if o.stsEndpoint != "" {
 		u, err := url.Parse(o.stsEndpoint)
@@ -314,12 +315,12 @@ func (v *Verifier) verifySTS(ctx context.Context, req *STSRequest, doc *Document
 		return nil, err
 	}
 	key := checked.auth.signature
-	if !v.replay.reserve(key, checked.signedAt.Add(v.stsWindow), v.now()) {
+	if !v.replay.Reserve(key, checked.signedAt.Add(v.stsWindow), v.now()) {
 		return nil, identity.Refuse(identity.ReasonSTSReplayed, "this signed STS request (signed at %s) was already used; the agent must sign a new one for every onboarding", checked.signedAt.Format(time.RFC3339))
 	}
 	arn, account, err := v.callSTS(ctx, req, checked, endpoint)
 	if err != nil {
-		v.replay.release(key)
+		v.replay.Release(key)
 		v.log.DebugContext(ctx, "STS did not confirm signed request", "instance", doc.InstanceID, "endpoint", endpoint.Host, "error", err)
 		return nil, err
 	}

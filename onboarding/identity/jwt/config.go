@@ -1,11 +1,13 @@
 package jwt
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
 )
@@ -20,12 +22,31 @@ type IssuerConfig struct {
 	ShortName string `json:"shortName"`
 	// Audiences: a token's aud must contain at least one of them. Required.
 	Audiences []string `json:"audiences"`
-	// JWKS is the issuer's JSON Web Key Set, inline. Exactly one of JWKS and
-	// JWKSURL is required.
+	// JWKS is the issuer's JSON Web Key Set, inline. At most one of JWKS
+	// and JWKSURL; with neither, the key set is found by OIDC discovery
+	// (<Issuer>/.well-known/openid-configuration, its jwks_uri), and Issuer
+	// must then be an https URL.
 	JWKS json.RawMessage `json:"jwks,omitempty"`
 	// JWKSURL is where the issuer's JSON Web Key Set is fetched from; it
 	// must be https.
 	JWKSURL string `json:"jwksUri,omitempty"`
+	// CACertificates (PEM) are the roots that the issuer's discovery
+	// document and JWKS URL are verified with. Default: the system roots.
+	CACertificates []byte `json:"caCertificates,omitempty"`
+	// MaxTokenLifetime refuses tokens whose lifetime (exp minus iat, else
+	// nbf, else the time of verification) is longer. Zero: 1h
+	// (DefaultMaxTokenLifetime).
+	MaxTokenLifetime time.Duration `json:"maxTokenLifetime,omitempty"`
+	// SubjectPrefix, when set, is required at the start of every token's
+	// sub and removed from it: the rest is the workload's subject (policy
+	// subjects, names). E.g. "system:serviceaccount:onprem:" makes a
+	// Kubernetes service-account issuer's token for service account
+	// vm-01.example.com prove subject vm-01.example.com.
+	SubjectPrefix string `json:"subjectPrefix,omitempty"`
+	// AllowTokensWithoutJTI accepts tokens without a jti claim, which
+	// cannot be refused as replays. Default false: a token must carry a jti,
+	// and each jti is accepted once within the token's lifetime.
+	AllowTokensWithoutJTI bool `json:"allowTokensWithoutJTI,omitempty"`
 	// Attributes maps an attribute name to the dotted path of the claim it
 	// is read from, e.g. {"region": "custom.location.region"} reads
 	// claims["custom"]["location"]["region"]. Optional.
@@ -57,7 +78,10 @@ func (c *IssuerConfig) validate() error {
 	case len(c.JWKS) > 0 && c.JWKSURL != "":
 		errs = append(errs, errors.New("jwks and jwksUri are mutually exclusive"))
 	case len(c.JWKS) == 0 && c.JWKSURL == "":
-		errs = append(errs, errors.New("one of jwks and jwksUri is required"))
+		// OIDC discovery from the issuer.
+		if u, err := url.Parse(c.Issuer); c.Issuer != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
+			errs = append(errs, fmt.Errorf("issuer %q must be an https URL for OIDC discovery (or set jwks or jwksUri)", c.Issuer))
+		}
 	case c.JWKSURL != "":
 		u, err := url.Parse(c.JWKSURL)
 		if err != nil {
@@ -65,6 +89,12 @@ func (c *IssuerConfig) validate() error {
 		} else if u.Scheme != "https" || u.Host == "" {
 			errs = append(errs, fmt.Errorf("jwksUri %q must be an https URL", c.JWKSURL))
 		}
+	}
+	if c.MaxTokenLifetime < 0 {
+		errs = append(errs, fmt.Errorf("maxTokenLifetime %s must not be negative", c.MaxTokenLifetime))
+	}
+	if len(c.CACertificates) > 0 && !x509.NewCertPool().AppendCertsFromPEM(c.CACertificates) {
+		errs = append(errs, errors.New("caCertificates holds no PEM certificate"))
 	}
 	for name, path := range c.Attributes {
 		if name == "" {

@@ -9,7 +9,9 @@ import (
 	"crypto/rsa"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,6 +78,8 @@ func jwks(t testing.TB, ks ...testKey) []byte {
 	return b
 }
 
+var jtiCounter atomic.Int64
+
 // mint signs claims with key using alg (key.alg if empty), setting kid
 // (key.kid if kid is nil).
 func mint(t testing.TB, key testKey, alg jose.SignatureAlgorithm, kid *string, claims ...any) string {
@@ -92,8 +96,20 @@ func mint(t testing.TB, key testKey, alg jose.SignatureAlgorithm, kid *string, c
 		t.Fatal(err)
 	}
 	b := josejwt.Signed(signer)
+	hasID := false
 	for _, c := range claims {
 		b = b.Claims(c)
+		switch c := c.(type) {
+		case josejwt.Claims:
+			hasID = hasID || c.ID != ""
+		case map[string]any:
+			_, ok := c["jti"]
+			hasID = hasID || ok
+		}
+	}
+	if !hasID {
+		// Every token is single-use: give each its own jti.
+		b = b.Claims(map[string]any{"jti": fmt.Sprintf("test-%d", jtiCounter.Add(1))})
 	}
 	tok, err := b.Serialize()
 	if err != nil {

@@ -186,10 +186,10 @@ func TestRemoteJWKSConcurrentFirstUse(t *testing.T) {
 	clock := newFakeClock()
 	v := remoteVerifier(t, s, clock)
 	claims := josejwt.Claims{Issuer: testIssuer, Subject: "vm", Audience: josejwt.Audience{testAudience}, Expiry: josejwt.NewNumericDate(clock.Now().Add(time.Hour))}
-	token := mint(t, k.rsa, "", nil, claims)
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for range 16 {
+		token := mint(t, k.rsa, "", nil, claims) // each its own jti
 		wg.Go(func() {
 			if _, err := v.Verify(t.Context(), token); err != nil {
 				errs <- err

@@ -3,6 +3,8 @@ package jwt
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -18,6 +20,7 @@ import (
 	josejwt "github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/replay"
 )
 
 // Defaults of the options.
@@ -38,6 +41,10 @@ const (
 	DefaultMaxKeyAge = 24 * time.Hour
 	// MaxTokenSize is the largest token accepted.
 	MaxTokenSize = 16 << 10
+	// DefaultMaxTokenLifetime is IssuerConfig.MaxTokenLifetime's default.
+	DefaultMaxTokenLifetime = time.Hour
+	// DefaultReplayCacheSize bounds the jti replay cache (WithReplayCacheSize).
+	DefaultReplayCacheSize = 100_000
 )
 
 // AllowedAlgorithms are the only signature algorithms accepted.
@@ -59,6 +66,8 @@ type Verifier struct {
 	issuers map[string]*issuer
 	now     func() time.Time
 	leeway  time.Duration
+	// used remembers the jti of every accepted token until it expires.
+	used *replay.Cache
 }
 
 var _ identity.Verifier[string] = (*Verifier)(nil)
@@ -71,6 +80,7 @@ type options struct {
 	minRefresh time.Duration
 	maxKeyAge  time.Duration
 	logger     *slog.Logger
+	replaySize int
 }
 
 // Option configures a Verifier.
@@ -101,6 +111,11 @@ func WithJWKSRefresh(refresh, minRefresh time.Duration) Option {
 // still used when refetching fails. Default DefaultMaxKeyAge; it is at
 // least the refresh interval.
 func WithMaxKeyAge(d time.Duration) Option { return func(o *options) { o.maxKeyAge = d } }
+
+// WithReplayCacheSize bounds how many used jti values are remembered (per
+// verifier, so per endpoint replica). At capacity the one that expires
+// soonest is forgotten. Default: DefaultReplayCacheSize.
+func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize = n } }
 
 // WithLogger sets the logger. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
@@ -136,6 +151,9 @@ func (o *options) setDefaults() error {
 	if o.logger == nil {
 		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if o.replaySize <= 0 {
+		o.replaySize = DefaultReplayCacheSize
+	}
 	return nil
 }
 
@@ -149,7 +167,7 @@ func NewVerifier(issuers []IssuerConfig, opts ...Option) (*Verifier, error) {
 	if err := o.setDefaults(); err != nil {
 		return nil, fmt.Errorf("jwt identity verifier: %w", err)
 	}
-	v := &Verifier{issuers: make(map[string]*issuer), now: o.now, leeway: o.leeway}
+	v := &Verifier{issuers: make(map[string]*issuer), now: o.now, leeway: o.leeway, used: replay.New(o.replaySize)}
 	shortNames := map[string]bool{}
 	for _, cfg := range issuers {
 		if err := cfg.validate(); err != nil {
@@ -162,16 +180,30 @@ func NewVerifier(issuers []IssuerConfig, opts ...Option) (*Verifier, error) {
 			return nil, fmt.Errorf("jwt identity verifier: shortName %q used by two issuers", cfg.ShortName)
 		}
 		shortNames[cfg.ShortName] = true
+		if cfg.MaxTokenLifetime == 0 {
+			cfg.MaxTokenLifetime = DefaultMaxTokenLifetime
+		}
 		is := &issuer{cfg: cfg}
-		if len(cfg.JWKS) > 0 {
+		httpClient := o.httpClient
+		if len(cfg.CACertificates) > 0 {
+			httpClient = clientWithRoots(o.httpClient, cfg.CACertificates)
+		}
+		switch {
+		case len(cfg.JWKS) == 0 && cfg.JWKSURL == "":
+			is.keys = &discoveredKeySet{
+				issuer: cfg.Issuer, client: sameOriginClient(httpClient), now: o.now,
+				refresh: o.refresh, minRefresh: o.minRefresh, maxAge: o.maxKeyAge,
+				log: o.logger.With("issuer", cfg.Issuer),
+			}
+		case len(cfg.JWKS) > 0:
 			set, err := parseKeySet(cfg.JWKS)
 			if err != nil {
 				return nil, fmt.Errorf("jwt identity verifier: issuer %q: %w", cfg.Issuer, err)
 			}
 			is.keys = &staticKeySet{set: set}
-		} else {
+		default:
 			is.keys = &remoteKeySet{
-				url: cfg.JWKSURL, client: sameOriginClient(o.httpClient), now: o.now,
+				url: cfg.JWKSURL, client: sameOriginClient(httpClient), now: o.now,
 				refresh: o.refresh, minRefresh: o.minRefresh, maxAge: o.maxKeyAge,
 				log: o.logger.With("issuer", cfg.Issuer),
 			}
@@ -301,16 +333,87 @@ func (v *Verifier) checkClaims(is *issuer, payload []byte) (*identity.Identity, 
 	if claims.Subject == "" {
 		return nil, identity.Refuse(identity.ReasonMalformed, "token has no sub")
 	}
+	subject := claims.Subject
+	if p := is.cfg.SubjectPrefix; p != "" {
+		if !strings.HasPrefix(subject, p) || len(subject) == len(p) {
+			return nil, identity.Refuse(identity.ReasonWrongSubject, "token sub %q does not start with issuer %s's subjectPrefix %q followed by a subject", truncate(subject, 200), is.cfg.Issuer, p)
+		}
+		subject = strings.TrimPrefix(subject, p)
+	}
+	if err := v.checkLifetime(is, &claims, now); err != nil {
+		return nil, err
+	}
+	// Last, once everything else holds: a refused token does not use up
+	// its jti.
+	if err := v.checkReplay(is, &claims, now); err != nil {
+		return nil, err
+	}
 	return &identity.Identity{
 		Method: identity.MethodJWT,
 		JWT: &identity.JWTIdentity{
 			Issuer:     is.cfg.Issuer,
 			ShortName:  is.cfg.ShortName,
-			Subject:    claims.Subject,
+			Subject:    subject,
 			Attributes: extractAttributes(raw, is.cfg.Attributes),
 			Expiry:     claims.Expiry.Time(),
 		},
 	}, nil
+}
+
+// checkLifetime refuses a token valid for longer than the issuer allows,
+// counted from its iat, else its nbf, else now.
+func (v *Verifier) checkLifetime(is *issuer, claims *josejwt.Claims, now time.Time) error {
+	start, from := now, "now"
+	switch {
+	case claims.IssuedAt != nil:
+		start, from = claims.IssuedAt.Time(), "iat"
+	case claims.NotBefore != nil:
+		start, from = claims.NotBefore.Time(), "nbf"
+	}
+	if life := claims.Expiry.Time().Sub(start); life > is.cfg.MaxTokenLifetime {
+		return identity.Refuse(identity.ReasonLifetimeTooLong, "token is valid for %s from its %s, longer than issuer %s's maxTokenLifetime %s: issue shorter-lived tokens",
+			life, from, is.cfg.Issuer, is.cfg.MaxTokenLifetime)
+	}
+	return nil
+}
+
+// checkReplay accepts each (issuer, jti) once until the token expires.
+func (v *Verifier) checkReplay(is *issuer, claims *josejwt.Claims, now time.Time) error {
+	if claims.ID == "" {
+		if is.cfg.AllowTokensWithoutJTI {
+			return nil
+		}
+		return identity.Refuse(identity.ReasonMalformed, "token has no jti: issuer %s's tokens must carry one so that a replay can be refused (or set allowTokensWithoutJTI)", is.cfg.Issuer)
+	}
+	if len(claims.ID) > maxJTILength {
+		return identity.Refuse(identity.ReasonMalformed, "token jti is %d bytes, more than %d", len(claims.ID), maxJTILength)
+	}
+	if !v.used.Reserve(is.cfg.Issuer+"\x00"+claims.ID, claims.Expiry.Time().Add(v.leeway), now) {
+		return identity.Refuse(identity.ReasonReplayed, "token jti %q of issuer %s was already used: every onboarding needs a freshly issued token", truncate(claims.ID, 100), is.cfg.Issuer)
+	}
+	return nil
+}
+
+// maxJTILength bounds what the replay cache keeps per token.
+const maxJTILength = 256
+
+// clientWithRoots is base with its TLS roots replaced by the PEM roots.
+func clientWithRoots(base *http.Client, pemRoots []byte) *http.Client {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pemRoots)
+	c := *base
+	var tr *http.Transport
+	if t, ok := base.Transport.(*http.Transport); ok && t != nil {
+		tr = t.Clone()
+	} else {
+		tr = http.DefaultTransport.(*http.Transport).Clone()
+	}
+	if tr.TLSClientConfig == nil {
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	tr.TLSClientConfig.RootCAs = pool
+	c.Transport = tr
+	return &c
 }
 
 func truncate(s string, n int) string {

@@ -1,35 +1,40 @@
-package aws
+// Package replay remembers single-use credentials (signed STS requests, JWT
+// IDs) until they would be refused as expired anyway, so that one credential
+// proves one onboarding. A Cache is per verifier (per endpoint replica) and
+// bounded.
+package replay
 
 import (
 	"sync"
 	"time"
 )
 
-// replayCache remembers the signatures of signed STS requests that were
-// used, until they would be refused as stale anyway, so that one signed
-// request proves one onboarding. It is per verifier (per endpoint replica);
-// the freshness window bounds what a replay across replicas can achieve.
-type replayCache struct {
+// Cache remembers used credentials until they expire. A nil Cache, or one
+// of size 0, remembers nothing. The credential's lifetime bounds what a
+// replay across replicas can achieve.
+type Cache struct {
 	mu      sync.Mutex
 	max     int
 	entries map[string]time.Time // signature -> when it stops mattering
 	// pruneAt is the size at which expired entries are dropped next: twice
-	// the entries left by the last prune (at least minPrune), so pruning
+	// the entries left by the last prune (at least MinPrune), so pruning
 	// costs O(1) per reservation and the cache holds about what the
 	// freshness window covers instead of filling up to max.
 	pruneAt int
 }
 
-const minPrune = 64
+// MinPrune is the least size at which expired entries are dropped.
+const MinPrune = 64
 
-func newReplayCache(maxEntries int) *replayCache {
-	return &replayCache{max: maxEntries, entries: make(map[string]time.Time), pruneAt: minPrune}
+// New returns a Cache of at most maxEntries entries.
+func New(maxEntries int) *Cache {
+	return &Cache{max: maxEntries, entries: make(map[string]time.Time), pruneAt: MinPrune}
 }
 
-// reserve records key until expiry and reports whether it was new (or had
+// Reserve records key until expiry and reports whether it was new (or had
 // expired). It drops expired entries as the cache grows, and at capacity
 // the entry that expires soonest.
-func (c *replayCache) reserve(key string, expiry, now time.Time) bool {
+func (c *Cache) Reserve(key string, expiry, now time.Time) bool {
 	if c == nil || c.max <= 0 {
 		return true
 	}
@@ -44,7 +49,7 @@ func (c *replayCache) reserve(key string, expiry, now time.Time) bool {
 				delete(c.entries, k)
 			}
 		}
-		c.pruneAt = max(2*len(c.entries), minPrune)
+		c.pruneAt = max(2*len(c.entries), MinPrune)
 	}
 	if len(c.entries) >= c.max {
 		var oldestKey string
@@ -60,9 +65,9 @@ func (c *replayCache) reserve(key string, expiry, now time.Time) bool {
 	return true
 }
 
-// release forgets key, for a request that did not prove anything (STS
+// Release forgets key, for a credential that did not prove anything (STS
 // refused it or could not be reached), so that the agent may retry it.
-func (c *replayCache) release(key string) {
+func (c *Cache) Release(key string) {
 	if c == nil || c.max <= 0 {
 		return
 	}
@@ -71,7 +76,8 @@ func (c *replayCache) release(key string) {
 	delete(c.entries, key)
 }
 
-func (c *replayCache) len() int {
+// Len is the number of entries.
+func (c *Cache) Len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.entries)

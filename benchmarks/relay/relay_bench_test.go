@@ -1,0 +1,512 @@
+// Package relay benchmarks istiod mode: what relaying a sidecar's ADS stream
+// through Embark to a real istiod (pilot-discovery) costs, next to the same
+// clients connected straight to istiod's secure port in the same run:
+//
+//	go test -run='^$' -bench=. -benchtime=1x ./benchmarks/relay/ -args -streams=1000 -json=relay.json
+//
+// (-json writes the figures in the benchjson format of `make bench`.)
+//
+// For each stream count, both ways in turn (direct first, then relayed):
+// every workload's stream subscribes to CDS and LDS and ACKs them (istiod
+// generates the configuration of four Services); then the process heap and
+// goroutines per held stream (the clients run in this process and are
+// included on both sides; istiod is another process and is not); then the
+// latency of a relayed response: each stream subscribes to RDS 9080, 16 at a
+// time, and the time to istiod's answer is taken (p50 and p99 both ways,
+// and the difference: what the relay adds). istiod's own heap per stream is
+// read from its pprof endpoint after a forced GC (/debug/pprof/heap?gc=1),
+// so the heap ratio compares what a stream costs in all: clients + Embark +
+// istiod relayed, clients + istiod direct. Targets of the issue: relayed
+// heap at most 1.3 x direct, under 5 ms added at p99.
+package relay
+
+//embark:bench -test.benchtime=1x
+
+import (
+	"context"
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/benchmarks/benchjson"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/relay"
+	"github.com/embark-mesh/embark/xds/upstream"
+)
+
+var (
+	streamsFlag = flag.String("streams", "1000", "comma-separated numbers of concurrent streams to hold")
+	jsonFlag    = benchjson.Flag()
+
+	env       *testenv.Env
+	informers crcache.Cache
+	clientset *kubernetes.Clientset
+)
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+		var err error
+		informers, err = env.StartCache(ctx, func(c crcache.Cache) error { return registry.SetupIndexes(ctx, c) },
+			&istionetworkingv1.WorkloadEntryList{}, &runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{})
+		if err != nil {
+			return err
+		}
+		clientset, err = kubernetes.NewForConfig(env.Config)
+		return err
+	})
+}
+
+// workload is one registered workload with its sidecar token.
+type workload struct {
+	key    ktypes.NamespacedName
+	token  string
+	nodeID string
+}
+
+// registerAll registers n ratings VMs in a new namespace with four Services
+// istiod configures them with.
+func registerAll(b *testing.B, n int) []*workload {
+	b.Helper()
+	ctx := b.Context()
+	ns := env.Namespace(b)
+	for _, name := range []string{"ratings", "reviews", "details", "productpage"} {
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name},
+				Ports: []corev1.ServicePort{{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)}}},
+		}
+		if err := env.Client.Create(ctx, svc); err != nil {
+			b.Fatal(err)
+		}
+	}
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
+	if err := env.Client.Create(ctx, wg); err != nil {
+		b.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
+		b.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: informers, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ws := make([]*workload, n)
+	var next atomic.Int64
+	var wgp sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wgp.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				ip := fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256)
+				res, err := reg.Register(ctx, registry.Request{
+					Group: wg,
+					Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+						Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+						EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i)},
+					}},
+					Registration: runtimev1alpha1.Registration{
+						Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
+						Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+						Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
+					},
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				key := client.ObjectKeyFromObject(res.Registration)
+				ws[i] = &workload{key: key, token: res.SidecarToken.Token,
+					nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
+			}
+		})
+	}
+	wgp.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	return ws
+}
+
+func sidecarNode(id string) *core.Node {
+	return &core.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"PROXY_CONFIG":    structpb.NewStructValue(&structpb.Struct{}),
+		"ISTIO_VERSION":   structpb.NewStringValue("1.30.0"),
+		"SERVICE_ACCOUNT": structpb.NewStringValue("ratings-vm"),
+		"LABELS":          structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"app": structpb.NewStringValue("ratings")}}),
+	}}}
+}
+
+// startEmbark starts Embark's xDS server in istiod mode and returns its
+// address.
+func startEmbark(b *testing.B, i *testenv.Istiod) string {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	roots := filepath.Join(b.TempDir(), "root-cert.pem")
+	if err := os.WriteFile(roots, i.RootCert, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	conn, err := upstream.Dial(ctx, upstream.Options{Address: i.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: roots, Logger: log})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rl, err := relay.New(relay.Options{Conn: conn, Logger: log})
+	if err != nil {
+		b.Fatal(err)
+	}
+	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := xds.NewServer(ctx, xds.Options{
+		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
+		Reader: informers, APIReader: env.Client, Informers: informers, Logger: log, Relay: rl,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runDone := make(chan struct{})
+	go func() { defer close(runDone); _ = srv.Run(ctx) }()
+	g := grpc.NewServer(grpc.MaxConcurrentStreams(1 << 20))
+	srv.Register(g)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	b.Cleanup(func() {
+		g.Stop()
+		<-done
+		_ = conn.Close()
+		cancel()
+		<-runDone
+		conns.Wait()
+	})
+	return lis.Addr().String()
+}
+
+// held is the clients' side of the held streams.
+type held struct {
+	streams []discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	close   func()
+}
+
+// holdStreams opens one SotW stream per workload to addr (100 streams per
+// client connection), subscribes to CDS and LDS and ACKs both.
+func holdStreams(b *testing.B, addr string, creds credentials.TransportCredentials, ws []*workload) *held {
+	b.Helper()
+	const perConn = 100
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &held{streams: make([]discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, len(ws))}
+	var conns []*grpc.ClientConn
+	var wg sync.WaitGroup
+	errs := make(chan error, len(ws))
+	sem := make(chan struct{}, 32)
+	var cc *grpc.ClientConn
+	for i, w := range ws {
+		if i%perConn == 0 {
+			var err error
+			if cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(creds), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20))); err != nil {
+				b.Fatal(err)
+			}
+			conns = append(conns, cc)
+		}
+		conn := cc
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+w.token)
+			st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
+			for k, t := range []string{resource.ClusterType, resource.ListenerType} {
+				if err != nil {
+					break
+				}
+				req := &discovery.DiscoveryRequest{TypeUrl: t}
+				if k == 0 {
+					req.Node = sidecarNode(w.nodeID)
+				}
+				if err = st.Send(req); err != nil {
+					break
+				}
+				var resp *discovery.DiscoveryResponse
+				if resp, err = recvType(st, t); err != nil {
+					break
+				}
+				err = st.Send(&discovery.DiscoveryRequest{TypeUrl: t, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+			}
+			if err != nil {
+				errs <- fmt.Errorf("stream of %s: %w", w.key, err)
+				return
+			}
+			h.streams[i] = st
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	h.close = func() {
+		cancel()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}
+	return h
+}
+
+// recvType reads until a response of typeURL (istiod may push other types
+// of the stream's subscriptions meanwhile).
+func recvType(st discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, typeURL string) (*discovery.DiscoveryResponse, error) {
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if resp.GetTypeUrl() == typeURL {
+			return resp, nil
+		}
+		// ACK the push so the stream stays in sync.
+		if err := st.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// latencies subscribes every held stream to RDS 9080, 16 at a time, and
+// returns the time to each answer, sorted.
+func latencies(b *testing.B, h *held) []time.Duration {
+	b.Helper()
+	out := make([]time.Duration, len(h.streams))
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	errs := make(chan error, 16)
+	for range 16 {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < len(h.streams); i = int(next.Add(1)) - 1 {
+				st := h.streams[i]
+				t0 := time.Now()
+				if err := st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.RouteType, ResourceNames: []string{"9080"}}); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := recvType(st, resource.RouteType); err != nil {
+					errs <- err
+					return
+				}
+				out[i] = time.Since(t0)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	return d[min(len(d)-1, int(q*float64(len(d))))]
+}
+
+// istiodHeap is istiod's live heap after a forced GC, from the runtime
+// statistics at the end of its pprof heap profile.
+func istiodHeap(b *testing.B, i *testenv.Istiod) uint64 {
+	b.Helper()
+	resp, err := http.Get("http://" + i.HTTPAddr + "/debug/pprof/heap?debug=1&gc=1")
+	if err != nil {
+		b.Fatalf("istiod heap profile: %v", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("istiod heap profile: HTTP %d, %v", resp.StatusCode, err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				b.Fatalf("istiod heap profile: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	b.Fatalf("istiod heap profile has no HeapAlloc line (%d bytes)", len(body))
+	return 0
+}
+
+func heap() (uint64, int) {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc, runtime.NumGoroutine()
+}
+
+// side is one way's figures.
+type side struct {
+	// HeapBytesPerStream is this process's heap: the clients, and on the
+	// relayed side Embark too.
+	HeapBytesPerStream float64 `json:"heapBytesPerStream"`
+	// IstiodHeapBytesPerStream is istiod's heap per stream.
+	IstiodHeapBytesPerStream float64 `json:"istiodHeapBytesPerStream"`
+	GoroutinesPerStream      float64 `json:"goroutinesPerStream"`
+	P50Millis                float64 `json:"p50Millis"`
+	P99Millis                float64 `json:"p99Millis"`
+}
+
+// result is one stream count's figures.
+type result struct {
+	Streams int  `json:"streams"`
+	Relayed side `json:"relayed"`
+	Direct  side `json:"direct"`
+	// HeapRatio is relayed over direct heap per stream, istiod's included
+	// on both sides (target <= 1.3).
+	HeapRatio float64 `json:"heapRatio"`
+	// EmbarkHeapBytesPerStream is what Embark alone holds per relayed
+	// stream (this process's heap relayed minus direct).
+	EmbarkHeapBytesPerStream float64 `json:"embarkHeapBytesPerStream"`
+	// AddedP50Millis and AddedP99Millis are what the relay adds to a
+	// response (target < 5 ms at p99).
+	AddedP50Millis float64 `json:"addedP50Millis"`
+	AddedP99Millis float64 `json:"addedP99Millis"`
+}
+
+func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials.TransportCredentials, ws []*workload) side {
+	b.Helper()
+	h0, g0 := heap()
+	ih0 := istiodHeap(b, i)
+	h := holdStreams(b, addr, creds, ws)
+	defer h.close()
+	h1, g1 := heap()
+	ih1 := istiodHeap(b, i)
+	lat := latencies(b, h)
+	n := float64(len(ws))
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	return side{
+		HeapBytesPerStream:       (float64(h1) - float64(h0)) / n,
+		IstiodHeapBytesPerStream: (float64(ih1) - float64(ih0)) / n,
+		GoroutinesPerStream:      float64(g1-g0) / n,
+		P50Millis:                ms(quantile(lat, 0.50)),
+		P99Millis:                ms(quantile(lat, 0.99)),
+	}
+}
+
+func run(b *testing.B, n int) result {
+	ws := registerAll(b, n)
+	// istiod admits 25 new ADS streams per second by default
+	// (PILOT_MAX_REQUESTS_PER_SECOND) and fails a stream that waits over 1s
+	// with ResourceExhausted; the benchmark opens 1,000 at once on both
+	// sides, so the limit is raised for both alike.
+	i, err := testenv.StartIstiod(b.Context(), env, testenv.IstiodOptions{Env: []string{"PILOT_MAX_REQUESTS_PER_SECOND=100000"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = i.Close() }()
+	r := result{Streams: n}
+	direct := credentials.NewTLS(&tls.Config{RootCAs: i.RootPool(), ServerName: testenv.IstiodServerName, MinVersion: tls.VersionTLS12})
+	r.Direct = measureSide(b, i, i.SecureGRPCAddr, direct, ws)
+	// Each proxy's direct stream must be gone from istiod before it
+	// connects again through Embark (istiod keys connections by proxy).
+	time.Sleep(2 * time.Second)
+	r.Relayed = measureSide(b, i, startEmbark(b, i), insecure.NewCredentials(), ws)
+	if d := r.Direct.HeapBytesPerStream + r.Direct.IstiodHeapBytesPerStream; d > 0 {
+		r.HeapRatio = (r.Relayed.HeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream) / d
+	}
+	r.EmbarkHeapBytesPerStream = r.Relayed.HeapBytesPerStream - r.Direct.HeapBytesPerStream
+	r.AddedP50Millis = r.Relayed.P50Millis - r.Direct.P50Millis
+	r.AddedP99Millis = r.Relayed.P99Millis - r.Direct.P99Millis
+	return r
+}
+
+var recorder benchjson.Recorder
+
+func record(r result) {
+	s := fmt.Sprintf("streams=%d", r.Streams)
+	recorder.Add(
+		benchjson.Result{Name: "RelayedHeap/" + s, Unit: "B/stream", Value: r.Relayed.HeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream, Baseline: "DirectHeap/" + s, Note: "clients + Embark (server, relay, upstream stream) + istiod; target <= 1.3x"},
+		benchjson.Result{Name: "DirectHeap/" + s, Unit: "B/stream", Value: r.Direct.HeapBytesPerStream + r.Direct.IstiodHeapBytesPerStream, Note: "the same clients straight to istiod, + istiod"},
+		benchjson.Result{Name: "EmbarkHeap/" + s, Unit: "B/stream", Value: r.EmbarkHeapBytesPerStream, Note: "Embark alone per relayed stream"},
+		benchjson.Result{Name: "IstiodHeap/" + s, Unit: "B/stream", Value: r.Direct.IstiodHeapBytesPerStream, Note: "istiod alone per direct stream"},
+		benchjson.Result{Name: "RelayedGoroutines/" + s, Unit: "goroutines/stream", Value: r.Relayed.GoroutinesPerStream, Baseline: "DirectGoroutines/" + s},
+		benchjson.Result{Name: "DirectGoroutines/" + s, Unit: "goroutines/stream", Value: r.Direct.GoroutinesPerStream},
+		benchjson.Result{Name: "RelayedP50/" + s, Unit: "ms", Value: r.Relayed.P50Millis, Baseline: "DirectP50/" + s, Note: "RDS subscription to answer"},
+		benchjson.Result{Name: "DirectP50/" + s, Unit: "ms", Value: r.Direct.P50Millis},
+		benchjson.Result{Name: "RelayedP99/" + s, Unit: "ms", Value: r.Relayed.P99Millis, Baseline: "DirectP99/" + s, Note: "target: under 5 ms added"},
+		benchjson.Result{Name: "DirectP99/" + s, Unit: "ms", Value: r.Direct.P99Millis},
+	)
+}
+
+func BenchmarkRelay(b *testing.B) {
+	var counts []int
+	for _, f := range strings.Split(*streamsFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("-streams: %q", f)
+		}
+		counts = append(counts, n)
+	}
+	for _, n := range counts {
+		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				r := run(b, n)
+				b.ReportMetric(r.Relayed.HeapBytesPerStream+r.Relayed.IstiodHeapBytesPerStream, "relayed-heap-B/stream")
+				b.ReportMetric(r.Direct.HeapBytesPerStream+r.Direct.IstiodHeapBytesPerStream, "direct-heap-B/stream")
+				b.ReportMetric(r.EmbarkHeapBytesPerStream, "embark-heap-B/stream")
+				b.ReportMetric(r.Direct.IstiodHeapBytesPerStream, "istiod-heap-B/stream")
+				b.ReportMetric(r.HeapRatio, "heap-ratio")
+				b.ReportMetric(r.Relayed.P99Millis, "relayed-p99-ms")
+				b.ReportMetric(r.Direct.P99Millis, "direct-p99-ms")
+				b.ReportMetric(r.AddedP50Millis, "added-p50-ms")
+				b.ReportMetric(r.AddedP99Millis, "added-p99-ms")
+				record(r)
+			}
+		})
+	}
+	if *jsonFlag != "" {
+		if err := recorder.WriteFile(*jsonFlag, "github.com/embark-mesh/embark/benchmarks/relay"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

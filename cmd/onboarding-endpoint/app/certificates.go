@@ -1,0 +1,33 @@
+package app
+
+import (
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/ca"
+)
+
+// serveCertificates relays istiod's certificate service on the xDS server g
+// over conn, the endpoint's connection to istiod (dialIstiod); nil conn: no
+// istiod configured, and VMs get no certificate service from Embark.
+func serveCertificates(cfg *config.Configuration, conn *grpc.ClientConn, g *grpc.Server, auth *xds.Server, reg prometheus.Registerer, log *slog.Logger) error {
+	if conn == nil {
+		log.Warn("no istiod configured (istiod.address): sidecars get no workload certificates from this endpoint")
+		return nil
+	}
+	metrics, err := ca.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	relay, err := ca.New(ca.Options{Upstream: conn, Authorizer: auth, Metrics: metrics, Logger: log.With("component", "ca-relay")})
+	if err != nil {
+		return err
+	}
+	relay.Register(g)
+	log.Info("relaying istiod's certificate service on the xDS address", "istiod", cfg.Istiod.Address, "serverName", cfg.Istiod.ServerName)
+	return nil
+}

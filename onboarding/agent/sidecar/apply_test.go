@@ -1,0 +1,212 @@
+package sidecar
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/embark-mesh/embark/onboarding/agent/config"
+)
+
+func selfSignedPEM(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "root"}, IsCA: true, BasicConstraintsValid: true,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+type systemctlCalls []string
+
+func (c *systemctlCalls) run(_ context.Context, verb, unit string) error {
+	*c = append(*c, verb+" "+unit)
+	return nil
+}
+
+func installPaths(dir string) config.BootstrapFiles {
+	return config.BootstrapFiles{
+		ClusterEnv: filepath.Join(dir, "var/lib/istio/envoy/cluster.env"),
+		MeshConfig: filepath.Join(dir, "etc/istio/config/mesh"),
+		RootCert:   filepath.Join(dir, "etc/certs/root-cert.pem"),
+		Token:      filepath.Join(dir, "var/run/secrets/tokens/istio-token"),
+	}
+}
+
+// The agent stages, the root side installs and restarts; then a stop.
+func TestStageAndApply(t *testing.T) {
+	dir, staging := t.TempDir(), t.TempDir()
+	paths := installPaths(dir)
+	boot := testBootstrap()
+	boot.RootCertificates = selfSignedPEM(t)
+	f := &Files{Paths: paths, Env: EnvOptions{CAAddress: "istiod-ca.example:15012"}}
+	id := Identity{Namespace: "bookinfo", RegistrationName: "ratings-x"}
+	if err := f.Stage(staging, id, boot); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(paths.ClusterEnv); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Stage wrote the installed cluster.env: %v", err)
+	}
+	if b, err := os.ReadFile(paths.Token); err != nil || string(b) != "sidecar.jwt.token" {
+		t.Fatalf("token not written in place: %q %v", b, err)
+	}
+	if err := Request(staging, RequestRestart, 1); err != nil {
+		t.Fatal(err)
+	}
+	var calls systemctlCalls
+	opts := ApplyOptions{StagingDir: staging, Paths: paths, Unit: "istio.service", Systemctl: calls.run}
+	action, err := Apply(t.Context(), opts)
+	if err != nil || action != RequestRestart {
+		t.Fatalf("Apply = %q, %v", action, err)
+	}
+	want, err := ClusterEnv(id, boot, envWithRoot(f.Env, paths.RootCert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, want string }{
+		{paths.ClusterEnv, string(want)},
+		{paths.RootCert, string(boot.RootCertificates)},
+	} {
+		got, err := os.ReadFile(c.path)
+		if err != nil || string(got) != c.want {
+			t.Errorf("%s = %q, %v; want %q", c.path, got, err, c.want)
+		}
+		if info, _ := os.Stat(c.path); info.Mode().Perm() != 0o644 {
+			t.Errorf("%s mode %v, want 0644 (istio-proxy reads it)", c.path, info.Mode())
+		}
+	}
+	if mesh, _ := os.ReadFile(paths.MeshConfig); !strings.Contains(string(mesh), "readinessProbe") {
+		t.Errorf("mesh config %q", mesh)
+	}
+	if !strings.Contains(string(want), "CA_ADDR='istiod-ca.example:15012'") {
+		t.Errorf("caAddress not used: %s", want)
+	}
+	if err := Request(staging, RequestStop, 2); err != nil {
+		t.Fatal(err)
+	}
+	if action, err := Apply(t.Context(), opts); err != nil || action != RequestStop {
+		t.Fatalf("Apply = %q, %v", action, err)
+	}
+	if got := strings.Join(calls, ","); got != "restart istio.service,stop istio.service" {
+		t.Errorf("systemctl calls %q", got)
+	}
+}
+
+// What a compromised or buggy agent could stage is refused before anything
+// is installed or restarted.
+func TestApplyRefusesBadStagedFiles(t *testing.T) {
+	good, err := ClusterEnv(Identity{Namespace: "ns", RegistrationName: "vm"}, testBootstrap(), EnvOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		env     string
+		mesh    string
+		root    string
+		link    bool
+		request string
+		wantErr string
+	}{
+		{name: "command in cluster.env", env: string(good) + "PILOT_ADDRESS=$(id)\n", wantErr: "repeated"},
+		{name: "unknown key", env: string(good) + "ISTIO_BIN_BASE='/tmp'\n", wantErr: `key "ISTIO_BIN_BASE" is not allowed`},
+		{name: "unquoted value", env: strings.Replace(string(good), "POD_NAME='vm'", "POD_NAME=vm;id", 1), wantErr: "single-quoted"},
+		{name: "TPROXY makes istio-start.sh run pilot-agent as root", env: strings.Replace(string(good), "ISTIO_INBOUND_INTERCEPTION_MODE='NONE'", "ISTIO_INBOUND_INTERCEPTION_MODE='TPROXY'", 1), wantErr: "ISTIO_INBOUND_INTERCEPTION_MODE"},
+		{name: "iptables on", env: strings.Replace(string(good), "ISTIO_CUSTOM_IP_TABLES='true'", "ISTIO_CUSTOM_IP_TABLES='false'", 1), wantErr: "ISTIO_CUSTOM_IP_TABLES"},
+		{name: "not a certificate", root: "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n", wantErr: "root certificate"},
+		{name: "extra mesh field", mesh: "defaultConfig: {}\nrootNamespace: x\n", wantErr: "mesh config"},
+		{name: "symlink out of the staging directory", link: true, wantErr: "staged cluster.env"},
+		{name: "unknown request", request: "chmod 4755 /bin/sh\n", wantErr: "want restart or stop"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir, staging := t.TempDir(), t.TempDir()
+			boot := testBootstrap()
+			boot.RootCertificates = selfSignedPEM(t)
+			paths := installPaths(dir)
+			if err := (&Files{Paths: paths}).Stage(staging, Identity{Namespace: "ns", RegistrationName: "vm"}, boot); err != nil {
+				t.Fatal(err)
+			}
+			write := func(name, data string) {
+				if data != "" {
+					if err := os.WriteFile(filepath.Join(staging, name), []byte(data), 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			write(StagedClusterEnv, tt.env)
+			write(StagedMeshConfig, tt.mesh)
+			write(StagedRootCert, tt.root)
+			if tt.link {
+				secret := filepath.Join(dir, "secret")
+				if err := os.WriteFile(secret, good, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				_ = os.Remove(filepath.Join(staging, StagedClusterEnv))
+				if err := os.Symlink(secret, filepath.Join(staging, StagedClusterEnv)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			req := tt.request
+			if req == "" {
+				req = "restart 1\n"
+			}
+			write(RequestFile, req)
+			var calls systemctlCalls
+			_, err := Apply(t.Context(), ApplyOptions{StagingDir: staging, Paths: paths, Unit: "istio.service", Systemctl: calls.run})
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Apply error %v, want %q", err, tt.wantErr)
+			}
+			if len(calls) > 0 {
+				t.Errorf("systemctl ran: %v", calls)
+			}
+			if _, err := os.Stat(paths.ClusterEnv); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cluster.env installed despite the error")
+			}
+		})
+	}
+}
+
+func TestParseClusterEnvRoundTrip(t *testing.T) {
+	boot := testBootstrap()
+	boot.Labels["odd"] = `a'b"c$(id)` + "`x`"
+	env, err := ClusterEnv(Identity{Namespace: "ns", RegistrationName: "vm"}, boot, EnvOptions{Revision: "canary"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars, err := ParseClusterEnv(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := renderEnv(vars)
+	if err != nil || string(again) != string(env) {
+		t.Errorf("round trip changed cluster.env:\n%s\n%s (%v)", env, again, err)
+	}
+	if !strings.Contains(vars["ISTIO_METAJSON_LABELS"], `a'b\"c$(id)`) {
+		t.Errorf("labels %q", vars["ISTIO_METAJSON_LABELS"])
+	}
+}
+
+// envWithRoot is what Files passes to ClusterEnv: opts with the
+// installed root certificate's path.
+func envWithRoot(opts EnvOptions, rootCert string) EnvOptions {
+	opts.RootCert = rootCert
+	return opts
+}

@@ -1,0 +1,142 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+// EnforcementOptions configures an Enforcement writer. Every field
+// documents its default.
+type EnforcementOptions struct {
+	// Client writes registration status. Required.
+	Client client.Client
+	// Reader reads registrations (an informer cache). Default: Client.
+	Reader client.Reader
+	// Writes limits and retries the writes. Zero fields: DefaultWriteOptions.
+	Writes WriteOptions
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock of condition transitions. Default time.Now.
+	Now func() time.Time
+}
+
+// Enforcement writes the ConfigurationEnforced condition of registrations:
+// False (reason UnsupportedPolicy) naming the policies that select the
+// workload but are not enforced, True (reason PoliciesEnforced) once that
+// list empties again. It writes only when the condition changes, and
+// nothing for a registration that never had an unenforced policy. Set never
+// blocks; Run writes.
+type Enforcement struct {
+	opts   EnforcementOptions
+	writer *writer
+	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
+
+	mu   sync.Mutex
+	want map[types.NamespacedName][]string
+}
+
+// NewEnforcement returns an Enforcement writer; run it with Run.
+func NewEnforcement(opts EnforcementOptions) (*Enforcement, error) {
+	if opts.Client == nil {
+		return nil, errors.New("registry: EnforcementOptions.Client is required")
+	}
+	if opts.Reader == nil {
+		opts.Reader = opts.Client
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Enforcement{
+		opts:   opts,
+		writer: newWriter(opts.Writes),
+		queue:  workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, time.Minute)),
+		want:   map[types.NamespacedName][]string{},
+	}, nil
+}
+
+// Set records what the registration's workload is served without: the
+// policies (e.g. "AuthorizationPolicy bookinfo/jwt-only: ...") that select
+// it but are not enforced; none means everything is. The latest call wins.
+func (e *Enforcement) Set(key types.NamespacedName, unenforced []string) {
+	e.mu.Lock()
+	e.want[key] = append([]string(nil), unenforced...)
+	e.mu.Unlock()
+	e.queue.Add(key)
+}
+
+// Run writes the conditions Set asks for until ctx ends.
+func (e *Enforcement) Run(ctx context.Context) {
+	go func() {
+		<-ctx.Done()
+		e.queue.ShutDown()
+	}()
+	for processNext(ctx, e.queue, e.write, e.opts.Logger, "write ConfigurationEnforced condition") {
+	}
+}
+
+// condition is the ConfigurationEnforced condition for a list of unenforced
+// policies.
+func enforcedCondition(unenforced []string, generation int64, now time.Time) metav1.Condition {
+	c := metav1.Condition{
+		Type: runtimev1alpha1.ConditionConfigurationEnforced, Status: metav1.ConditionTrue,
+		Reason: runtimev1alpha1.ReasonPoliciesEnforced, Message: "every policy selecting the workload is enforced",
+		ObservedGeneration: generation, LastTransitionTime: metav1.NewTime(now),
+	}
+	if len(unenforced) > 0 {
+		c.Status, c.Reason = metav1.ConditionFalse, runtimev1alpha1.ReasonUnsupportedPolicy
+		c.Message = "inbound traffic refused: not enforced in standalone mode: " + strings.Join(unenforced, "; ")
+		// metav1.Condition messages are at most 32768 bytes.
+		if len(c.Message) > 32000 {
+			c.Message = c.Message[:32000] + "..."
+		}
+	}
+	return c
+}
+
+func (e *Enforcement) write(ctx context.Context, key types.NamespacedName) error {
+	e.mu.Lock()
+	unenforced, ok := e.want[key]
+	e.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	cached := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := e.opts.Reader.Get(ctx, key, cached); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	_, err := updateRegistrationStatus(ctx, e.writer, e.opts.Client, e.opts.Client, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
+		prev := meta.FindStatusCondition(cur.Status.Conditions, runtimev1alpha1.ConditionConfigurationEnforced)
+		if prev == nil && len(unenforced) == 0 {
+			return false // never unenforced: nothing to say
+		}
+		want := enforcedCondition(unenforced, cur.Generation, e.opts.Now())
+		if prev != nil && prev.Status == want.Status && prev.Reason == want.Reason && prev.Message == want.Message {
+			return false
+		}
+		return meta.SetStatusCondition(&cur.Status.Conditions, want)
+	})
+	if err == nil {
+		e.mu.Lock()
+		if cur, ok := e.want[key]; ok && slices.Equal(cur, unenforced) {
+			delete(e.want, key)
+		}
+		e.mu.Unlock()
+	}
+	return err
+}

@@ -1,0 +1,203 @@
+package adversarial
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	istioapi "istio.io/api/networking/v1"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/registry"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// selfSignedRoot writes a PEM root to dir (istiod's roots for a relay whose
+// istiod is not there: requests that pass Embark's checks then fail
+// Unavailable, which tells them apart from those Embark refused).
+func selfSignedRoot(t *testing.T, dir string) string {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "absent istiod"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "istiod-root.pem")
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startCARelay runs the endpoint for ns with an istiod configured at an
+// address where nothing listens, and returns a certificate client of its
+// xDS address.
+func startCARelay(t *testing.T, ns string) securityv1alpha1.IstioCertificateServiceClient {
+	t.Helper()
+	dir := t.TempDir()
+	xdsAddr := freeAddr(t)
+	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+namespace: %s
+endpoint:
+  hosts: [onboarding-endpoint.example.corp]
+  plaintext: true
+istiod:
+  address: %s
+  serverName: istiod.istio-system.svc
+  rootCertFile: %s
+listen: {onboarding: %s, metrics: %s, xds: %s, repository: %s}
+`, ns, freeAddr(t), selfSignedRoot(t, dir), freeAddr(t), freeAddr(t), xdsAddr, freeAddr(t))
+	file := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done, ready := make(chan error, 1), make(chan struct{})
+	go func() {
+		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: "ca-" + ns, DebugXDS: "off",
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("endpoint: %v", err)
+	}
+	t.Cleanup(func() { cancel(); <-done })
+	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return securityv1alpha1.NewIstioCertificateServiceClient(conn)
+}
+
+func TestCertificateRequestsNeedALiveRegistrationsToken(t *testing.T) {
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
+	for _, obj := range []client.Object{wg, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}} {
+		if err := env.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	registerVM := func(n int) *registry.Result {
+		res, err := reg.Register(ctx, registry.Request{
+			Group: wg,
+			Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+				EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", n)}}},
+			Registration: runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: fmt.Sprintf("10.1.0.%d", n), Type: runtimev1alpha1.AddressTypeVPC}}}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	live, deleted := registerVM(1), registerVM(2)
+	if err := env.Client.Delete(ctx, deleted.Registration); err != nil {
+		t.Fatal(err)
+	}
+	kube, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A plain token of the group's service account for istiod's audience:
+	// what a pod of that service account holds, not bound to a registration.
+	plain, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "ratings-vm", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca", registry.DefaultXDSAudience}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := startCARelay(t, ns)
+	ask := func(token string) error {
+		ctx := t.Context()
+		if token != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+		}
+		_, err := ca.CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{Csr: "-----BEGIN CERTIFICATE REQUEST-----", ValidityDuration: 3600})
+		return err
+	}
+	// Control: the live registration's token passes Embark's checks and
+	// fails only because istiod is absent.
+	if err := ask(live.SidecarToken.Token); status.Code(err) != codes.Unavailable {
+		t.Fatalf("live registration's token: %v, want Unavailable from the absent istiod", err)
+	}
+	tests := []struct {
+		attack string
+		token  string
+		want   []codes.Code
+	}{
+		{attack: "certificate request without a token", want: []codes.Code{codes.Unauthenticated}},
+		{attack: "certificate request with a deleted registration's sidecar token", token: deleted.SidecarToken.Token, want: []codes.Code{codes.Unauthenticated, codes.PermissionDenied}},
+		{attack: "certificate request with a plain service-account token of the group's service account", token: plain.Status.Token, want: []codes.Code{codes.Unauthenticated}},
+		{attack: "certificate request with a garbage bearer token", token: "not-a-jwt", want: []codes.Code{codes.Unauthenticated}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.attack, func(t *testing.T) {
+			Attack(t, tt.attack)
+			var err error
+			// The deleted registration's Secret disappears through the
+			// garbage collector: wait for the refusal.
+			_ = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+				err = ask(tt.token)
+				return status.Code(err) != codes.Unavailable, nil
+			})
+			got := status.Code(err)
+			ok := false
+			for _, w := range tt.want {
+				ok = ok || got == w
+			}
+			if !ok {
+				t.Errorf("CreateCertificate = %v, want one of %v", err, tt.want)
+			}
+		})
+	}
+}

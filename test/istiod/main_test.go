@@ -1,0 +1,155 @@
+package istiod
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/test/testenv"
+)
+
+var (
+	env    *testenv.Env
+	istiod *testenv.Istiod
+)
+
+// Clean-up timing of the test istiod: it deletes the entries it takes for its
+// own once istio.io/disconnectedAt is older than cleanupGrace (checked every
+// 10 × cleanupGrace), or istio.io/connectedAt older than 1.5 × maxConnAge.
+const (
+	cleanupGrace = 500 * time.Millisecond
+	maxConnAge   = 2 * time.Second
+)
+
+func TestMain(m *testing.M) {
+	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+		var err error
+		istiod, err = testenv.StartIstiod(ctx, env, testenv.IstiodOptions{
+			MaxConnectionAge: maxConnAge, WorkloadEntryGracePeriod: cleanupGrace,
+		})
+		if err != nil {
+			return err
+		}
+		context.AfterFunc(ctx, func() { _ = istiod.Close() })
+		return nil
+	})
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// endpoint is one onboarding endpoint (app.Run) configured with the test
+// istiod.
+type endpoint struct {
+	xds      string
+	rootFile string // PEM root of the endpoint's xDS serving certificate
+}
+
+// startEndpoint runs the endpoint for ns with istiod configured; its xDS
+// listener serves TLS with a certificate for 127.0.0.1 (what a VM's
+// pilot-agent verifies), the onboarding API plaintext.
+func startEndpoint(t *testing.T, ns string) *endpoint {
+	t.Helper()
+	dir := t.TempDir()
+	istiodRoots := filepath.Join(dir, "istiod-root-cert.pem")
+	if err := os.WriteFile(istiodRoots, istiod.RootCert, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, rootFile := servingCert(t, dir)
+	e := &endpoint{xds: freeAddr(t), rootFile: rootFile}
+	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+namespace: %s
+endpoint:
+  hosts: [onboarding-endpoint.example.corp]
+  certFile: %s
+  keyFile: %s
+registration:
+  gracePeriod: 1h
+istiod:
+  address: %s
+  serverName: %s
+  rootCertFile: %s
+listen:
+  onboarding: %s
+  metrics: %s
+  xds: %s
+  repository: %s
+`, ns, certFile, keyFile, istiod.SecureGRPCAddr, testenv.IstiodServerName, istiodRoots, freeAddr(t), freeAddr(t), e.xds, freeAddr(t))
+	file := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	ready := make(chan struct{})
+	go func() {
+		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: "replica-" + ns, DebugXDS: "off",
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("endpoint: %v", err)
+	case <-time.After(2 * time.Minute):
+		cancel()
+		t.Fatal("endpoint not ready")
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("endpoint returned %v after shutdown", err)
+			}
+		case <-time.After(time.Minute):
+			t.Error("endpoint did not stop")
+		}
+	})
+	return e
+}
+
+// ratingsGroup creates seed 004's ratings WorkloadGroup (with a readiness
+// probe), its service account and the ratings Service that selects it.
+func ratingsGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
+	t.Helper()
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Metadata = &istioapi.WorkloadGroup_ObjectMeta{Labels: map[string]string{"app": "ratings", "version": "v5"}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{
+		Labels: map[string]string{"app": "ratings", "version": "v5"}, ServiceAccount: "ratings-vm",
+		Network: "virtual-machines", Ports: map[string]uint32{"http": 9080},
+	}
+	wg.Spec.Probe = &istioapi.ReadinessProbe{PeriodSeconds: 1, HealthCheckMethod: &istioapi.ReadinessProbe_HttpGet{HttpGet: &istioapi.HTTPHealthCheckConfig{Path: "/ready", Port: 9080}}}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}, Spec: corev1.ServiceSpec{
+		Selector: map[string]string{"app": "ratings"},
+		Ports:    []corev1.ServicePort{{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)}},
+	}}
+	for _, obj := range []client.Object{wg, svc, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}} {
+		if err := env.Client.Create(t.Context(), obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return wg
+}

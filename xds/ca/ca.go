@@ -1,0 +1,225 @@
+// Package ca relays istiod's certificate service to VMs: the onboarding
+// endpoint serves istio.v1.auth.IstioCertificateService on its own xDS
+// address (what pilot-agent's CA_ADDR defaults to), so a VM needs to reach
+// one address. Each request's caller is authenticated exactly as an xDS
+// stream is (its bearer token bound to a live registration; see
+// xds.Server.AuthorizeCertificate), then the request is sent to istiod's CA
+// with the caller's own token: istiod reviews that token (audience istio-ca)
+// and certifies the token's service account, never anything the request
+// claims. Requests are bounded in size, rate, concurrency and time.
+package ca
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
+
+	"github.com/embark-mesh/embark/xds"
+)
+
+// Defaults of Options.
+const (
+	DefaultMaxRequestBytes = 16 << 10
+	DefaultRate            = 50.0
+	DefaultBurst           = 100
+	DefaultMaxInFlight     = 64
+	DefaultTimeout         = 10 * time.Second
+	// MaxValidity bounds the validity a caller may ask for (istiod applies
+	// its own maximum as well).
+	MaxValidity = 90 * 24 * time.Hour
+)
+
+// Authorizer authenticates a certificate request's caller from the request
+// context (*xds.Server satisfies it). Its errors carry gRPC status codes.
+type Authorizer interface {
+	AuthorizeCertificate(ctx context.Context) (*xds.CertificateCaller, error)
+}
+
+var _ Authorizer = (*xds.Server)(nil)
+
+// Options configures a Relay. Every field documents its default.
+type Options struct {
+	// Upstream is the connection to istiod's secure port (package
+	// xds/upstream). Required.
+	Upstream grpc.ClientConnInterface
+	// Authorizer authenticates callers. Required.
+	Authorizer Authorizer
+	// MaxRequestBytes bounds a request's encoded size (a CSR is about 1
+	// KiB). Default 16 KiB.
+	MaxRequestBytes int
+	// Rate and Burst bound the requests per second this replica relays
+	// (token bucket); over it requests fail with ResourceExhausted and
+	// pilot-agent retries with backoff. Defaults 50/s, burst 100.
+	Rate  float64
+	Burst int
+	// MaxInFlight bounds requests waiting for istiod at once. Default 64.
+	MaxInFlight int
+	// Timeout bounds one request to istiod. Default 10s.
+	Timeout time.Duration
+	// Metrics. Default: not recorded.
+	Metrics *Metrics
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o *Options) setDefaults() error {
+	if o.Upstream == nil || o.Authorizer == nil {
+		return errors.New("ca: Upstream and Authorizer are required")
+	}
+	if o.MaxRequestBytes <= 0 {
+		o.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if o.Rate <= 0 {
+		o.Rate = DefaultRate
+	}
+	if o.Burst <= 0 {
+		o.Burst = DefaultBurst
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Relay serves istio.v1.auth.IstioCertificateService by relaying to istiod.
+type Relay struct {
+	securityv1alpha1.UnimplementedIstioCertificateServiceServer
+	opts     Options
+	upstream securityv1alpha1.IstioCertificateServiceClient
+	limit    *rate.Limiter
+	inFlight chan struct{}
+}
+
+var _ securityv1alpha1.IstioCertificateServiceServer = (*Relay)(nil)
+
+// New returns a Relay.
+func New(opts Options) (*Relay, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	return &Relay{
+		opts:     opts,
+		upstream: securityv1alpha1.NewIstioCertificateServiceClient(opts.Upstream),
+		limit:    rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
+		inFlight: make(chan struct{}, opts.MaxInFlight),
+	}, nil
+}
+
+// Register adds the certificate service to g (the xDS server's gRPC server).
+func (r *Relay) Register(g grpc.ServiceRegistrar) {
+	securityv1alpha1.RegisterIstioCertificateServiceServer(g, r)
+}
+
+// clusterIDHeader is the header pilot-agent names its cluster with; istiod
+// uses it to pick the cluster that reviews the token.
+const clusterIDHeader = "clusterid"
+
+// CreateCertificate authenticates the caller, then asks istiod to sign the
+// request with the caller's token.
+func (r *Relay) CreateCertificate(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
+	start := time.Now()
+	resp, err := r.create(ctx, req)
+	r.opts.Metrics.observe(status.Code(err), time.Since(start))
+	return resp, err
+}
+
+func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
+	if n := proto.Size(req); n > r.opts.MaxRequestBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "certificate request of %d bytes exceeds the limit of %d", n, r.opts.MaxRequestBytes)
+	}
+	if req.GetCsr() == "" {
+		return nil, status.Error(codes.InvalidArgument, "certificate request without a CSR")
+	}
+	if v := req.GetValidityDuration(); v < 0 || v > int64(MaxValidity/time.Second) {
+		return nil, status.Errorf(codes.InvalidArgument, "validity of %ds is outside 0..%ds", v, int64(MaxValidity/time.Second))
+	}
+	if !r.limit.Allow() {
+		return nil, status.Error(codes.ResourceExhausted, "certificate requests over this endpoint's rate limit; retry later")
+	}
+	caller, err := r.opts.Authorizer.AuthorizeCertificate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case r.inFlight <- struct{}{}:
+		defer func() { <-r.inFlight }()
+	default:
+		return nil, status.Error(codes.ResourceExhausted, "too many certificate requests waiting for istiod; retry later")
+	}
+	md := metadata.Pairs("authorization", "Bearer "+caller.Token)
+	if in, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := in.Get(clusterIDHeader); len(v) == 1 && len(v[0]) <= 253 {
+			md.Set(clusterIDHeader, v[0])
+		}
+	}
+	uctx, cancel := context.WithTimeout(metadata.NewOutgoingContext(ctx, md), r.opts.Timeout)
+	defer cancel()
+	resp, err := r.upstream.CreateCertificate(uctx, req)
+	if err != nil {
+		st := status.Convert(err)
+		code := st.Code()
+		if code == codes.DeadlineExceeded && ctx.Err() == nil {
+			code = codes.Unavailable // istiod too slow, not the caller's deadline
+		}
+		r.opts.Logger.Info("istiod refused or failed a certificate request", "registration", caller.Registration.String(), "code", st.Code().String(), "error", st.Message())
+		return nil, status.Errorf(code, "istiod's CA: %s", st.Message())
+	}
+	if len(resp.GetCertChain()) == 0 {
+		return nil, status.Error(codes.Internal, "istiod's CA answered without a certificate chain")
+	}
+	r.opts.Logger.Debug("relayed a certificate", "registration", caller.Registration.String(), "serviceAccount", caller.ServiceAccount.String())
+	return resp, nil
+}
+
+// Metrics are the relay's metrics.
+type Metrics struct {
+	requests *prometheus.CounterVec
+	duration prometheus.Histogram
+}
+
+// NewMetrics registers embark_ca_requests_total{code} and
+// embark_ca_request_duration_seconds with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "embark_ca_requests_total",
+			Help: "Certificate requests relayed to istiod's CA, by gRPC status code answered.",
+		}, []string{"code"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "embark_ca_request_duration_seconds",
+			Help:    "Time to answer a certificate request, istiod's signing included.",
+			Buckets: prometheus.ExponentialBuckets(0.002, 2, 14),
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register CA relay metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) observe(code codes.Code, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(code.String()).Inc()
+	m.duration.Observe(d.Seconds())
+}

@@ -1,0 +1,77 @@
+package xds
+
+import (
+	"sync/atomic"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+
+	"github.com/embark-mesh/embark/xds/relay"
+)
+
+// relayStreamIDs numbers relayed streams for the connection tracker:
+// negative, so they never meet go-control-plane's positive stream IDs.
+var relayStreamIDs atomic.Int64
+
+// relayed runs an admitted workload stream in istiod mode: the server keeps
+// authentication, liveness (the stream counts as the workload's connection
+// exactly as in standalone mode), health reports and its own syncz
+// bookkeeping; every other request goes to istiod through s.opts.Relay.
+func relayed[Req, Resp any](s *Server, bs *boundStream[Req, Resp], st *stream,
+	run func(token string, hooks relay.Hooks[Req, Resp]) error,
+	info func(*Req) requestInfo, sent func(*Resp) (typeURL, nonce, version string),
+) error {
+	id := -relayStreamIDs.Add(1)
+	if err := s.OnStreamOpen(bs.ctx, id, ""); err != nil {
+		return err
+	}
+	defer s.OnStreamClosed(id, nil)
+	token, err := bearerToken(bs.ctx)
+	if err != nil {
+		return err
+	}
+	return run(token, relay.Hooks[Req, Resp]{
+		Request: func(req *Req) (bool, error) {
+			ri := info(req)
+			track, err := s.checkType(st, ri.typeURL, ri.errorDetail)
+			if err != nil || !track {
+				return false, err
+			}
+			if version, nack := st.requested(ri.typeURL, ri.nonce, ri.errorDetail != nil, s.opts.Clock()); nack {
+				s.nacked(st, ri.typeURL, version, ri.errorDetail)
+			}
+			return true, nil
+		},
+		Response: func(resp *Resp) {
+			t, n, v := sent(resp)
+			st.sent(t, n, v, s.opts.Clock())
+		},
+	})
+}
+
+func (s *Server) relaySotW(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], st *stream) error {
+	return relayed(s, bs, st, func(token string, h relay.Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		return s.opts.Relay.SotW(bs.ctx, bs, token, h)
+	}, func(r *discovery.DiscoveryRequest) requestInfo {
+		return requestInfo{r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail()}
+	}, func(r *discovery.DiscoveryResponse) (string, string, string) {
+		return r.GetTypeUrl(), r.GetNonce(), r.GetVersionInfo()
+	})
+}
+
+func (s *Server) relayDelta(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], st *stream) error {
+	return relayed(s, bs, st, func(token string, h relay.Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+		return s.opts.Relay.Delta(bs.ctx, bs, token, h)
+	}, func(r *discovery.DeltaDiscoveryRequest) requestInfo {
+		return requestInfo{r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail()}
+	}, func(r *discovery.DeltaDiscoveryResponse) (string, string, string) {
+		return r.GetTypeUrl(), r.GetNonce(), r.GetSystemVersionInfo()
+	})
+}
+
+// requestInfo is what the server reads of a request, SotW or Delta.
+type requestInfo struct {
+	typeURL     string
+	nonce       string
+	errorDetail *rpcstatus.Status
+}

@@ -1,0 +1,154 @@
+package xds
+
+import (
+	"context"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/embark-mesh/embark/xds/relay"
+)
+
+// standIn is an xDS server standing in for istiod (go-control-plane) where
+// the test needs to see what the relay sends upstream; the tests in
+// istiod_test.go run the relay against the real istiod.
+type standIn struct {
+	addr  string
+	cache cache.SnapshotCache
+	g     *grpc.Server
+
+	mu     sync.Mutex
+	open   int
+	tokens []string
+	types  []string
+}
+
+func startStandIn(t *testing.T, nodeID string) *standIn {
+	t.Helper()
+	s := &standIn{cache: cache.NewSnapshotCache(false, cache.IDHash{}, nil)}
+	snap, err := cache.NewSnapshot("v1", map[resource.Type][]types.Resource{resource.ListenerType: {}, resource.ClusterType: {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cache.SetSnapshot(t.Context(), nodeID, snap); err != nil {
+		t.Fatal(err)
+	}
+	srv := serverv3.NewServer(context.Background(), s.cache, serverv3.CallbackFuncs{
+		StreamOpenFunc: func(ctx context.Context, _ int64, _ string) error {
+			md, _ := metadata.FromIncomingContext(ctx)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.open++
+			s.tokens = append(s.tokens, strings.Join(md.Get("authorization"), ","))
+			return nil
+		},
+		StreamClosedFunc: func(int64, *core.Node) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.open--
+		},
+		StreamRequestFunc: func(_ int64, r *discovery.DiscoveryRequest) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.types = append(s.types, r.GetTypeUrl())
+			return nil
+		},
+	})
+	s.g = grpc.NewServer()
+	discovery.RegisterAggregatedDiscoveryServiceServer(s.g, srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = lis.Addr().String()
+	go func() { _ = s.g.Serve(lis) }()
+	t.Cleanup(s.g.Stop)
+	return s
+}
+
+func (s *standIn) relay(t *testing.T) *relay.Relay {
+	t.Helper()
+	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	r, err := relay.New(relay.Options{Conn: conn, MaxBackoff: 200 * time.Millisecond, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (s *standIn) state() (open int, tokens, typeURLs []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.open, slices.Clone(s.tokens), slices.Clone(s.types)
+}
+
+// TestRelayModeKeepsLivenessAndHealth: in istiod mode the server still
+// authenticates, keeps the stream as the workload's liveness and its health
+// reports (never relayed), refuses debug types, relays with the sidecar's
+// own token and keeps the stream while the upstream is gone.
+func TestRelayModeKeepsLivenessAndHealth(t *testing.T) {
+	ns := env.Namespace(t)
+	w := register(t, ns, "i-00000000000000e1a", "10.0.8.1")
+	up := startStandIn(t, w.nodeID)
+	r := startReplica(t, "replica-a", nil, func(o *Options) { o.Relay = up.relay(t) })
+	conn := dial(t, r.addr)
+
+	if _, err := open(t, conn, false, "", sidecarNode(w.nodeID)); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("no token: %v, want Unauthenticated", err)
+	}
+	c, err := open(t, conn, false, w.token, sidecarNode(w.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.key, connected("replica-a"))
+	before := agentConnected(t, w)
+	if _, tokens, _ := up.state(); !slices.Equal(tokens, []string{"Bearer " + w.token}) {
+		t.Errorf("upstream authorization %q, want the sidecar's token", tokens)
+	}
+
+	health := func() {
+		t.Helper()
+		n := len(r.health.all())
+		if err := c.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: TypeHealthInformation}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return len(r.health.all()) == n+1 })
+	}
+	health()
+	// The upstream goes away: the sidecar's stream stays and is served.
+	up.g.Stop()
+	health()
+	if after := agentConnected(t, w); !after.LastTransitionTime.Equal(&before.LastTransitionTime) || r.conns.Streams(w.key) != 1 {
+		t.Errorf("the workload's connection changed while its upstream was gone: %+v -> %+v", before, after)
+	}
+	if _, _, typeURLs := up.state(); slices.Contains(typeURLs, TypeHealthInformation) {
+		t.Error("a health report was relayed upstream")
+	}
+	// Debug types stay refused on sidecar streams.
+	if err := c.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: TypeSyncz}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.recvErr(); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("syncz on a sidecar stream: %v, want PermissionDenied", err)
+	}
+	waitState(t, w.key, disconnected("replica-a"))
+}
