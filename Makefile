@@ -34,8 +34,10 @@ REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 VERSION_LDFLAGS := -X github.com/embark-mesh/embark/version.version=$(VERSION) -X github.com/embark-mesh/embark/version.revision=$(REVISION)
 
 CRD_DIR := api/crds
-# Checksums of every generated file, to tell whether `make generate` changed any.
-GENERATED_SUM := find api onboarding -name 'zz_generated*.go' -o -name '*.pb.go' -o -path 'api/crds/*.yaml' | LC_ALL=C sort | xargs sha256sum
+CHART_DIR := manifests/charts/embark
+# Checksums of every generated file, to tell whether `make generate` changed any
+# (the chart's copies of the CRDs, alerts and dashboard included).
+GENERATED_SUM := find api onboarding $(CHART_DIR)/crds $(CHART_DIR)/files -name 'zz_generated*.go' -o -name '*.pb.go' -o -path 'api/crds/*.yaml' -o -path '$(CHART_DIR)/*' -type f | LC_ALL=C sort | xargs sha256sum
 
 ##@ General
 
@@ -62,6 +64,9 @@ build: ## Build every package and the binaries under cmd/ into bin/.
 generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate deepcopy, CRD YAML and protobuf/gRPC code.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/... output:crd:artifacts:config=$(CRD_DIR)
+	@# The Helm chart ships copies (a chart cannot reach outside its directory).
+	rm -f $(CHART_DIR)/crds/*.yaml && cp $(CRD_DIR)/*.onboarding.tetrate.io_*.yaml $(CHART_DIR)/crds/
+	cp manifests/monitoring/prometheusrule.yaml manifests/monitoring/dashboard.json $(CHART_DIR)/files/
 	@command -v protoc >/dev/null || { echo "protoc not found: apt-get install protobuf-compiler" >&2; exit 1; }
 	protoc -I . -I /usr/include \
 		--plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/embark-mesh/embark \

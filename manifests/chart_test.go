@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -119,12 +120,22 @@ func TestChartMatchesKustomizeBase(t *testing.T) {
 		t.Errorf("configuration differs:\nchart %+v\nbase  %+v", c, b)
 	}
 
-	for _, pair := range [][2]string{
-		{"charts/embark/crds/authorization.onboarding.tetrate.io_onboardingpolicies.yaml", "../api/crds/authorization.onboarding.tetrate.io_onboardingpolicies.yaml"},
-		{"charts/embark/crds/runtime.onboarding.tetrate.io_workloadautoregistrations.yaml", "../api/crds/runtime.onboarding.tetrate.io_workloadautoregistrations.yaml"},
+	// make generate writes these copies; every CRD is one of them.
+	pairs := [][2]string{
 		{"charts/embark/files/prometheusrule.yaml", "monitoring/prometheusrule.yaml"},
 		{"charts/embark/files/dashboard.json", "monitoring/dashboard.json"},
-	} {
+	}
+	crds, err := filepath.Glob("../api/crds/*.onboarding.tetrate.io_*.yaml")
+	if err != nil || len(crds) == 0 {
+		t.Fatalf("no CRDs in ../api/crds: %v", err)
+	}
+	for _, crd := range crds {
+		pairs = append(pairs, [2]string{"charts/embark/crds/" + filepath.Base(crd), crd})
+	}
+	if chartCRDs, _ := filepath.Glob("charts/embark/crds/*.yaml"); len(chartCRDs) != len(crds) {
+		t.Errorf("the chart has %d CRD files, api/crds %d: run make generate", len(chartCRDs), len(crds))
+	}
+	for _, pair := range pairs {
 		a, err := os.ReadFile(pair[0])
 		if err != nil {
 			t.Fatal(err)
@@ -134,7 +145,7 @@ func TestChartMatchesKustomizeBase(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(a, b) {
-			t.Errorf("%s is not a copy of %s: cp %[2]s %[1]s", pair[0], pair[1])
+			t.Errorf("%s is not a copy of %s: run make generate", pair[0], pair[1])
 		}
 	}
 

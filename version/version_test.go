@@ -1,7 +1,6 @@
 package version
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -36,13 +35,13 @@ embark_build_info{goversion="` + runtime.Version() + `",revision="` + i.Revision
 func TestBinariesPrintVersion(t *testing.T) {
 	dir := t.TempDir()
 	ldflags := "-X github.com/embark-mesh/embark/version.version=v9.8.7-test -X github.com/embark-mesh/embark/version.revision=abc123"
+	// One build of both: they share most packages.
+	build := exec.CommandContext(t.Context(), "go", "build", "-ldflags", ldflags, "-o", dir+"/", "../cmd/onboarding-endpoint", "../cmd/onboarding-agent")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, b)
+	}
 	for _, name := range []string{"onboarding-endpoint", "onboarding-agent"} {
 		out := filepath.Join(dir, name)
-		build := exec.CommandContext(t.Context(), "go", "build", "-ldflags", ldflags, "-o", out, "../cmd/"+name)
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", name, err, b)
-		}
 		tests := []struct {
 			name     string
 			args     []string

@@ -25,6 +25,8 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "cert-manager without an issuer", vals: map[string]any{"tls": map[string]any{"secretName": "s", "certManager": map[string]any{"enabled": true}}}, wantErr: "issuerRef"},
 		{name: "bad memory quantity", vals: map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "lots"}}}, wantErr: "memory"},
 		{name: "bad revision", vals: map[string]any{"istiodRevision": "Canary_1"}, wantErr: "istiodRevision"},
+		{name: "istiod address without a port", vals: map[string]any{"istiod": map[string]any{"address": "istiod.istio-system.svc"}}, wantErr: "address"},
+		{name: "misspelt istiod key", vals: map[string]any{"istiod": map[string]any{"relayXds": true}}, wantErr: "relayXds"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -58,7 +60,13 @@ func TestRenders(t *testing.T) {
 			"monitoring": map[string]any{"serviceMonitor": map[string]any{"enabled": true}, "prometheusRule": map[string]any{"enabled": true},
 				"dashboard": map[string]any{"enabled": true}},
 		}, wants: []string{"replicas: 3", "istio.io/rev: 1-30", "image: registry.example.corp/embark@sha256:", "kind: Certificate", "secretName: embark-tls",
-			"aws-load-balancer-scheme: internal", "kind: ServiceMonitor", "kind: PrometheusRule", "runbook_url:", "embark-dashboard.json"}},
+			"aws-load-balancer-scheme: internal", "kind: ServiceMonitor", "kind: PrometheusRule", "runbook_url:", "embark-dashboard.json",
+			// The revision's istiod, not the default one.
+			"address: istiod-1-30.istio-system.svc:15012", "serverName: istiod-1-30.istio-system.svc"}},
+		{name: "standalone, no istiod", vals: map[string]any{"istiod": map[string]any{"enabled": false}},
+			nots: []string{"istiod:", "istio-ca-root-cert", "/etc/istio-root"}},
+		{name: "istiod at an explicit address, standalone translation", vals: map[string]any{"istiod": map[string]any{"address": "istiod.mesh.svc:15012", "relayXDS": false}},
+			wants: []string{"address: istiod.mesh.svc:15012", "serverName: istiod.mesh.svc", "relayXDS: false", "name: istio-ca-root-cert"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

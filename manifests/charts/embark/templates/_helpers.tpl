@@ -24,6 +24,18 @@ app.kubernetes.io/name: onboarding-endpoint
 {{- end -}}
 {{- end -}}
 
+{{/* istiod's secure gRPC address: istiod.address, or the Service of the
+istiod of istiodRevision (istiod-<revision>; istiod for none or "default"). */}}
+{{- define "embark.istiodAddress" -}}
+{{- if .Values.istiod.address -}}
+{{ .Values.istiod.address }}
+{{- else if and .Values.istiodRevision (ne .Values.istiodRevision "default") -}}
+istiod-{{ .Values.istiodRevision }}.{{ .Values.istiod.namespace }}.svc:15012
+{{- else -}}
+istiod.{{ .Values.istiod.namespace }}.svc:15012
+{{- end -}}
+{{- end -}}
+
 {{/* The endpoint's configuration file (onboarding/config). */}}
 {{- define "embark.config" -}}
 apiVersion: config.onboarding.tetrate.io/v1alpha1
@@ -46,6 +58,17 @@ mesh:
 {{- with .Values.identity }}
 identity:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.istiod }}
+{{- if .enabled }}
+istiod:
+  address: {{ include "embark.istiodAddress" $ }}
+  serverName: {{ include "embark.istiodAddress" $ | splitList ":" | first }}
+  rootCertFile: /etc/istio-root/root-cert.pem
+  {{- if not .relayXDS }}
+  relayXDS: false
+  {{- end }}
+{{- end }}
 {{- end }}
 registration:
   gracePeriod: {{ .Values.registration.gracePeriod }}
