@@ -91,7 +91,6 @@ func (v *vm) start(s vmSettings) {
 	// Not t.TempDir(): unix socket paths are limited to 107 bytes.
 	v.root, err = os.MkdirTemp("", "wgr-"+v.name+"-")
 	must(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(v.root) })
 	p := func(rel string) string { return filepath.Join(v.root, rel) }
 
 	l, err := net.Listen("tcp", net.JoinHostPort(v.ip, strconv.Itoa(s.appPort)))
@@ -170,8 +169,12 @@ workload:
 }
 
 // shutdown stops the onboarding agent gracefully (it unregisters and stops
-// the sidecar through the unit), then the unit and the application.
+// the sidecar through the unit), then the unit and the application, and
+// removes the VM's root.
 func (v *vm) shutdown() {
+	if v.root != "" {
+		defer func() { _ = os.RemoveAll(v.root) }()
+	}
 	if v.stopAgent != nil {
 		v.stopAgent()
 		select {
