@@ -13,11 +13,13 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 )
 
@@ -212,6 +214,19 @@ func TestRBACIsSufficientToOnboardAWorkload(t *testing.T) {
 	we := &istionetworkingv1.WorkloadEntry{}
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: name}, we); err != nil {
 		t.Errorf("WorkloadEntry %s: %v", name, err)
+	}
+	// The policy's status, written as the ServiceAccount, names the group
+	// it selects and the allow.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var p authorizationv1alpha1.OnboardingPolicyList
+		if err := env.Client.List(ctx, &p, client.InNamespace(f.ns)); err != nil || len(p.Items) != 1 {
+			return false, err
+		}
+		st := p.Items[0].Status
+		return st.SelectedWorkloadGroupCount == 1 && len(st.SelectedWorkloadGroups) == 1 && st.SelectedWorkloadGroups[0] == "ratings" &&
+			st.LastAllowedTime != nil, nil
+	}); err != nil {
+		t.Errorf("OnboardingPolicy status does not show the selected group and the allow: %v", err)
 	}
 	// Unregistering deletes the registration, also as the ServiceAccount.
 	if err := unregister(t, ctx, addrs.onboarding, token); err != nil {
