@@ -35,6 +35,9 @@ var ErrNoSigningKey = errors.New("no private signing key")
 // New reads the armored private key (exactly one, not passphrase-protected,
 // able to sign now) and the armored public keys published beside it.
 func New(privateKey []byte, published ...[]byte) (*Signer, error) {
+	if n := bytes.Count(privateKey, []byte("-----BEGIN PGP ")); n > 1 {
+		return nil, fmt.Errorf("read the signing key: %d armored blocks, want exactly one key: %w", n, ErrNoSigningKey)
+	}
 	keys, err := openpgp.ReadArmoredKeyRing(bytes.NewReader(privateKey))
 	if err != nil {
 		return nil, fmt.Errorf("read the signing key: %w", err)
