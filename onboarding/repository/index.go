@@ -277,11 +277,10 @@ func (h *Handler) describe(name string) (*described, string, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, "", err
 	}
-	hash := sha256.New()
-	if _, err := io.Copy(hash, f); err != nil {
+	sum, err := sha256Hex(f)
+	if err != nil {
 		return nil, "", err
 	}
-	sum := hex.EncodeToString(hash.Sum(nil))
 	h.mu.Lock()
 	h.sums[name] = digest{version: v, sum: sum, pkg: desc}
 	h.mu.Unlock()
@@ -325,7 +324,7 @@ func (h *Handler) generate(files []string, state string, prev *snapshot) (*snaps
 	}
 	suites := map[string]map[string][]metadata.DebEntry{StableSuite: {"amd64": nil, "arm64": nil}}
 	yum := map[string][]metadata.RPMEntry{"rpm/": nil} // repository root (below /install/) -> packages
-	var agents []string                                // deb files of onboarding-agent
+	agents := map[string][]metadata.DebEntry{}         // arch -> onboarding-agent DEBs
 	for _, f := range files {
 		d, sum, err := h.describe(f)
 		if err != nil {
@@ -342,7 +341,7 @@ func (h *Handler) generate(files []string, state string, prev *snapshot) (*snaps
 			if seg[0] == "istio-sidecar" {
 				suite = RevisionSuitePrefix + seg[1]
 			} else if seg[2] == "onboarding-agent.deb" {
-				agents = append(agents, f)
+				agents[arch] = append(agents[arch], e)
 			}
 			if suites[suite] == nil {
 				suites[suite] = map[string][]metadata.DebEntry{"amd64": nil, "arm64": nil}
@@ -358,14 +357,9 @@ func (h *Handler) generate(files []string, state string, prev *snapshot) (*snaps
 	}
 	// A revision's suite also has the agent.
 	for suite, archs := range suites {
-		if suite == StableSuite {
-			continue
-		}
-		for _, f := range agents {
-			for _, e := range suites[StableSuite][strings.Split(f, "/")[1]] {
-				if e.Filename == f {
-					archs[strings.Split(f, "/")[1]] = append(archs[strings.Split(f, "/")[1]], e)
-				}
+		if suite != StableSuite {
+			for arch, entries := range agents {
+				archs[arch] = append(archs[arch], entries...)
 			}
 		}
 	}

@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ProtonMail/go-crypto/openpgp"
 	"github.com/ProtonMail/go-crypto/openpgp/clearsign"
@@ -254,8 +253,7 @@ func TestYumMetadata(t *testing.T) {
 func TestMetadataFollowsTheDirectory(t *testing.T) {
 	dir := t.TempDir()
 	fill(t, dir, "1.0")
-	srv, keys, h := signedRepo(t, dir)
-	h.now = func() time.Time { return time.Unix(1700000000, 0) }
+	srv, keys, _ := signedRepo(t, dir)
 	before, _ := aptSuite(t, srv, keys, StableSuite)
 	oldSum := sha256.Sum256([]byte(before["amd64"]))
 	oldInRelease := get(t, srv, "/install/dists/stable/InRelease", http.StatusOK)
@@ -331,4 +329,50 @@ func TestNoSignerNoMetadata(t *testing.T) {
 			t.Errorf("GET %s without a signing key: %s, want 404", p, resp.Status)
 		}
 	}
+}
+
+// Concurrent requests while packages change: every InRelease served is
+// signed and consistent with the Packages it names (by-hash), under -race.
+func TestConcurrentRegeneration(t *testing.T) {
+	dir := t.TempDir()
+	fill(t, dir, "1.0")
+	srv, keys, _ := signedRepo(t, dir)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 20 {
+			writeFile(t, dir, "deb/amd64/onboarding-agent.deb", pkgtest.Deb(pkgtest.DebControl("onboarding-agent", "1."+strings.Repeat("1", i+1), "amd64")))
+		}
+	}()
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for range 10 {
+				in, err := http.Get(srv.URL + "/install/dists/stable/InRelease")
+				if err != nil {
+					errs <- err
+					return
+				}
+				body, _ := io.ReadAll(in.Body)
+				_ = in.Body.Close()
+				b, _ := clearsign.Decode(body)
+				if b == nil {
+					errs <- io.ErrUnexpectedEOF
+					return
+				}
+				if _, err := b.VerifySignature(keys, nil); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+	aptSuite(t, srv, keys, StableSuite)
 }

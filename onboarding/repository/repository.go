@@ -227,13 +227,21 @@ func (h *Handler) checksum(name string, f io.Reader, info fs.FileInfo) (string, 
 	if ok && known && d.version == v {
 		return d.sum, nil
 	}
-	hash := sha256.New()
-	if _, err := io.Copy(hash, f); err != nil {
+	sum, err := sha256Hex(f)
+	if err != nil {
 		return "", err
 	}
-	sum := hex.EncodeToString(hash.Sum(nil))
 	h.mu.Lock()
 	h.sums[name] = digest{version: v, sum: sum}
 	h.mu.Unlock()
 	return sum, nil
+}
+
+// sha256Hex is the hex SHA-256 of what r reads.
+func sha256Hex(r io.Reader) (string, error) {
+	hash := sha256.New()
+	if _, err := io.Copy(hash, r); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(hash.Sum(nil)), nil
 }
