@@ -199,10 +199,14 @@ func readHeader(r io.Reader) (*header, int64, error) {
 	if uint64(nindex)*16+uint64(hsize) > MaxHeader {
 		return nil, 0, fmt.Errorf("larger than %d bytes", MaxHeader)
 	}
-	buf := make([]byte, int(nindex)*16+int(hsize))
-	if _, err := io.ReadFull(r, buf); err != nil {
+	// Read before allocating: a short file claiming a large header costs
+	// what it holds, not what it claims.
+	want := int64(nindex)*16 + int64(hsize)
+	var b bytes.Buffer
+	if n, err := io.CopyN(&b, r, want); err != nil || n != want {
 		return nil, 0, errors.New("truncated")
 	}
+	buf := b.Bytes()
 	h := &header{entries: make(map[uint32]entry, nindex), store: buf[nindex*16:]}
 	for i := range nindex {
 		b := buf[i*16:]
