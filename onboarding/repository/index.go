@@ -327,6 +327,9 @@ func (h *Handler) generate(files []string, state string, prev *snapshot) (*snaps
 	agents := map[string][]metadata.DebEntry{}         // arch -> onboarding-agent DEBs
 	for _, f := range files {
 		d, sum, err := h.describe(f)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed since it was listed: the next request sees a new state
+		}
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", f, err)
 		}
