@@ -96,22 +96,34 @@ NFPM := $(TOOLS_BIN)/nfpm-$(NFPM_VERSION)
 PACKAGE_VERSION ?= $(patsubst v%,%,$(VERSION))
 PACKAGE_ARCHES ?= amd64 arm64
 OUTPUT := $(ROOT)/_output
+# The armored OpenPGP private key the packages are signed with (the local
+# repository's key, docs/local-repository.md). Unset: a throwaway test key,
+# generated once in _output/test-signing-key/.
+PACKAGE_SIGNING_KEY ?=
+TEST_SIGNING_KEY := $(OUTPUT)/test-signing-key/signing.asc
+SIGNING_KEY := $(or $(PACKAGE_SIGNING_KEY),$(TEST_SIGNING_KEY))
 
 .PHONY: packages
-packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/, read them back, install, upgrade and remove them in a throwaway root.
+packages: $(NFPM) ## Build and sign the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/, read them back, install, upgrade and remove them in a throwaway root, install them with apt-get and dnf from the endpoint's signed repository.
+	@if [ -z "$(PACKAGE_SIGNING_KEY)" ]; then \
+		echo "packages: PACKAGE_SIGNING_KEY unset: signing with a throwaway test key ($(TEST_SIGNING_KEY))"; \
+		onboarding/agent/packaging/test-signing-key.sh $(dir $(TEST_SIGNING_KEY)); fi
 	for arch in $(PACKAGE_ARCHES); do \
 		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w $(VERSION_LDFLAGS)" \
 			-o $(OUTPUT)/bin/linux_$$arch/onboarding-agent ./cmd/onboarding-agent; \
 		mkdir -p $(OUTPUT)/staging && cp $(OUTPUT)/bin/linux_$$arch/onboarding-agent $(OUTPUT)/staging/onboarding-agent; \
 		for fmt in deb rpm; do \
 			mkdir -p $(OUTPUT)/packages/$$fmt/$$arch; \
-			ARCH=$$arch VERSION=$(PACKAGE_VERSION) \
+			ARCH=$$arch VERSION=$(PACKAGE_VERSION) NFPM_SIGNING_KEY_FILE=$(SIGNING_KEY) \
 				$(NFPM) package --config onboarding/agent/packaging/nfpm.yaml --packager $$fmt \
 				--target $(OUTPUT)/packages/$$fmt/$$arch/onboarding-agent.$$fmt; \
 		done; \
 	done
 	onboarding/agent/packaging/check.sh $(OUTPUT)/packages
 	onboarding/agent/packaging/install-test.sh $(OUTPUT)/packages $(NFPM) $(PACKAGE_VERSION)
+	onboarding/agent/packaging/signature-check.sh $(OUTPUT)/packages $(SIGNING_KEY)
+	PACKAGES_DIR=$(OUTPUT)/packages PACKAGE_SIGNING_KEY=$(SIGNING_KEY) \
+		go test -tags packages -count=1 -v -run '^TestSignedRepository' ./onboarding/agent/integration/
 
 $(NFPM):
 	mkdir -p $(TOOLS_BIN)
