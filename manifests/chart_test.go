@@ -168,11 +168,16 @@ func TestChartMatchesKustomizeBase(t *testing.T) {
 	if meta.AppVersion != want || "v"+meta.Version != want {
 		t.Errorf("Chart.yaml version %s appVersion %s, want %s (VERSION)", meta.Version, meta.AppVersion, want)
 	}
+	images := map[string]string{}
 	for name, objs := range map[string][]*unstructured.Unstructured{"chart": chart, "base": base} {
 		img, _ := field(mustFind(t, objs, "Deployment", "onboarding-endpoint"), "spec", "template", "spec", "containers").([]any)[0].(map[string]any)["image"].(string)
 		if !strings.HasSuffix(img, ":"+want) {
 			t.Errorf("%s image %s, want tag %s (VERSION)", name, img, want)
 		}
+		images[name] = img
+	}
+	if images["chart"] != images["base"] {
+		t.Errorf("the chart deploys image %s, the base %s", images["chart"], images["base"])
 	}
 	op, err := os.ReadFile("istio-operator/istio-operator.yaml")
 	if err != nil {
