@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,6 +95,8 @@ type Connections struct {
 	// replica from before it belongs to an earlier process of the replica.
 	started time.Time
 
+	streamIDs atomic.Int64 // NewStreamID's last ID
+
 	mu       sync.Mutex
 	entries  map[types.NamespacedName]*connEntry
 	active   int // running writers
@@ -158,8 +161,16 @@ const DefaultDisconnectDelay = time.Second
 // Replica returns the name this tracker writes as the connection's owner.
 func (c *Connections) Replica() string { return c.replica }
 
+// NewStreamID returns a stream ID no other call returned: callers with
+// several numberings of their own (go-control-plane counts SotW and Delta
+// streams apart, both from 1) take their Opened and Closed IDs from it, so
+// two streams never share one.
+func (c *Connections) NewStreamID() int64 { return c.streamIDs.Add(1) }
+
 // Opened records that stream streamID of workload w is open. The first
-// stream of a workload marks it connected.
+// stream of a workload marks it connected. streamID must name no other open
+// stream of this tracker (see NewStreamID); an ID already open for w is
+// ignored.
 func (c *Connections) Opened(w Workload, streamID int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

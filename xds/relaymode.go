@@ -1,17 +1,11 @@
 package xds
 
 import (
-	"sync/atomic"
-
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/embark-mesh/embark/xds/relay"
 )
-
-// relayStreamIDs numbers relayed streams for the connection tracker:
-// negative, so they never meet go-control-plane's positive stream IDs.
-var relayStreamIDs atomic.Int64
 
 // relayed runs an admitted workload stream in istiod mode: the server keeps
 // authentication, liveness (the stream counts as the workload's connection
@@ -21,11 +15,9 @@ func relayed[Req, Resp any](s *Server, bs *boundStream[Req, Resp], st *stream,
 	run func(token string, hooks relay.Hooks[Req, Resp]) error,
 	info func(*Req) requestInfo, sent func(*Resp) (typeURL, nonce, version string),
 ) error {
-	id := -relayStreamIDs.Add(1)
-	if err := s.OnStreamOpen(bs.ctx, id, ""); err != nil {
-		return err
-	}
-	defer s.OnStreamClosed(id, nil)
+	ref := streamRef{relayedStream, s.relayIDs.Add(1)}
+	s.opened(ref, st)
+	defer s.unbind(ref)
 	token, err := bearerToken(bs.ctx)
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -139,9 +140,11 @@ type Server struct {
 	ctx       context.Context
 
 	mu         sync.Mutex
-	streams    map[int64]*stream                             // by go-control-plane stream ID
+	streams    map[streamRef]*stream                         // open streams
 	byWorkload map[types.NamespacedName]map[*stream]struct{} // bound workload streams
 	nodes      map[string]int                                // streams per node ID holding a snapshot
+
+	relayIDs atomic.Int64 // numbers relayed streams in streams
 }
 
 var (
@@ -160,7 +163,7 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 		opts: opts, log: opts.Logger, ctx: ctx,
 		auth:       newAuthenticator(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
 		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, nil),
-		streams:    map[int64]*stream{},
+		streams:    map[streamRef]*stream{},
 		byWorkload: map[types.NamespacedName]map[*stream]struct{}{},
 		nodes:      map[string]int{},
 	}
@@ -282,6 +285,7 @@ type stream struct {
 	secretUID types.UID
 	expires   time.Time // the token's expiry; zero on debug streams
 	opened    time.Time
+	connID    int64 // the connection tracker's ID of a counted stream
 
 	killOnce sync.Once
 	kill     chan struct{}
