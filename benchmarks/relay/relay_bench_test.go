@@ -4,7 +4,11 @@
 //
 //	go test -run='^$' -bench=. -benchtime=1x ./benchmarks/relay/ -args -streams=1000 -json=relay.json
 //
-// (-json writes the figures in the benchjson format of `make bench`.)
+// (-json writes the figures in the benchjson format of `make bench`;
+// -heapprofile=file writes this process's in-use heap profile while the
+// relayed streams are held (with -test.memprofilerate=4096 for a fine
+// sampling): `go tool pprof -sample_index=inuse_space file`
+// shows where Embark's per-stream heap goes, next to the clients'.)
 //
 // For each stream count, both ways in turn (direct first, then relayed):
 // every workload's stream subscribes to CDS and LDS and ACKs them (istiod
@@ -34,6 +38,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,6 +77,7 @@ import (
 var (
 	streamsFlag = flag.String("streams", "1000", "comma-separated numbers of concurrent streams to hold")
 	jsonFlag    = benchjson.Flag()
+	heapFlag    = flag.String("heapprofile", "", "write this process's in-use heap profile (pprof) while the relayed streams are held, after a forced GC")
 
 	env       *testenv.Env
 	informers crcache.Cache
@@ -384,6 +390,22 @@ func heap() (uint64, int) {
 	return ms.HeapAlloc, runtime.NumGoroutine()
 }
 
+// writeHeapProfile writes the in-use heap profile as of the last GC (heap
+// just ran two): what the held streams keep, by allocating stack.
+func writeHeapProfile(b *testing.B, file string) {
+	b.Helper()
+	f, err := os.Create(file)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // side is one way's figures.
 type side struct {
 	// HeapBytesPerStream is this process's heap: the clients, and on the
@@ -413,7 +435,7 @@ type result struct {
 	AddedP99Millis float64 `json:"addedP99Millis"`
 }
 
-func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials.TransportCredentials, ws []*workload) side {
+func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials.TransportCredentials, ws []*workload, profile string) side {
 	b.Helper()
 	h0, g0 := heap()
 	ih0 := istiodHeap(b, i)
@@ -421,6 +443,9 @@ func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials
 	defer h.close()
 	h1, g1 := heap()
 	ih1 := istiodHeap(b, i)
+	if profile != "" {
+		writeHeapProfile(b, profile)
+	}
 	lat := latencies(b, h)
 	n := float64(len(ws))
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -446,11 +471,11 @@ func run(b *testing.B, n int) result {
 	defer func() { _ = i.Close() }()
 	r := result{Streams: n}
 	direct := credentials.NewTLS(&tls.Config{RootCAs: i.RootPool(), ServerName: testenv.IstiodServerName, MinVersion: tls.VersionTLS12})
-	r.Direct = measureSide(b, i, i.SecureGRPCAddr, direct, ws)
+	r.Direct = measureSide(b, i, i.SecureGRPCAddr, direct, ws, "")
 	// Each proxy's direct stream must be gone from istiod before it
 	// connects again through Embark (istiod keys connections by proxy).
 	time.Sleep(2 * time.Second)
-	r.Relayed = measureSide(b, i, startEmbark(b, i), insecure.NewCredentials(), ws)
+	r.Relayed = measureSide(b, i, startEmbark(b, i), insecure.NewCredentials(), ws, *heapFlag)
 	if d := r.Direct.HeapBytesPerStream + r.Direct.IstiodHeapBytesPerStream; d > 0 {
 		r.HeapRatio = (r.Relayed.HeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream) / d
 	}
