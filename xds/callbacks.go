@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -102,6 +103,8 @@ func (s *Server) checkType(st *stream, typeURL string, errorDetail *rpcstatus.St
 		return false, nil
 	case isDebug:
 		return false, status.Errorf(codes.PermissionDenied, "debug type %s is served only on the loopback debug listener", typeURL)
+	case !slices.Contains(WorkloadTypes, typeURL):
+		return false, status.Errorf(codes.InvalidArgument, "type URL %.256q is not served: a workload stream asks only for %s", typeURL, strings.Join(WorkloadTypes, ", "))
 	case typeURL == TypeHealthInformation:
 		h := Health{Healthy: errorDetail == nil, At: s.opts.Clock()}
 		if errorDetail != nil {
