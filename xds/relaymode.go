@@ -1,8 +1,14 @@
 package xds
 
 import (
+	"context"
+	"strings"
+
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/embark-mesh/embark/xds/relay"
 )
@@ -12,7 +18,7 @@ import (
 // exactly as in standalone mode), health reports and its own syncz
 // bookkeeping; every other request goes to istiod through s.opts.Relay.
 func relayed[Req, Resp any](s *Server, bs *boundStream[Req, Resp], st *stream,
-	run func(token string, hooks relay.Hooks[Req, Resp]) error,
+	run func(authorization string, hooks relay.Hooks[Req, Resp]) error,
 	info func(*Req) requestInfo, sent func(*Resp) (typeURL, nonce, version string),
 ) error {
 	ref := streamRef{relayedStream, s.relayIDs.Add(1)}
@@ -20,9 +26,9 @@ func relayed[Req, Resp any](s *Server, bs *boundStream[Req, Resp], st *stream,
 	defer s.unbind(ref)
 	token, err := bearerToken(bs.ctx)
 	if err != nil {
-		return err
+		return status.Errorf(codes.Unauthenticated, "%v", err)
 	}
-	return run(token, relay.Hooks[Req, Resp]{
+	return run(relayAuthorization(bs.ctx, token), relay.Hooks[Req, Resp]{
 		Request: func(req *Req) (bool, error) {
 			ri := info(req)
 			track, err := s.checkType(st, ri.typeURL, ri.errorDetail)
@@ -42,8 +48,8 @@ func relayed[Req, Resp any](s *Server, bs *boundStream[Req, Resp], st *stream,
 }
 
 func (s *Server) relaySotW(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], st *stream) error {
-	return relayed(s, bs, st, func(token string, h relay.Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-		return s.opts.Relay.SotW(bs.ctx, bs, token, h)
+	return relayed(s, bs, st, func(authorization string, h relay.Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		return s.opts.Relay.SotW(bs.ctx, bs, authorization, h)
 	}, func(r *discovery.DiscoveryRequest) requestInfo {
 		return requestInfo{r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail()}
 	}, func(r *discovery.DiscoveryResponse) (string, string, string) {
@@ -52,8 +58,8 @@ func (s *Server) relaySotW(bs *boundStream[discovery.DiscoveryRequest, discovery
 }
 
 func (s *Server) relayDelta(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], st *stream) error {
-	return relayed(s, bs, st, func(token string, h relay.Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
-		return s.opts.Relay.Delta(bs.ctx, bs, token, h)
+	return relayed(s, bs, st, func(authorization string, h relay.Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+		return s.opts.Relay.Delta(bs.ctx, bs, authorization, h)
 	}, func(r *discovery.DeltaDiscoveryRequest) requestInfo {
 		return requestInfo{r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail()}
 	}, func(r *discovery.DeltaDiscoveryResponse) (string, string, string) {
@@ -66,4 +72,17 @@ type requestInfo struct {
 	typeURL     string
 	nonce       string
 	errorDetail *rpcstatus.Status
+}
+
+// relayAuthorization is the authorization header sent to istiod: the
+// sidecar's own when it is already "Bearer <token>" (the stream then holds
+// one copy of the token, not two), else that form.
+func relayAuthorization(ctx context.Context, token string) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if vals := md.Get("authorization"); len(vals) > 0 {
+		if rest, ok := strings.CutPrefix(vals[0], "Bearer "); ok && rest == token {
+			return vals[0]
+		}
+	}
+	return "Bearer " + token
 }

@@ -294,8 +294,9 @@ type stream struct {
 	reason string // metrics label
 	msg    string
 
-	mu   sync.Mutex
-	acks map[string]*typeState
+	mu     sync.Mutex
+	acks   map[string]*typeState
+	onKill func() // called once kill is closed (under mu)
 }
 
 func newStream() *stream {
@@ -308,7 +309,26 @@ func (st *stream) close(code codes.Code, reason, msg string) {
 	st.killOnce.Do(func() {
 		st.code, st.reason, st.msg = code, reason, msg
 		close(st.kill)
+		st.mu.Lock()
+		f := st.onKill
+		st.mu.Unlock()
+		if f != nil {
+			f()
+		}
 	})
+}
+
+// killed calls f (which must not block) once the server closes the stream,
+// at once when it already did.
+func (st *stream) killed(f func()) {
+	st.mu.Lock()
+	st.onKill = f
+	st.mu.Unlock()
+	select {
+	case <-st.kill:
+		f()
+	default:
+	}
 }
 
 func (st *stream) closeDeleted() {
@@ -377,6 +397,10 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
 		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
 	}
+	// The stream keeps this copy while it lives: without the managed
+	// fields, which no reader of a Proxy needs (a third of the object
+	// once its status was written).
+	war.ManagedFields = nil
 	return &Proxy{
 		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
 		NodeID:       node.GetId(),
@@ -540,8 +564,14 @@ func (s *Server) closeSecret(uid types.UID) {
 	}
 }
 
-// serve runs one admitted workload stream through go-control-plane.
-func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, handle func(*boundStream[Req, Resp]) error) error {
+// serveStream runs one admitted workload stream (or a debug stream) with
+// handle. With direct, handle's single reader reads the client itself
+// (Recv checks the node guard) and the stream's context ends when the server
+// closes the stream: the relay's way, one goroutine fewer per stream.
+// Without, a pump goroutine reads the client, and Recv ends when the server
+// closes the stream: go-control-plane's way, whose context must not end
+// before its handler returns.
+func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, direct bool, handle func(*boundStream[Req, Resp]) error) error {
 	if !st.expires.IsZero() {
 		// The stream lives no longer than the credential that opened it:
 		// the agent reconnects with the fresh token of its token file.
@@ -552,8 +582,17 @@ func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp
 		})
 		defer t.Stop()
 	}
-	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st)
-	go bs.pump()
+	ctx := withStream(ss.Context(), st)
+	if direct {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		st.killed(cancel)
+	}
+	bs := newBoundStream(ss, ctx, first, st, direct)
+	if !direct {
+		go bs.pump()
+	}
 	err := handle(bs)
 	select {
 	case <-st.kill:
@@ -613,7 +652,7 @@ func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryS
 		return err
 	}
 	defer s.detach(st)
-	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+	return serveStream(s, ss, st, first, s.opts.Relay != nil, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
 		if s.opts.Relay != nil {
 			return s.relaySotW(bs, st)
 		}
@@ -640,7 +679,7 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 		return err
 	}
 	defer s.detach(st)
-	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+	return serveStream(s, ss, st, first, s.opts.Relay != nil, func(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
 		if s.opts.Relay != nil {
 			return s.relayDelta(bs, st)
 		}
@@ -658,7 +697,7 @@ type debugService struct {
 func (d *debugService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
 	st := newStream()
 	st.debug = true
-	return serveStream(d.s, ss, st, nil, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+	return serveStream(d.s, ss, st, nil, false, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
 		return d.s.xds.StreamHandler(bs, resource.AnyType)
 	})
 }
@@ -675,26 +714,43 @@ type boundStream[Req, Resp any] struct {
 	kill  <-chan struct{}
 	guard *nodeGuard
 	err   error // why in was closed; written before close(in)
+	// direct: Recv reads the client itself (no pump, in unused).
+	direct bool
 }
 
-func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, st *stream) *boundStream[Req, Resp] {
+func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, st *stream, direct bool) *boundStream[Req, Resp] {
 	var pinned any
 	if first != nil {
 		pinned = first
 	}
-	return &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, in: make(chan *Req), st: st, kill: st.kill, guard: newNodeGuard(pinned)}
+	b := &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, st: st, kill: st.kill, guard: newNodeGuard(pinned), direct: direct}
+	if !direct {
+		b.in = make(chan *Req)
+	}
+	return b
 }
 
 // Context implements grpc.ServerStream.
 func (b *boundStream[Req, Resp]) Context() context.Context { return b.ctx }
 
 // Recv returns the first request (already read), then what the client sends,
-// until the client or the server ends the stream. Only go-control-plane's
-// single receiving goroutine calls it.
+// until the client or the server ends the stream. Only the handler's single
+// receiving goroutine calls it (go-control-plane's, or the relay's).
 func (b *boundStream[Req, Resp]) Recv() (*Req, error) {
 	if f := b.first; f != nil {
 		b.first = nil
 		return f, nil
+	}
+	if b.direct {
+		r, err := b.BidiStreamingServer.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if refused := b.guard.check(r); refused != nil {
+			b.st.close(refused.code, refused.reason, refused.msg)
+			return nil, refused
+		}
+		return r, nil
 	}
 	select {
 	case r, ok := <-b.in:
