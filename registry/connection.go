@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,7 +111,7 @@ type Connections struct {
 // connEntry is one workload's streams on this replica and its pending state.
 type connEntry struct {
 	workload    Workload
-	streams     map[int64]struct{}
+	streams     []int64   // open streams' IDs (a workload has one or a few)
 	connectedAt time.Time // when the current (or last) connection began
 	pending     *connState
 	running     bool
@@ -181,14 +182,14 @@ func (c *Connections) Opened(w Workload, streamID int64) {
 			// the entry (its writer drains it) but start afresh.
 			e.workload = w
 		} else {
-			e = &connEntry{workload: w, streams: map[int64]struct{}{}, wake: make(chan struct{}, 1)}
+			e = &connEntry{workload: w, wake: make(chan struct{}, 1)}
 			c.entries[w.Key] = e
 		}
 	}
-	if _, dup := e.streams[streamID]; dup {
+	if slices.Contains(e.streams, streamID) {
 		return
 	}
-	e.streams[streamID] = struct{}{}
+	e.streams = append(e.streams, streamID)
 	if len(e.streams) > 1 {
 		return
 	}
@@ -208,11 +209,12 @@ func (c *Connections) Closed(w Workload, streamID int64) {
 		c.mu.Unlock()
 		return
 	}
-	if _, ok := e.streams[streamID]; !ok {
+	i := slices.Index(e.streams, streamID)
+	if i < 0 {
 		c.mu.Unlock()
 		return
 	}
-	delete(e.streams, streamID)
+	e.streams = slices.Delete(e.streams, i, i+1)
 	if len(e.streams) > 0 {
 		c.mu.Unlock()
 		return

@@ -59,7 +59,7 @@ func FuzzRequest(f *testing.F) {
 		}
 		health := &recordingHealth{}
 		s := &Server{opts: Options{Health: health, Clock: time.Now, ClusterID: "Kubernetes"}, ctx: context.Background(), log: slog.New(slog.DiscardHandler),
-			byWorkload: map[types.NamespacedName]map[*stream]struct{}{}}
+			byWorkload: map[types.NamespacedName][]*stream{}}
 		st := newStream()
 		st.debug = debug
 		if !debug {
@@ -107,7 +107,7 @@ func FuzzRequest(f *testing.F) {
 
 		// syncz renders the stream with the metadata it sent.
 		if !debug {
-			s.byWorkload[st.proxy.Workload.Key] = map[*stream]struct{}{st: {}}
+			s.byWorkload[st.proxy.Workload.Key] = []*stream{st}
 			// syncz asks the tracker only its replica name: it writes nothing.
 			conns, err := registry.NewConnections(context.Background(), registry.ConnectionOptions{Client: unusedClient{}, Replica: "r"})
 			if err != nil {

@@ -140,9 +140,9 @@ type Server struct {
 	ctx       context.Context
 
 	mu         sync.Mutex
-	streams    map[streamRef]*stream                         // open streams
-	byWorkload map[types.NamespacedName]map[*stream]struct{} // bound workload streams
-	nodes      map[string]int                                // streams per node ID holding a snapshot
+	streams    map[streamRef]*stream              // open streams
+	byWorkload map[types.NamespacedName][]*stream // bound workload streams (one or a few each)
+	nodes      map[string]int                     // streams per node ID holding a snapshot
 
 	relayIDs atomic.Int64 // numbers relayed streams in streams
 }
@@ -164,7 +164,7 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 		auth:       newAuthenticator(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
 		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, nil),
 		streams:    map[streamRef]*stream{},
-		byWorkload: map[types.NamespacedName]map[*stream]struct{}{},
+		byWorkload: map[types.NamespacedName][]*stream{},
 		nodes:      map[string]int{},
 	}
 	s.xds = serverv3.NewServer(ctx, &watcher{s: s}, s)
@@ -263,7 +263,7 @@ func (s *Server) Refresh(ctx context.Context, key types.NamespacedName) {
 	s.mu.Lock()
 	var proxies []*Proxy
 	seen := map[string]bool{}
-	for st := range s.byWorkload[key] {
+	for _, st := range s.byWorkload[key] {
 		if !seen[st.proxy.NodeID] {
 			seen[st.proxy.NodeID] = true
 			proxies = append(proxies, st.proxy)
@@ -295,12 +295,12 @@ type stream struct {
 	msg    string
 
 	mu     sync.Mutex
-	acks   map[string]*typeState
-	onKill func() // called once kill is closed (under mu)
+	acks   []typeState // per type asked for (a few: see WorkloadTypes)
+	onKill func()      // called once kill is closed (under mu)
 }
 
 func newStream() *stream {
-	return &stream{kill: make(chan struct{}), acks: map[string]*typeState{}}
+	return &stream{kill: make(chan struct{})}
 }
 
 // close ends the stream with status code and msg; reason labels it in
@@ -465,12 +465,7 @@ func (s *Server) get(ctx context.Context, key types.NamespacedName, obj client.O
 func (s *Server) attach(ctx context.Context, st *stream) error {
 	key := st.proxy.Workload.Key
 	s.mu.Lock()
-	set := s.byWorkload[key]
-	if set == nil {
-		set = map[*stream]struct{}{}
-		s.byWorkload[key] = set
-	}
-	set[st] = struct{}{}
+	s.byWorkload[key] = append(s.byWorkload[key], st)
 	s.nodes[st.proxy.NodeID]++
 	s.mu.Unlock()
 	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil && s.opts.Relay == nil {
@@ -497,11 +492,10 @@ func (s *Server) detach(st *stream) {
 	key := st.proxy.Workload.Key
 	node := st.proxy.NodeID
 	s.mu.Lock()
-	if set := s.byWorkload[key]; set != nil {
-		delete(set, st)
-		if len(set) == 0 {
-			delete(s.byWorkload, key)
-		}
+	if set := slices.DeleteFunc(s.byWorkload[key], func(o *stream) bool { return o == st }); len(set) > 0 {
+		s.byWorkload[key] = set
+	} else {
+		delete(s.byWorkload, key)
 	}
 	gone := false
 	if s.nodes[node]--; s.nodes[node] <= 0 {
@@ -536,7 +530,7 @@ func (s *Server) setSnapshot(ctx context.Context, p *Proxy) error {
 func (s *Server) closeWorkload(key types.NamespacedName, uid types.UID) {
 	s.mu.Lock()
 	var victims []*stream
-	for st := range s.byWorkload[key] {
+	for _, st := range s.byWorkload[key] {
 		if uid == "" || st.proxy.Workload.UID == uid {
 			victims = append(victims, st)
 		}
@@ -552,7 +546,7 @@ func (s *Server) closeSecret(uid types.UID) {
 	s.mu.Lock()
 	var victims []*stream
 	for _, set := range s.byWorkload {
-		for st := range set {
+		for _, st := range set {
 			if st.secretUID == uid {
 				victims = append(victims, st)
 			}
