@@ -44,6 +44,7 @@ func relayed[Req, Resp any](s *Server, bs *boundStream[Req, Resp], st *stream,
 			t, n, v := sent(resp)
 			st.sent(t, n, v, s.opts.Clock())
 		},
+		Stop: st.kill,
 	})
 }
 

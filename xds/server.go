@@ -294,9 +294,8 @@ type stream struct {
 	reason string // metrics label
 	msg    string
 
-	mu     sync.Mutex
-	acks   []typeState // per type asked for (a few: see WorkloadTypes)
-	onKill func()      // called once kill is closed (under mu)
+	mu   sync.Mutex
+	acks []typeState // per type asked for (a few: see WorkloadTypes)
 }
 
 func newStream() *stream {
@@ -309,26 +308,7 @@ func (st *stream) close(code codes.Code, reason, msg string) {
 	st.killOnce.Do(func() {
 		st.code, st.reason, st.msg = code, reason, msg
 		close(st.kill)
-		st.mu.Lock()
-		f := st.onKill
-		st.mu.Unlock()
-		if f != nil {
-			f()
-		}
 	})
-}
-
-// killed calls f (which must not block) once the server closes the stream,
-// at once when it already did.
-func (st *stream) killed(f func()) {
-	st.mu.Lock()
-	st.onKill = f
-	st.mu.Unlock()
-	select {
-	case <-st.kill:
-		f()
-	default:
-	}
 }
 
 func (st *stream) closeDeleted() {
@@ -560,11 +540,10 @@ func (s *Server) closeSecret(uid types.UID) {
 
 // serveStream runs one admitted workload stream (or a debug stream) with
 // handle. With direct, handle's single reader reads the client itself
-// (Recv checks the node guard) and the stream's context ends when the server
-// closes the stream: the relay's way, one goroutine fewer per stream.
-// Without, a pump goroutine reads the client, and Recv ends when the server
-// closes the stream: go-control-plane's way, whose context must not end
-// before its handler returns.
+// (Recv checks the node guard) and handle ends when the server closes the
+// stream (st.kill) by itself: the relay's way, one goroutine fewer per
+// stream. Without, a pump goroutine reads the client, and Recv ends when the
+// server closes the stream: go-control-plane's way.
 func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, direct bool, handle func(*boundStream[Req, Resp]) error) error {
 	if !st.expires.IsZero() {
 		// The stream lives no longer than the credential that opened it:
@@ -576,14 +555,7 @@ func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp
 		})
 		defer t.Stop()
 	}
-	ctx := withStream(ss.Context(), st)
-	if direct {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		st.killed(cancel)
-	}
-	bs := newBoundStream(ss, ctx, first, st, direct)
+	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st, direct)
 	if !direct {
 		go bs.pump()
 	}

@@ -89,7 +89,13 @@ type Hooks[Req, Resp any] struct {
 	// Response sees every response sent to the sidecar, after it was sent.
 	// Default: none.
 	Response func(*Resp)
+	// Stop, when closed, ends the stream: the relay returns ErrStopped
+	// (a server closing the sidecar's stream). Default: never.
+	Stop <-chan struct{}
 }
+
+// ErrStopped is what SotW and Delta return when Hooks.Stop was closed.
+var ErrStopped = errors.New("relay: stream stopped by the server")
 
 // Node metadata that would make istiod manage a WorkloadEntry for the proxy
 // (pilot/pkg/autoregistration: auto-registration, health-checked entries).
@@ -199,8 +205,8 @@ type event[Req, Resp any] struct {
 // its node.
 type relayed[Req, Resp any] struct {
 	r      *Relay
-	ctx    context.Context // ends when the stream's handler returns
-	upCtx  context.Context // ctx carrying the sidecar's authorization
+	done   chan struct{}   // closed when run returns: the helpers end
+	upCtx  context.Context // the caller's ctx carrying the sidecar's authorization
 	down   Downstream[Req, Resp]
 	hooks  Hooks[Req, Resp]
 	p      protocol[Req, Resp]
@@ -211,6 +217,7 @@ type relayed[Req, Resp any] struct {
 	gen        uint64                              // generation of the current or pending upstream stream
 	up         grpc.BidiStreamingClient[Req, Resp] // the current upstream stream; nil when none
 	upCancel   context.CancelFunc                  // ends up
+	openCancel context.CancelFunc                  // ends the stream being opened; nil when none
 	connecting bool
 	answered   bool // the current upstream stream answered at least once
 	wantUp     bool // the sidecar sent a request to relay
@@ -224,26 +231,33 @@ type relayed[Req, Resp any] struct {
 func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp], authorization string, hooks Hooks[Req, Resp], p protocol[Req, Resp],
 	open func(context.Context) (grpc.BidiStreamingClient[Req, Resp], error),
 ) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	m := r.opts.Metrics
 	m.streamOpened()
 	defer m.streamClosed()
+	// No context of its own: the upstream streams' contexts are cancelled
+	// one by one (each a child of the caller's ctx), the helpers end on done.
 	s := &relayed[Req, Resp]{
-		r: r, ctx: ctx, down: down, hooks: hooks, p: p, open: open,
+		r: r, down: down, hooks: hooks, p: p, open: open,
+		done:     make(chan struct{}),
 		upCtx:    metadata.AppendToOutgoingContext(ctx, "authorization", authorization),
 		events:   make(chan event[Req, Resp]),
 		upCancel: func() {},
 	}
 	defer func() {
+		close(s.done)
 		m.upstreamClosed(s.up != nil)
 		s.upCancel()
+		if s.openCancel != nil {
+			s.openCancel()
+		}
 	}()
 	go s.readDown()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-hooks.Stop:
+			return ErrStopped
 		case <-s.retry:
 			s.retry = nil
 			if !s.connecting {
@@ -262,7 +276,7 @@ func (s *relayed[Req, Resp]) report(ev event[Req, Resp]) bool {
 	select {
 	case s.events <- ev:
 		return true
-	case <-s.ctx.Done():
+	case <-s.done:
 		return false
 	}
 }
@@ -330,7 +344,7 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 			s.send(req)
 		}
 	case upOpened:
-		s.connecting = false
+		s.connecting, s.openCancel = false, nil
 		if ev.gen != s.gen {
 			ev.cancel()
 			return false, nil
@@ -384,6 +398,7 @@ func (s *relayed[Req, Resp]) connect() {
 	s.connecting = true
 	g := s.gen
 	sctx, scancel := context.WithCancel(s.upCtx)
+	s.openCancel = scancel
 	go func() {
 		st, err := s.open(sctx)
 		if err != nil {
