@@ -50,7 +50,10 @@ type Proxy struct {
 	NodeID string
 	// IP is the address in the node ID.
 	IP string
-	// Metadata is the node metadata the proxy sent.
+	// Metadata holds the node metadata the server reads of the proxy
+	// (CLUSTER_ID and ISTIO_VERSION, which syncz reports), not all it sent: a sidecar's
+	// node metadata is several KiB per stream, and the stream's node guard
+	// and relay keep the node in its encoded form.
 	Metadata *structpb.Struct
 	// Registration is the registration as the server last read it; do not
 	// modify it.

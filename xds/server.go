@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -385,9 +386,24 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
 		NodeID:       node.GetId(),
 		IP:           info.IP,
-		Metadata:     node.GetMetadata(),
+		Metadata:     keptMetadata(node.GetMetadata()),
 		Registration: war,
 	}, nil
+}
+
+// proxyMetadataKeys are the node metadata a Proxy keeps (what syncz reports).
+var proxyMetadataKeys = []string{"CLUSTER_ID", "ISTIO_VERSION"}
+
+// keptMetadata returns the fields of md that a Proxy keeps, sharing their
+// values.
+func keptMetadata(md *structpb.Struct) *structpb.Struct {
+	out := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(proxyMetadataKeys))}
+	for _, k := range proxyMetadataKeys {
+		if v, ok := md.GetFields()[k]; ok {
+			out.Fields[k] = v
+		}
+	}
+	return out
 }
 
 // registrationOf checks that cred, a reviewed sidecar token, belongs to the

@@ -101,16 +101,19 @@ var ErrStopped = errors.New("relay: stream stopped by the server")
 // (pilot/pkg/autoregistration: auto-registration, health-checked entries).
 var strippedMetadata = []string{"AUTO_REGISTER_GROUP", "WORKLOAD_ENTRY"}
 
-// sanitizeNode returns a copy of n without the metadata that would make
-// istiod register or health-check the proxy itself. It is made for each
-// upstream stream and dropped once sent: the relay keeps only the sidecar's
-// own node, which the server holds anyway.
-func sanitizeNode(n *core.Node) *core.Node {
-	n = proto.Clone(n).(*core.Node)
+// upstreamNode decodes the sidecar's node (wire) without the metadata that
+// would make istiod register or health-check the proxy itself. It is made
+// for each upstream stream and dropped once sent: per stream the relay keeps
+// only the node's encoding, a fraction of its decoded size.
+func upstreamNode(wire []byte) (*core.Node, error) {
+	n := &core.Node{}
+	if err := proto.Unmarshal(wire, n); err != nil {
+		return nil, fmt.Errorf("decode the sidecar's node: %w", err)
+	}
 	for _, k := range strippedMetadata {
 		delete(n.GetMetadata().GetFields(), k)
 	}
-	return n
+	return n, nil
 }
 
 // SotW relays a state-of-the-world ADS stream until the sidecar ends it or
@@ -213,7 +216,8 @@ type relayed[Req, Resp any] struct {
 	open   func(context.Context) (grpc.BidiStreamingClient[Req, Resp], error)
 	events chan event[Req, Resp]
 
-	node       *core.Node                          // the sidecar's node, as it sent it (read only)
+	node       []byte // the sidecar's node as it sent it, encoded; nil until the first request
+	nodeID     string
 	gen        uint64                              // generation of the current or pending upstream stream
 	up         grpc.BidiStreamingClient[Req, Resp] // the current upstream stream; nil when none
 	upCancel   context.CancelFunc                  // ends up
@@ -317,7 +321,16 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 	case downRequest:
 		req := ev.req
 		if s.node == nil {
-			s.node = s.p.node(req)
+			if n := s.p.node(req); n != nil {
+				wire, err := proto.Marshal(n)
+				if err != nil {
+					return true, status.Errorf(codes.InvalidArgument, "the node does not encode: %v", err)
+				}
+				s.node, s.nodeID = wire, n.GetId()
+				if s.node == nil {
+					s.node = []byte{} // an empty node is a node
+				}
+			}
 		}
 		if s.hooks.Request != nil {
 			ok, err := s.hooks.Request(req)
@@ -356,9 +369,13 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 		s.up, s.upCancel = ev.stream, ev.cancel
 		m.upstreamConnected()
 		go s.readUp(ev.gen, ev.stream)
+		node, err := upstreamNode(s.node)
+		if err != nil {
+			return true, status.Error(codes.Internal, err.Error())
+		}
 		for i, req := range s.p.resync() {
 			if i == 0 {
-				s.p.setNode(req, sanitizeNode(s.node))
+				s.p.setNode(req, node)
 			}
 			s.send(req)
 		}
@@ -428,7 +445,7 @@ func (s *relayed[Req, Resp]) drop(err error) {
 		s.backoff = min(2*s.backoff, s.r.opts.MaxBackoff)
 	}
 	wait := s.backoff/2 + rand.N(s.backoff/2+1)
-	s.r.log.Warn("istiod stream failed; the sidecar keeps its configuration, reconnecting", "node", s.node.GetId(), "retryIn", wait, "error", err)
+	s.r.log.Warn("istiod stream failed; the sidecar keeps its configuration, reconnecting", "node", s.nodeID, "retryIn", wait, "error", err)
 	s.retry = time.After(wait)
 }
 
