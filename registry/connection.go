@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,6 +96,8 @@ type Connections struct {
 	// replica from before it belongs to an earlier process of the replica.
 	started time.Time
 
+	streamIDs atomic.Int64 // NewStreamID's last ID
+
 	mu       sync.Mutex
 	entries  map[types.NamespacedName]*connEntry
 	active   int // running writers
@@ -107,7 +111,7 @@ type Connections struct {
 // connEntry is one workload's streams on this replica and its pending state.
 type connEntry struct {
 	workload    Workload
-	streams     map[int64]struct{}
+	streams     []int64   // open streams' IDs (a workload has one or a few)
 	connectedAt time.Time // when the current (or last) connection began
 	pending     *connState
 	running     bool
@@ -158,8 +162,16 @@ const DefaultDisconnectDelay = time.Second
 // Replica returns the name this tracker writes as the connection's owner.
 func (c *Connections) Replica() string { return c.replica }
 
+// NewStreamID returns a stream ID no other call returned: callers with
+// several numberings of their own (go-control-plane counts SotW and Delta
+// streams apart, both from 1) take their Opened and Closed IDs from it, so
+// two streams never share one.
+func (c *Connections) NewStreamID() int64 { return c.streamIDs.Add(1) }
+
 // Opened records that stream streamID of workload w is open. The first
-// stream of a workload marks it connected.
+// stream of a workload marks it connected. streamID must name no other open
+// stream of this tracker (see NewStreamID); an ID already open for w is
+// ignored.
 func (c *Connections) Opened(w Workload, streamID int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -170,14 +182,14 @@ func (c *Connections) Opened(w Workload, streamID int64) {
 			// the entry (its writer drains it) but start afresh.
 			e.workload = w
 		} else {
-			e = &connEntry{workload: w, streams: map[int64]struct{}{}, wake: make(chan struct{}, 1)}
+			e = &connEntry{workload: w, wake: make(chan struct{}, 1)}
 			c.entries[w.Key] = e
 		}
 	}
-	if _, dup := e.streams[streamID]; dup {
+	if slices.Contains(e.streams, streamID) {
 		return
 	}
-	e.streams[streamID] = struct{}{}
+	e.streams = append(e.streams, streamID)
 	if len(e.streams) > 1 {
 		return
 	}
@@ -197,11 +209,12 @@ func (c *Connections) Closed(w Workload, streamID int64) {
 		c.mu.Unlock()
 		return
 	}
-	if _, ok := e.streams[streamID]; !ok {
+	i := slices.Index(e.streams, streamID)
+	if i < 0 {
 		c.mu.Unlock()
 		return
 	}
-	delete(e.streams, streamID)
+	e.streams = slices.Delete(e.streams, i, i+1)
 	if len(e.streams) > 0 {
 		c.mu.Unlock()
 		return
