@@ -153,11 +153,11 @@ func TestRealSidecarProbeDrivesHealthyCondition(t *testing.T) {
 		t.Fatal(err)
 	}
 	connectStart := time.Now()
-	agent := istioagent.Start(t, istioagent.Options{
+	agent := istioagent.Start(t, withIstiodCA(sharedIstiod(t), istioagent.Options{
 		DiscoveryAddress: r.addr, PodName: w.key.Name, PodNamespace: ns, InstanceIP: w.ip,
 		ClusterID: "vm-cluster", ServiceAccount: "ratings-vm", Token: w.token,
 		ProxyConfig: &meshconfig.ProxyConfig{ReadinessProbe: group.GetProbe()},
-	})
+	}))
 	c, err := istioagent.Connect(t.Context(), agent)
 	if err != nil {
 		t.Fatal(err)

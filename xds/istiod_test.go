@@ -267,10 +267,10 @@ func maxConnections(c *cluster.Cluster) uint32 {
 }
 
 // startVM starts pilot-agent as the registered workload's sidecar against
-// r and plays its Envoy.
-func startVM(t *testing.T, r *replica, w *workload, ns string) (*istioagent.Agent, *envoy) {
+// r, its certificate from i's CA, and plays its Envoy.
+func startVM(t *testing.T, r *replica, i *testenv.Istiod, w *workload, ns string) (*istioagent.Agent, *envoy) {
 	t.Helper()
-	agent := istioagent.Start(t, istioagent.Options{
+	agent := istioagent.Start(t, withIstiodCA(i, istioagent.Options{
 		DiscoveryAddress: r.addr,
 		PodName:          w.key.Name,
 		PodNamespace:     ns,
@@ -278,7 +278,8 @@ func startVM(t *testing.T, r *replica, w *workload, ns string) (*istioagent.Agen
 		ServiceAccount:   "ratings-vm",
 		Labels:           map[string]string{"app": "ratings"},
 		Token:            w.token,
-	})
+	}))
+	checkCertificate(t, agent, i, ns, "ratings-vm")
 	c, err := istioagent.Connect(t.Context(), agent)
 	if err != nil {
 		t.Fatal(err)
@@ -348,7 +349,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 	ns := env.Namespace(t)
 	bookinfo(t, ns)
 	w := register(t, ns, "i-1234567890abcdef0", "10.0.9.1")
-	_, e := startVM(t, r, w, ns)
+	_, e := startVM(t, r, i, w, ns)
 	e.subscribeAll()
 	waitState(t, w.key, connected("replica-a"))
 
@@ -460,7 +461,7 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	ns := env.Namespace(t)
 	bookinfo(t, ns)
 	w := register(t, ns, "i-0badc0ffee0000001", "10.0.9.2")
-	agent, e := startVM(t, r, w, ns)
+	agent, e := startVM(t, r, i, w, ns)
 	e.subscribeAll()
 	waitState(t, w.key, connected("replica-a"))
 	name := w.key.Name + "." + ns
