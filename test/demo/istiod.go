@@ -139,11 +139,18 @@ func (d *demo) certificateIdentity(ctx context.Context, out io.Writer) error {
 			leaf, err = d.checkWorkloadCert(dir, want)
 			return err
 		}); err != nil {
-			return fmt.Errorf("%s: %w", v.name, err)
+			v.mu.Lock()
+			sidecar := v.sidecar
+			v.mu.Unlock()
+			var log string
+			if sidecar != nil {
+				log = tail(grepLines(sidecar.Logs(), "cert", "CA", "error"), 15)
+			}
+			return fmt.Errorf("%s: %w\npilot-agent's log about certificates (tail):\n%s", v.name, err, indent(log))
 		}
 		fmt.Fprintf(out, "%s (%s) %s:\n", v.name, v.reg(), filepath.Join(dir, "cert-chain.pem"))
-		fmt.Fprintf(out, "    subject  %q\n    URI SAN  %s\n    issuer   %s\n    valid    %s to %s\n    verified against istiod's root: ok; root-cert.pem is istiod's root\n",
-			leaf.Subject.String(), leaf.URIs[0], leaf.Issuer, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
+		fmt.Fprintf(out, "    subject  %s\n    URI SAN  %s\n    issuer   %s\n    valid    %s to %s\n    verified against istiod's root: ok; root-cert.pem is istiod's root\n",
+			subjectOf(leaf), leaf.URIs[0], leaf.Issuer, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
 }
@@ -434,4 +441,27 @@ func sortedBoolKeys(m map[string]bool) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// grepLines returns the lines of s that contain any of words.
+func grepLines(s string, words ...string) string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		for _, w := range words {
+			if strings.Contains(line, w) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// subjectOf returns c's subject; istiod's workload certificates have none
+// (the identity is the URI SAN).
+func subjectOf(c *x509.Certificate) string {
+	if s := c.Subject.String(); s != "" {
+		return s
+	}
+	return "(empty: the identity is the URI SAN)"
 }

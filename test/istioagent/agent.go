@@ -27,13 +27,24 @@ import (
 // Paths inside an agent's working directory, as pilot-agent resolves them
 // relative to its own working directory.
 const (
-	xdsSocketPath     = "etc/istio/proxy/XDS"
-	grpcBootstrapPath = "etc/istio/proxy/grpc-bootstrap.json"
-	tokenPath         = "var/run/secrets/tokens/istio-token"
-	xdsRootCAPath     = "etc/xds-root-ca/root-cert.pem"
-	caRootCAPath      = "etc/ca-root/root-cert.pem"
-	outputCertsPath   = "etc/istio/output-certs"
+	xdsSocketPath      = "etc/istio/proxy/XDS"
+	grpcBootstrapPath  = "etc/istio/proxy/grpc-bootstrap.json"
+	tokenPath          = "var/run/secrets/tokens/istio-token"
+	xdsRootCAPath      = "etc/xds-root-ca/root-cert.pem"
+	caRootCAPath       = "etc/ca-root/root-cert.pem"
+	outputCertsPath    = "etc/istio/output-certs"
+	sdsSocketPath      = "var/run/secrets/workload-spiffe-uds/socket"
+	envoyStandInPath   = "usr/local/bin/envoy"
+	envoyStandInConfig = "etc/istio/proxy/envoy-stand-in.json"
 )
+
+// envoyStandInScript stands in for Envoy's binary (Options.EnvoyStandIn): it
+// does nothing, and exits when pilot-agent, its parent, stops it or is
+// gone.
+const envoyStandInScript = `#!/bin/sh
+# Stand-in for Envoy (test/istioagent): does nothing until stopped.
+while kill -0 "$PPID" 2>/dev/null; do sleep 1; done
+`
 
 // Options configures Start. Every field is optional except a discovery address
 // (DiscoveryAddress or ProxyConfig.DiscoveryAddress).
@@ -96,6 +107,14 @@ type Options struct {
 	// Embark (test/istioagent's own): tests of Embark get real certificates
 	// from a real istiod's CA. Nothing serves or fakes a certificate.
 	NoCA bool
+
+	// EnvoyStandIn runs pilot-agent with Envoy enabled (DISABLE_ENVOY unset)
+	// and a stand-in for Envoy's binary, a shell script that does nothing
+	// until pilot-agent stops it (there is no Envoy binary here): pilot-agent
+	// then serves its SDS socket (Agent.SDSSocket) as to Envoy, which it does
+	// not without Envoy. Its readiness (/healthz/ready) never passes, as
+	// Envoy's admin port never answers. Default: DISABLE_ENVOY=true.
+	EnvoyStandIn bool
 
 	// Token is written to ./var/run/secrets/tokens/istio-token before the agent
 	// starts; pilot-agent sends it as "authorization: Bearer <token>". Default:
@@ -233,6 +252,18 @@ func (a *Agent) prepare() error {
 	if pc.DiscoveryAddress == "" {
 		return errors.New("no discovery address: set Options.DiscoveryAddress")
 	}
+	if o.EnvoyStandIn {
+		standIn := filepath.Join(a.workDir, envoyStandInPath)
+		if err := writeFile(standIn, []byte(envoyStandInScript), 0o755); err != nil {
+			return err
+		}
+		config := filepath.Join(a.workDir, envoyStandInConfig)
+		if err := writeFile(config, []byte("{}\n"), 0o644); err != nil {
+			return err
+		}
+		// Envoy's bootstrap is not generated: nothing reads it.
+		pc.BinaryPath, pc.CustomConfigFile = standIn, config
+	}
 	if pc.StatusPort == 0 {
 		port, err := freePort()
 		if err != nil {
@@ -249,7 +280,7 @@ func (a *Agent) prepare() error {
 	env := map[string]string{
 		"PATH":          os.Getenv("PATH"),
 		"HOME":          a.workDir,
-		"DISABLE_ENVOY": "true",
+		"DISABLE_ENVOY": strconv.FormatBool(!o.EnvoyStandIn),
 		// Without Envoy pilot-agent serves no SDS socket; it writes the
 		// certificates it would serve (`default`, `ROOTCA`) here.
 		"OUTPUT_CERTS":          filepath.Join(a.workDir, outputCertsPath),
@@ -317,6 +348,15 @@ func (a *Agent) prepare() error {
 	}
 	for k, v := range o.Env {
 		env[k] = v
+	}
+	if out := env["OUTPUT_CERTS"]; out != "" {
+		// pilot-agent writes into it but does not create it.
+		if !filepath.IsAbs(out) {
+			out = filepath.Join(a.workDir, out)
+		}
+		if err := os.MkdirAll(out, 0o755); err != nil {
+			return fmt.Errorf("create OUTPUT_CERTS: %w", err)
+		}
 	}
 	if env["CA_ROOT_CA"] == "" {
 		return errors.New("no root for pilot-agent's CA: set Options.CARootCA or XDSRootCA (or NoCA for tests of the xDS path alone)")
@@ -535,6 +575,10 @@ func (a *Agent) WaitCertificates(timeout time.Duration) (chain, root []byte, err
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// SDSSocket is the absolute path of the unix socket where pilot-agent serves
+// SDS (`default`, `ROOTCA`) to Envoy: with Options.EnvoyStandIn only.
+func (a *Agent) SDSSocket() string { return filepath.Join(a.workDir, sdsSocketPath) }
 
 // WorkDir is the agent's working directory, the root of every relative path
 // pilot-agent uses.
