@@ -27,7 +27,7 @@ func TestRealSidecarAndIstioctl(t *testing.T) {
 		PodName:          w.key.Name,
 		PodNamespace:     ns,
 		InstanceIP:       w.ip,
-		ClusterID:        "vm-cluster",
+		ClusterID:        certClusterID,
 		ServiceAccount:   "ratings-vm",
 		Token:            w.token,
 	}))

@@ -18,6 +18,9 @@ import (
 // run pilot-agent through the relay. The tests that need istiod for nothing
 // else share one, started on first use.
 
+// certClusterID is the shared istiod's cluster ID.
+const certClusterID = "vm-cluster"
+
 var (
 	certIstiodOnce sync.Once
 	certIstiod     *testenv.Istiod
@@ -28,7 +31,11 @@ var (
 func sharedIstiod(t *testing.T) *testenv.Istiod {
 	t.Helper()
 	certIstiodOnce.Do(func() {
-		certIstiod, certIstiodErr = testenv.StartIstiod(t.Context(), env, testenv.IstiodOptions{})
+		// Its cluster ID is the one these tests' sidecars name
+		// (ISTIO_META_CLUSTER_ID, sent as the ClusterID header): istiod
+		// authenticates a caller of another cluster against that cluster's
+		// API server, and refuses it when it knows none.
+		certIstiod, certIstiodErr = testenv.StartIstiod(t.Context(), env, testenv.IstiodOptions{Env: []string{"CLUSTER_ID=" + certClusterID}})
 	})
 	if certIstiodErr != nil {
 		t.Fatalf("istiod: %v", certIstiodErr)

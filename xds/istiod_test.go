@@ -398,6 +398,11 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 	}
 	// istioctl proxy-config reads the dump istiod keeps of the VM's
 	// configuration (there is no Envoy admin port on a VM it can reach).
+	// endpoints and secret read Envoy's own admin state (/clusters, the
+	// secrets it got from pilot-agent over SDS), which only the VM's Envoy
+	// has: see docs/istiod.md; the VM's EDS is checked through pilot-agent
+	// (subscribeAll, EDS SYNCED above) and its secrets over pilot-agent's
+	// SDS socket (test/istiod).
 	dump := fetchConfigDump(t, i, name)
 	for _, c := range []struct {
 		args []string
@@ -406,6 +411,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 		{[]string{"proxy-config", "listeners", "--file", dump}, "15006"}, // istiod's inbound listener (virtualInbound)
 		{[]string{"proxy-config", "routes", "--file", dump}, "reviews." + ns + ".svc.cluster.local"},
 		{[]string{"proxy-config", "clusters", "--file", dump}, "reviews." + ns + ".svc.cluster.local"},
+		{[]string{"proxy-config", "all", "--file", dump}, "15006"},
 	} {
 		out, err := istioagent.Istioctl(t.Context(), t, c.args...)
 		if err != nil || !strings.Contains(out, c.want) {
