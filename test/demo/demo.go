@@ -26,7 +26,6 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
-	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -390,32 +389,14 @@ func (d *demo) proxyStatus(ctx context.Context, out io.Writer) error {
 		want[v.reg()+".bookinfo"] = replica
 	}
 	args := []string{"proxy-status", "--xds-address", d.addrs.debugXDS, "--plaintext", "-r", "default"}
-	var shown string
-	err := eventually(ctx, waitFor, func() error {
-		s, err := istioagent.Istioctl(ctx, d.tb, args...)
-		if err != nil {
-			return err
-		}
-		shown = s
-		return checkProxyStatus(s, want)
-	})
-	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
-	if err != nil {
+	if err := d.istioctlChecked(ctx, out, func(s string) error { return checkProxyStatus(s, want) }, args...); err != nil {
 		return err
 	}
-	// Per type: the configuration Embark serves reached each sidecar
+	// Per type: the configuration Embark relays reached each sidecar
 	// (through pilot-agent, to the Envoy part the demo plays) and was ACKed.
-	args = append(args, "-v", "1")
-	err = eventually(ctx, waitFor, func() error {
-		s, err := istioagent.Istioctl(ctx, d.tb, args...)
-		if err != nil {
-			return err
-		}
-		shown = s
-		return checkSynced(s, len(want), "CDS", "LDS")
-	})
-	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
-	return err
+	return d.istioctlChecked(ctx, out, func(s string) error {
+		return checkSynced(s, len(want), "CDS", "LDS", "EDS", "RDS")
+	}, append(args, "-v", "1")...)
 }
 
 func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
@@ -611,11 +592,14 @@ Embark is running. Try:
     %s describe war -n bookinfo %s
     %s get workloadentries -n bookinfo -o yaml
     %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default
+    %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default -v 1   # istiod
+    curl -s http://%s/debug/config_dump?proxyID=%s.bookinfo   # istiod's configuration of a VM
     curl -s http://%s/metrics | grep ^embark_
-Onboarding API https://%s (as %s), xDS %s; logs and files in %s.
+Onboarding API https://%s (as %s), xDS %s, istiod %s; logs and files in %s (istiod's in %s).
 Press Ctrl-C to stop and clean up.
-`, kc, kc, d.vms[0].reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS, d.addrs.metrics,
-		d.addrs.onboarding, endpointHost, d.addrs.xds, d.work)
+`, kc, kc, d.vms[0].reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS,
+		filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.istiod.GRPCAddr, d.istiod.HTTPAddr, d.vms[0].reg(), d.addrs.metrics,
+		d.addrs.onboarding, endpointHost, d.addrs.xds, d.istiod.SecureGRPCAddr, d.work, d.istiod.LogPath)
 }
 
 // showLogsOnFailure prints where the logs are cut short: the endpoint's last
