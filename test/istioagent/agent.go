@@ -21,6 +21,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 )
 
@@ -263,6 +264,10 @@ func (a *Agent) prepare() error {
 		}
 		// Envoy's bootstrap is not generated: nothing reads it.
 		pc.BinaryPath, pc.CustomConfigFile = standIn, config
+		if pc.TerminationDrainDuration == nil {
+			// Nothing to drain: stop at once (Istio waits 5s by default).
+			pc.TerminationDrainDuration = durationpb.New(0)
+		}
 	}
 	if pc.StatusPort == 0 {
 		port, err := freePort()
