@@ -56,7 +56,7 @@ var (
 // TestMain fails the package when a goroutine outlives the tests (and every
 // stream they opened).
 func TestMain(m *testing.M) {
-	os.Exit(testenv.CheckLeaks(testenv.Run(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+	os.Exit(testenv.CheckLeaks(runStoppingIstiod(m, func(ctx context.Context) error {
 		var err error
 		informers, err = cache.New(env.Config, cache.Options{
 			Scheme: env.Scheme,
@@ -82,6 +82,13 @@ func TestMain(m *testing.M) {
 		clientset, err = kubernetes.NewForConfig(env.Config)
 		return err
 	})))
+}
+
+// runStoppingIstiod runs the tests with the control plane and setup, then
+// stops the shared istiod (certs_test.go), if a test started it.
+func runStoppingIstiod(m *testing.M, setup func(ctx context.Context) error) int {
+	defer stopSharedIstiod()
+	return testenv.Run(m, testenv.Options{GarbageCollector: true}, &env, setup)
 }
 
 type testWriter struct{ t testing.TB }
