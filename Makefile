@@ -115,7 +115,7 @@ image: ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/ar
 		-version $(VERSION) -revision $(REVISION) -ldflags "$(VERSION_LDFLAGS)" \
 		-platforms $(IMAGE_PLATFORMS) -source-date-epoch $(SOURCE_DATE_EPOCH) \
 		$(if $(wildcard $(ROOT)/LICENSE),-license-file $(ROOT)/LICENSE)
-	cd test/tools/image && EMBARK_IMAGE_DIR=$(IMAGE_OUTPUT) go test -count=1 -v ./...
+	cd test/tools/image && EMBARK_IMAGE_DIR=$(IMAGE_OUTPUT) go test -count=1 -timeout 20m -v ./...
 
 ##@ Test
 
