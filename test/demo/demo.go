@@ -131,6 +131,8 @@ func (d *demo) steps() []step {
 			func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
 		step{fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.name, gracePeriod),
 			func(ctx context.Context, out io.Writer) error { return d.gracePeriodRemoval(ctx, out, last) }},
+		step{"an on-prem host (" + onPremHost + ") onboards with an OIDC JWT of the kube-apiserver's service-account issuer, next to the EC2 instances",
+			d.onPremOnboarding},
 	)
 	return steps
 }
@@ -247,6 +249,9 @@ listen:
   metrics: %s
   xds: %s
 `, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, d.serving.caFile, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds)
+	if cfg, err = d.withOnPremIssuer(ctx, cfg); err != nil {
+		return err
+	}
 	cfgFile := filepath.Join(d.work, "endpoint.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return err
