@@ -1,6 +1,8 @@
 package build
 
 import (
+	"io"
+	"log"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
@@ -20,7 +22,7 @@ import (
 // API on loopback; no registry is reachable from here.
 func TestPushKeepsDigest(t *testing.T) {
 	b := buildOnce(t)
-	srv := httptest.NewServer(registry.New(registry.Logger(nil)))
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(srv.Close)
 
 	top, err := layout.ImageIndexFromPath(filepath.Join(b.dir, LayoutDir))
