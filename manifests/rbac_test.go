@@ -3,23 +3,14 @@ package manifests
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
-	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
@@ -27,12 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
-	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
-	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
-	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 )
 
 const (
@@ -46,6 +32,14 @@ var serviceAccountGroups = []string{"system:serviceaccounts", "system:serviceacc
 func applyBase(t *testing.T) []*unstructured.Unstructured {
 	t.Helper()
 	_, objs := build(t, "base")
+	applyObjects(t, objs)
+	return objs
+}
+
+// applyObjects stores the ServiceAccount, RBAC and ConfigMap of objs for
+// real (server-side apply); the rest is left out.
+func applyObjects(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
 	var keep []*unstructured.Unstructured
 	for _, o := range objs {
 		switch o.GetKind() {
@@ -65,7 +59,6 @@ func applyBase(t *testing.T) []*unstructured.Unstructured {
 		"--field-manager=embark-test", "-f", "-"); err != nil {
 		t.Fatal(err)
 	}
-	return objs
 }
 
 // access is one API call the endpoint makes (or must not be able to make).
@@ -204,110 +197,22 @@ func TestRBACIsSufficientToOnboardAWorkload(t *testing.T) {
 	defer cancel()
 	objs := applyBase(t)
 	cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", "onboarding-endpoint"))
-	ns := env.Namespace(t)
-	aws := awstest.Start(t, awstest.Instance{})
+	f := newWorkloadFixture(t)
+	addrs := newEndpointAddrs(t)
+	cfgFile := writeEndpointConfig(t, cfg.Namespace, cfg.Endpoint.Hosts[0], f, addrs)
+	done := runEndpoint(t, ctx, cfgFile, impersonatingKubeconfig(t), "rbac-test-0")
 
-	dir := t.TempDir()
-	certs := filepath.Join(dir, "aws-certs")
-	if err := os.MkdirAll(certs, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// The manifests' configuration, with loopback listeners, plaintext and
-	// the fake AWS instead of a serving Secret and the real AWS.
-	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	cfgFile := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfgFile, fmt.Appendf(nil, `apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [%s]
-  plaintext: true
-identity:
-  aws:
-    certificatesDir: %s
-    stsEndpoint: %s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-`, cfg.Namespace, cfg.Endpoint.Hosts[0], certs, aws.STS.URL, onboardingAddr, metricsAddr, xdsAddr), 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	policyYAML, err := os.ReadFile("../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	policy := &authorizationv1alpha1.OnboardingPolicy{}
-	if err := sigsyaml.UnmarshalStrict(policyYAML, policy); err != nil {
-		t.Fatal(err)
-	}
-	policy.Namespace = ns
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns, Labels: map[string]string{"app": "ratings"}}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
-	for _, obj := range []client.Object{policy, wg, sa} {
-		if err := env.Client.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: cfgFile, Kubeconfig: impersonatingKubeconfig(t), Replica: "rbac-test-0",
-			DebugXDS: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("the endpoint did not start as its ServiceAccount: %v", err)
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the endpoint did not start as its ServiceAccount in 2m (a watch refused by RBAC keeps an informer from syncing)")
-	}
-
-	conn, err := grpc.NewClient(onboardingAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	api := onboardingv1alpha1.NewOnboardingServiceClient(conn)
-	cred, err := awsclient.Credential(ctx, imds.New(imds.Options{Endpoint: aws.IMDS.URL}), nil, cfg.Endpoint.Hosts[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A call the endpoint cannot finish (an informer RBAC keeps from
-	// syncing blocks it) fails the test instead of hanging it.
-	callCtx, cancelCalls := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancelCalls()
-	auth, err := api.Authorize(callCtx, &onboardingv1alpha1.AuthorizeRequest{
-		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: ns, Name: "ratings"},
-		Credential: &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: &onboardingv1alpha1.AWSCredential{
-			InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature),
-		}},
-	})
-	if err != nil {
-		t.Fatalf("Authorize as the ServiceAccount: %v", err)
-	}
-	reg, err := api.Register(metadata.AppendToOutgoingContext(callCtx, "authorization", "Bearer "+auth.GetToken()), &onboardingv1alpha1.RegisterRequest{
-		Addresses: []*onboardingv1alpha1.HostAddress{{Ip: "172.31.5.254", Type: "VPC"}},
-	})
-	if err != nil {
-		t.Fatalf("Register as the ServiceAccount: %v", err)
-	}
+	name, token := onboard(t, ctx, addrs.onboarding, cfg.Endpoint.Hosts[0], f, "172.31.5.254")
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: reg.GetRegistrationName()}, war); err != nil {
-		t.Fatalf("registration %s: %v", reg.GetRegistrationName(), err)
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: name}, war); err != nil {
+		t.Fatalf("registration %s: %v", name, err)
 	}
 	we := &istionetworkingv1.WorkloadEntry{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: reg.GetRegistrationName()}, we); err != nil {
-		t.Errorf("WorkloadEntry %s: %v", reg.GetRegistrationName(), err)
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: name}, we); err != nil {
+		t.Errorf("WorkloadEntry %s: %v", name, err)
 	}
 	// Unregistering deletes the registration, also as the ServiceAccount.
-	if _, err := api.Unregister(metadata.AppendToOutgoingContext(callCtx, "authorization", "Bearer "+auth.GetToken(), "embark-session-key", reg.GetSessionKey()), &onboardingv1alpha1.UnregisterRequest{}); err != nil {
+	if err := unregister(t, ctx, addrs.onboarding, token); err != nil {
 		t.Errorf("Unregister as the ServiceAccount: %v", err)
 	}
 

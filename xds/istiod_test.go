@@ -466,7 +466,7 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	name := w.key.Name + "." + ns
 	waitSynced(t, i, name)
 	before := agentConnected(t, w)
-	streamsBefore := relayStreamIDs.Load()
+	streamsBefore := r.server.relayIDs.Load()
 
 	i.Stop()
 	// While istiod is away the DestinationRule changes.
@@ -488,7 +488,7 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	})
 	waitSynced(t, i, name)
 
-	if n := relayStreamIDs.Load() - streamsBefore; n != 0 {
+	if n := r.server.relayIDs.Load() - streamsBefore; n != 0 {
 		t.Errorf("the sidecar opened %d new streams: its stream was closed", n)
 	}
 	if after := agentConnected(t, w); after.Status != metav1.ConditionTrue || !after.LastTransitionTime.Equal(&before.LastTransitionTime) {

@@ -6,7 +6,10 @@ import (
 
 // +genclient
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Namespaced,categories=onboarding
+// +kubebuilder:resource:scope=Namespaced,categories=onboarding,shortName=obp
+// +kubebuilder:printcolumn:name="Accounts",type=string,JSONPath=`.spec.allow[*].workloads[*].aws.accounts`,description="AWS accounts the rules allow"
+// +kubebuilder:printcolumn:name="Issuers",type=string,JSONPath=`.spec.allow[*].workloads[*].jwt.issuer`,description="JWT issuers the rules allow"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // OnboardingPolicy authorizes workloads with a verified platform identity to
 // join WorkloadGroups in the policy's own namespace. Onboarding is denied by

@@ -48,6 +48,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/rollout"
+	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/configsource"
 )
@@ -175,6 +176,9 @@ func Run(ctx context.Context, opts Options) error {
 	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
 		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := version.Register(reg); err != nil {
+		return err
+	}
 	metrics, err := endpoint.NewMetrics(reg)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
@@ -300,7 +304,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	// Health reports mirrored onto WorkloadEntries, written until shutdown
 	// like the connection states.
-	healthMetrics, err := registry.NewHealthMetrics(reg, informers)
+	healthMetrics, err := registry.NewHealthMetrics(reg, informers, registry.FleetFromLeader(lifecycle.IsLeader))
 	if err != nil {
 		return err
 	}
