@@ -129,6 +129,25 @@ $(NFPM):
 	mkdir -p $(TOOLS_BIN)
 	cd test/tools/nfpm && go build -o $@ github.com/goreleaser/nfpm/v2/cmd/nfpm
 
+##@ Image
+
+# The onboarding-endpoint image: built by test/tools/image (its own module,
+# go-containerregistry), no Docker daemon, no registry. VERSION, REVISION and
+# VERSION_LDFLAGS are the release identity set once above. Every timestamp in
+# the image is SOURCE_DATE_EPOCH (default: the last commit's time).
+IMAGE_NAME ?= embark-mesh/onboarding-endpoint
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+IMAGE_OUTPUT := $(OUTPUT)/image
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: image
+image: ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/arm64, SBOM) into _output/image/; rebuild it to compare digests; run its entrypoint.
+	cd test/tools/image && go run . -module-dir $(ROOT) -o $(IMAGE_OUTPUT) -name $(IMAGE_NAME) \
+		-version $(VERSION) -revision $(REVISION) -ldflags "$(VERSION_LDFLAGS)" \
+		-platforms $(IMAGE_PLATFORMS) -source-date-epoch $(SOURCE_DATE_EPOCH) \
+		$(if $(wildcard $(ROOT)/LICENSE),-license-file $(ROOT)/LICENSE)
+	cd test/tools/image && EMBARK_IMAGE_DIR=$(IMAGE_OUTPUT) go test -count=1 -timeout 20m -v ./...
+
 ##@ Test
 
 .PHONY: testenv
