@@ -18,12 +18,26 @@ PROTOC_GEN_GO_GRPC := $(TOOLS_BIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSI
 PROTO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.proto')
 
 GO_TEST_FLAGS ?= -race -count=1
+# Test-only modules of their own (their heavy dependencies stay out of the
+# main go.mod; `go test ./...` at the root does not enter them): the
+# manifests' tests (kustomize, kubeconform, Prometheus TSDB/PromQL) and the
+# Helm chart's renderer (Helm's Go SDK).
+TEST_MODULES := manifests manifests/charts/embark/render
 # Integration tests find the kube-apiserver and etcd binaries here.
 export KUBEBUILDER_ASSETS := $(TESTENV_BIN)
 
+# The release version, in one place: the VERSION file. Manifests, the Helm
+# chart and the image name it (manifests/chart_test.go checks they agree).
+VERSION ?= $(shell cat $(ROOT)/VERSION)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# The only place build identity is stamped (make build, packages, image).
+VERSION_LDFLAGS := -X github.com/embark-mesh/embark/version.version=$(VERSION) -X github.com/embark-mesh/embark/version.revision=$(REVISION)
+
 CRD_DIR := api/crds
-# Checksums of every generated file, to tell whether `make generate` changed any.
-GENERATED_SUM := find api onboarding -name 'zz_generated*.go' -o -name '*.pb.go' -o -path 'api/crds/*.yaml' | LC_ALL=C sort | xargs sha256sum
+CHART_DIR := manifests/charts/embark
+# Checksums of every generated file, to tell whether `make generate` changed any
+# (the chart's copies of the CRDs, alerts and dashboard included).
+GENERATED_SUM := find api onboarding $(CHART_DIR)/crds $(CHART_DIR)/files -name 'zz_generated*.go' -o -name '*.pb.go' -o -path 'api/crds/*.yaml' -o -path '$(CHART_DIR)/*' -type f | LC_ALL=C sort | xargs sha256sum
 
 ##@ General
 
@@ -44,12 +58,15 @@ demo: testenv ## Run Embark locally: control plane, endpoint, simulated EC2 VMs 
 .PHONY: build
 build: ## Build every package and the binaries under cmd/ into bin/.
 	go build ./...
-	@if compgen -G "cmd/*/main.go" >/dev/null; then GOBIN=$(BIN) go install ./cmd/...; fi
+	@if compgen -G "cmd/*/main.go" >/dev/null; then GOBIN=$(BIN) go install -ldflags "$(VERSION_LDFLAGS)" ./cmd/...; fi
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate deepcopy, CRD YAML and protobuf/gRPC code.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/... output:crd:artifacts:config=$(CRD_DIR)
+	@# The Helm chart ships copies (a chart cannot reach outside its directory).
+	rm -f $(CHART_DIR)/crds/*.yaml && cp $(CRD_DIR)/*.onboarding.tetrate.io_*.yaml $(CHART_DIR)/crds/
+	cp manifests/monitoring/prometheusrule.yaml manifests/monitoring/dashboard.json $(CHART_DIR)/files/
 	@command -v protoc >/dev/null || { echo "protoc not found: apt-get install protobuf-compiler" >&2; exit 1; }
 	protoc -I . -I /usr/include \
 		--plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/embark-mesh/embark \
@@ -67,6 +84,7 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet 
 	@unformatted=$$(gofmt -l $$(git ls-files --cached --others --exclude-standard '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go vet ./...;)
 	@test/tools/check-tracked-files.sh
 
 ##@ Packages
@@ -74,29 +92,61 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet 
 # nfpm builds the packages; its version is pinned in test/tools/nfpm/go.mod.
 NFPM_VERSION := v2.45.2
 NFPM := $(TOOLS_BIN)/nfpm-$(NFPM_VERSION)
-PACKAGE_VERSION ?= 0.0.0-dev
+# DEB/RPM versions have no leading v.
+PACKAGE_VERSION ?= $(patsubst v%,%,$(VERSION))
 PACKAGE_ARCHES ?= amd64 arm64
 OUTPUT := $(ROOT)/_output
+# The armored OpenPGP private key the packages are signed with (the local
+# repository's key, docs/local-repository.md). Unset: a throwaway test key,
+# generated once in _output/test-signing-key/.
+PACKAGE_SIGNING_KEY ?=
+TEST_SIGNING_KEY := $(OUTPUT)/test-signing-key/signing.asc
+SIGNING_KEY := $(or $(PACKAGE_SIGNING_KEY),$(TEST_SIGNING_KEY))
 
 .PHONY: packages
-packages: $(NFPM) ## Build the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/, read them back, install, upgrade and remove them in a throwaway root.
+packages: $(NFPM) ## Build and sign the onboarding-agent DEB and RPM packages (amd64, arm64) into _output/packages/, read them back, install, upgrade and remove them in a throwaway root, install them with apt-get and dnf from the endpoint's signed repository.
+	@if [ -z "$(PACKAGE_SIGNING_KEY)" ]; then \
+		echo "packages: PACKAGE_SIGNING_KEY unset: signing with a throwaway test key ($(TEST_SIGNING_KEY))"; \
+		onboarding/agent/packaging/test-signing-key.sh $(dir $(TEST_SIGNING_KEY)); fi
 	for arch in $(PACKAGE_ARCHES); do \
-		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w -X main.version=$(PACKAGE_VERSION)" \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch go build -trimpath -ldflags "-s -w $(VERSION_LDFLAGS)" \
 			-o $(OUTPUT)/bin/linux_$$arch/onboarding-agent ./cmd/onboarding-agent; \
 		mkdir -p $(OUTPUT)/staging && cp $(OUTPUT)/bin/linux_$$arch/onboarding-agent $(OUTPUT)/staging/onboarding-agent; \
 		for fmt in deb rpm; do \
 			mkdir -p $(OUTPUT)/packages/$$fmt/$$arch; \
-			ARCH=$$arch VERSION=$(PACKAGE_VERSION) \
+			ARCH=$$arch VERSION=$(PACKAGE_VERSION) NFPM_SIGNING_KEY_FILE=$(SIGNING_KEY) \
 				$(NFPM) package --config onboarding/agent/packaging/nfpm.yaml --packager $$fmt \
 				--target $(OUTPUT)/packages/$$fmt/$$arch/onboarding-agent.$$fmt; \
 		done; \
 	done
 	onboarding/agent/packaging/check.sh $(OUTPUT)/packages
 	onboarding/agent/packaging/install-test.sh $(OUTPUT)/packages $(NFPM) $(PACKAGE_VERSION)
+	onboarding/agent/packaging/signature-check.sh $(OUTPUT)/packages $(SIGNING_KEY)
+	PACKAGES_DIR=$(OUTPUT)/packages PACKAGE_SIGNING_KEY=$(SIGNING_KEY) \
+		go test -tags packages -count=1 -v -run '^TestSignedRepository' ./onboarding/agent/integration/
 
 $(NFPM):
 	mkdir -p $(TOOLS_BIN)
 	cd test/tools/nfpm && go build -o $@ github.com/goreleaser/nfpm/v2/cmd/nfpm
+
+##@ Image
+
+# The onboarding-endpoint image: built by test/tools/image (its own module,
+# go-containerregistry), no Docker daemon, no registry. VERSION, REVISION and
+# VERSION_LDFLAGS are the release identity set once above. Every timestamp in
+# the image is SOURCE_DATE_EPOCH (default: the last commit's time).
+IMAGE_NAME ?= embark-mesh/onboarding-endpoint
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+IMAGE_OUTPUT := $(OUTPUT)/image
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: image
+image: ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/arm64, SBOM) into _output/image/; rebuild it to compare digests; run its entrypoint.
+	cd test/tools/image && go run . -module-dir $(ROOT) -o $(IMAGE_OUTPUT) -name $(IMAGE_NAME) \
+		-version $(VERSION) -revision $(REVISION) -ldflags "$(VERSION_LDFLAGS)" \
+		-platforms $(IMAGE_PLATFORMS) -source-date-epoch $(SOURCE_DATE_EPOCH) \
+		$(if $(wildcard $(ROOT)/LICENSE),-license-file $(ROOT)/LICENSE)
+	cd test/tools/image && EMBARK_IMAGE_DIR=$(IMAGE_OUTPUT) go test -count=1 -timeout 20m -v ./...
 
 ##@ Test
 
@@ -105,12 +155,13 @@ testenv: ## Build the real kube-apiserver, etcd, kube-controller-manager, pilot-
 	TESTENV_BIN=$(TESTENV_BIN) test/tools/install.sh
 
 .PHONY: test
-test: testenv ## Run all tests (unit and integration against a real control plane).
+test: testenv ## Run all tests (unit and integration against a real control plane), the manifests' and the chart's included.
 	go test $(GO_TEST_FLAGS) ./...
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go test $(GO_TEST_FLAGS) ./...;)
 
 .PHONY: manifests
-manifests: testenv ## Build, validate and dry-run apply manifests/; run the endpoint as its ServiceAccount; lint metrics and dashboards.
-	go test $(GO_TEST_FLAGS) ./manifests/
+manifests: testenv ## Build, validate and dry-run apply manifests/ and the Helm chart; run the endpoint as its ServiceAccount; test metrics, dashboard and alerts.
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go test $(GO_TEST_FLAGS) ./...;)
 
 .PHONY: e2e
 e2e: faults ## Run the end-to-end suite (the fault suite).
@@ -139,6 +190,7 @@ lint: ## Run gofmt and go vet.
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go vet ./...;)
 
 $(PROTOC_GEN_GO):
 	mkdir -p $(TOOLS_BIN)

@@ -3,22 +3,23 @@ package manifests
 import (
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
-// The IstioOperator overlay renders with the real istioctl into an istiod
-// Deployment that runs the endpoint beside discovery on ports of its own,
-// with the configuration the istio-operator kustomization ships, and the
-// API server accepts the result.
-func TestIstioOperatorOverlayRunsTheEndpointBesideIstiod(t *testing.T) {
+// istioctlGenerate renders the IstioOperator overlay with the real
+// istioctl (`istioctl manifest generate -f`).
+func istioctlGenerate(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
 	assets, err := testenv.AssetsDir("")
 	if err != nil {
 		t.Fatal(err)
@@ -36,6 +37,91 @@ func TestIstioOperatorOverlayRunsTheEndpointBesideIstiod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return objs
+}
+
+// podContainer returns the Deployment's Pod spec and its container named name.
+func podContainer(t *testing.T, objs []*unstructured.Unstructured, deployment, name string) (corev1.PodSpec, corev1.Container) {
+	t.Helper()
+	var d appsv1.Deployment
+	if err := into(mustFind(t, objs, "Deployment", deployment), &d); err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(d.Spec.Template.Spec.Containers, func(c corev1.Container) bool { return c.Name == name })
+	if i < 0 {
+		t.Fatalf("Deployment %s has no container %s", deployment, name)
+	}
+	return d.Spec.Template.Spec, d.Spec.Template.Spec.Containers[i]
+}
+
+// What the IstioOperator overlay deploys beside istiod is what the chart
+// deploys, but for what running inside istiod's Pod changes: the ports
+// (istiod holds 15012 and 15014), the user (istiod's), and istiod's
+// address (the discovery container of the same Pod, so of the same
+// revision). The RBAC, CRDs and Services come from the base, which
+// TestChartMatchesKustomizeBase compares with the chart.
+func TestIstioOperatorOverlayMatchesChart(t *testing.T) {
+	_, chart := renderChart(t, nil)
+	_, kobjs := build(t, "istio-operator")
+	opPod, op := podContainer(t, istioctlGenerate(t), "istiod", "onboarding-endpoint")
+	chPod, ch := podContainer(t, chart, "onboarding-endpoint", "onboarding-endpoint")
+
+	chCfg := endpointConfig(t, mustFind(t, chart, "ConfigMap", "onboarding-endpoint"))
+	opCfg := endpointConfig(t, mustFind(t, kobjs, "ConfigMap", "onboarding-endpoint-istiod"))
+	if opCfg.Istiod.Address != "localhost:15012" {
+		t.Errorf("the overlay's endpoint reaches istiod at %q, want the discovery container beside it (localhost:15012)", opCfg.Istiod.Address)
+	}
+	// Normalise what differs by design, then compare the rest.
+	opCfg.Listen, opCfg.Istiod.Address = chCfg.Listen, chCfg.Istiod.Address
+	if !reflect.DeepEqual(opCfg, chCfg) {
+		t.Errorf("configuration differs:\noverlay %+v\nchart   %+v", opCfg, chCfg)
+	}
+
+	if !reflect.DeepEqual(op.Resources, ch.Resources) {
+		t.Errorf("resources: overlay %v, chart %v", op.Resources, ch.Resources)
+	}
+	if op.Image != ch.Image {
+		t.Errorf("image: overlay %s, chart %s", op.Image, ch.Image)
+	}
+	for name, p := range map[string][2]*corev1.Probe{"readiness": {op.ReadinessProbe, ch.ReadinessProbe}, "liveness": {op.LivenessProbe, ch.LivenessProbe}} {
+		if p[0] == nil || p[1] == nil || p[0].HTTPGet == nil || p[1].HTTPGet == nil || p[0].HTTPGet.Path != p[1].HTTPGet.Path {
+			t.Errorf("%s probe: overlay %v, chart %v", name, p[0], p[1])
+		}
+	}
+	opSec, chSec := op.SecurityContext.DeepCopy(), ch.SecurityContext.DeepCopy()
+	opSec.RunAsUser, opSec.RunAsGroup, chSec.RunAsUser, chSec.RunAsGroup = nil, nil, nil, nil
+	if !reflect.DeepEqual(opSec, chSec) {
+		t.Errorf("securityContext (users aside): overlay %v, chart %v", opSec, chSec)
+	}
+	if !slices.Contains(op.Args, "--config=/etc/onboarding-endpoint/config.yaml") || !slices.Contains(ch.Args, "--config=/etc/onboarding-endpoint/config.yaml") {
+		t.Errorf("args: overlay %v, chart %v", op.Args, ch.Args)
+	}
+	// Both mount istiod's root where the configuration reads it.
+	for name, pc := range map[string]struct {
+		pod corev1.PodSpec
+		c   corev1.Container
+	}{"overlay": {opPod, op}, "chart": {chPod, ch}} {
+		m := slices.IndexFunc(pc.c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/etc/istio-root" })
+		if m < 0 {
+			t.Errorf("%s: nothing mounted at /etc/istio-root (istiod.rootCertFile %s)", name, chCfg.Istiod.RootCertFile)
+			continue
+		}
+		v := slices.IndexFunc(pc.pod.Volumes, func(v corev1.Volume) bool { return v.Name == pc.c.VolumeMounts[m].Name })
+		if v < 0 || pc.pod.Volumes[v].ConfigMap == nil || pc.pod.Volumes[v].ConfigMap.Name != "istio-ca-root-cert" {
+			t.Errorf("%s: /etc/istio-root is not the istio-ca-root-cert ConfigMap", name)
+		}
+	}
+	if !strings.HasPrefix(chCfg.Istiod.RootCertFile, "/etc/istio-root/") {
+		t.Errorf("istiod.rootCertFile %s is not in the mounted root", chCfg.Istiod.RootCertFile)
+	}
+}
+
+// The IstioOperator overlay renders with the real istioctl into an istiod
+// Deployment that runs the endpoint beside discovery on ports of its own,
+// with the configuration the istio-operator kustomization ships, and the
+// API server accepts the result.
+func TestIstioOperatorOverlayRunsTheEndpointBesideIstiod(t *testing.T) {
+	objs := istioctlGenerate(t)
 	u := mustFind(t, objs, "Deployment", "istiod")
 	var istiod appsv1.Deployment
 	if err := into(u, &istiod); err != nil {

@@ -11,12 +11,14 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/onboarding/endpoint"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/ca"
 	"github.com/embark-mesh/embark/xds/configsource"
@@ -52,7 +54,27 @@ func exportedMetrics(reg prometheus.Registerer, reader client.Reader) error {
 	if _, err := ca.NewMetrics(reg); err != nil {
 		return fmt.Errorf("certificate relay metrics: %w", err)
 	}
-	return nil
+	return version.Register(reg)
+}
+
+// runtimeNames are the Go runtime and process metrics the endpoint
+// exports besides Embark's (app.Run registers the same collectors), and
+// Prometheus' synthetic up: what the dashboard's process-health panels use.
+func runtimeNames(t *testing.T) map[string]bool {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{"up": true}
+	for _, mf := range mfs {
+		names[mf.GetName()] = true
+	}
+	return names
 }
 
 // capture keeps the collectors registered, to give every vector a child:
@@ -139,6 +161,9 @@ func exportedNames(t *testing.T) map[string]bool {
 		if m := fqName.FindStringSubmatch(d.String()); m != nil {
 			names[m[1]] = true
 		}
+	}
+	for n := range runtimeNames(t) {
+		names[n] = true
 	}
 	for _, mf := range mfs {
 		names[mf.GetName()] = true

@@ -9,8 +9,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -19,20 +17,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -40,49 +35,55 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
-	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
-	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 )
 
-const (
-	serviceAccountUser = "system:serviceaccount:istio-system:onboarding-endpoint"
-	endpointHost       = "onboarding-endpoint.example.corp"
-)
+const serviceAccountUser = "system:serviceaccount:istio-system:onboarding-endpoint"
 
 var serviceAccountGroups = []string{"system:serviceaccounts", "system:serviceaccounts:istio-system", "system:authenticated"}
 
-// applyBase stores the base's ServiceAccount, RBAC and ConfigMap for real,
-// and binds the endpoint's workload rights in each of workloadNamespaces
-// with the RoleBinding of workload-namespaces/ (the test namespaces stand
-// for bookinfo).
+// applyBase stores the base's ServiceAccount, RBAC, signing-key Secret and
+// ConfigMap for real, and binds the endpoint's workload rights in each of
+// workloadNamespaces with the RoleBinding of workload-namespaces/ (the test
+// namespaces stand for bookinfo).
 func applyBase(t *testing.T, workloadNamespaces ...string) []*unstructured.Unstructured {
 	t.Helper()
 	_, objs := build(t, "base")
+	_, wl := build(t, "workload-namespaces")
+	binding := mustFind(t, wl, "RoleBinding", workloadRoleBinding)
+	keep := objs
+	for _, ns := range workloadNamespaces {
+		b := binding.DeepCopy()
+		b.SetNamespace(ns)
+		keep = append(keep[:len(keep):len(keep)], b)
+	}
+	applyObjects(t, keep)
+	return objs
+}
+
+// applyObjects stores the ServiceAccount, RBAC, Secrets and ConfigMap of
+// objs for real (server-side apply); the rest is left out. A
+// ClusterRoleBinding other than the base's (standalone's mesh
+// configuration) is deleted when the test ends: the other tests must not
+// see its rights.
+func applyObjects(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
 	var keep []*unstructured.Unstructured
 	for _, o := range objs {
 		switch o.GetKind() {
 		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Secret":
 			keep = append(keep, o)
 		}
+		if o.GetKind() == "ClusterRoleBinding" && o.GetName() != "embark-onboarding-endpoint" {
+			t.Cleanup(func() {
+				if err := env.Client.Delete(context.WithoutCancel(t.Context()), o); err != nil {
+					t.Errorf("delete ClusterRoleBinding %s: %v", o.GetName(), err)
+				}
+			})
+		}
 	}
-	_, wl := build(t, "workload-namespaces")
-	binding := mustFind(t, wl, "RoleBinding", workloadRoleBinding)
-	for _, ns := range workloadNamespaces {
-		b := binding.DeepCopy()
-		b.SetNamespace(ns)
-		keep = append(keep, b)
-	}
-	apply(t, keep)
-	return objs
-}
-
-// apply stores objs with server-side apply.
-func apply(t *testing.T, objs []*unstructured.Unstructured) {
-	t.Helper()
 	var docs []string
-	for _, o := range objs {
+	for _, o := range keep {
 		data, err := sigsyaml.Marshal(o.Object)
 		if err != nil {
 			t.Fatal(err)
@@ -127,6 +128,7 @@ func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
 		{"watch", "networking.istio.io", "workloadentries", "", wl},
 		{"list", "authorization.onboarding.tetrate.io", "onboardingpolicies", "", wl},
 		{"watch", "authorization.onboarding.tetrate.io", "onboardingpolicies", "", wl},
+		{"update", "authorization.onboarding.tetrate.io", "onboardingpolicies", "status", wl},
 		{"create", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", wl},
 		{"update", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", wl},
 		{"delete", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", wl},
@@ -168,6 +170,8 @@ func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
 		{"create", "networking.istio.io", "workloadentries", "", other},
 		{"create", "runtime.onboarding.tetrate.io", "workloadautoregistrations", "", other},
 		{"list", "networking.istio.io", "workloadgroups", "", other},
+		{"update", "authorization.onboarding.tetrate.io", "onboardingpolicies", "status", other},
+		{"update", "authorization.onboarding.tetrate.io", "onboardingpolicies", "status", ""},
 		// Istiod mode (the base) reads no mesh configuration: that is
 		// standalone's ClusterRoleBinding (standalone/).
 		{"watch", "networking.istio.io", "sidecars", "", ""},
@@ -300,9 +304,10 @@ func selfSignedRoot(t *testing.T, dir string) string {
 // the manifests' RBAC (the base, the workload namespace's RoleBinding and,
 // in standalone mode, standalone/), starts (informers scoped to the
 // workload namespace, signing key, Leases) and onboards a workload
-// (registration, WorkloadEntry, sidecar Secret and token); a WorkloadGroup
-// in a namespace it was not given is refused at once, naming the
-// namespace; and the API server refuses it Secrets and tokens elsewhere.
+// (registration, WorkloadEntry, sidecar Secret and token, the policy's
+// status); a WorkloadGroup in a namespace it was not given is refused at
+// once, naming the namespace; and the API server refuses it Secrets and
+// tokens elsewhere.
 func TestRBACIsSufficientToOnboardAWorkload(t *testing.T) {
 	for _, mode := range []string{"istiod", "standalone"} {
 		t.Run(mode, func(t *testing.T) { onboardWithManifestRBAC(t, mode) })
@@ -312,148 +317,65 @@ func TestRBACIsSufficientToOnboardAWorkload(t *testing.T) {
 func onboardWithManifestRBAC(t *testing.T, mode string) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	ns, other := env.Namespace(t), env.Namespace(t)
-	objs := applyBase(t, ns)
-	if mode == "standalone" {
-		_, sa := build(t, "standalone")
-		apply(t, sa)
-		t.Cleanup(func() {
-			// The base's own tests must not see standalone's rights.
-			for _, o := range sa {
-				if err := env.Client.Delete(context.WithoutCancel(ctx), o); err != nil {
-					t.Errorf("delete %s %s: %v", o.GetKind(), o.GetName(), err)
-				}
-			}
-		})
-	}
+	f := newWorkloadFixture(t)
+	// The same policy, group and account in a namespace the endpoint was
+	// not given.
+	other := env.Namespace(t)
+	f.seed(t, other)
+	objs := applyBase(t, f.ns)
 	cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", "onboarding-endpoint"))
-	aws := awstest.Start(t, awstest.Instance{})
-
-	dir := t.TempDir()
-	certs := filepath.Join(dir, "aws-certs")
-	if err := os.MkdirAll(certs, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// The manifests' configuration, with loopback listeners, plaintext and
-	// the fake AWS instead of a serving Secret and the real AWS, the test
-	// namespace as the workload namespace, and istiod at an address where
-	// nothing listens (istiod mode) or none (standalone).
-	istiod := ""
+	// istiod mode: istiod at an address where nothing listens (nothing
+	// here asks it); standalone: none, and standalone/'s binding.
+	var istiod string
 	if mode == "istiod" {
-		istiod = fmt.Sprintf("istiod: {address: %s, serverName: %s, rootCertFile: %s}\n", freeAddr(t), cfg.Istiod.ServerName, selfSignedRoot(t, dir))
+		istiod = fmt.Sprintf("istiod: {address: %s, serverName: %s, rootCertFile: %s}\n", freeAddr(t), cfg.Istiod.ServerName, selfSignedRoot(t, t.TempDir()))
+	} else {
+		_, sa := build(t, "standalone")
+		applyObjects(t, sa)
 	}
-	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	cfgFile := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfgFile, fmt.Appendf(nil, `apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-workloadNamespaces: [%s]
-endpoint:
-  hosts: [%s]
-  plaintext: true
-identity:
-  aws:
-    certificatesDir: %s
-    stsEndpoint: %s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-%s`, cfg.Namespace, ns, cfg.Endpoint.Hosts[0], certs, aws.STS.URL, onboardingAddr, metricsAddr, xdsAddr, istiod), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	addrs := newEndpointAddrs(t)
+	host := cfg.Endpoint.Hosts[0]
+	cfgFile := writeEndpointConfig(t, cfg.Namespace, host, f, addrs, istiod)
+	done := runEndpoint(t, ctx, cfgFile, impersonatingKubeconfig(t), "rbac-test-0")
 
-	policyYAML, err := os.ReadFile("../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
-	if err != nil {
-		t.Fatal(err)
+	name, token := onboard(t, ctx, addrs.onboarding, host, f, "172.31.5.254")
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: name}, war); err != nil {
+		t.Fatalf("registration %s: %v", name, err)
 	}
-	policy := &authorizationv1alpha1.OnboardingPolicy{}
-	if err := sigsyaml.UnmarshalStrict(policyYAML, policy); err != nil {
-		t.Fatal(err)
+	we := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: f.ns, Name: name}, we); err != nil {
+		t.Errorf("WorkloadEntry %s: %v", name, err)
 	}
-	policy.Namespace = ns
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns, Labels: map[string]string{"app": "ratings"}}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
-	for _, obj := range []client.Object{policy, wg, sa} {
-		if err := env.Client.Create(ctx, obj); err != nil {
-			t.Fatal(err)
+	// The policy's status, written as the ServiceAccount, names the group
+	// it selects and the allow.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var p authorizationv1alpha1.OnboardingPolicyList
+		if err := env.Client.List(ctx, &p, client.InNamespace(f.ns)); err != nil || len(p.Items) != 1 {
+			return false, err
 		}
-		// The same in a namespace the endpoint was not given.
-		o := obj.DeepCopyObject().(client.Object)
-		o.SetNamespace(other)
-		o.SetResourceVersion("")
-		if err := env.Client.Create(ctx, o); err != nil {
-			t.Fatal(err)
-		}
+		st := p.Items[0].Status
+		return st.SelectedWorkloadGroupCount == 1 && len(st.SelectedWorkloadGroups) == 1 && st.SelectedWorkloadGroups[0] == "ratings" &&
+			st.LastAllowedTime != nil, nil
+	}); err != nil {
+		t.Errorf("OnboardingPolicy status does not show the selected group and the allow: %v", err)
 	}
 
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: cfgFile, Kubeconfig: impersonatingKubeconfig(t), Replica: "rbac-test-0",
-			DebugXDS: "off", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("the endpoint did not start as its ServiceAccount: %v", err)
-	case <-time.After(2 * time.Minute):
-		t.Fatal("the endpoint did not start as its ServiceAccount in 2m (a watch refused by RBAC keeps an informer from syncing)")
-	}
-
-	conn, err := grpc.NewClient(onboardingAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// A WorkloadGroup in a namespace not configured: refused at once,
+	// naming the namespace (the endpoint neither watches nor may write
+	// there; nothing waits on a cache that will never hold it).
+	conn, err := grpc.NewClient(addrs.onboarding, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	api := onboardingv1alpha1.NewOnboardingServiceClient(conn)
-	cred, err := awsclient.Credential(ctx, imds.New(imds.Options{Endpoint: aws.IMDS.URL}), nil, cfg.Endpoint.Hosts[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A call the endpoint cannot finish (an informer RBAC keeps from
-	// syncing blocks it) fails the test instead of hanging it.
-	callCtx, cancelCalls := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancelCalls()
-	auth, err := api.Authorize(callCtx, &onboardingv1alpha1.AuthorizeRequest{
-		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: ns, Name: "ratings"},
-		Credential: &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: &onboardingv1alpha1.AWSCredential{
-			InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature),
-		}},
-	})
-	if err != nil {
-		t.Fatalf("Authorize as the ServiceAccount: %v", err)
-	}
-	reg, err := api.Register(metadata.AppendToOutgoingContext(callCtx, "authorization", "Bearer "+auth.GetToken()), &onboardingv1alpha1.RegisterRequest{
-		Addresses: []*onboardingv1alpha1.HostAddress{{Ip: "172.31.5.254", Type: "VPC"}},
-	})
-	if err != nil {
-		t.Fatalf("Register as the ServiceAccount: %v", err)
-	}
-	war := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: reg.GetRegistrationName()}, war); err != nil {
-		t.Fatalf("registration %s: %v", reg.GetRegistrationName(), err)
-	}
-	we := &istionetworkingv1.WorkloadEntry{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: reg.GetRegistrationName()}, we); err != nil {
-		t.Errorf("WorkloadEntry %s: %v", reg.GetRegistrationName(), err)
-	}
-	// A WorkloadGroup in a namespace not configured: refused at once,
-	// naming the namespace (the endpoint neither watches nor may write
-	// there; nothing waits on a cache that will never hold it).
-	_, err = api.Authorize(callCtx, &onboardingv1alpha1.AuthorizeRequest{
-		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: other, Name: "ratings"},
-		Credential: &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: &onboardingv1alpha1.AWSCredential{
-			InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature),
-		}},
-	})
+	callCtx, cancelCall := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelCall()
+	_, err = authorize(t, callCtx, onboardingv1alpha1.NewOnboardingServiceClient(conn), host, f, other)
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), `"`+other+`"`) {
 		t.Errorf("Authorize for %s/ratings (not a workload namespace) = %v, want FailedPrecondition naming %q", other, err, other)
 	}
+
 	// What a compromised endpoint would try, as its ServiceAccount: the
 	// API server refuses it Secrets and tokens outside its workload
 	// namespace.
@@ -471,11 +393,12 @@ listen:
 		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca"}}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("mint a token of %s/ratings-vm as the endpoint: %v, want Forbidden", other, err)
 	}
-	if _, err := ecs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); err != nil {
-		t.Errorf("list Secrets in the workload namespace %s as the endpoint (control): %v", ns, err)
+	if _, err := ecs.CoreV1().Secrets(f.ns).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("list Secrets in the workload namespace %s as the endpoint (control): %v", f.ns, err)
 	}
+
 	// Unregistering deletes the registration, also as the ServiceAccount.
-	if _, err := api.Unregister(metadata.AppendToOutgoingContext(callCtx, "authorization", "Bearer "+auth.GetToken(), "embark-session-key", reg.GetSessionKey()), &onboardingv1alpha1.UnregisterRequest{}); err != nil {
+	if err := unregister(t, ctx, addrs.onboarding, token); err != nil {
 		t.Errorf("Unregister as the ServiceAccount: %v", err)
 	}
 

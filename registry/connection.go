@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -94,6 +96,8 @@ type Connections struct {
 	// replica from before it belongs to an earlier process of the replica.
 	started time.Time
 
+	streamIDs atomic.Int64 // NewStreamID's last ID
+
 	mu       sync.Mutex
 	entries  map[types.NamespacedName]*connEntry
 	active   int // running writers
@@ -107,7 +111,7 @@ type Connections struct {
 // connEntry is one workload's streams on this replica and its pending state.
 type connEntry struct {
 	workload    Workload
-	streams     map[int64]struct{}
+	streams     []int64   // open streams' IDs (a workload has one or a few)
 	connectedAt time.Time // when the current (or last) connection began
 	pending     *connState
 	running     bool
@@ -158,8 +162,16 @@ const DefaultDisconnectDelay = time.Second
 // Replica returns the name this tracker writes as the connection's owner.
 func (c *Connections) Replica() string { return c.replica }
 
+// NewStreamID returns a stream ID no other call returned: callers with
+// several numberings of their own (go-control-plane counts SotW and Delta
+// streams apart, both from 1) take their Opened and Closed IDs from it, so
+// two streams never share one.
+func (c *Connections) NewStreamID() int64 { return c.streamIDs.Add(1) }
+
 // Opened records that stream streamID of workload w is open. The first
-// stream of a workload marks it connected.
+// stream of a workload marks it connected. streamID must name no other open
+// stream of this tracker (see NewStreamID); an ID already open for w is
+// ignored.
 func (c *Connections) Opened(w Workload, streamID int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -170,14 +182,14 @@ func (c *Connections) Opened(w Workload, streamID int64) {
 			// the entry (its writer drains it) but start afresh.
 			e.workload = w
 		} else {
-			e = &connEntry{workload: w, streams: map[int64]struct{}{}, wake: make(chan struct{}, 1)}
+			e = &connEntry{workload: w, wake: make(chan struct{}, 1)}
 			c.entries[w.Key] = e
 		}
 	}
-	if _, dup := e.streams[streamID]; dup {
+	if slices.Contains(e.streams, streamID) {
 		return
 	}
-	e.streams[streamID] = struct{}{}
+	e.streams = append(e.streams, streamID)
 	if len(e.streams) > 1 {
 		return
 	}
@@ -197,11 +209,12 @@ func (c *Connections) Closed(w Workload, streamID int64) {
 		c.mu.Unlock()
 		return
 	}
-	if _, ok := e.streams[streamID]; !ok {
+	i := slices.Index(e.streams, streamID)
+	if i < 0 {
 		c.mu.Unlock()
 		return
 	}
-	delete(e.streams, streamID)
+	e.streams = slices.Delete(e.streams, i, i+1)
 	if len(e.streams) > 0 {
 		c.mu.Unlock()
 		return
@@ -539,32 +552,45 @@ func equalStrings(a, b map[string]string) bool {
 
 // ConnectionMetrics are the connection tracker's metrics.
 type ConnectionMetrics struct {
-	connected   *prometheus.GaugeVec
-	connects    *prometheus.CounterVec
-	disconnects *prometheus.CounterVec
-	latency     prometheus.Histogram
+	mu sync.Mutex
+	// held counts the workloads connected per group; a group's series are
+	// deleted when it drops to zero, so deleted groups leave no series.
+	held             map[groupKey]int
+	counterRetention time.Duration
+	connected        *prometheus.GaugeVec
+	connects         *prometheus.CounterVec
+	disconnects      *prometheus.CounterVec
+	latency          prometheus.Histogram
 }
 
+type groupKey struct{ namespace, group string }
+
 // NewConnectionMetrics registers the connection metrics with reg:
-// embark_xds_connected_workloads{namespace,group},
-// embark_xds_connects_total{namespace,group},
-// embark_xds_disconnects_total{namespace,group} and
+// embark_xds_connected_workloads{workload_namespace,group},
+// embark_xds_connects_total{workload_namespace,group},
+// embark_xds_disconnects_total{workload_namespace,group} (a group's gauge
+// is deleted when its last workload disconnects from this replica, its
+// counters 15 minutes later if none connected since: a deleted group
+// leaves no series) and
 // embark_registry_disconnect_status_write_seconds (from a workload's last
 // stream closing to its registration showing it).
 func NewConnectionMetrics(reg prometheus.Registerer) (*ConnectionMetrics, error) {
+	labels := []string{WorkloadNamespaceLabel, "group"}
 	m := &ConnectionMetrics{
+		held:             map[groupKey]int{},
+		counterRetention: 15 * time.Minute,
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "embark_xds_connected_workloads",
 			Help: "Workloads whose sidecar holds at least one ADS stream to this replica.",
-		}, []string{"namespace", "group"}),
+		}, labels),
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "embark_xds_connects_total",
 			Help: "Workloads that went from no stream to one stream on this replica.",
-		}, []string{"namespace", "group"}),
+		}, labels),
 		disconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "embark_xds_disconnects_total",
 			Help: "Workloads whose last stream on this replica closed.",
-		}, []string{"namespace", "group"}),
+		}, labels),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "embark_registry_disconnect_status_write_seconds",
 			Help:    "Time from a workload's last stream closing to its registration's status saying so.",
@@ -583,6 +609,9 @@ func (m *ConnectionMetrics) opened(w Workload) {
 	if m == nil {
 		return
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.held[groupKey{w.Key.Namespace, w.Group}]++
 	m.connected.WithLabelValues(w.Key.Namespace, w.Group).Inc()
 	m.connects.WithLabelValues(w.Key.Namespace, w.Group).Inc()
 }
@@ -591,8 +620,27 @@ func (m *ConnectionMetrics) closed(w Workload) {
 	if m == nil {
 		return
 	}
-	m.connected.WithLabelValues(w.Key.Namespace, w.Group).Dec()
-	m.disconnects.WithLabelValues(w.Key.Namespace, w.Group).Inc()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := groupKey{w.Key.Namespace, w.Group}
+	m.disconnects.WithLabelValues(k.namespace, k.group).Inc()
+	if m.held[k]--; m.held[k] > 0 {
+		m.connected.WithLabelValues(k.namespace, k.group).Dec()
+		return
+	}
+	// The group's last workload on this replica: its gauge goes now, its
+	// counters when the group stays empty for counterRetention (long
+	// enough for rate() to see the last increments).
+	delete(m.held, k)
+	m.connected.DeleteLabelValues(k.namespace, k.group)
+	time.AfterFunc(m.counterRetention, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.held[k] == 0 {
+			m.connects.DeleteLabelValues(k.namespace, k.group)
+			m.disconnects.DeleteLabelValues(k.namespace, k.group)
+		}
+	})
 }
 
 func (m *ConnectionMetrics) statusWritten(d time.Duration) {

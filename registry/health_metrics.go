@@ -19,6 +19,23 @@ const (
 	healthUnchecked = "unchecked"
 )
 
+// WorkloadNamespaceLabel names the namespace of the workloads a series
+// counts. Not "namespace": the Prometheus Operator sets a target label of
+// that name (the scraped Pod's namespace) and, without honorLabels,
+// renames a metric's own label to exported_namespace.
+const WorkloadNamespaceLabel = "workload_namespace"
+
+// HealthMetricsOption configures NewHealthMetrics.
+type HealthMetricsOption func(*workloadCollector)
+
+// FleetFromLeader reports embark_registry_workloads only while leading()
+// is true (the sweeper leader, registry.Lifecycle.IsLeader): every replica
+// reads the same WorkloadEntries, so a fleet count from each would be
+// multiplied by the number of replicas in a sum.
+func FleetFromLeader(leading func() bool) HealthMetricsOption {
+	return func(c *workloadCollector) { c.leading = leading }
+}
+
 // HealthMetrics are the health mirror's metrics.
 type HealthMetrics struct {
 	firstHealthyHist prometheus.Histogram
@@ -33,12 +50,14 @@ type HealthMetrics struct {
 //     ("stored"), attempts that failed and are retried ("retried"), and
 //     reports dropped because the registration is gone or another replica
 //     holds the workload ("dropped");
-//   - embark_registry_workloads{namespace,group,health}: registered workloads
-//     (Embark's WorkloadEntries) by health, healthy, unhealthy (a probe and
-//     no passing report; istiod routes no traffic to them) or unchecked (no
-//     probe), counted from cache, a reader of WorkloadEntries (normally the
-//     informer cache), at each scrape. A nil cache leaves it out.
-func NewHealthMetrics(reg prometheus.Registerer, cache client.Reader) (*HealthMetrics, error) {
+//   - embark_registry_workloads{workload_namespace,group,health}: registered
+//     workloads (Embark's WorkloadEntries) by health, healthy, unhealthy (a
+//     probe and no passing report; istiod routes no traffic to them) or
+//     unchecked (no probe), counted from cache, a reader of WorkloadEntries
+//     (normally the informer cache), at each scrape. A nil cache leaves it
+//     out. Groups without WorkloadEntries have no series (a deleted group's
+//     series ends). With FleetFromLeader only the leader reports it.
+func NewHealthMetrics(reg prometheus.Registerer, cache client.Reader, opts ...HealthMetricsOption) (*HealthMetrics, error) {
 	m := &HealthMetrics{
 		firstHealthyHist: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "embark_registry_health_time_to_first_healthy_seconds",
@@ -52,10 +71,14 @@ func NewHealthMetrics(reg prometheus.Registerer, cache client.Reader) (*HealthMe
 	}
 	cols := []prometheus.Collector{m.firstHealthyHist, m.writes}
 	if cache != nil {
-		cols = append(cols, &workloadCollector{cache: cache, desc: prometheus.NewDesc(
+		wc := &workloadCollector{cache: cache, desc: prometheus.NewDesc(
 			"embark_registry_workloads",
-			"Registered workloads (Embark's WorkloadEntries) by health: healthy, unhealthy or unchecked (no probe).",
-			[]string{"namespace", "group", "health"}, nil)})
+			"Registered workloads (Embark's WorkloadEntries) by health: healthy, unhealthy or unchecked (no probe); reported by the sweeper leader only.",
+			[]string{WorkloadNamespaceLabel, "group", "health"}, nil)}
+		for _, o := range opts {
+			o(wc)
+		}
+		cols = append(cols, wc)
 	}
 	for _, col := range cols {
 		if err := reg.Register(col); err != nil {
@@ -94,13 +117,17 @@ func (m *HealthMetrics) firstHealthy(d time.Duration) {
 
 // workloadCollector counts Embark's WorkloadEntries by health at each scrape.
 type workloadCollector struct {
-	cache client.Reader
-	desc  *prometheus.Desc
+	cache   client.Reader
+	desc    *prometheus.Desc
+	leading func() bool // nil: always report
 }
 
 func (c *workloadCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 func (c *workloadCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.leading != nil && !c.leading() {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	list := &istionetworkingv1.WorkloadEntryList{}

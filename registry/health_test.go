@@ -203,7 +203,7 @@ func workloadsGauge(t *testing.T, reg *prometheus.Registry, ns string) map[strin
 			for _, p := range m.GetLabel() {
 				l[p.GetName()] = p.GetValue()
 			}
-			if l["namespace"] == ns {
+			if l[WorkloadNamespaceLabel] == ns {
 				out[l["group"]+"/"+l["health"]] = m.GetGauge().GetValue()
 			}
 		}

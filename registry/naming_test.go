@@ -126,3 +126,37 @@ func FuzzRegistrationName(f *testing.F) {
 		}
 	})
 }
+
+// TestJWTRegistrationName pins the registration names of on-prem hosts as
+// docs/identity.md states them: <group>-jwt-<shortName>-<subject>-<h>, h
+// the first 16 hex digits of SHA-256(issuer NUL subject) (in a shell:
+// printf '%s\0%s' ISSUER SUBJECT | sha256sum | cut -c1-16); host-name
+// subjects keep their dots; a subject a DNS-1123 subdomain cannot hold
+// verbatim is lower-cased and sanitized, and the name gets a second suffix,
+// 10 hex digits of the SHA-256 of the unsanitized name.
+func TestJWTRegistrationName(t *testing.T) {
+	const issuer = "https://kubernetes.corp.example.com"
+	tests := []struct {
+		name    string
+		subject string
+		want    string
+	}{
+		{name: "host name", subject: "vm-01.example.com", want: "ratings-jwt-corp-vm-01.example.com-123e8162634dbac0"},
+		{name: "deeper host name", subject: "db-1.eu-west.corp.example.com", want: "ratings-jwt-corp-db-1.eu-west.corp.example.com-31e9f7473205d989"},
+		{name: "upper case", subject: "VM-02.Example.COM", want: "ratings-jwt-corp-vm-02.example.com-b14c20b1d6e3714d-09d67b82d7"},
+		{name: "characters a name cannot hold", subject: "host_01@dc1", want: "ratings-jwt-corp-host-01-dc1-5d5a2ee9b675fa7c-9a3ee0a57d"},
+		{name: "trailing dot", subject: "vm-01.example.com.", want: "ratings-jwt-corp-vm-01.example.com.a5853cb1207bb600-517b787973"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{Issuer: issuer, ShortName: "corp", Subject: tt.subject}}
+			got := RegistrationName("ratings", IdentityName(id), 0)
+			if got != tt.want {
+				t.Errorf("registration name of %q = %q, want %q", tt.subject, got, tt.want)
+			}
+			if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
+				t.Errorf("%q is not a DNS-1123 subdomain: %v", got, errs)
+			}
+		})
+	}
+}

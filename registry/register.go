@@ -45,6 +45,16 @@ const (
 	ReasonFenced     = "Fenced"
 )
 
+// Reasons of the Fenced condition.
+const (
+	// ReasonAddressReused (Fenced=True): another registration now holds
+	// this one's address; its WorkloadEntry was removed.
+	ReasonAddressReused = "AddressReused"
+	// ReasonAddressReclaimed (Fenced=False): the workload registered again
+	// with its address.
+	ReasonAddressReclaimed = "AddressReclaimed"
+)
+
 // addressIndex is the cache index of WorkloadEntries by network and address.
 const addressIndex = "embark.spec.networkAddress"
 
@@ -362,7 +372,7 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 		return nil, fmt.Errorf("write WorkloadEntry %s/%s: %w", want.Namespace, want.Name, err)
 	}
 	if cond := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionFenced); cond != nil && cond.Status == metav1.ConditionTrue {
-		r.setFenced(ctx, war, metav1.ConditionFalse, "AddressReclaimed", fmt.Sprintf("registered again with address %s", want.Spec.Address))
+		r.setFenced(ctx, war, metav1.ConditionFalse, ReasonAddressReclaimed, fmt.Sprintf("registered again with address %s", want.Spec.Address))
 	}
 	return we, nil
 }
@@ -450,7 +460,7 @@ func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha
 		msg := fmt.Sprintf("address %s on network %q is now held by %s/%s; this registration's WorkloadEntry was removed", want.Spec.Address, want.Spec.Network, war.Namespace, war.Name)
 		r.log.Warn("fenced registration holding a reused address", "fenced", older.Namespace+"/"+older.Name, "by", war.Namespace+"/"+war.Name, "address", want.Spec.Address)
 		r.recorder.Event(older, corev1.EventTypeWarning, ReasonFenced, msg)
-		r.setFenced(ctx, older, metav1.ConditionTrue, "AddressReused", msg)
+		r.setFenced(ctx, older, metav1.ConditionTrue, ReasonAddressReused, msg)
 	}
 	return nil
 }

@@ -21,15 +21,17 @@ func TestRealSidecarAndIstioctl(t *testing.T) {
 	r := startReplica(t, "replica-a", nil)
 	ns := env.Namespace(t)
 	w := register(t, ns, "i-0000000000000000a", "10.0.7.1")
-	agent := istioagent.Start(t, istioagent.Options{
+	i := sharedIstiod(t)
+	agent := istioagent.Start(t, withIstiodCA(i, istioagent.Options{
 		DiscoveryAddress: r.addr,
 		PodName:          w.key.Name,
 		PodNamespace:     ns,
 		InstanceIP:       w.ip,
-		ClusterID:        "vm-cluster",
+		ClusterID:        certClusterID,
 		ServiceAccount:   "ratings-vm",
 		Token:            w.token,
-	})
+	}))
+	checkCertificate(t, agent, i, ns, "ratings-vm")
 	c, err := istioagent.Connect(t.Context(), agent)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -13,46 +14,80 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// OnStreamOpen binds go-control-plane's stream ID to the server's stream and
-// tells the registry that a workload's stream opened.
+// streamRef names a stream in the server's map. go-control-plane numbers
+// SotW and Delta streams each from 1 (two counters), so its ID alone names
+// two streams when both protocols are in use; relayed streams, which
+// go-control-plane never sees, are numbered by the connection tracker.
+type streamRef struct {
+	kind streamKind
+	id   int64
+}
+
+type streamKind uint8
+
+const (
+	sotwStream streamKind = iota
+	deltaStream
+	relayedStream
+)
+
+// OnStreamOpen binds go-control-plane's SotW stream ID to the server's
+// stream and tells the registry that a workload's stream opened.
 func (s *Server) OnStreamOpen(ctx context.Context, id int64, _ string) error {
+	return s.bind(ctx, sotwStream, id)
+}
+
+// OnStreamClosed tells the registry that a workload's SotW stream closed.
+func (s *Server) OnStreamClosed(id int64, _ *core.Node) { s.unbind(streamRef{sotwStream, id}) }
+
+// OnDeltaStreamOpen is OnStreamOpen for Delta streams.
+func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) error {
+	return s.bind(ctx, deltaStream, id)
+}
+
+// OnDeltaStreamClosed is OnStreamClosed for Delta streams.
+func (s *Server) OnDeltaStreamClosed(id int64, _ *core.Node) { s.unbind(streamRef{deltaStream, id}) }
+
+// bind makes the stream of ctx known by go-control-plane's ID of kind.
+func (s *Server) bind(ctx context.Context, kind streamKind, id int64) error {
 	st := streamFrom(ctx)
 	if st == nil {
 		return status.Error(codes.Internal, "stream without binding")
 	}
-	st.opened = s.opts.Clock()
-	s.mu.Lock()
-	s.streams[id] = st
-	s.mu.Unlock()
-	if st.counted {
-		s.opts.Connections.Opened(st.proxy.Workload, id)
-	}
+	s.opened(streamRef{kind, id}, st)
 	return nil
 }
 
-// OnStreamClosed tells the registry that a workload's stream closed.
-func (s *Server) OnStreamClosed(id int64, _ *core.Node) {
+// opened records an open stream and, for a workload's sidecar, tells the
+// registry under an ID unique in the connection tracker.
+func (s *Server) opened(ref streamRef, st *stream) {
+	st.opened = s.opts.Clock()
+	if st.counted {
+		st.connID = s.opts.Connections.NewStreamID()
+	}
 	s.mu.Lock()
-	st := s.streams[id]
-	delete(s.streams, id)
+	s.streams[ref] = st
 	s.mu.Unlock()
-	if st != nil && st.counted {
-		s.opts.Connections.Closed(st.proxy.Workload, id)
+	if st.counted {
+		s.opts.Connections.Opened(st.proxy.Workload, st.connID)
 	}
 }
 
-// OnDeltaStreamOpen is OnStreamOpen for Delta streams.
-func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, typeURL string) error {
-	return s.OnStreamOpen(ctx, id, typeURL)
+// unbind forgets a closed stream and tells the registry.
+func (s *Server) unbind(ref streamRef) {
+	s.mu.Lock()
+	st := s.streams[ref]
+	delete(s.streams, ref)
+	s.mu.Unlock()
+	if st != nil && st.counted {
+		s.opts.Connections.Closed(st.proxy.Workload, st.connID)
+	}
 }
 
-// OnDeltaStreamClosed is OnStreamClosed for Delta streams.
-func (s *Server) OnDeltaStreamClosed(id int64, node *core.Node) { s.OnStreamClosed(id, node) }
-
-func (s *Server) stream(id int64) *stream {
+func (s *Server) stream(ref streamRef) *stream {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.streams[id]
+	return s.streams[ref]
 }
 
 // checkType decides what a request of typeURL on st means: an error ends the
@@ -68,6 +103,8 @@ func (s *Server) checkType(st *stream, typeURL string, errorDetail *rpcstatus.St
 		return false, nil
 	case isDebug:
 		return false, status.Errorf(codes.PermissionDenied, "debug type %s is served only on the loopback debug listener", typeURL)
+	case !slices.Contains(WorkloadTypes, typeURL):
+		return false, status.Errorf(codes.InvalidArgument, "type URL %.256q is not served: a workload stream asks only for %s", typeURL, strings.Join(WorkloadTypes, ", "))
 	case typeURL == TypeHealthInformation:
 		h := Health{Healthy: errorDetail == nil, At: s.opts.Clock()}
 		if errorDetail != nil {
@@ -88,7 +125,7 @@ func (s *Server) checkType(st *stream, typeURL string, errorDetail *rpcstatus.St
 // answers when the type's version changes rather than at once with the same
 // rejected resources again (which would loop).
 func (s *Server) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error {
-	st := s.stream(id)
+	st := s.stream(streamRef{sotwStream, id})
 	track, err := s.checkType(st, req.GetTypeUrl(), req.GetErrorDetail())
 	if err != nil || !track {
 		return err
@@ -102,14 +139,14 @@ func (s *Server) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) erro
 
 // OnStreamResponse records what was sent.
 func (s *Server) OnStreamResponse(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-	if st := s.stream(id); st != nil && !st.debug {
+	if st := s.stream(streamRef{sotwStream, id}); st != nil && !st.debug {
 		st.sent(resp.GetTypeUrl(), resp.GetNonce(), resp.GetVersionInfo(), s.opts.Clock())
 	}
 }
 
 // OnStreamDeltaRequest is OnStreamRequest for Delta streams.
 func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
-	st := s.stream(id)
+	st := s.stream(streamRef{deltaStream, id})
 	track, err := s.checkType(st, req.GetTypeUrl(), req.GetErrorDetail())
 	if err != nil || !track {
 		return err
@@ -122,7 +159,7 @@ func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryReq
 
 // OnStreamDeltaResponse is OnStreamResponse for Delta streams.
 func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-	if st := s.stream(id); st != nil && !st.debug {
+	if st := s.stream(streamRef{deltaStream, id}); st != nil && !st.debug {
 		st.sent(resp.GetTypeUrl(), resp.GetNonce(), resp.GetSystemVersionInfo(), s.opts.Clock())
 	}
 }

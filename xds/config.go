@@ -23,7 +23,24 @@ const (
 	TypeSyncz = "istio.io/debug/syncz"
 	// debugTypePrefix prefixes every Istio debug type.
 	debugTypePrefix = "istio.io/debug"
+	// TypeNameTable is Istio's DNS name table (NDS), which the agent asks
+	// for when it captures DNS.
+	TypeNameTable = "type.googleapis.com/istio.networking.nds.v1.NameTable"
+	// TypeProxyConfig is Istio's proxy configuration (PCDS).
+	TypeProxyConfig = "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig"
 )
+
+// WorkloadTypes are the type URLs a workload's stream may ask for: what
+// istiod serves a sidecar (pilot/pkg/xds generators: CDS, EDS, LDS, RDS,
+// SDS, ECDS, NDS, PCDS) and the agent's health reports. A request of any
+// other type ends the stream InvalidArgument before anything is kept for
+// it, so one stream holds state for at most these few types (debug types
+// are PermissionDenied: they are served only on the debug listener).
+var WorkloadTypes = []string{
+	resource.ClusterType, resource.EndpointType, resource.ListenerType, resource.RouteType,
+	resource.SecretType, resource.ExtensionConfigType, TypeNameTable, TypeProxyConfig,
+	TypeHealthInformation,
+}
 
 // Proxy is a workload's sidecar as one of its streams describes it.
 type Proxy struct {
@@ -33,7 +50,10 @@ type Proxy struct {
 	NodeID string
 	// IP is the address in the node ID.
 	IP string
-	// Metadata is the node metadata the proxy sent.
+	// Metadata holds the node metadata the server reads of the proxy
+	// (CLUSTER_ID and ISTIO_VERSION, which syncz reports), not all it sent: a sidecar's
+	// node metadata is several KiB per stream, and the stream's node guard
+	// and relay keep the node in its encoded form.
 	Metadata *structpb.Struct
 	// Registration is the registration as the server last read it; do not
 	// modify it.

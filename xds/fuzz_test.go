@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +29,8 @@ import (
 // proxy (node ID and metadata, type URL, nonce and version, the error
 // detail of a HealthInformation report, syncz requests). A request never
 // panics the server: a switched node ends the stream PermissionDenied, a
-// debug type on a workload stream is refused, a health report passes on
+// debug type on a workload stream is refused, so is a type no sidecar asks
+// for (InvalidArgument), a health report passes on
 // exactly its error detail, and syncz renders whatever metadata was sent.
 func FuzzRequest(f *testing.F) {
 	first := &core.Node{Id: "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -57,7 +59,7 @@ func FuzzRequest(f *testing.F) {
 		}
 		health := &recordingHealth{}
 		s := &Server{opts: Options{Health: health, Clock: time.Now, ClusterID: "Kubernetes"}, ctx: context.Background(), log: slog.New(slog.DiscardHandler),
-			byWorkload: map[types.NamespacedName]map[*stream]struct{}{}}
+			byWorkload: map[types.NamespacedName][]*stream{}}
 		st := newStream()
 		st.debug = debug
 		if !debug {
@@ -85,6 +87,10 @@ func FuzzRequest(f *testing.F) {
 			if status.Code(err) != codes.PermissionDenied {
 				t.Fatalf("type %q on debug=%v: %v, want PermissionDenied", req.GetTypeUrl(), debug, err)
 			}
+		case !debug && !slices.Contains(WorkloadTypes, req.GetTypeUrl()):
+			if status.Code(err) != codes.InvalidArgument || track {
+				t.Fatalf("type %q on a workload stream: %v (track %v), want InvalidArgument", req.GetTypeUrl(), err, track)
+			}
 		case err != nil:
 			t.Fatalf("type %q on debug=%v: %v", req.GetTypeUrl(), debug, err)
 		case !debug && req.GetTypeUrl() == TypeHealthInformation:
@@ -101,7 +107,7 @@ func FuzzRequest(f *testing.F) {
 
 		// syncz renders the stream with the metadata it sent.
 		if !debug {
-			s.byWorkload[st.proxy.Workload.Key] = map[*stream]struct{}{st: {}}
+			s.byWorkload[st.proxy.Workload.Key] = []*stream{st}
 			// syncz asks the tracker only its replica name: it writes nothing.
 			conns, err := registry.NewConnections(context.Background(), registry.ConnectionOptions{Client: unusedClient{}, Replica: "r"})
 			if err != nil {

@@ -153,11 +153,13 @@ func TestRealSidecarProbeDrivesHealthyCondition(t *testing.T) {
 		t.Fatal(err)
 	}
 	connectStart := time.Now()
-	agent := istioagent.Start(t, istioagent.Options{
+	i := sharedIstiod(t)
+	agent := istioagent.Start(t, withIstiodCA(i, istioagent.Options{
 		DiscoveryAddress: r.addr, PodName: w.key.Name, PodNamespace: ns, InstanceIP: w.ip,
-		ClusterID: "vm-cluster", ServiceAccount: "ratings-vm", Token: w.token,
+		ClusterID: certClusterID, ServiceAccount: "ratings-vm", Token: w.token,
 		ProxyConfig: &meshconfig.ProxyConfig{ReadinessProbe: group.GetProbe()},
-	})
+	}))
+	checkCertificate(t, agent, i, ns, "ratings-vm")
 	c, err := istioagent.Connect(t.Context(), agent)
 	if err != nil {
 		t.Fatal(err)

@@ -267,10 +267,10 @@ func maxConnections(c *cluster.Cluster) uint32 {
 }
 
 // startVM starts pilot-agent as the registered workload's sidecar against
-// r and plays its Envoy.
-func startVM(t *testing.T, r *replica, w *workload, ns string) (*istioagent.Agent, *envoy) {
+// r, its certificate from i's CA, and plays its Envoy.
+func startVM(t *testing.T, r *replica, i *testenv.Istiod, w *workload, ns string) (*istioagent.Agent, *envoy) {
 	t.Helper()
-	agent := istioagent.Start(t, istioagent.Options{
+	agent := istioagent.Start(t, withIstiodCA(i, istioagent.Options{
 		DiscoveryAddress: r.addr,
 		PodName:          w.key.Name,
 		PodNamespace:     ns,
@@ -278,7 +278,8 @@ func startVM(t *testing.T, r *replica, w *workload, ns string) (*istioagent.Agen
 		ServiceAccount:   "ratings-vm",
 		Labels:           map[string]string{"app": "ratings"},
 		Token:            w.token,
-	})
+	}))
+	checkCertificate(t, agent, i, ns, "ratings-vm")
 	c, err := istioagent.Connect(t.Context(), agent)
 	if err != nil {
 		t.Fatal(err)
@@ -348,7 +349,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 	ns := env.Namespace(t)
 	bookinfo(t, ns)
 	w := register(t, ns, "i-1234567890abcdef0", "10.0.9.1")
-	_, e := startVM(t, r, w, ns)
+	_, e := startVM(t, r, i, w, ns)
 	e.subscribeAll()
 	waitState(t, w.key, connected("replica-a"))
 
@@ -397,6 +398,11 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 	}
 	// istioctl proxy-config reads the dump istiod keeps of the VM's
 	// configuration (there is no Envoy admin port on a VM it can reach).
+	// endpoints and secret read Envoy's own admin state (/clusters, the
+	// secrets it got from pilot-agent over SDS), which only the VM's Envoy
+	// has: see docs/istiod.md; the VM's EDS is checked through pilot-agent
+	// (subscribeAll, EDS SYNCED above) and its secrets over pilot-agent's
+	// SDS socket (test/istiod).
 	dump := fetchConfigDump(t, i, name)
 	for _, c := range []struct {
 		args []string
@@ -405,6 +411,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 		{[]string{"proxy-config", "listeners", "--file", dump}, "15006"}, // istiod's inbound listener (virtualInbound)
 		{[]string{"proxy-config", "routes", "--file", dump}, "reviews." + ns + ".svc.cluster.local"},
 		{[]string{"proxy-config", "clusters", "--file", dump}, "reviews." + ns + ".svc.cluster.local"},
+		{[]string{"proxy-config", "all", "--file", dump}, "15006"},
 	} {
 		out, err := istioagent.Istioctl(t.Context(), t, c.args...)
 		if err != nil || !strings.Contains(out, c.want) {
@@ -460,13 +467,13 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	ns := env.Namespace(t)
 	bookinfo(t, ns)
 	w := register(t, ns, "i-0badc0ffee0000001", "10.0.9.2")
-	agent, e := startVM(t, r, w, ns)
+	agent, e := startVM(t, r, i, w, ns)
 	e.subscribeAll()
 	waitState(t, w.key, connected("replica-a"))
 	name := w.key.Name + "." + ns
 	waitSynced(t, i, name)
 	before := agentConnected(t, w)
-	streamsBefore := relayStreamIDs.Load()
+	streamsBefore := r.server.relayIDs.Load()
 
 	i.Stop()
 	// While istiod is away the DestinationRule changes.
@@ -488,7 +495,7 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	})
 	waitSynced(t, i, name)
 
-	if n := relayStreamIDs.Load() - streamsBefore; n != 0 {
+	if n := r.server.relayIDs.Load() - streamsBefore; n != 0 {
 		t.Errorf("the sidecar opened %d new streams: its stream was closed", n)
 	}
 	if after := agentConnected(t, w); after.Status != metav1.ConditionTrue || !after.LastTransitionTime.Equal(&before.LastTransitionTime) {

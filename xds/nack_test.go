@@ -205,7 +205,7 @@ func (s *Server) streamsOf(key types.NamespacedName) []*stream {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*stream
-	for st := range s.byWorkload[key] {
+	for _, st := range s.byWorkload[key] {
 		out = append(out, st)
 	}
 	return out

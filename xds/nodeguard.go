@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"bytes"
 	"fmt"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -19,19 +20,35 @@ import (
 // runs in boundStream.pump, before go-control-plane or the callbacks see a
 // request, so no request of any type (HealthInformation and syncz included)
 // reaches them with another node.
+//
+// The guard keeps the first node in its wire form (deterministic encoding)
+// and its ID, not the decoded message: a sidecar's node metadata is several
+// KiB in memory per stream, its encoding a fraction of that.
 type nodeGuard struct {
 	pinned bool
-	first  *core.Node
+	id     string // the first node's ID
+	has    bool   // the first request carried a node
+	wire   []byte // the first node, deterministically encoded
 }
+
+var deterministic = proto.MarshalOptions{Deterministic: true}
 
 // newNodeGuard pins the node of first; with first nil (debug streams, whose
 // first request the pump reads) the first request checked pins it.
 func newNodeGuard(first any) *nodeGuard {
 	g := &nodeGuard{}
 	if first != nil {
-		g.pinned, g.first = true, requestNode(first)
+		g.pin(requestNode(first))
 	}
 	return g
+}
+
+func (g *nodeGuard) pin(n *core.Node) {
+	g.pinned, g.id, g.has = true, n.GetId(), n != nil
+	if n != nil {
+		// A node that does not encode cannot have come off the wire.
+		g.wire, _ = deterministic.Marshal(n)
+	}
 }
 
 // check returns why req must end the stream: it carries a node that is not
@@ -39,15 +56,18 @@ func newNodeGuard(first any) *nodeGuard {
 func (g *nodeGuard) check(req any) *refusal {
 	n := requestNode(req)
 	if !g.pinned {
-		g.pinned, g.first = true, n
+		g.pin(n)
 		return nil
 	}
-	if n == nil || proto.Equal(n, g.first) {
+	if n == nil {
 		return nil
 	}
-	if n.GetId() != g.first.GetId() {
+	if wire, err := deterministic.Marshal(n); err == nil && g.has && bytes.Equal(wire, g.wire) {
+		return nil
+	}
+	if n.GetId() != g.id {
 		return &refusal{code: codes.PermissionDenied, reason: closeNodeSwitched, msg: fmt.Sprintf(
-			"a request carries node ID %.256q, the stream was opened as %.256q: a stream serves one node; open a new stream", n.GetId(), g.first.GetId())}
+			"a request carries node ID %.256q, the stream was opened as %.256q: a stream serves one node; open a new stream", n.GetId(), g.id)}
 	}
 	return &refusal{code: codes.PermissionDenied, reason: closeNodeSwitched, msg: fmt.Sprintf(
 		"a request carries another node (cluster, metadata or locality) than the stream's first request for node ID %.256q: a stream serves one node; open a new stream", n.GetId())}

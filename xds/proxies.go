@@ -12,7 +12,7 @@ func (s *Server) Proxies() []*Proxy {
 	s.mu.Lock()
 	seen := map[string]*Proxy{}
 	for _, set := range s.byWorkload {
-		for st := range set {
+		for _, st := range set {
 			if _, ok := seen[st.proxy.NodeID]; !ok {
 				seen[st.proxy.NodeID] = st.proxy
 			}

@@ -152,3 +152,58 @@ func TestRelayModeKeepsLivenessAndHealth(t *testing.T) {
 	}
 	waitState(t, w.key, disconnected("replica-a"))
 }
+
+// TestRelayModeServerClosesStreams: in istiod mode the relay reads the
+// sidecar itself (no pump), so the server's closes must still reach it: a
+// request with another node ends the stream PermissionDenied before it is
+// relayed, and a deleted registration ends it Unavailable; either way the
+// workload's stream count drops to zero and the upstream stream closes.
+func TestRelayModeServerClosesStreams(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		instance string
+		ip       string
+		close    func(t *testing.T, c *adsClient, w *workload)
+		wantCode codes.Code
+	}{
+		{"node switched", "i-00000000000000e2a", "10.0.8.2", func(t *testing.T, c *adsClient, w *workload) {
+			other := sidecarNode(w.nodeID)
+			other.Cluster = "elsewhere"
+			if err := c.sotw.Send(&discovery.DiscoveryRequest{Node: other, TypeUrl: resource.ClusterType}); err != nil {
+				t.Fatal(err)
+			}
+		}, codes.PermissionDenied},
+		{"registration deleted", "i-00000000000000e2b", "10.0.8.3", func(t *testing.T, _ *adsClient, w *workload) {
+			if err := env.Client.Delete(t.Context(), w.res.Registration); err != nil {
+				t.Fatal(err)
+			}
+		}, codes.Unavailable},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := register(t, env.Namespace(t), tt.instance, tt.ip)
+			up := startStandIn(t, w.nodeID)
+			r := startReplica(t, "replica-a", nil, func(o *Options) { o.Relay = up.relay(t) })
+			c, err := open(t, dial(t, r.addr), false, w.token, sidecarNode(w.nodeID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool { open, _, _ := up.state(); return open == 1 })
+			tt.close(t, c, w)
+			errc := make(chan error, 1)
+			go func() { errc <- c.recvErr() }()
+			select {
+			case err := <-errc:
+				if status.Code(err) != tt.wantCode {
+					t.Errorf("stream ended with %v, want %v", err, tt.wantCode)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("the relayed stream stays open")
+			}
+			waitFor(t, func() bool { return r.conns.Streams(w.key) == 0 })
+			waitFor(t, func() bool { open, _, _ := up.state(); return open == 0 })
+			if _, _, typeURLs := up.state(); tt.wantCode == codes.PermissionDenied && slices.Contains(typeURLs, resource.ClusterType) {
+				t.Error("the request with another node was relayed")
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -144,9 +146,11 @@ type Server struct {
 	ctx       context.Context
 
 	mu         sync.Mutex
-	streams    map[int64]*stream                             // by go-control-plane stream ID
-	byWorkload map[types.NamespacedName]map[*stream]struct{} // bound workload streams
-	nodes      map[string]int                                // streams per node ID holding a snapshot
+	streams    map[streamRef]*stream              // open streams
+	byWorkload map[types.NamespacedName][]*stream // bound workload streams (one or a few each)
+	nodes      map[string]int                     // streams per node ID holding a snapshot
+
+	relayIDs atomic.Int64 // numbers relayed streams in streams
 }
 
 var (
@@ -165,8 +169,8 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 		opts: opts, log: opts.Logger, ctx: ctx,
 		auth:       newAuthenticator(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
 		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, nil),
-		streams:    map[int64]*stream{},
-		byWorkload: map[types.NamespacedName]map[*stream]struct{}{},
+		streams:    map[streamRef]*stream{},
+		byWorkload: map[types.NamespacedName][]*stream{},
 		nodes:      map[string]int{},
 	}
 	s.xds = serverv3.NewServer(ctx, &watcher{s: s}, s)
@@ -265,7 +269,7 @@ func (s *Server) Refresh(ctx context.Context, key types.NamespacedName) {
 	s.mu.Lock()
 	var proxies []*Proxy
 	seen := map[string]bool{}
-	for st := range s.byWorkload[key] {
+	for _, st := range s.byWorkload[key] {
 		if !seen[st.proxy.NodeID] {
 			seen[st.proxy.NodeID] = true
 			proxies = append(proxies, st.proxy)
@@ -287,6 +291,7 @@ type stream struct {
 	secretUID types.UID
 	expires   time.Time // the token's expiry; zero on debug streams
 	opened    time.Time
+	connID    int64 // the connection tracker's ID of a counted stream
 
 	killOnce sync.Once
 	kill     chan struct{}
@@ -296,11 +301,11 @@ type stream struct {
 	msg    string
 
 	mu   sync.Mutex
-	acks map[string]*typeState
+	acks []typeState // per type asked for (a few: see WorkloadTypes)
 }
 
 func newStream() *stream {
-	return &stream{kill: make(chan struct{}), acks: map[string]*typeState{}}
+	return &stream{kill: make(chan struct{})}
 }
 
 // close ends the stream with status code and msg; reason labels it in
@@ -378,13 +383,32 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
 		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
 	}
+	// The stream keeps this copy while it lives: without the managed
+	// fields, which no reader of a Proxy needs (a third of the object
+	// once its status was written).
+	war.ManagedFields = nil
 	return &Proxy{
 		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
 		NodeID:       node.GetId(),
 		IP:           info.IP,
-		Metadata:     node.GetMetadata(),
+		Metadata:     keptMetadata(node.GetMetadata()),
 		Registration: war,
 	}, nil
+}
+
+// proxyMetadataKeys are the node metadata a Proxy keeps (what syncz reports).
+var proxyMetadataKeys = []string{"CLUSTER_ID", "ISTIO_VERSION"}
+
+// keptMetadata returns the fields of md that a Proxy keeps, sharing their
+// values.
+func keptMetadata(md *structpb.Struct) *structpb.Struct {
+	out := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(proxyMetadataKeys))}
+	for _, k := range proxyMetadataKeys {
+		if v, ok := md.GetFields()[k]; ok {
+			out.Fields[k] = v
+		}
+	}
+	return out
 }
 
 // registrationOf checks that cred, a reviewed sidecar token, belongs to the
@@ -445,12 +469,7 @@ func (s *Server) get(ctx context.Context, key types.NamespacedName, obj client.O
 func (s *Server) attach(ctx context.Context, st *stream) error {
 	key := st.proxy.Workload.Key
 	s.mu.Lock()
-	set := s.byWorkload[key]
-	if set == nil {
-		set = map[*stream]struct{}{}
-		s.byWorkload[key] = set
-	}
-	set[st] = struct{}{}
+	s.byWorkload[key] = append(s.byWorkload[key], st)
 	s.nodes[st.proxy.NodeID]++
 	s.mu.Unlock()
 	if _, err := s.snapshots.GetSnapshot(st.proxy.NodeID); err != nil && s.opts.Relay == nil {
@@ -477,11 +496,10 @@ func (s *Server) detach(st *stream) {
 	key := st.proxy.Workload.Key
 	node := st.proxy.NodeID
 	s.mu.Lock()
-	if set := s.byWorkload[key]; set != nil {
-		delete(set, st)
-		if len(set) == 0 {
-			delete(s.byWorkload, key)
-		}
+	if set := slices.DeleteFunc(s.byWorkload[key], func(o *stream) bool { return o == st }); len(set) > 0 {
+		s.byWorkload[key] = set
+	} else {
+		delete(s.byWorkload, key)
 	}
 	gone := false
 	if s.nodes[node]--; s.nodes[node] <= 0 {
@@ -516,7 +534,7 @@ func (s *Server) setSnapshot(ctx context.Context, p *Proxy) error {
 func (s *Server) closeWorkload(key types.NamespacedName, uid types.UID) {
 	s.mu.Lock()
 	var victims []*stream
-	for st := range s.byWorkload[key] {
+	for _, st := range s.byWorkload[key] {
 		if uid == "" || st.proxy.Workload.UID == uid {
 			victims = append(victims, st)
 		}
@@ -532,7 +550,7 @@ func (s *Server) closeSecret(uid types.UID) {
 	s.mu.Lock()
 	var victims []*stream
 	for _, set := range s.byWorkload {
-		for st := range set {
+		for _, st := range set {
 			if st.secretUID == uid {
 				victims = append(victims, st)
 			}
@@ -544,8 +562,13 @@ func (s *Server) closeSecret(uid types.UID) {
 	}
 }
 
-// serve runs one admitted workload stream through go-control-plane.
-func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, handle func(*boundStream[Req, Resp]) error) error {
+// serveStream runs one admitted workload stream (or a debug stream) with
+// handle. With direct, handle's single reader reads the client itself
+// (Recv checks the node guard) and handle ends when the server closes the
+// stream (st.kill) by itself: the relay's way, one goroutine fewer per
+// stream. Without, a pump goroutine reads the client, and Recv ends when the
+// server closes the stream: go-control-plane's way.
+func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, direct bool, handle func(*boundStream[Req, Resp]) error) error {
 	if !st.expires.IsZero() {
 		// The stream lives no longer than the credential that opened it:
 		// the agent reconnects with the fresh token of its token file.
@@ -556,8 +579,10 @@ func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp
 		})
 		defer t.Stop()
 	}
-	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st)
-	go bs.pump()
+	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st, direct)
+	if !direct {
+		go bs.pump()
+	}
 	err := handle(bs)
 	select {
 	case <-st.kill:
@@ -617,7 +642,7 @@ func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryS
 		return err
 	}
 	defer s.detach(st)
-	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+	return serveStream(s, ss, st, first, s.opts.Relay != nil, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
 		if s.opts.Relay != nil {
 			return s.relaySotW(bs, st)
 		}
@@ -644,7 +669,7 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 		return err
 	}
 	defer s.detach(st)
-	return serveStream(s, ss, st, first, func(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+	return serveStream(s, ss, st, first, s.opts.Relay != nil, func(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
 		if s.opts.Relay != nil {
 			return s.relayDelta(bs, st)
 		}
@@ -662,7 +687,7 @@ type debugService struct {
 func (d *debugService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
 	st := newStream()
 	st.debug = true
-	return serveStream(d.s, ss, st, nil, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+	return serveStream(d.s, ss, st, nil, false, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
 		return d.s.xds.StreamHandler(bs, resource.AnyType)
 	})
 }
@@ -679,26 +704,43 @@ type boundStream[Req, Resp any] struct {
 	kill  <-chan struct{}
 	guard *nodeGuard
 	err   error // why in was closed; written before close(in)
+	// direct: Recv reads the client itself (no pump, in unused).
+	direct bool
 }
 
-func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, st *stream) *boundStream[Req, Resp] {
+func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, st *stream, direct bool) *boundStream[Req, Resp] {
 	var pinned any
 	if first != nil {
 		pinned = first
 	}
-	return &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, in: make(chan *Req), st: st, kill: st.kill, guard: newNodeGuard(pinned)}
+	b := &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, st: st, kill: st.kill, guard: newNodeGuard(pinned), direct: direct}
+	if !direct {
+		b.in = make(chan *Req)
+	}
+	return b
 }
 
 // Context implements grpc.ServerStream.
 func (b *boundStream[Req, Resp]) Context() context.Context { return b.ctx }
 
 // Recv returns the first request (already read), then what the client sends,
-// until the client or the server ends the stream. Only go-control-plane's
-// single receiving goroutine calls it.
+// until the client or the server ends the stream. Only the handler's single
+// receiving goroutine calls it (go-control-plane's, or the relay's).
 func (b *boundStream[Req, Resp]) Recv() (*Req, error) {
 	if f := b.first; f != nil {
 		b.first = nil
 		return f, nil
+	}
+	if b.direct {
+		r, err := b.BidiStreamingServer.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if refused := b.guard.check(r); refused != nil {
+			b.st.close(refused.code, refused.reason, refused.msg)
+			return nil, refused
+		}
+		return r, nil
 	}
 	select {
 	case r, ok := <-b.in:

@@ -56,7 +56,7 @@ var (
 // TestMain fails the package when a goroutine outlives the tests (and every
 // stream they opened).
 func TestMain(m *testing.M) {
-	os.Exit(testenv.CheckLeaks(testenv.Run(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
+	os.Exit(testenv.CheckLeaks(runStoppingIstiod(m, func(ctx context.Context) error {
 		var err error
 		informers, err = cache.New(env.Config, cache.Options{
 			Scheme: env.Scheme,
@@ -84,6 +84,13 @@ func TestMain(m *testing.M) {
 	})))
 }
 
+// runStoppingIstiod runs the tests with the control plane and setup, then
+// stops the shared istiod (certs_test.go), if a test started it.
+func runStoppingIstiod(m *testing.M, setup func(ctx context.Context) error) int {
+	defer stopSharedIstiod()
+	return testenv.Run(m, testenv.Options{GarbageCollector: true}, &env, setup)
+}
+
 type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
@@ -95,12 +102,21 @@ func (w testWriter) Write(p []byte) (int, error) {
 type recordingHealth struct {
 	mu      sync.Mutex
 	reports []Health
+	of      []types.NamespacedName // the workload of each report
 }
 
-func (r *recordingHealth) ReportHealth(_ context.Context, _ registry.Workload, h Health) {
+func (r *recordingHealth) ReportHealth(_ context.Context, w registry.Workload, h Health) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reports = append(r.reports, h)
+	r.of = append(r.of, w.Key)
+}
+
+// workloads returns the workload of each report, in order.
+func (r *recordingHealth) workloads() []types.NamespacedName {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.of)
 }
 
 func (r *recordingHealth) all() []Health {
@@ -583,6 +599,74 @@ func TestDeltaHealthReports(t *testing.T) {
 	}
 	if r.conns.Streams(w.key) != 1 {
 		t.Error("health reports changed the stream count")
+	}
+}
+
+// A SotW and a Delta stream open at once get the same number from
+// go-control-plane (each protocol counts its own streams from 1): the
+// server's bookkeeping must still tell them apart, so that a stream's health
+// reports are its own workload's, closing one stream does not orphan the
+// other, and two streams of one workload count as two.
+func TestSotWAndDeltaStreamsAreTrackedApart(t *testing.T) {
+	r := startReplica(t, "replica-a", nil)
+	ns := env.Namespace(t)
+	a := register(t, ns, "i-0000000000000000a", "10.0.8.1")
+	b := register(t, ns, "i-0000000000000000b", "10.0.8.2")
+	c := register(t, ns, "i-0000000000000000c", "10.0.8.3")
+	conn := dial(t, r.addr)
+
+	// The replica's first SotW and first Delta stream: both number 1.
+	onA, err := open(t, conn, false, a.token, sidecarNode(a.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	onB, err := open(t, conn, true, b.token, sidecarNode(b.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unhealthy := &rpcstatus.Status{Code: int32(codes.Internal), Message: "readiness probe failed"}
+	if err := onA.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: TypeHealthInformation, ErrorDetail: unhealthy}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(r.health.workloads()) == 1 })
+	if got := r.health.workloads()[0]; got != a.key {
+		t.Errorf("a health report on %s's SotW stream was taken as %s's", a.key.Name, got.Name)
+	}
+
+	// Closing A's stream leaves B's serving.
+	onA.cancel()
+	waitFor(t, func() bool { return r.conns.Streams(a.key) == 0 })
+	if err := onB.delta.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: TypeHealthInformation}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(r.health.workloads()) == 2 })
+	if got := r.health.workloads()[1]; got != b.key {
+		t.Errorf("a health report on %s's Delta stream was taken as %s's", b.key.Name, got.Name)
+	}
+	if n := r.conns.Streams(b.key); n != 1 {
+		t.Errorf("%s: %d streams after another workload's stream closed, want 1", b.key.Name, n)
+	}
+
+	// One workload with a SotW and a Delta stream (both number 2) holds
+	// two streams: closing one leaves it connected.
+	sotw, err := open(t, conn, false, c.token, sidecarNode(c.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open(t, conn, true, c.token, sidecarNode(c.nodeID)); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.conns.Streams(c.key); n != 2 {
+		t.Errorf("%s: %d streams, want 2 (a SotW and a Delta stream)", c.key.Name, n)
+	}
+	waitState(t, c.key, connected("replica-a"))
+	sotw.cancel()
+	waitFor(t, func() bool { return r.conns.Streams(c.key) == 1 })
+	if err := r.conns.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := readState(t, c.key); got != connected("replica-a") {
+		t.Errorf("%s after its SotW stream closed, its Delta stream open: %+v, want connected", c.key.Name, got)
 	}
 }
 

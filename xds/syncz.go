@@ -19,6 +19,7 @@ import (
 
 // typeState is what a stream was sent of one type and what it acknowledged.
 type typeState struct {
+	typeURL      string
 	sentNonce    string
 	sentVersion  string
 	ackedVersion string
@@ -31,11 +32,7 @@ type typeState struct {
 func (st *stream) requested(typeURL, nonce string, nack bool, now time.Time) (nackedVersion string, nacked bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	ts := st.acks[typeURL]
-	if ts == nil {
-		ts = &typeState{}
-		st.acks[typeURL] = ts
-	}
+	ts := st.ack(typeURL)
 	if nonce == "" || nonce != ts.sentNonce {
 		return "", false // a new subscription, or an answer to an older response
 	}
@@ -51,12 +48,20 @@ func (st *stream) requested(typeURL, nonce string, nack bool, now time.Time) (na
 func (st *stream) sent(typeURL, nonce, version string, now time.Time) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	ts := st.acks[typeURL]
-	if ts == nil {
-		ts = &typeState{}
-		st.acks[typeURL] = ts
-	}
+	ts := st.ack(typeURL)
 	ts.sentNonce, ts.sentVersion, ts.nacked, ts.updated = nonce, version, false, now
+}
+
+// ack returns typeURL's state, added when new; the caller holds st.mu and
+// drops the pointer before releasing it.
+func (st *stream) ack(typeURL string) *typeState {
+	for i := range st.acks {
+		if st.acks[i].typeURL == typeURL {
+			return &st.acks[i]
+		}
+	}
+	st.acks = append(st.acks, typeState{typeURL: typeURL})
+	return &st.acks[len(st.acks)-1]
 }
 
 // coreTypes are always reported, NOT_SENT when never sent.
@@ -66,9 +71,14 @@ var coreTypes = []string{resource.ClusterType, resource.ListenerType, resource.E
 func (st *stream) configs() []*statusv3.ClientConfig_GenericXdsConfig {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	typeURLs := slices.Sorted(maps.Keys(st.acks))
+	byType := make(map[string]*typeState, len(st.acks))
+	typeURLs := make([]string, 0, len(st.acks)+len(coreTypes))
+	for i := range st.acks {
+		byType[st.acks[i].typeURL] = &st.acks[i]
+		typeURLs = append(typeURLs, st.acks[i].typeURL)
+	}
 	for _, t := range coreTypes {
-		if _, ok := st.acks[t]; !ok {
+		if _, ok := byType[t]; !ok {
 			typeURLs = append(typeURLs, t)
 		}
 	}
@@ -76,7 +86,7 @@ func (st *stream) configs() []*statusv3.ClientConfig_GenericXdsConfig {
 	out := make([]*statusv3.ClientConfig_GenericXdsConfig, 0, len(typeURLs))
 	for _, t := range typeURLs {
 		c := &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: t, ConfigStatus: statusv3.ConfigStatus_NOT_SENT}
-		if ts := st.acks[t]; ts != nil && ts.sentNonce != "" {
+		if ts := byType[t]; ts != nil && ts.sentNonce != "" {
 			c.VersionInfo = ts.sentVersion
 			c.LastUpdated = timestamppb.New(ts.updated)
 			switch {
@@ -105,7 +115,7 @@ func (s *Server) syncz() *discovery.DiscoveryResponse {
 	s.mu.Lock()
 	newest := map[types.NamespacedName]*stream{}
 	for key, set := range s.byWorkload {
-		for st := range set {
+		for _, st := range set {
 			if !st.counted {
 				continue
 			}

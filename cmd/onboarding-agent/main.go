@@ -17,10 +17,8 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
+	"github.com/embark-mesh/embark/version"
 )
-
-// version is set at build time (-ldflags "-X main.version=...").
-var version = "dev"
 
 // exitConfig (sysexits' EX_CONFIG) means a configuration error: the units
 // list it in RestartPreventExitStatus, so systemd does not restart-loop an
@@ -39,6 +37,9 @@ func main() {
 		run, args = runApplySidecar, args[1:]
 	}
 	if err := run(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h/--help printed the usage: not a failure
+		}
 		fmt.Fprintf(os.Stderr, "onboarding-agent: %v\n", err)
 		var ce configError
 		if errors.As(err, &ce) {
@@ -87,7 +88,7 @@ func runAgent(args []string) error {
 		return configError{err}
 	}
 	if *showVersion {
-		fmt.Println(version)
+		fmt.Println(version.Line("onboarding-agent"))
 		return nil
 	}
 	level := slog.LevelInfo
@@ -123,7 +124,7 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: version, Logger: log})
+	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: version.Get().Version, Logger: log})
 	if err != nil {
 		return configError{err}
 	}

@@ -15,6 +15,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/version"
 )
 
 func main() {
@@ -25,7 +26,12 @@ func main() {
 	flag.StringVar(&opts.DebugXDS, "debug-xds", app.DefaultDebugXDS, `loopback address of the unauthenticated xDS debug listener (for istioctl proxy-status), or "off"`)
 	flag.IntVar(&opts.EventCacheSize, "event-cache-size", 0, "entries of each LRU cache of the event correlator (0: client-go's 4096)")
 	flag.StringVar(&opts.Pprof, "pprof", "", "loopback address serving Go runtime profiles (/debug/pprof/), e.g. 127.0.0.1:6060; default off")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.Line("onboarding-endpoint"))
+		return
+	}
 	handler := slog.NewJSONHandler(os.Stderr, nil)
 	opts.Logger = slog.New(handler)
 	ctrllog.SetLogger(logr.FromSlogHandler(handler))

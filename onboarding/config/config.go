@@ -188,6 +188,17 @@ type LocalRepository struct {
 	// istio-sidecar/<revision>/rpm/arm64/istio-sidecar.rpm, ...); served on
 	// listen.repository. Default /var/lib/onboarding-endpoint/repository.
 	Directory string `json:"directory,omitempty"`
+	// SigningKeyFile is an armored OpenPGP private key (one key, no
+	// passphrase; in the cluster, a Secret mounted as a file) that signs
+	// the apt metadata (dists/<suite>/InRelease, Release.gpg) and the yum
+	// metadata (repodata/repomd.xml.asc). Default: none, and then only the
+	// package files are served, no apt or yum metadata (never unsigned).
+	// Read at start: restart the endpoint after rotating it.
+	SigningKeyFile string `json:"signingKeyFile,omitempty"`
+	// PublicKeyFiles are armored OpenPGP public keys published at
+	// /install/repository.asc beside the signing key's own: the next key
+	// before a rotation, the previous one after it. Default none.
+	PublicKeyFiles []string `json:"publicKeyFiles,omitempty"`
 }
 
 // Mesh describes the mesh.
@@ -543,6 +554,9 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.LocalRepository != nil && c.LocalRepository.Directory == "" {
 		errs = append(errs, field.Required(field.NewPath("localRepository", "directory"), ""))
+	}
+	if c.LocalRepository != nil && c.LocalRepository.SigningKeyFile == "" && len(c.LocalRepository.PublicKeyFiles) > 0 {
+		errs = append(errs, field.Required(field.NewPath("localRepository", "signingKeyFile"), "publicKeyFiles are published only beside a signing key"))
 	}
 	if _, _, err := net.SplitHostPort(c.Mesh.DiscoveryAddress); err != nil {
 		errs = append(errs, field.Invalid(field.NewPath("mesh", "discoveryAddress"), c.Mesh.DiscoveryAddress, "must be host:port"))

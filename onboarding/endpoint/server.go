@@ -417,6 +417,10 @@ func (s *Server) RenewSidecarToken(ctx context.Context, _ *onboardingv1alpha1.Re
 	return &onboardingv1alpha1.RenewSidecarTokenResponse{SidecarToken: tok.Token, ExpiresAt: timestamppb.New(tok.ExpiresAt)}, nil
 }
 
+// ReasonTakeoverRefused is the reason of the Warning Event recorded on a
+// registration when another agent session's Register for it is refused.
+const ReasonTakeoverRefused = "TakeoverRefused"
+
 // reportTakeoverRefused logs and records (as an Event on the registration)
 // a Register refused because the registration is bound to another agent
 // session and the identity carries no fresh proof.
@@ -428,7 +432,7 @@ func (s *Server) reportTakeoverRefused(ctx context.Context, claims *token.Claims
 	}
 	cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if s.opts.Client.Get(ctx, client.ObjectKey{Namespace: claims.Namespace(), Name: claims.Name()}, cur) == nil {
-		s.opts.Recorder.Eventf(cur, corev1.EventTypeWarning, "TakeoverRefused", "refused a registration from another agent session (workload address %s) without an STS proof", addr)
+		s.opts.Recorder.Eventf(cur, corev1.EventTypeWarning, ReasonTakeoverRefused, "refused a registration from another agent session (workload address %s) without an STS proof", addr)
 	}
 }
 

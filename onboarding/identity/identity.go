@@ -1,7 +1,6 @@
 package identity
 
 import (
-	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -78,33 +77,6 @@ type JWTIdentity struct {
 	Attributes map[string]string
 	// Expiry is the token's exp.
 	Expiry time.Time
-}
-
-// ErrNoIdentity is returned by WorkloadName for an Identity with neither AWS
-// nor JWT facts.
-var ErrNoIdentity = errors.New("identity: no AWS or JWT identity")
-
-// WorkloadName derives the workload-identity part of a
-// WorkloadAutoRegistration name:
-//
-//   - EC2: aws-<partition>-<account>-<zone>-ec2-<instance-id>, e.g.
-//     aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0
-//   - JWT: jwt-<shortName>-<subject>, sanitised with [SanitizeDNSLabel].
-//
-// The result consists of DNS-1123 label characters only; it is not
-// shortened (the registry shortens over-long names deterministically).
-func (id *Identity) WorkloadName() (string, error) {
-	switch {
-	case id == nil:
-		return "", ErrNoIdentity
-	case id.AWS != nil:
-		a := id.AWS
-		return SanitizeDNSLabel("aws-" + a.Partition + "-" + a.Account + "-" + a.Zone + "-ec2-" + a.InstanceID), nil
-	case id.JWT != nil:
-		return SanitizeDNSLabel("jwt-" + id.JWT.ShortName + "-" + id.JWT.Subject), nil
-	default:
-		return "", ErrNoIdentity
-	}
 }
 
 // CheckIAMRole is the check a policy with ec2.iamRoleNames makes: the

@@ -7,58 +7,6 @@ import (
 	"testing"
 )
 
-func TestWorkloadName(t *testing.T) {
-	tests := []struct {
-		name    string
-		id      *Identity
-		want    string
-		wantErr error
-	}{
-		{
-			name: "ec2 seed example",
-			id: &Identity{Method: MethodAWSInstanceIdentityDocument, AWS: &AWSIdentity{
-				Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b", InstanceID: "i-1234567890abcdef0",
-			}},
-			want: "aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0",
-		},
-		{
-			name: "ec2 china partition",
-			id: &Identity{AWS: &AWSIdentity{
-				Partition: "aws-cn", Account: "123456789012", Region: "cn-north-1", Zone: "cn-north-1a", InstanceID: "i-0abc",
-			}},
-			want: "aws-aws-cn-123456789012-cn-north-1a-ec2-i-0abc",
-		},
-		{
-			name: "jwt plain",
-			id:   &Identity{Method: MethodJWT, JWT: &JWTIdentity{ShortName: "corp", Subject: "vm-1"}},
-			want: "jwt-corp-vm-1",
-		},
-		{
-			name: "jwt subject sanitised",
-			id:   &Identity{JWT: &JWTIdentity{ShortName: "Corp", Subject: "system:serviceaccount:ns/VM_01@example.com"}},
-			want: "jwt-corp-system-serviceaccount-ns-vm-01-example-com",
-		},
-		{
-			name: "jwt subject with leading and trailing junk",
-			id:   &Identity{JWT: &JWTIdentity{ShortName: "okta", Subject: "..//00u1abc--..//"}},
-			want: "jwt-okta-00u1abc",
-		},
-		{name: "nil identity", id: nil, wantErr: ErrNoIdentity},
-		{name: "empty identity", id: &Identity{}, wantErr: ErrNoIdentity},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := tt.id.WorkloadName()
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("WorkloadName() error = %v, want %v", err, tt.wantErr)
-			}
-			if got != tt.want {
-				t.Errorf("WorkloadName() = %q, want %q", got, tt.want)
-			}
-		})
-	}
-}
-
 func TestSanitizeDNSLabel(t *testing.T) {
 	tests := []struct {
 		name string

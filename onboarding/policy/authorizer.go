@@ -67,6 +67,22 @@ type options struct {
 	logger        *slog.Logger
 	eventInterval time.Duration
 	clock         clock.PassiveClock
+	decisions     DecisionRecorder
+}
+
+// DecisionRecorder is told of every decision of Authorize (not of Precheck):
+// what OnboardingPolicy status reports (package policystatus). Its methods
+// must not block.
+type DecisionRecorder interface {
+	// Allowed: a rule of the policy namespace/policy allowed a workload.
+	Allowed(namespace, policy string, at time.Time)
+	// Denied: a workload was denied joining the WorkloadGroup namespace/group.
+	Denied(namespace, group string, at time.Time)
+}
+
+// WithDecisionRecorder tells r of every decision. Default: none.
+func WithDecisionRecorder(r DecisionRecorder) Option {
+	return func(o *options) { o.decisions = r }
 }
 
 // WithLogger sets the logger. Default: discard.
@@ -108,11 +124,12 @@ func WithClock(c clock.PassiveClock) Option {
 //
 // An Authorizer is safe for concurrent use.
 type Authorizer struct {
-	reader   client.Reader
-	recorder record.EventRecorder
-	log      *slog.Logger
-	interval time.Duration
-	clock    clock.PassiveClock
+	reader    client.Reader
+	recorder  record.EventRecorder
+	log       *slog.Logger
+	interval  time.Duration
+	clock     clock.PassiveClock
+	decisions DecisionRecorder
 
 	mu     sync.Mutex
 	recent map[eventKey]time.Time
@@ -146,12 +163,13 @@ func NewAuthorizer(reader client.Reader, recorder record.EventRecorder, opts ...
 		o.clock = clock.RealClock{}
 	}
 	return &Authorizer{
-		reader:   reader,
-		recorder: recorder,
-		log:      o.logger,
-		interval: o.eventInterval,
-		clock:    o.clock,
-		recent:   make(map[eventKey]time.Time),
+		reader:    reader,
+		recorder:  recorder,
+		log:       o.logger,
+		interval:  o.eventInterval,
+		clock:     o.clock,
+		decisions: o.decisions,
+		recent:    make(map[eventKey]time.Time),
 	}, nil
 }
 
@@ -177,6 +195,13 @@ func (a *Authorizer) Authorize(ctx context.Context, namespace, groupName string,
 	for _, s := range d.InvalidSelectors {
 		a.log.WarnContext(ctx, "OnboardingPolicy has an invalid workloadGroupSelector, which selects nothing",
 			"namespace", namespace, "policy", s.Policy, "rule", s.Rule, "onboardTo", s.Target, "error", s.Err)
+	}
+	if a.decisions != nil {
+		if d.Allowed {
+			a.decisions.Allowed(namespace, d.AllowedBy.Policy, a.clock.Now())
+		} else {
+			a.decisions.Denied(namespace, groupName, a.clock.Now())
+		}
 	}
 	if d.Allowed {
 		a.log.DebugContext(ctx, "onboarding allowed",

@@ -332,3 +332,17 @@ func selectorOf(s *metav1.LabelSelector) (labels.Selector, error) {
 	}
 	return metav1.LabelSelectorAsSelector(s)
 }
+
+// Selects reports whether an onboardTo selector of a rule of p selects the
+// WorkloadGroup (of p's namespace): the groups p can let workloads join.
+func Selects(p *authorizationv1alpha1.OnboardingPolicy, group GroupRef) bool {
+	if p.Namespace != group.Namespace {
+		return false
+	}
+	for i := range p.Spec.Allow {
+		if selectsGroup(p.Spec.Allow[i].OnboardTo, labels.Set(group.Labels), nil) {
+			return true
+		}
+	}
+	return false
+}

@@ -29,8 +29,12 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/embark-mesh/embark/onboarding/repository/signing"
 )
 
 // Prefix is the URL prefix of every repository path.
@@ -42,10 +46,14 @@ const ChecksumSuffix = ".sha256"
 // Path is a parsed repository path.
 type Path struct {
 	// File is the package's path relative to the repository directory,
-	// e.g. deb/amd64/onboarding-agent.deb.
+	// e.g. deb/amd64/onboarding-agent.deb; for a Generated path, the
+	// path below /install/, e.g. dists/stable/InRelease.
 	File string
 	// Checksum is true for the .sha256 path beside File.
 	Checksum bool
+	// Generated is true for the apt and yum metadata and the public keys,
+	// which the server generates from the packages (see metadataPath).
+	Generated bool
 }
 
 // ErrNotFound means the URL path is not a repository path.
@@ -57,6 +65,9 @@ func ParsePath(urlPath string) (Path, error) {
 	rest, ok := strings.CutPrefix(urlPath, Prefix)
 	if !ok {
 		return Path{}, ErrNotFound
+	}
+	if metadataPath(rest) {
+		return Path{File: rest, Generated: true}, nil
 	}
 	var p Path
 	if r, ok := strings.CutSuffix(rest, ChecksumSuffix); ok {
@@ -72,7 +83,7 @@ func ParsePath(urlPath string) (Path, error) {
 			return Path{}, ErrNotFound
 		}
 	case 5: // istio-sidecar/{revision}/{deb,rpm}/{arch}/istio-sidecar.{format}
-		if seg[0] != "istio-sidecar" || len(validation.IsDNS1123Label(seg[1])) > 0 {
+		if seg[0] != "istio-sidecar" || !validRevision(seg[1]) {
 			return Path{}, ErrNotFound
 		}
 		format, arch, name = seg[2], seg[3], seg[4]
@@ -89,15 +100,32 @@ func ParsePath(urlPath string) (Path, error) {
 	return p, nil
 }
 
+// validRevision: an Istio revision is a DNS-1123 label.
+func validRevision(s string) bool { return len(validation.IsDNS1123Label(s)) == 0 }
+
 // Handler serves the repository.
 type Handler struct {
-	root *os.Root
-	dir  string
-	log  *slog.Logger
+	root   *os.Root
+	dir    string
+	log    *slog.Logger
+	signer *signing.Signer
+	now    func() time.Time
 
 	mu   sync.Mutex
 	sums map[string]digest
+
+	// genMu serializes regenerations; snap is the current metadata.
+	genMu sync.Mutex
+	snap  atomic.Pointer[snapshot]
 }
+
+// Option configures a Handler.
+type Option func(*Handler)
+
+// WithSigner signs the apt and yum metadata with s and publishes its public
+// keys at /install/repository.asc. Without it the server serves the
+// packages only: no unsigned metadata is ever served.
+func WithSigner(s *signing.Signer) Option { return func(h *Handler) { h.signer = s } }
 
 // digest is a file's SHA-256 with the identity of the file version it was
 // computed from. A version is the inode with its size, modification time
@@ -109,10 +137,12 @@ type Handler struct {
 type digest struct {
 	version fileVersion
 	sum     string
+	// pkg is the package's parsed metadata, filled when an index needs it.
+	pkg *described
 }
 
 // New returns a Handler serving dir. The directory must exist.
-func New(dir string, log *slog.Logger) (*Handler, error) {
+func New(dir string, log *slog.Logger, opts ...Option) (*Handler, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("local repository: %w", err)
@@ -120,7 +150,11 @@ func New(dir string, log *slog.Logger) (*Handler, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Handler{root: root, dir: dir, log: log, sums: map[string]digest{}}, nil
+	h := &Handler{root: root, dir: dir, log: log, sums: map[string]digest{}, now: time.Now}
+	for _, o := range opts {
+		o(h)
+	}
+	return h, nil
 }
 
 // Close releases the directory.
@@ -136,6 +170,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p, err := ParsePath(r.URL.Path)
 	if err != nil {
 		http.NotFound(w, r)
+		return
+	}
+	if p.Generated {
+		h.serveGenerated(w, r, p.File)
 		return
 	}
 	f, err := h.root.Open(p.File)
@@ -189,13 +227,21 @@ func (h *Handler) checksum(name string, f io.Reader, info fs.FileInfo) (string, 
 	if ok && known && d.version == v {
 		return d.sum, nil
 	}
-	hash := sha256.New()
-	if _, err := io.Copy(hash, f); err != nil {
+	sum, err := sha256Hex(f)
+	if err != nil {
 		return "", err
 	}
-	sum := hex.EncodeToString(hash.Sum(nil))
 	h.mu.Lock()
 	h.sums[name] = digest{version: v, sum: sum}
 	h.mu.Unlock()
 	return sum, nil
+}
+
+// sha256Hex is the hex SHA-256 of what r reads.
+func sha256Hex(r io.Reader) (string, error) {
+	hash := sha256.New()
+	if _, err := io.Copy(hash, r); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(hash.Sum(nil)), nil
 }

@@ -319,3 +319,62 @@ func TestDottedNamesConnect(t *testing.T) {
 		t.Fatalf("sidecar of %s: %v", w.key, err)
 	}
 }
+
+func TestInventedTypeURLs(t *testing.T) {
+	Attack(t, "xDS: an authorized stream subscribes to thousands of invented type URLs (memory per stream unbounded)")
+	p := startXDS(t, limits.Options{})
+	ns := env.Namespace(t)
+	a := registerWorkload(t, p, ns, "ratings", "i-000000000000000a4", "10.1.0.6")
+	conn := dialFrom(t, "127.0.0.1", p.addr)
+
+	// Every type a sidecar (Envoy and Istio's agent) asks istiod for keeps
+	// the stream open.
+	s, err := openADS(t.Context(), conn, a.token, nodeOf(a.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, typeURL := range []string{
+		resource.EndpointType, resource.RouteType, resource.SecretType, resource.ExtensionConfigType,
+		"type.googleapis.com/istio.networking.nds.v1.NameTable", "type.googleapis.com/istio.mesh.v1alpha1.ProxyConfig",
+		xds.TypeHealthInformation, resource.ClusterType,
+	} {
+		if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: typeURL}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Requests are handled in order: the clusters come only if no type
+	// before them ended the stream.
+	for {
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatalf("a sidecar's own types ended the stream: %v", err)
+		}
+		if resp.GetTypeUrl() == resource.ClusterType {
+			break
+		}
+	}
+
+	// Invented types end the stream at the first one, before anything is
+	// kept for it.
+	s, err = openADS(t.Context(), conn, a.token, nodeOf(a.nodeID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5000 {
+		if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: fmt.Sprintf("type.googleapis.com/invented.v1.Type%d", i)}); err != nil {
+			break // the server ended the stream: Recv has its status
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- recvErr(s) }()
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		t.Fatal("5,000 invented type URLs: the stream is still open")
+	}
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "type.googleapis.com/invented.v1.Type0") {
+		t.Fatalf("invented type URLs: %v, want InvalidArgument naming the first one", err)
+	}
+}

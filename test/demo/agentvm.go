@@ -198,6 +198,9 @@ func (v *vm) restartSidecar(t *demoTB) error {
 	if len(rootCA) == 0 {
 		return fmt.Errorf("the onboarding agent wrote an empty %s: the endpoint sent no root certificates", vmRootCert)
 	}
+	for k, val := range sidecarEnv(v.root) {
+		env[k] = val
+	}
 	a := istioagent.Start(t, istioagent.Options{
 		WorkDir:        v.root,
 		PodName:        env["POD_NAME"],

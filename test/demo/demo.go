@@ -26,7 +26,6 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
-	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -60,6 +59,10 @@ type demo struct {
 	appPort      int // the port of every VM's application, on its own IP
 	api          onboardingv1alpha1.OnboardingServiceClient
 	conn         *grpc.ClientConn
+
+	istiod     *testenv.Istiod // see istiod.go
+	istiodRoot string          // its CA root, as a file
+	pod        *podProxy       // productpage's proxy on istiod
 }
 
 // run runs the demo and cleans up everything it started before returning.
@@ -107,8 +110,9 @@ func (d *demo) steps() []step {
 	steps := []step{
 		{"start a local kube-apiserver + etcd + kube-controller-manager with Embark's and Istio's CRDs", d.startControlPlane},
 		{"create namespace bookinfo with the seed 004 WorkloadGroup, OnboardingPolicy and Sidecar", d.applySeeds},
+		{"start a real istiod (pilot-discovery, the mesh's control plane and CA), the ratings Service, and a productpage pod's proxy watching ratings' endpoints", d.startIstiod},
 		{"simulate AWS us-east-2: a demo region certificate, STS, and EC2 instances with IMDS", d.simulateAWS},
-		{fmt.Sprintf("start the onboarding endpoint (TLS, xDS, grace period shortened to %v)", gracePeriod), d.startEndpoint},
+		{fmt.Sprintf("start the onboarding endpoint in istiod mode (certificates and configuration relayed from istiod; grace period shortened to %v)", gracePeriod), d.startEndpoint},
 	}
 	for _, v := range d.vms {
 		steps = append(steps, step{fmt.Sprintf("start simulated VM %s: its onboarding agent onboards and starts pilot-agent as the sidecar", v.name),
@@ -119,7 +123,10 @@ func (d *demo) steps() []step {
 		step{"kubectl get war -A: every VM registered, its sidecar connected", d.listRegistrations},
 		step{"kubectl get workloadentries: one per VM, connected to this replica", d.listWorkloadEntries},
 		step{"kubectl describe war " + d.vms[0].name + "'s registration", d.describeRegistration},
-		step{"istioctl proxy-status: the sidecars connected to Embark's xDS server", d.proxyStatus},
+		step{"istioctl proxy-status against Embark's xDS server: the sidecars connected to Embark", d.proxyStatus},
+		step{"istioctl proxy-status against istiod (seed 000): every VM with CDS, LDS, EDS and RDS SYNCED", d.istiodProxyStatus},
+		step{"each VM's workload certificate: from istiod's CA through Embark, identity of the WorkloadGroup's service account", d.certificateIdentity},
+		step{"istiod serves every VM to a pod as an endpoint of the ratings Service", d.ratingsEndpoints},
 		step{"health flip: " + d.vms[0].name + "'s application fails its readiness probe, then recovers: WorkloadEntry Healthy follows",
 			func(ctx context.Context, out io.Writer) error { return d.healthFlip(ctx, out, d.vms[0]) }},
 		step{"an instance of an account no OnboardingPolicy allows is refused", d.refuse},
@@ -131,6 +138,8 @@ func (d *demo) steps() []step {
 			func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
 		step{fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.name, gracePeriod),
 			func(ctx context.Context, out io.Writer) error { return d.gracePeriodRemoval(ctx, out, last) }},
+		step{"an on-prem host (" + onPremHost + ") onboards with an OIDC JWT of the kube-apiserver's service-account issuer, next to the EC2 instances",
+			d.onPremOnboarding},
 	)
 	return steps
 }
@@ -246,7 +255,10 @@ listen:
   onboarding: %s
   metrics: %s
   xds: %s
-`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, d.serving.caFile, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds)
+%s`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, d.serving.caFile, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds, d.istiodConfig())
+	if cfg, err = d.withOnPremIssuer(ctx, cfg); err != nil {
+		return err
+	}
 	cfgFile := filepath.Join(d.work, "endpoint.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
 		return err
@@ -382,32 +394,14 @@ func (d *demo) proxyStatus(ctx context.Context, out io.Writer) error {
 		want[v.reg()+".bookinfo"] = replica
 	}
 	args := []string{"proxy-status", "--xds-address", d.addrs.debugXDS, "--plaintext", "-r", "default"}
-	var shown string
-	err := eventually(ctx, waitFor, func() error {
-		s, err := istioagent.Istioctl(ctx, d.tb, args...)
-		if err != nil {
-			return err
-		}
-		shown = s
-		return checkProxyStatus(s, want)
-	})
-	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
-	if err != nil {
+	if err := d.istioctlChecked(ctx, out, func(s string) error { return checkProxyStatus(s, want) }, args...); err != nil {
 		return err
 	}
-	// Per type: the configuration Embark serves reached each sidecar
+	// Per type: the configuration Embark relays reached each sidecar
 	// (through pilot-agent, to the Envoy part the demo plays) and was ACKed.
-	args = append(args, "-v", "1")
-	err = eventually(ctx, waitFor, func() error {
-		s, err := istioagent.Istioctl(ctx, d.tb, args...)
-		if err != nil {
-			return err
-		}
-		shown = s
-		return checkSynced(s, len(want), "CDS", "LDS")
-	})
-	fmt.Fprintf(out, "$ istioctl %s\n%s", strings.Join(args, " "), shown)
-	return err
+	return d.istioctlChecked(ctx, out, func(s string) error {
+		return checkSynced(s, len(want), "CDS", "LDS", "EDS", "RDS")
+	}, append(args, "-v", "1")...)
 }
 
 func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
@@ -422,7 +416,10 @@ func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
 		}
 		return want
 	}
-	show := func(want map[string]string) error {
+	show := func(want map[string]string, unhealthy *vm) error {
+		if err := d.showRatingsEndpoints(ctx, out, d.wantEndpoints(unhealthy, nil)); err != nil {
+			return err
+		}
 		if err := d.showChecked(ctx, out, func(s string) error {
 			t, err := parseTable(s)
 			if err != nil {
@@ -453,17 +450,17 @@ func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
 		}, "get", "war", "-n", "bookinfo", "-o", "wide")
 	}
 	fmt.Fprintf(out, "every sidecar probes its application (GET /ready on port %d of its IP, every 1s):\n", d.appPort)
-	if err := show(healthy(nil)); err != nil {
+	if err := show(healthy(nil), nil); err != nil {
 		return err
 	}
 	v.healthy.Store(false)
 	fmt.Fprintf(out, "\n%s's application now answers /ready with 503:\n", v.name)
-	if err := show(healthy(v)); err != nil {
+	if err := show(healthy(v), v); err != nil {
 		return err
 	}
 	v.healthy.Store(true)
 	fmt.Fprintf(out, "\n%s's application recovers:\n", v.name)
-	return show(healthy(nil))
+	return show(healthy(nil), nil)
 }
 
 func (d *demo) refuse(ctx context.Context, out io.Writer) error {
@@ -493,7 +490,14 @@ func (d *demo) disconnect(ctx context.Context, out io.Writer, v *vm) error {
 		want["bookinfo/"+o.reg()] = "True"
 	}
 	want["bookinfo/"+v.reg()] = "False"
-	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
+	if err := d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A"); err != nil {
+		return err
+	}
+	// Like istiod's own auto-registration, Embark keeps a disconnected
+	// workload's WorkloadEntry (and its Healthy condition) until the grace
+	// period ends: istiod still serves it; the next step shows it leave.
+	fmt.Fprintf(out, "%s's WorkloadEntry stays until the grace period ends, so istiod still serves it:\n", v.name)
+	return d.showRatingsEndpoints(ctx, out, d.wantEndpoints(nil, nil))
 }
 
 func (d *demo) deleteRegistration(ctx context.Context, out io.Writer, v *vm) error {
@@ -548,12 +552,15 @@ func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm) err
 	if err := d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A"); err != nil {
 		return err
 	}
-	return d.showChecked(ctx, out, func(s string) error {
+	if err := d.showChecked(ctx, out, func(s string) error {
 		if strings.Contains(s, v.reg()) {
 			return fmt.Errorf("WorkloadEntry %s is still listed", v.reg())
 		}
 		return nil
-	}, "get", "workloadentries", "-n", "bookinfo")
+	}, "get", "workloadentries", "-n", "bookinfo"); err != nil {
+		return err
+	}
+	return d.showRatingsEndpoints(ctx, out, d.wantEndpoints(nil, v))
 }
 
 // kubectl runs kubectl with the demo's kubeconfig and shows the command and
@@ -590,11 +597,14 @@ Embark is running. Try:
     %s describe war -n bookinfo %s
     %s get workloadentries -n bookinfo -o yaml
     %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default
+    %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default -v 1   # istiod
+    curl -s http://%s/debug/config_dump?proxyID=%s.bookinfo   # istiod's configuration of a VM
     curl -s http://%s/metrics | grep ^embark_
-Onboarding API https://%s (as %s), xDS %s; logs and files in %s.
+Onboarding API https://%s (as %s), xDS %s, istiod %s; logs and files in %s (istiod's in %s).
 Press Ctrl-C to stop and clean up.
-`, kc, kc, d.vms[0].reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS, d.addrs.metrics,
-		d.addrs.onboarding, endpointHost, d.addrs.xds, d.work)
+`, kc, kc, d.vms[0].reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS,
+		filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.istiod.GRPCAddr, d.istiod.HTTPAddr, d.vms[0].reg(), d.addrs.metrics,
+		d.addrs.onboarding, endpointHost, d.addrs.xds, d.istiod.SecureGRPCAddr, d.work, d.istiod.LogPath)
 }
 
 // showLogsOnFailure prints where the logs are cut short: the endpoint's last
@@ -634,6 +644,7 @@ func (d *demo) cleanup() {
 			fmt.Fprintln(os.Stderr, "demo: the endpoint did not stop within 30s")
 		}
 	}
+	d.stopIstiod()
 	d.aws.close()
 	if d.env != nil {
 		if err := d.env.Stop(); err != nil {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/metadata"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -115,7 +114,7 @@ func (v *vm) onboard(ctx context.Context, api onboardingv1alpha1.OnboardingServi
 }
 
 // connectEnvoy opens the stream Envoy would open on pilot-agent's XDS
-// socket and ACKs whatever arrives until the stream ends.
+// socket and plays Envoy's part on it (playEnvoy) until the stream ends.
 func (v *vm) connectEnvoy(ctx context.Context) error {
 	ectx, cancel := context.WithCancel(ctx)
 	v.mu.Lock()
@@ -126,26 +125,10 @@ func (v *vm) connectEnvoy(ctx context.Context) error {
 		cancel()
 		return err
 	}
-	for _, typ := range []string{resource.ClusterType, resource.ListenerType} {
-		if err := c.Send(typ, nil, "", ""); err != nil {
-			cancel()
-			return err
-		}
-	}
 	v.mu.Lock()
 	v.envoy, v.stopEnvoy = c, cancel
 	v.mu.Unlock()
-	go func() {
-		for {
-			resp, err := c.Recv(ectx)
-			if err != nil {
-				return
-			}
-			if err := c.ACK(resp); err != nil {
-				return
-			}
-		}
-	}()
+	go func() { _ = playEnvoy(ectx, c) }()
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -20,18 +21,31 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 )
 
 // Paths inside an agent's working directory, as pilot-agent resolves them
 // relative to its own working directory.
 const (
-	xdsSocketPath     = "etc/istio/proxy/XDS"
-	grpcBootstrapPath = "etc/istio/proxy/grpc-bootstrap.json"
-	tokenPath         = "var/run/secrets/tokens/istio-token"
-	certDir           = "etc/certs"
-	xdsRootCAPath     = "etc/xds-root-ca/root-cert.pem"
+	xdsSocketPath      = "etc/istio/proxy/XDS"
+	grpcBootstrapPath  = "etc/istio/proxy/grpc-bootstrap.json"
+	tokenPath          = "var/run/secrets/tokens/istio-token"
+	xdsRootCAPath      = "etc/xds-root-ca/root-cert.pem"
+	caRootCAPath       = "etc/ca-root/root-cert.pem"
+	outputCertsPath    = "etc/istio/output-certs"
+	sdsSocketPath      = "var/run/secrets/workload-spiffe-uds/socket"
+	envoyStandInPath   = "usr/local/bin/envoy"
+	envoyStandInConfig = "etc/istio/proxy/envoy-stand-in.json"
 )
+
+// envoyStandInScript stands in for Envoy's binary (Options.EnvoyStandIn): it
+// does nothing, and exits when pilot-agent, its parent, stops it or is
+// gone.
+const envoyStandInScript = `#!/bin/sh
+# Stand-in for Envoy (test/istioagent): does nothing until stopped.
+while kill -0 "$PPID" 2>/dev/null; do sleep 1; done
+`
 
 // Options configures Start. Every field is optional except a discovery address
 // (DiscoveryAddress or ProxyConfig.DiscoveryAddress).
@@ -50,9 +64,9 @@ type Options struct {
 	// ClusterID (ISTIO_META_CLUSTER_ID) becomes the node's CLUSTER_ID metadata and
 	// the upstream "ClusterID" header. Default: "Kubernetes".
 	ClusterID string
-	// ServiceAccount (SERVICE_ACCOUNT) is the workload's service account; it also
-	// names the identity of the self-signed workload certificate. Default: unset
-	// ("default" in the certificate).
+	// ServiceAccount (SERVICE_ACCOUNT) is the workload's service account (the
+	// node's SERVICE_ACCOUNT metadata; its certificate's identity comes from
+	// the token, not from this). Default: unset.
 	ServiceAccount string
 	// Labels become ISTIO_METAJSON_LABELS, the node's LABELS metadata. Default: none.
 	Labels map[string]string
@@ -76,6 +90,32 @@ type Options struct {
 	// IstiodSAN (ISTIOD_SAN) overrides the server name verified with
 	// MUTUAL_TLS. Default: the host of the discovery address.
 	IstiodSAN string
+
+	// CAAddress (CA_ADDR) is where pilot-agent asks for its workload
+	// certificate (istio.v1.auth.IstioCertificateService, over TLS).
+	// Default: the discovery address, as on a VM whose bootstrap names no
+	// CA_ADDR (Embark relays istiod's CA there).
+	CAAddress string
+	// CARootCA is the PEM root pilot-agent verifies its CA with (written to a
+	// file named by CA_ROOT_CA). Default: XDSRootCA, as Embark's bootstrap
+	// names one root file for both. Required (unless Env sets CA_ROOT_CA or
+	// NoCA is set): pilot-agent exits without a root for its CA.
+	CARootCA []byte
+	// NoCA points pilot-agent's CA at a loopback port nothing listens on:
+	// it keeps retrying its workload certificate in the background, and its
+	// xDS proxy, which never waits for certificates, works regardless. Only
+	// for tests of pilot-agent's xDS path against an xDS server that is not
+	// Embark (test/istioagent's own): tests of Embark get real certificates
+	// from a real istiod's CA. Nothing serves or fakes a certificate.
+	NoCA bool
+
+	// EnvoyStandIn runs pilot-agent with Envoy enabled (DISABLE_ENVOY unset)
+	// and a stand-in for Envoy's binary, a shell script that does nothing
+	// until pilot-agent stops it (there is no Envoy binary here): pilot-agent
+	// then serves its SDS socket (Agent.SDSSocket) as to Envoy, which it does
+	// not without Envoy. Its readiness (/healthz/ready) never passes, as
+	// Envoy's admin port never answers. Default: DISABLE_ENVOY=true.
+	EnvoyStandIn bool
 
 	// Token is written to ./var/run/secrets/tokens/istio-token before the agent
 	// starts; pilot-agent sends it as "authorization: Bearer <token>". Default:
@@ -213,6 +253,22 @@ func (a *Agent) prepare() error {
 	if pc.DiscoveryAddress == "" {
 		return errors.New("no discovery address: set Options.DiscoveryAddress")
 	}
+	if o.EnvoyStandIn {
+		standIn := filepath.Join(a.workDir, envoyStandInPath)
+		if err := writeFile(standIn, []byte(envoyStandInScript), 0o755); err != nil {
+			return err
+		}
+		config := filepath.Join(a.workDir, envoyStandInConfig)
+		if err := writeFile(config, []byte("{}\n"), 0o644); err != nil {
+			return err
+		}
+		// Envoy's bootstrap is not generated: nothing reads it.
+		pc.BinaryPath, pc.CustomConfigFile = standIn, config
+		if pc.TerminationDrainDuration == nil {
+			// Nothing to drain: stop at once (Istio waits 5s by default).
+			pc.TerminationDrainDuration = durationpb.New(0)
+		}
+	}
 	if pc.StatusPort == 0 {
 		port, err := freePort()
 		if err != nil {
@@ -227,10 +283,12 @@ func (a *Agent) prepare() error {
 	}
 
 	env := map[string]string{
-		"PATH":                  os.Getenv("PATH"),
-		"HOME":                  a.workDir,
-		"DISABLE_ENVOY":         "true",
-		"FILE_MOUNTED_CERTS":    "true",
+		"PATH":          os.Getenv("PATH"),
+		"HOME":          a.workDir,
+		"DISABLE_ENVOY": strconv.FormatBool(!o.EnvoyStandIn),
+		// Without Envoy pilot-agent serves no SDS socket; it writes the
+		// certificates it would serve (`default`, `ROOTCA`) here.
+		"OUTPUT_CERTS":          filepath.Join(a.workDir, outputCertsPath),
 		"CLOUD_PLATFORM":        "none",
 		"POD_NAME":              o.PodName,
 		"POD_NAMESPACE":         o.PodNamespace,
@@ -263,8 +321,50 @@ func (a *Agent) prepare() error {
 		}
 		env["XDS_ROOT_CA"] = "./" + xdsRootCAPath
 	}
+	switch {
+	case o.NoCA:
+		port, err := closedPort()
+		if err != nil {
+			return err
+		}
+		env["CA_ADDR"] = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		root, err := selfSignedRootPEM()
+		if err != nil {
+			return err
+		}
+		if err := writeFile(filepath.Join(a.workDir, caRootCAPath), root, 0o644); err != nil {
+			return err
+		}
+		env["CA_ROOT_CA"] = "./" + caRootCAPath
+	default:
+		if o.CAAddress != "" {
+			env["CA_ADDR"] = o.CAAddress
+		}
+		root := o.CARootCA
+		if len(root) == 0 {
+			root = o.XDSRootCA
+		}
+		if len(root) > 0 {
+			if err := writeFile(filepath.Join(a.workDir, caRootCAPath), root, 0o644); err != nil {
+				return err
+			}
+			env["CA_ROOT_CA"] = "./" + caRootCAPath
+		}
+	}
 	for k, v := range o.Env {
 		env[k] = v
+	}
+	if out := env["OUTPUT_CERTS"]; out != "" {
+		// pilot-agent writes into it but does not create it.
+		if !filepath.IsAbs(out) {
+			out = filepath.Join(a.workDir, out)
+		}
+		if err := os.MkdirAll(out, 0o755); err != nil {
+			return fmt.Errorf("create OUTPUT_CERTS: %w", err)
+		}
+	}
+	if env["CA_ROOT_CA"] == "" {
+		return errors.New("no root for pilot-agent's CA: set Options.CARootCA or XDSRootCA (or NoCA for tests of the xDS path alone)")
 	}
 	if pc.ControlPlaneAuthPolicy == meshconfig.AuthenticationPolicy_MUTUAL_TLS && env["XDS_ROOT_CA"] == "" {
 		// Otherwise pilot-agent would verify the server with the self-signed
@@ -277,18 +377,6 @@ func (a *Agent) prepare() error {
 	}
 	sort.Strings(a.env)
 
-	sa := o.ServiceAccount
-	if sa == "" {
-		sa = "default"
-	}
-	// Self-signed workload certificates only where pilot-agent is told to
-	// use mounted ones: with FILE_MOUNTED_CERTS=false it asks its CA, and
-	// files in ./etc/certs would still be served in place of the CA's.
-	if o.Env["FILE_MOUNTED_CERTS"] != "false" {
-		if err := writeWorkloadCerts(filepath.Join(a.workDir, certDir), o.PodNamespace, sa); err != nil {
-			return err
-		}
-	}
 	if o.Token != "" {
 		if err := a.writeToken(o.Token); err != nil {
 			return err
@@ -467,6 +555,36 @@ func (a *Agent) writeToken(token string) error {
 	return writeFile(filepath.Join(a.workDir, tokenPath), []byte(token), 0o600)
 }
 
+// WaitCertificates waits until pilot-agent has its workload certificate
+// from its CA and returns the PEM chain (what it serves over SDS as
+// `default`) and root (`ROOTCA`), as it writes them to OUTPUT_CERTS
+// (./etc/istio/output-certs unless Env overrides it).
+func (a *Agent) WaitCertificates(timeout time.Duration) (chain, root []byte, err error) {
+	dir := filepath.Join(a.workDir, outputCertsPath)
+	for _, kv := range a.env {
+		if v, ok := strings.CutPrefix(kv, "OUTPUT_CERTS="); ok {
+			dir = v
+		}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		chain, err = os.ReadFile(filepath.Join(dir, "cert-chain.pem"))
+		if err == nil {
+			if root, err = os.ReadFile(filepath.Join(dir, "root-cert.pem")); err == nil && len(chain) > 0 && len(root) > 0 {
+				return chain, root, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, nil, fmt.Errorf("pilot-agent got no workload certificate within %v (%v)", timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// SDSSocket is the absolute path of the unix socket where pilot-agent serves
+// SDS (`default`, `ROOTCA`) to Envoy: with Options.EnvoyStandIn only.
+func (a *Agent) SDSSocket() string { return filepath.Join(a.workDir, sdsSocketPath) }
+
 // WorkDir is the agent's working directory, the root of every relative path
 // pilot-agent uses.
 func (a *Agent) WorkDir() string { return a.workDir }
@@ -524,6 +642,17 @@ func writeFile(path string, data []byte, perm os.FileMode) error {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
+}
+
+// closedPort returns a loopback port nothing listened on a moment ago.
+func closedPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a closed port: %w", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	return port, nil
 }
 
 // freePort returns a TCP port that was free a moment ago.

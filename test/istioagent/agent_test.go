@@ -69,6 +69,7 @@ func TestAgentRelaysUpstreamStream(t *testing.T) {
 	t.Parallel()
 	srv := startXDSServer(t, nil)
 	opts := istioagent.Options{
+		NoCA:             true,
 		DiscoveryAddress: srv.addr,
 		PodName:          "ratings-vm",
 		PodNamespace:     "bookinfo",
@@ -170,7 +171,7 @@ func TestAgentRelaysUpstreamStream(t *testing.T) {
 func TestAgentTokenRotation(t *testing.T) {
 	t.Parallel()
 	srv := startXDSServer(t, nil)
-	agent := istioagent.Start(t, istioagent.Options{DiscoveryAddress: srv.addr, Token: "token-a"})
+	agent := istioagent.Start(t, istioagent.Options{NoCA: true, DiscoveryAddress: srv.addr, Token: "token-a"})
 
 	for i, token := range []string{"token-a", "token-b", ""} {
 		if i > 0 {
@@ -218,7 +219,7 @@ func TestAgentWorkDir(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte("written-by-the-vm"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	agent := istioagent.Start(t, istioagent.Options{DiscoveryAddress: srv.addr, WorkDir: root})
+	agent := istioagent.Start(t, istioagent.Options{NoCA: true, DiscoveryAddress: srv.addr, WorkDir: root})
 	if agent.WorkDir() != root {
 		t.Errorf("WorkDir() = %s, want %s", agent.WorkDir(), root)
 	}
@@ -244,7 +245,7 @@ func TestAgentWorkDir(t *testing.T) {
 func TestAgentRestart(t *testing.T) {
 	t.Parallel()
 	srv := startXDSServer(t, nil)
-	opts := istioagent.Options{DiscoveryAddress: srv.addr, PodName: "vm-r", PodNamespace: "ns-r"}
+	opts := istioagent.Options{NoCA: true, DiscoveryAddress: srv.addr, PodName: "vm-r", PodNamespace: "ns-r"}
 	srv.publishCluster(t, "sidecar~127.0.0.1~vm-r.ns-r~ns-r.svc.cluster.local", "1", "c1")
 	agent := istioagent.Start(t, opts)
 
@@ -298,6 +299,7 @@ func TestAgentHealthInformation(t *testing.T) {
 
 	srv := startXDSServer(t, nil)
 	agent := istioagent.Start(t, istioagent.Options{
+		NoCA:             true,
 		DiscoveryAddress: srv.addr,
 		ProxyConfig: &meshconfig.ProxyConfig{
 			ReadinessProbe: &networkingv1alpha3.ReadinessProbe{
@@ -373,6 +375,7 @@ func TestAgentMutualTLS(t *testing.T) {
 	srv := startXDSServer(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{serverCert}, MinVersion: tls.VersionTLS12}))
 	srv.publishCluster(t, "sidecar~127.0.0.1~vm-1.default~default.svc.cluster.local", "7", "tls-cluster")
 	agent := istioagent.Start(t, istioagent.Options{
+		NoCA:             true,
 		DiscoveryAddress: srv.addr,
 		ProxyConfig:      &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
 		XDSRootCA:        caPEM,

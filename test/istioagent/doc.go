@@ -10,20 +10,29 @@
 // pilot-agent then opens an ADS stream to the discovery address with its own
 // credentials and headers and relays both ways.
 //
-// # How pilot-agent runs without Envoy and without a CA
+// # Certificates: a real CA, as on a VM
 //
-// By default pilot-agent asks a CA for its workload certificate: the
-// IstioCertificateService at CA_ADDR, which defaults to the discovery address,
-// over TLS verified with ./var/run/secrets/istio/root-cert.pem. Without that file
-// it exits at once ("failed to find root CA cert for CA"); with it, and no CA to
-// answer, it retries forever in the background against the discovery address.
-// Neither is wanted here, so Start sets FILE_MOUNTED_CERTS=true, which makes
-// pilot-agent create no CA client at all, and writes a self-signed workload
-// certificate (key.pem, cert-chain.pem, root-cert.pem under ./etc/certs/, the
-// files a VM gets when certificates are provisioned out of band). pilot-agent
-// reads them once and is done; it never contacts a CA, and its xDS proxy, which
-// never waits for certificates, starts at once. (With FILE_MOUNTED_CERTS and no
-// files it would log "failed to get certificate" with backoff forever.)
+// pilot-agent asks its CA for its workload certificate, as on a VM: the
+// IstioCertificateService at CA_ADDR (Options.CAAddress; default the discovery
+// address, where Embark relays istiod's CA), over TLS verified with
+// CA_ROOT_CA (Options.CARootCA, default Options.XDSRootCA: Embark's bootstrap
+// names one root file for both). It sends the same token as on its xDS
+// stream. Without a CA root it would exit at once ("failed to find root CA cert
+// for CA"), so Start refuses to run without one. The tests of Embark give it
+// Embark's certificate relay in front of a real istiod (testenv.StartIstiod)
+// and check the certificate it got (Agent.WaitCertificates): pilot-agent
+// without Envoy serves no SDS socket (pkg/istio-agent/agent.go, initSdsServer:
+// with DisableEnvoy it only fetches and rotates the certificates), so Start
+// sets OUTPUT_CERTS and pilot-agent writes there what it would serve over SDS
+// as `default` and `ROOTCA`.
+//
+// FILE_MOUNTED_CERTS (self-provisioned certificate files, which pilot-agent
+// serves without asking a CA) is not used by any test. The one exception to a
+// real CA is Options.NoCA, for this package's own tests of pilot-agent's xDS
+// path against an xDS server that is not Embark: CA_ADDR is a loopback port
+// nothing listens on, pilot-agent retries its certificate in the background,
+// and its xDS proxy, which never waits for certificates, works regardless.
+// No certificate exists there at all, self-signed or other.
 //
 // The upstream connection is plaintext when the ProxyConfig's
 // controlPlaneAuthPolicy is NONE (the zero value here, unlike Istio's default)

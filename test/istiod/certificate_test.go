@@ -5,13 +5,18 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	meshconfig "istio.io/api/mesh/v1alpha1"
@@ -40,13 +45,17 @@ func parseChain(t *testing.T, data []byte) []*x509.Certificate {
 	}
 }
 
-// The VM's real pilot-agent, without FILE_MOUNTED_CERTS and with only
-// Embark's address (CA_ADDR defaults to the discovery address), gets its
-// workload certificate from istiod's CA through Embark's relay, with the
-// token Embark issued. (pilot-agent runs without Envoy here, so it serves no
-// SDS socket: it writes the certificates it would serve over SDS as `default`
-// and `ROOTCA` to OUTPUT_CERTS, which the test reads.) Once the registration
-// is deleted, its token gets no certificate.
+// The VM's real pilot-agent, with only Embark's address (CA_ADDR defaults
+// to the discovery address), gets its workload certificate from istiod's CA
+// through Embark's relay, with the token Embark issued, and serves it to
+// Envoy over SDS: a gRPC SDS client (go-control-plane's secret service v3,
+// what Envoy speaks) on pilot-agent's SDS socket receives `default` and
+// `ROOTCA`, one stream each as Envoy opens them. pilot-agent serves no SDS
+// socket without Envoy (pkg/istio-agent/agent.go, initSdsServer: with
+// DisableEnvoy it only fetches and rotates the certificates, and starts no
+// SDS server), so it runs here with Envoy enabled and a stand-in for Envoy's
+// binary (istioagent.Options.EnvoyStandIn; there is no Envoy binary here).
+// Once the registration is deleted, its token gets no certificate.
 func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := ratingsGroup(t, ns)
@@ -56,30 +65,25 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := t.TempDir()
 	agent := istioagent.Start(t, istioagent.Options{
 		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: "ratings-vm",
 		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   roots, Token: vm.token,
-		Env: map[string]string{
-			"FILE_MOUNTED_CERTS": "false",
-			"CA_ROOT_CA":         "./etc/xds-root-ca/root-cert.pem", // the bootstrap's root, as cluster.env names it
-			"OUTPUT_CERTS":       out,
-		},
+		XDSRootCA:   roots, Token: vm.token, // also the CA's root (CA_ROOT_CA), as cluster.env names it
+		EnvoyStandIn: true,
 	})
-	chainFile := filepath.Join(out, "cert-chain.pem")
-	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		_, err := os.Stat(chainFile)
-		return err == nil, nil
-	})
+	node, err := agent.Node()
 	if err != nil {
-		t.Fatalf("pilot-agent wrote no workload certificate: %v\npilot-agent log:\n%s", err, tail(agent.Logs()))
+		t.Fatal(err)
 	}
-	chainPEM, _ := os.ReadFile(chainFile)
-	rootPEM, _ := os.ReadFile(filepath.Join(out, "root-cert.pem"))
-	chain := parseChain(t, chainPEM)
+	defaultSecret := sdsSecret(t, agent, node, "default")
+	rootSecret := sdsSecret(t, agent, node, "ROOTCA")
+
+	chain := parseChain(t, defaultSecret.GetTlsCertificate().GetCertificateChain().GetInlineBytes())
 	if len(chain) == 0 {
-		t.Fatal("empty certificate chain")
+		t.Fatal("SDS default: empty certificate chain")
+	}
+	if len(defaultSecret.GetTlsCertificate().GetPrivateKey().GetInlineBytes()) == 0 {
+		t.Error("SDS default: no private key")
 	}
 	leaf := chain[0]
 	want := "spiffe://cluster.local/ns/" + ns + "/sa/ratings-vm"
@@ -93,8 +97,8 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: istiod.RootPool(), Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		t.Errorf("workload certificate does not chain to istiod's root: %v", err)
 	}
-	if got := parseChain(t, rootPEM); len(got) == 0 || !got[0].Equal(parseChain(t, istiod.RootCert)[0]) {
-		t.Errorf("ROOTCA is not istiod's root")
+	if got := parseChain(t, rootSecret.GetValidationContext().GetTrustedCa().GetInlineBytes()); len(got) == 0 || !got[0].Equal(parseChain(t, istiod.RootCert)[0]) {
+		t.Errorf("SDS ROOTCA is not istiod's root")
 	}
 
 	// kubectl delete war: the sidecar's token gets no certificate any more.
@@ -125,4 +129,48 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 	if err != nil {
 		t.Errorf("a deleted registration's token still gets certificates: %v", err)
 	}
+}
+
+// sdsSecret asks pilot-agent's SDS socket for the secret name as Envoy does
+// (a stream of its own, the node first) and returns the first one served.
+func sdsSecret(t *testing.T, agent *istioagent.Agent, node *core.Node, name string) *tlsv3.Secret {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+agent.SDSSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var st secretv3.SecretDiscoveryService_StreamSecretsClient
+	// The socket appears once pilot-agent's SDS server runs.
+	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if _, err := os.Stat(agent.SDSSocket()); err != nil {
+			return false, nil
+		}
+		st, err = secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, tail(agent.Logs()))
+	}
+	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, err, tail(agent.Logs()))
+	}
+	for _, r := range resp.GetResources() {
+		s := &tlsv3.Secret{}
+		if err := r.UnmarshalTo(s); err != nil {
+			t.Fatal(err)
+		}
+		if s.GetName() == name {
+			_ = st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.SecretType, ResourceNames: []string{name}, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+			return s
+		}
+	}
+	t.Fatalf("SDS %s: response without it (%d resources)", name, len(resp.GetResources()))
+	return nil
 }

@@ -89,35 +89,46 @@ type Hooks[Req, Resp any] struct {
 	// Response sees every response sent to the sidecar, after it was sent.
 	// Default: none.
 	Response func(*Resp)
+	// Stop, when closed, ends the stream: the relay returns ErrStopped
+	// (a server closing the sidecar's stream). Default: never.
+	Stop <-chan struct{}
 }
+
+// ErrStopped is what SotW and Delta return when Hooks.Stop was closed.
+var ErrStopped = errors.New("relay: stream stopped by the server")
 
 // Node metadata that would make istiod manage a WorkloadEntry for the proxy
 // (pilot/pkg/autoregistration: auto-registration, health-checked entries).
 var strippedMetadata = []string{"AUTO_REGISTER_GROUP", "WORKLOAD_ENTRY"}
 
-// sanitizeNode returns a copy of n without the metadata that would make
-// istiod register or health-check the proxy itself.
-func sanitizeNode(n *core.Node) *core.Node {
-	n = proto.Clone(n).(*core.Node)
+// upstreamNode decodes the sidecar's node (wire) without the metadata that
+// would make istiod register or health-check the proxy itself. It is made
+// for each upstream stream and dropped once sent: per stream the relay keeps
+// only the node's encoding, a fraction of its decoded size.
+func upstreamNode(wire []byte) (*core.Node, error) {
+	n := &core.Node{}
+	if err := proto.Unmarshal(wire, n); err != nil {
+		return nil, fmt.Errorf("decode the sidecar's node: %w", err)
+	}
 	for _, k := range strippedMetadata {
 		delete(n.GetMetadata().GetFields(), k)
 	}
-	return n
+	return n, nil
 }
 
 // SotW relays a state-of-the-world ADS stream until the sidecar ends it or
-// ctx ends; token is the sidecar's bearer token, sent to istiod on every
-// upstream stream. It returns the downstream's end (nil when the sidecar
-// closed the stream).
-func (r *Relay) SotW(ctx context.Context, down Downstream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], token string, hooks Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-	return run(ctx, r, down, token, hooks, newSotwState(), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse], error) {
+// ctx ends; authorization is the sidecar's authorization header as it sent
+// it ("Bearer <token>"), sent to istiod unchanged on every upstream stream.
+// It returns the downstream's end (nil when the sidecar closed the stream).
+func (r *Relay) SotW(ctx context.Context, down Downstream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], authorization string, hooks Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+	return run(ctx, r, down, authorization, hooks, newSotwState(), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse], error) {
 		return r.ads.StreamAggregatedResources(ctx, grpc.WaitForReady(true))
 	})
 }
 
 // Delta relays a Delta ADS stream; see SotW.
-func (r *Relay) Delta(ctx context.Context, down Downstream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], token string, hooks Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
-	return run(ctx, r, down, token, hooks, newDeltaState(), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], error) {
+func (r *Relay) Delta(ctx context.Context, down Downstream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], authorization string, hooks Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+	return run(ctx, r, down, authorization, hooks, newDeltaState(), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], error) {
 		return r.ads.DeltaAggregatedResources(ctx, grpc.WaitForReady(true))
 	})
 }
@@ -166,227 +177,308 @@ func parseNonce(n string) (gen uint64, nonce string, ok bool) {
 // (a sidecar sends a few per type and push).
 const sendQueue = 64
 
-// run is the relay loop of one stream. Only this goroutine sends to the
-// sidecar and to istiod; one goroutine reads the sidecar, one reads the
-// current upstream stream, one opens it.
-func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp], token string, hooks Hooks[Req, Resp], p protocol[Req, Resp],
+// eventKind tells what a helper goroutine of a stream reports.
+type eventKind uint8
+
+const (
+	downRequest eventKind = iota // the sidecar sent req
+	downEnded                    // the sidecar's stream ended with err
+	upOpened                     // opening upstream stream gen ended: stream, cancel, err
+	upReceived                   // upstream stream gen answered resp, or ended with err
+	upSent                       // the sender of upstream stream gen is done (err: why it stopped)
+)
+
+// event is what a helper goroutine reports to the stream's loop.
+type event[Req, Resp any] struct {
+	kind   eventKind
+	gen    uint64
+	req    *Req
+	resp   *Resp
+	stream grpc.BidiStreamingClient[Req, Resp]
+	cancel context.CancelFunc
+	err    error
+}
+
+// relayed is one relayed stream. Its fields are owned by the loop (the
+// handler's goroutine, the only one that sends to the sidecar); helpers
+// report to it on events: one goroutine reads the sidecar, one reads the
+// current upstream stream, and short-lived ones open an upstream stream or
+// send it what is queued. Per stream the relay keeps the sidecar's
+// subscriptions (p: names and versions, never a response) and a pointer to
+// its node.
+type relayed[Req, Resp any] struct {
+	r      *Relay
+	done   chan struct{}   // closed when run returns: the helpers end
+	upCtx  context.Context // the caller's ctx carrying the sidecar's authorization
+	down   Downstream[Req, Resp]
+	hooks  Hooks[Req, Resp]
+	p      protocol[Req, Resp]
+	open   func(context.Context) (grpc.BidiStreamingClient[Req, Resp], error)
+	events chan event[Req, Resp]
+
+	node       []byte // the sidecar's node as it sent it, encoded; nil until the first request
+	nodeID     string
+	gen        uint64                              // generation of the current or pending upstream stream
+	up         grpc.BidiStreamingClient[Req, Resp] // the current upstream stream; nil when none
+	upCancel   context.CancelFunc                  // ends up
+	openCancel context.CancelFunc                  // ends the stream being opened; nil when none
+	connecting bool
+	answered   bool // the current upstream stream answered at least once
+	wantUp     bool // the sidecar sent a request to relay
+	backoff    time.Duration
+	retry      <-chan time.Time
+	queue      []*Req // requests for up waiting for the sender
+	sending    bool   // a sender of up runs
+}
+
+// run relays one stream until the sidecar or ctx ends it.
+func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp], authorization string, hooks Hooks[Req, Resp], p protocol[Req, Resp],
 	open func(context.Context) (grpc.BidiStreamingClient[Req, Resp], error),
 ) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	m := r.opts.Metrics
 	m.streamOpened()
 	defer m.streamClosed()
-	upCtx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
-
-	downReqs := make(chan *Req)
-	downErr := make(chan error, 1)
-	go func() {
-		for {
-			req, err := down.Recv()
-			if err != nil {
-				downErr <- err
-				return
-			}
-			select {
-			case downReqs <- req:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-
-	type opened struct {
-		gen    uint64
-		stream grpc.BidiStreamingClient[Req, Resp]
-		ctx    context.Context // ends with the stream
-		cancel context.CancelFunc
-		err    error
+	// No context of its own: the upstream streams' contexts are cancelled
+	// one by one (each a child of the caller's ctx), the helpers end on done.
+	s := &relayed[Req, Resp]{
+		r: r, down: down, hooks: hooks, p: p, open: open,
+		done:     make(chan struct{}),
+		upCtx:    metadata.AppendToOutgoingContext(ctx, "authorization", authorization),
+		events:   make(chan event[Req, Resp]),
+		upCancel: func() {},
 	}
-	type received struct {
-		gen  uint64
-		resp *Resp
-		err  error
-	}
-	openings := make(chan opened)
-	recvs := make(chan received)
-
-	var (
-		node       *core.Node
-		gen        uint64             // generation of the current or pending upstream stream
-		up         chan<- *Req        // the current upstream stream's send queue; nil when none
-		upCancel   context.CancelFunc = func() {}
-		connecting bool
-		answered   bool // the current upstream stream answered at least once
-		backoff    time.Duration
-		retry      <-chan time.Time
-		wantUp     bool // the sidecar sent a request to relay
-	)
 	defer func() {
-		m.upstreamClosed(up != nil)
-		upCancel()
+		close(s.done)
+		m.upstreamClosed(s.up != nil)
+		s.upCancel()
+		if s.openCancel != nil {
+			s.openCancel()
+		}
 	}()
-
-	connect := func() {
-		gen++
-		connecting = true
-		g := gen
-		sctx, scancel := context.WithCancel(upCtx)
-		go func() {
-			st, err := open(sctx)
-			if err != nil {
-				scancel()
-			}
-			select {
-			case openings <- opened{gen: g, stream: st, ctx: sctx, cancel: scancel, err: err}:
-			case <-ctx.Done():
-				scancel()
-			}
-		}()
-	}
-	// drop ends the current upstream stream and schedules a reconnect.
-	drop := func(err error) {
-		m.upstreamFailed(up != nil)
-		upCancel()
-		upCancel = func() {}
-		up = nil
-		if answered {
-			backoff = 0
-		}
-		answered = false
-		switch {
-		case backoff == 0:
-			backoff = r.opts.MinBackoff
-		default:
-			backoff = min(2*backoff, r.opts.MaxBackoff)
-		}
-		wait := backoff/2 + rand.N(backoff/2+1)
-		r.log.Warn("istiod stream failed; the sidecar keeps its configuration, reconnecting", "node", node.GetId(), "retryIn", wait, "error", err)
-		retry = time.After(wait)
-	}
-	// send queues a request for the current upstream stream; a stream whose
-	// queue is full (istiod not reading) is dropped and resynchronised
-	// later, so that the sidecar's stream (its health reports) never waits
-	// for istiod.
-	send := func(req *Req) {
-		if up == nil {
-			return
-		}
-		select {
-		case up <- req:
-		default:
-			drop(errors.New("istiod is not reading this stream's requests"))
-		}
-	}
-
+	go s.readDown()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case err := <-downErr:
-			if errors.Is(err, io.EOF) {
-				return nil
+		case <-hooks.Stop:
+			return ErrStopped
+		case <-s.retry:
+			s.retry = nil
+			if !s.connecting {
+				s.connect()
 			}
-			return err
-		case req := <-downReqs:
-			if node == nil {
-				if n := p.node(req); n != nil {
-					node = sanitizeNode(n)
-				}
-			}
-			if hooks.Request != nil {
-				ok, err := hooks.Request(req)
-				if err != nil {
-					return err
-				}
-				if !ok {
-					continue
-				}
-			}
-			if node == nil {
-				return status.Error(codes.InvalidArgument, "the first request of an ADS stream must carry the node")
-			}
-			p.observe(req)
-			if !wantUp {
-				wantUp = true
-				connect()
-				continue
-			}
-			if up != nil && p.upstream(req, gen) {
-				p.setNode(req, nil)
-				send(req)
-			}
-		case o := <-openings:
-			connecting = false
-			if o.gen != gen {
-				o.cancel()
-				continue
-			}
-			if o.err != nil {
-				drop(fmt.Errorf("open stream: %w", o.err))
-				continue
-			}
-			sendq := make(chan *Req, sendQueue)
-			up, upCancel = sendq, o.cancel
-			m.upstreamConnected()
-			g := o.gen
-			st := o.stream
-			sctx := o.ctx
-			go func() {
-				for {
-					select {
-					case req := <-sendq:
-						if err := st.Send(req); err != nil {
-							// The reader reports the stream's status.
-							return
-						}
-					case <-sctx.Done():
-						return
-					}
-				}
-			}()
-			go func() {
-				for {
-					resp, err := st.Recv()
-					select {
-					case recvs <- received{gen: g, resp: resp, err: err}:
-					case <-ctx.Done():
-						return
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-			for i, req := range p.resync() {
-				if i == 0 {
-					p.setNode(req, node)
-				}
-				send(req)
-			}
-		case rv := <-recvs:
-			if rv.gen != gen || up == nil {
-				continue
-			}
-			if rv.err != nil {
-				drop(rv.err)
-				continue
-			}
-			answered = true
-			n := p.nonce(rv.resp)
-			*n = genNonce(rv.gen, *n)
-			if err := down.Send(rv.resp); err != nil {
+		case ev := <-s.events:
+			if done, err := s.handle(ev); done {
 				return err
-			}
-			p.sent(rv.resp)
-			if hooks.Response != nil {
-				hooks.Response(rv.resp)
-			}
-		case <-retry:
-			retry = nil
-			if !connecting {
-				connect()
 			}
 		}
 	}
+}
+
+// report hands ev to the loop; false when the stream ended first.
+func (s *relayed[Req, Resp]) report(ev event[Req, Resp]) bool {
+	select {
+	case s.events <- ev:
+		return true
+	case <-s.done:
+		return false
+	}
+}
+
+// readDown reads the sidecar's requests.
+func (s *relayed[Req, Resp]) readDown() {
+	for {
+		req, err := s.down.Recv()
+		if err != nil {
+			s.report(event[Req, Resp]{kind: downEnded, err: err})
+			return
+		}
+		if !s.report(event[Req, Resp]{kind: downRequest, req: req}) {
+			return
+		}
+	}
+}
+
+// readUp reads upstream stream gen until it ends.
+func (s *relayed[Req, Resp]) readUp(gen uint64, st grpc.BidiStreamingClient[Req, Resp]) {
+	for {
+		resp, err := st.Recv()
+		if !s.report(event[Req, Resp]{kind: upReceived, gen: gen, resp: resp, err: err}) || err != nil {
+			return
+		}
+	}
+}
+
+// handle applies one event; done ends the stream with err.
+func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) {
+	m := s.r.opts.Metrics
+	switch ev.kind {
+	case downEnded:
+		if errors.Is(ev.err, io.EOF) {
+			return true, nil
+		}
+		return true, ev.err
+	case downRequest:
+		req := ev.req
+		if s.node == nil {
+			if n := s.p.node(req); n != nil {
+				wire, err := proto.Marshal(n)
+				if err != nil {
+					return true, status.Errorf(codes.InvalidArgument, "the node does not encode: %v", err)
+				}
+				s.node, s.nodeID = wire, n.GetId()
+				if s.node == nil {
+					s.node = []byte{} // an empty node is a node
+				}
+			}
+		}
+		if s.hooks.Request != nil {
+			ok, err := s.hooks.Request(req)
+			if err != nil {
+				return true, err
+			}
+			if !ok {
+				return false, nil
+			}
+		}
+		if s.node == nil {
+			return true, status.Error(codes.InvalidArgument, "the first request of an ADS stream must carry the node")
+		}
+		s.p.observe(req)
+		if !s.wantUp {
+			// The first request opens the upstream stream, whose
+			// resynchronisation carries it.
+			s.wantUp = true
+			s.connect()
+			return false, nil
+		}
+		if s.up != nil && s.p.upstream(req, s.gen) {
+			s.p.setNode(req, nil)
+			s.send(req)
+		}
+	case upOpened:
+		s.connecting, s.openCancel = false, nil
+		if ev.gen != s.gen {
+			ev.cancel()
+			return false, nil
+		}
+		if ev.err != nil {
+			s.drop(fmt.Errorf("open stream: %w", ev.err))
+			return false, nil
+		}
+		s.up, s.upCancel = ev.stream, ev.cancel
+		m.upstreamConnected()
+		go s.readUp(ev.gen, ev.stream)
+		node, err := upstreamNode(s.node)
+		if err != nil {
+			return true, status.Error(codes.Internal, err.Error())
+		}
+		for i, req := range s.p.resync() {
+			if i == 0 {
+				s.p.setNode(req, node)
+			}
+			s.send(req)
+		}
+	case upReceived:
+		if ev.gen != s.gen || s.up == nil {
+			return false, nil
+		}
+		if ev.err != nil {
+			s.drop(ev.err)
+			return false, nil
+		}
+		s.answered = true
+		n := s.p.nonce(ev.resp)
+		*n = genNonce(ev.gen, *n)
+		if err := s.down.Send(ev.resp); err != nil {
+			return true, err
+		}
+		s.p.sent(ev.resp)
+		if s.hooks.Response != nil {
+			s.hooks.Response(ev.resp)
+		}
+	case upSent:
+		if ev.gen != s.gen || s.up == nil {
+			return false, nil // a sender of an earlier stream
+		}
+		s.sending = false
+		if ev.err == nil {
+			s.flush()
+		} // else the reader reports the stream's status
+	}
+	return false, nil
+}
+
+// connect opens a new upstream stream.
+func (s *relayed[Req, Resp]) connect() {
+	s.gen++
+	s.connecting = true
+	g := s.gen
+	sctx, scancel := context.WithCancel(s.upCtx)
+	s.openCancel = scancel
+	go func() {
+		st, err := s.open(sctx)
+		if err != nil {
+			scancel()
+		}
+		if !s.report(event[Req, Resp]{kind: upOpened, gen: g, stream: st, cancel: scancel, err: err}) {
+			scancel()
+		}
+	}()
+}
+
+// drop ends the current upstream stream and schedules a reconnect.
+func (s *relayed[Req, Resp]) drop(err error) {
+	s.r.opts.Metrics.upstreamFailed(s.up != nil)
+	s.upCancel()
+	s.upCancel = func() {}
+	s.up = nil
+	s.queue, s.sending = nil, false
+	if s.answered {
+		s.backoff = 0
+	}
+	s.answered = false
+	switch {
+	case s.backoff == 0:
+		s.backoff = s.r.opts.MinBackoff
+	default:
+		s.backoff = min(2*s.backoff, s.r.opts.MaxBackoff)
+	}
+	wait := s.backoff/2 + rand.N(s.backoff/2+1)
+	s.r.log.Warn("istiod stream failed; the sidecar keeps its configuration, reconnecting", "node", s.nodeID, "retryIn", wait, "error", err)
+	s.retry = time.After(wait)
+}
+
+// send queues a request for the current upstream stream; a stream whose
+// queue is full (istiod not reading) is dropped and resynchronised later, so
+// that the sidecar's stream (its health reports) never waits for istiod.
+func (s *relayed[Req, Resp]) send(req *Req) {
+	if s.up == nil {
+		return
+	}
+	if len(s.queue) >= sendQueue {
+		s.drop(errors.New("istiod is not reading this stream's requests"))
+		return
+	}
+	s.queue = append(s.queue, req)
+	s.flush()
+}
+
+// flush starts a sender for what is queued, unless one runs: the sender
+// sends in order and ends, so an idle stream holds no sending goroutine.
+func (s *relayed[Req, Resp]) flush() {
+	if s.sending || len(s.queue) == 0 || s.up == nil {
+		return
+	}
+	batch, st, g := s.queue, s.up, s.gen
+	s.queue, s.sending = nil, true
+	go func() {
+		var err error
+		for _, req := range batch {
+			if err = st.Send(req); err != nil {
+				break
+			}
+		}
+		s.report(event[Req, Resp]{kind: upSent, gen: g, err: err})
+	}()
 }

@@ -187,13 +187,13 @@ type frontend struct {
 	health int
 }
 
-func (f *frontend) token(ctx context.Context) string {
+func (f *frontend) authorization(ctx context.Context) string {
 	md, _ := metadata.FromIncomingContext(ctx)
-	return strings.TrimPrefix(strings.Join(md.Get("authorization"), ""), "Bearer ")
+	return strings.Join(md.Get("authorization"), "")
 }
 
 func (f *frontend) StreamAggregatedResources(ss discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	return f.relay.SotW(ss.Context(), ss, f.token(ss.Context()), relay.Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]{
+	return f.relay.SotW(ss.Context(), ss, f.authorization(ss.Context()), relay.Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]{
 		Request: func(r *discovery.DiscoveryRequest) (bool, error) {
 			if r.GetTypeUrl() == "type.googleapis.com/istio.v1.HealthInformation" {
 				f.mu.Lock()
@@ -207,7 +207,7 @@ func (f *frontend) StreamAggregatedResources(ss discovery.AggregatedDiscoverySer
 }
 
 func (f *frontend) DeltaAggregatedResources(ss discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	return f.relay.Delta(ss.Context(), ss, f.token(ss.Context()), relay.Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]{})
+	return f.relay.Delta(ss.Context(), ss, f.authorization(ss.Context()), relay.Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]{})
 }
 
 // startFrontend runs a relay to u behind a gRPC server.

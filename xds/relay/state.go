@@ -26,18 +26,19 @@ var (
 
 // sotwState is a SotW stream's subscriptions: per type, in the order the
 // sidecar first asked for them, the resource names of its latest request and
-// the version it last accepted (a request's version_info).
+// the version it last accepted (a request's version_info). A stream asks for
+// a handful of types (the server refuses others), so a slice holds them.
 type sotwState struct {
-	order []string
-	subs  map[string]*sotwSub
+	subs []sotwSub
 }
 
 type sotwSub struct {
+	typeURL string
 	names   []string
 	version string
 }
 
-func newSotwState() *sotwState { return &sotwState{subs: map[string]*sotwSub{}} }
+func newSotwState() *sotwState { return &sotwState{} }
 
 func (s *sotwState) node(r *sotwReq) *core.Node       { return r.GetNode() }
 func (s *sotwState) setNode(r *sotwReq, n *core.Node) { r.Node = n }
@@ -45,14 +46,13 @@ func (s *sotwState) nonce(r *sotwResp) *string        { return &r.Nonce }
 func (s *sotwState) sent(*sotwResp)                   {}
 
 func (s *sotwState) observe(r *sotwReq) {
-	sub := s.subs[r.GetTypeUrl()]
-	if sub == nil {
-		sub = &sotwSub{}
-		s.subs[r.GetTypeUrl()] = sub
-		s.order = append(s.order, r.GetTypeUrl())
+	i := slices.IndexFunc(s.subs, func(sub sotwSub) bool { return sub.typeURL == r.GetTypeUrl() })
+	if i < 0 {
+		s.subs = append(s.subs, sotwSub{typeURL: r.GetTypeUrl()})
+		i = len(s.subs) - 1
 	}
-	sub.names = r.GetResourceNames()
-	sub.version = r.GetVersionInfo()
+	s.subs[i].names = r.GetResourceNames()
+	s.subs[i].version = r.GetVersionInfo()
 }
 
 // upstream relays a request with the upstream nonce it answers. An answer to
@@ -72,10 +72,9 @@ func (s *sotwState) upstream(r *sotwReq, gen uint64) bool {
 }
 
 func (s *sotwState) resync() []*sotwReq {
-	out := make([]*sotwReq, 0, len(s.order))
-	for _, t := range s.order {
-		sub := s.subs[t]
-		out = append(out, &sotwReq{TypeUrl: t, ResourceNames: slices.Clone(sub.names), VersionInfo: sub.version})
+	out := make([]*sotwReq, 0, len(s.subs))
+	for _, sub := range s.subs {
+		out = append(out, &sotwReq{TypeUrl: sub.typeURL, ResourceNames: slices.Clone(sub.names), VersionInfo: sub.version})
 	}
 	return out
 }

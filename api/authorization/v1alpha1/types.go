@@ -6,7 +6,15 @@ import (
 
 // +genclient
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Namespaced,categories=onboarding
+// +kubebuilder:resource:scope=Namespaced,categories=onboarding,shortName=obp
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Groups",type=integer,JSONPath=`.status.selectedWorkloadGroupCount`,description="WorkloadGroups the rules currently select"
+// +kubebuilder:printcolumn:name="Accounts",type=string,JSONPath=`.spec.allow[*].workloads[*].aws.accounts`,description="AWS accounts the rules allow"
+// +kubebuilder:printcolumn:name="Issuers",type=string,JSONPath=`.spec.allow[*].workloads[*].jwt.issuer`,description="JWT issuers the rules allow"
+// +kubebuilder:printcolumn:name="Last Allowed",type=date,JSONPath=`.status.lastAllowedTime`,description="When a rule of this policy last allowed a workload"
+// +kubebuilder:printcolumn:name="Last Denied",type=date,JSONPath=`.status.lastDeniedTime`,description="When a workload was last denied joining a WorkloadGroup this policy selects"
+// +kubebuilder:printcolumn:name="Selected",type=string,JSONPath=`.status.selectedWorkloadGroups`,priority=1,description="Names of the WorkloadGroups selected"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // OnboardingPolicy authorizes workloads with a verified platform identity to
 // join WorkloadGroups in the policy's own namespace. Onboarding is denied by
@@ -18,6 +26,45 @@ type OnboardingPolicy struct {
 
 	// Spec holds the allow rules.
 	Spec OnboardingPolicySpec `json:"spec"`
+	// Status is what the onboarding endpoint observes of the policy: the
+	// WorkloadGroups it selects and when it last allowed or denied.
+	// +optional
+	Status OnboardingPolicyStatus `json:"status,omitempty"`
+}
+
+// MaxListedWorkloadGroups bounds OnboardingPolicyStatus.SelectedWorkloadGroups.
+const MaxListedWorkloadGroups = 64
+
+// OnboardingPolicyStatus is written by the onboarding endpoint (a
+// level-based reconciler, only when it changes, rate-limited).
+type OnboardingPolicyStatus struct {
+	// ObservedGeneration is the spec generation the selection was computed
+	// from.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// SelectedWorkloadGroups names, sorted, the WorkloadGroups of the
+	// policy's namespace that an onboardTo selector of a rule currently
+	// selects: the groups the policy can let workloads join. At most
+	// MaxListedWorkloadGroups (64) names; SelectedWorkloadGroupCount counts
+	// them all.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	SelectedWorkloadGroups []string `json:"selectedWorkloadGroups,omitempty"`
+	// SelectedWorkloadGroupCount is the number of WorkloadGroups selected.
+	// +optional
+	SelectedWorkloadGroupCount int32 `json:"selectedWorkloadGroupCount"`
+	// LastAllowedTime is when a rule of this policy last allowed a workload
+	// to onboard (to the second; written at most once per 30 seconds per
+	// endpoint replica).
+	// +optional
+	LastAllowedTime *metav1.Time `json:"lastAllowedTime,omitempty"`
+	// LastDeniedTime is when a workload was last denied joining a
+	// WorkloadGroup this policy selects (no rule of any policy of the
+	// namespace allowed it; the WorkloadGroup's OnboardingDenied Event says
+	// why). Same precision and rate as LastAllowedTime.
+	// +optional
+	LastDeniedTime *metav1.Time `json:"lastDeniedTime,omitempty"`
 }
 
 // OnboardingPolicySpec is a list of allow rules; a workload is allowed when

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -47,10 +48,12 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/policy"
+	"github.com/embark-mesh/embark/onboarding/policystatus"
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/rollout"
+	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/configsource"
 )
@@ -212,6 +215,9 @@ func Run(ctx context.Context, opts Options) error {
 	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
 		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := version.Register(reg); err != nil {
+		return err
+	}
 	metrics, err := endpoint.NewMetrics(reg)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
@@ -252,10 +258,24 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	authz, err := policy.NewAuthorizer(informers, recorder, policy.WithLogger(log))
+	// OnboardingPolicy status: selected WorkloadGroups and this replica's
+	// decisions, written when they change.
+	decisions := policystatus.NewDecisions()
+	authz, err := policy.NewAuthorizer(informers, recorder, policy.WithLogger(log), policy.WithDecisionRecorder(decisions))
 	if err != nil {
 		return err
 	}
+	policyStatus, err := policystatus.New(policystatus.Options{Client: kc, Cache: informers, Decisions: decisions, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := triggerOn(ctx, informers, policyStatus.Trigger, &authorizationv1alpha1.OnboardingPolicy{}, &istionetworkingv1.WorkloadGroup{}); err != nil {
+		return err
+	}
+	statusCtx, stopStatus := context.WithCancel(ctx)
+	statusDone := make(chan struct{})
+	go func() { defer close(statusDone); _ = policyStatus.Run(statusCtx) }()
+	defer func() { stopStatus(); <-statusDone }()
 	registrar, err := registry.NewRegistrar(registry.Options{
 		Client: kc, Cache: informers, Recorder: recorder, Logger: log,
 		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
@@ -345,7 +365,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	// Health reports mirrored onto WorkloadEntries, written until shutdown
 	// like the connection states.
-	healthMetrics, err := registry.NewHealthMetrics(reg, informers)
+	healthMetrics, err := registry.NewHealthMetrics(reg, informers, registry.FleetFromLeader(lifecycle.IsLeader))
 	if err != nil {
 		return err
 	}
@@ -661,4 +681,24 @@ func sourceCheck(c *config.SourceAddressCheck) endpoint.SourceCheck {
 		return endpoint.SourceCheck{}
 	}
 	return endpoint.SourceCheck{Enabled: c.Enabled, TrustedProxies: config.Prefixes(c.TrustedProxyCIDRs)}
+}
+
+// triggerOn calls trigger on every add, update and delete of the objects'
+// kinds in the informer cache.
+func triggerOn(ctx context.Context, informers cache.Cache, trigger func(), objs ...client.Object) error {
+	h := toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { trigger() },
+		UpdateFunc: func(any, any) { trigger() },
+		DeleteFunc: func(any) { trigger() },
+	}
+	for _, o := range objs {
+		inf, err := informers.GetInformer(ctx, o)
+		if err != nil {
+			return fmt.Errorf("informer for %T: %w", o, err)
+		}
+		if _, err := inf.AddEventHandler(h); err != nil {
+			return fmt.Errorf("event handler for %T: %w", o, err)
+		}
+	}
+	return nil
 }

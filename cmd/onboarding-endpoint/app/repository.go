@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +15,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/config"
 	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/onboarding/repository"
+	"github.com/embark-mesh/embark/onboarding/repository/signing"
 )
 
 // repositoryServer is the local repository's HTTPS listener.
@@ -31,7 +33,18 @@ func startRepository(cfg *config.Configuration, servingTLS *tls.Config, lim *lim
 	if cfg.LocalRepository == nil {
 		return nil, nil
 	}
-	h, err := repository.New(cfg.LocalRepository.Directory, log)
+	var opts []repository.Option
+	if f := cfg.LocalRepository.SigningKeyFile; f != "" {
+		signer, err := loadSigner(f, cfg.LocalRepository.PublicKeyFiles)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("local repository: apt and yum metadata signed", "key", signer.Fingerprint())
+		opts = append(opts, repository.WithSigner(signer))
+	} else {
+		log.Warn("local repository: no localRepository.signingKeyFile: serving the packages without apt or yum metadata")
+	}
+	h, err := repository.New(cfg.LocalRepository.Directory, log, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("localRepository.directory: %w", err)
 	}
@@ -48,6 +61,28 @@ func startRepository(cfg *config.Configuration, servingTLS *tls.Config, lim *lim
 	}
 	log.Info("local repository serving", "address", lis.Addr().String(), "directory", cfg.LocalRepository.Directory, "tls", servingTLS != nil)
 	return &repositoryServer{lis: lis, srv: srv, handler: h, tls: servingTLS != nil}, nil
+}
+
+// loadSigner reads the repository's signing key and the public keys
+// published beside it.
+func loadSigner(keyFile string, publicKeyFiles []string) (*signing.Signer, error) {
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("localRepository.signingKeyFile: %w", err)
+	}
+	var published [][]byte
+	for i, f := range publicKeyFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("localRepository.publicKeyFiles[%d]: %w", i, err)
+		}
+		published = append(published, b)
+	}
+	s, err := signing.New(key, published...)
+	if err != nil {
+		return nil, fmt.Errorf("localRepository.signingKeyFile %s: %w", keyFile, err)
+	}
+	return s, nil
 }
 
 func (r *repositoryServer) serve() error {

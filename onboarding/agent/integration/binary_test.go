@@ -18,7 +18,7 @@ func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
 	repo, err := testenv.RepoRoot()
 	must(t, err)
 	bin := filepath.Join(t.TempDir(), "onboarding-agent")
-	build := exec.CommandContext(t.Context(), "go", "build", "-ldflags", "-X main.version=v9.9.9-test", "-o", bin, "./cmd/onboarding-agent")
+	build := exec.CommandContext(t.Context(), "go", "build", "-ldflags", "-X github.com/embark-mesh/embark/version.version=v9.9.9-test", "-o", bin, "./cmd/onboarding-agent")
 	build.Dir = repo
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

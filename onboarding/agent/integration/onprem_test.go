@@ -161,8 +161,8 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	if id == nil || id.Issuer != issuer || id.ShortName != "kube" || id.Subject != onPremHost {
 		t.Fatalf("registration identity %+v, want issuer %s, shortName kube, subject %s", war.Spec.Identity, issuer, onPremHost)
 	}
-	// docs/identity.md: <group>-jwt-<shortName>-<subject>, the subject's
-	// dots kept (a valid DNS-1123 subdomain).
+	// docs/identity.md: <group>-jwt-<shortName>-<subject>-<16 hex digits of
+	// SHA-256(issuer NUL subject)>, the subject's dots kept.
 	if want := registry.RegistrationName("ratings", registry.IdentityName(war.Spec.Identity), 0); war.Name != want || !strings.HasPrefix(war.Name, "ratings-jwt-kube-vm-01.example.com") {
 		t.Errorf("registration name %s, want %s, starting ratings-jwt-kube-vm-01.example.com", war.Name, want)
 	}

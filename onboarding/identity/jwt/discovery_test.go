@@ -168,11 +168,11 @@ func TestSubjectPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	tests := []struct {
-		sub        string
-		wantReason identity.Reason
-		wantName   string
+		sub         string
+		wantReason  identity.Reason
+		wantSubject string
 	}{
-		{sub: prefix + "vm-01.example.com", wantName: "jwt-kube-vm-01-example-com"},
+		{sub: prefix + "vm-01.example.com", wantSubject: "vm-01.example.com"},
 		{sub: "system:serviceaccount:other:vm-01.example.com", wantReason: identity.ReasonWrongSubject},
 		{sub: prefix, wantReason: identity.ReasonWrongSubject},
 		{sub: "vm-01.example.com", wantReason: identity.ReasonWrongSubject},
@@ -185,8 +185,8 @@ func TestSubjectPrefix(t *testing.T) {
 				t.Fatalf("Verify() = %v, want reason %q", err, tt.wantReason)
 			}
 			if err == nil {
-				if name, _ := id.WorkloadName(); name != tt.wantName {
-					t.Errorf("name %s, want %s", name, tt.wantName)
+				if id.JWT.Subject != tt.wantSubject || id.JWT.ShortName != "kube" {
+					t.Errorf("subject %q (issuer %s), want %q (kube)", id.JWT.Subject, id.JWT.ShortName, tt.wantSubject)
 				}
 			}
 		})

@@ -166,13 +166,6 @@ func TestVerify(t *testing.T) {
 			if id.Method != identity.MethodJWT || id.JWT.Subject != tt.wantSubject || id.JWT.Issuer != testIssuer || id.JWT.ShortName != "corp" {
 				t.Errorf("identity %+v", id.JWT)
 			}
-			name, err := id.WorkloadName()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := "jwt-corp-vm-01-example-com"; name != want {
-				t.Errorf("WorkloadName() = %s, want %s", name, want)
-			}
 		})
 	}
 }
@@ -297,13 +290,13 @@ func TestIssuersAreSeparate(t *testing.T) {
 		return josejwt.Claims{Issuer: iss, Subject: "s", Audience: josejwt.Audience{aud}, Expiry: josejwt.NewNumericDate(clock.Now().Add(time.Hour))}
 	}
 	tests := []struct {
-		name       string
-		token      string
-		wantReason identity.Reason
-		wantName   string
+		name          string
+		token         string
+		wantReason    identity.Reason
+		wantShortName string
 	}{
-		{name: "a with a's key", token: mint(t, k.rsa, "", nil, claims("https://a.example.com", "aud-a")), wantName: "jwt-a-s"},
-		{name: "b with b's key", token: mint(t, k.ec256, "", nil, claims("https://b.example.com", "aud-b")), wantName: "jwt-b-s"},
+		{name: "a with a's key", token: mint(t, k.rsa, "", nil, claims("https://a.example.com", "aud-a")), wantShortName: "a"},
+		{name: "b with b's key", token: mint(t, k.ec256, "", nil, claims("https://b.example.com", "aud-b")), wantShortName: "b"},
 		{name: "b signed with a's key", token: mint(t, k.rsa, "", nil, claims("https://b.example.com", "aud-b")), wantReason: identity.ReasonUnknownKey},
 		{name: "a with b's audience", token: mint(t, k.rsa, "", nil, claims("https://a.example.com", "aud-b")), wantReason: identity.ReasonWrongAudience},
 	}
@@ -314,8 +307,8 @@ func TestIssuersAreSeparate(t *testing.T) {
 				t.Fatalf("Verify() = %v, want reason %q", err, tt.wantReason)
 			}
 			if err == nil {
-				if name, _ := id.WorkloadName(); name != tt.wantName {
-					t.Errorf("name %s, want %s", name, tt.wantName)
+				if id.JWT.ShortName != tt.wantShortName {
+					t.Errorf("issuer short name %s, want %s", id.JWT.ShortName, tt.wantShortName)
 				}
 			}
 		})

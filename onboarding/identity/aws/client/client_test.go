@@ -169,12 +169,8 @@ func TestCredentialVerifies(t *testing.T) {
 			if id.AWS.IAMRole != tt.wantRole || id.AWS.STSProven != tt.withSTS {
 				t.Errorf("role %q proven %v, want %q %v", id.AWS.IAMRole, id.AWS.STSProven, tt.wantRole, tt.withSTS)
 			}
-			name, err := id.WorkloadName()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := "aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0"; name != want {
-				t.Errorf("WorkloadName() = %s, want %s", name, want)
+			if a := id.AWS; a.Partition != "aws" || a.Account != "123456789012" || a.Zone != "us-east-2b" || a.InstanceID != "i-1234567890abcdef0" {
+				t.Errorf("identity %+v, want the instance's partition, account, zone and ID", a)
 			}
 		})
 	}

@@ -1,0 +1,81 @@
+{{/* Labels on every object. */}}
+{{- define "embark.labels" -}}
+app.kubernetes.io/name: onboarding-endpoint
+app.kubernetes.io/part-of: embark
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with .Values.istiodRevision }}
+istio.io/rev: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels: the kustomize base's, so both select the same Pods. */}}
+{{- define "embark.selector" -}}
+app.kubernetes.io/name: onboarding-endpoint
+{{- end -}}
+
+{{- define "embark.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{/* istiod's secure gRPC address: istiod.address, or the Service of the
+istiod of istiodRevision (istiod-<revision>; istiod for none or "default"). */}}
+{{- define "embark.istiodAddress" -}}
+{{- if .Values.istiod.address -}}
+{{ .Values.istiod.address }}
+{{- else if and .Values.istiodRevision (ne .Values.istiodRevision "default") -}}
+istiod-{{ .Values.istiodRevision }}.{{ .Values.istiod.namespace }}.svc:15012
+{{- else -}}
+istiod.{{ .Values.istiod.namespace }}.svc:15012
+{{- end -}}
+{{- end -}}
+
+{{/* The endpoint's configuration file (onboarding/config). */}}
+{{- define "embark.config" -}}
+apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+namespace: {{ .Release.Namespace }}
+workloadNamespaces:
+{{- toYaml .Values.workloadNamespaces | nindent 0 }}
+endpoint:
+  hosts:
+  {{- toYaml .Values.hosts | nindent 2 }}
+  secretName: {{ .Values.tls.secretName }}
+tokenIssuer:
+  jwt:
+    expiration: {{ .Values.tokenIssuer.expiration }}
+mesh:
+  clusterID: {{ .Values.mesh.clusterID }}
+  trustDomain: {{ .Values.mesh.trustDomain }}
+  discoveryAddress: {{ .Values.mesh.discoveryAddress | default (printf "%s:15012" (first .Values.hosts)) }}
+  {{- with .Values.mesh.rootCertFile }}
+  rootCertFile: {{ . }}
+  {{- end }}
+{{- with .Values.identity }}
+identity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.istiod }}
+{{- if .enabled }}
+istiod:
+  address: {{ include "embark.istiodAddress" $ }}
+  serverName: {{ include "embark.istiodAddress" $ | splitList ":" | first }}
+  rootCertFile: /etc/istio-root/root-cert.pem
+  {{- if not .relayXDS }}
+  relayXDS: false
+  {{- end }}
+{{- end }}
+{{- end }}
+registration:
+  gracePeriod: {{ .Values.registration.gracePeriod }}
+listen:
+  onboarding: ":15443"
+  xds: ":15012"
+  metrics: ":15014"
+{{- end -}}

@@ -1,0 +1,398 @@
+package rollout
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	meshconfig "istio.io/api/mesh/v1alpha1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/embark-mesh/embark/onboarding/agent"
+	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/platform"
+	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/istioagent"
+)
+
+// Paths inside a VM's root directory, as on a VM (the onboarding agent's
+// defaults); pilot-agent runs with the root as its working directory, so
+// it finds the token where the agent writes it.
+const (
+	vmClusterEnv = "var/lib/istio/envoy/cluster.env"
+	vmMeshConfig = "etc/istio/config/mesh"
+	vmRootCert   = "etc/istio/xds-root-cert.pem"
+	vmToken      = "var/run/secrets/tokens/istio-token"
+	vmUnitSocket = "run/istio-sidecar.sock"
+)
+
+// vm is one simulated EC2 instance: its IMDS, its application (an HTTP
+// server on its own loopback address whose /ready the group's probe
+// checks), its onboarding agent (the real library, in this process), and
+// the sidecar unit that runs pilot-agent when the agent restarts it.
+type vm struct {
+	t    *testing.T
+	name string // the test's name for it, e.g. vm-03
+	imds *awstest.IMDS
+	ip   string
+	root string
+	note func(format string, args ...any)
+
+	app *http.Server
+	// healthy is what /ready answers; breakOnRestart makes the next sidecar
+	// restart (a re-onboarding: the application's new version) unhealthy.
+	healthy, breakOnRestart atomic.Bool
+
+	logs      *syncBuffer
+	unit      net.Listener
+	unitWG    sync.WaitGroup
+	unitMu    sync.Mutex // one unit command at a time, as systemd does
+	stopAgent context.CancelFunc
+	agentDone chan error
+
+	mu        sync.Mutex
+	restarts  int
+	sidecar   *istioagent.Agent
+	stopEnvoy context.CancelFunc
+	envoy     *istioagent.Client
+}
+
+// vmSettings are what every VM's onboarding agent is told.
+type vmSettings struct {
+	endpoint string // onboarding API address
+	caFile   string // the endpoint's CA
+	stsURL   string
+	appPort  int
+	ns       string // the WorkloadGroup's namespace
+}
+
+// start starts the VM's application, its sidecar unit and its onboarding
+// agent.
+func (v *vm) start(s vmSettings) {
+	t := v.t
+	t.Helper()
+	var err error
+	// Not t.TempDir(): unix socket paths are limited to 107 bytes.
+	v.root, err = os.MkdirTemp("", "wgr-"+v.name+"-")
+	must(t, err)
+	p := func(rel string) string { return filepath.Join(v.root, rel) }
+
+	l, err := net.Listen("tcp", net.JoinHostPort(v.ip, strconv.Itoa(s.appPort)))
+	must(t, err)
+	v.healthy.Store(true)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if !v.healthy.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	v.app = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = v.app.Serve(l) }()
+
+	must(t, os.MkdirAll(filepath.Dir(p(vmUnitSocket)), 0o755))
+	v.unit, err = net.Listen("unix", p(vmUnitSocket))
+	must(t, err)
+	v.unitWG.Add(1)
+	go v.serveUnit()
+
+	exe, err := os.Executable()
+	must(t, err)
+	agentFile, onbFile := p("etc/onboarding-agent/agent.config.yaml"), p("etc/onboarding-agent/onboarding.config.yaml")
+	must(t, os.MkdirAll(filepath.Dir(agentFile), 0o755))
+	must(t, os.WriteFile(agentFile, []byte(fmt.Sprintf(`apiVersion: %s
+kind: %s
+host:
+  platform: aws
+  aws:
+    imdsEndpoint: %s
+    stsEndpoint: %s
+sidecar:
+  istio:
+    version: 1.30.0
+  bootstrap:
+    clusterEnv: %s
+    meshConfig: %s
+    rootCert: %s
+    token: %s
+  restartCommand: [%q, %s, %q, restart]
+  stopCommand: [%q, %s, %q, stop]
+`, config.APIVersion, config.AgentKind, v.imds.URL, s.stsURL, p(vmClusterEnv), p(vmMeshConfig), p(vmRootCert), p(vmToken),
+		exe, systemctlArg, p(vmUnitSocket), exe, systemctlArg, p(vmUnitSocket))), 0o600))
+	must(t, os.WriteFile(onbFile, []byte(fmt.Sprintf(`apiVersion: %s
+kind: %s
+onboardingEndpoint:
+  host: %s
+  tlsServerName: %s
+  caCertificates: %s
+workload:
+  namespace: %s
+  name: ratings
+`, config.APIVersion, config.OnboardingKind, s.endpoint, endpointHost, s.caFile, s.ns)), 0o600))
+	agentCfg, err := config.LoadAgent(agentFile)
+	must(t, err)
+	onbCfg, err := config.LoadOnboarding(onbFile)
+	must(t, err)
+	v.logs = &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(v.logs, nil)).With("vm", v.name)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-rollout-test", Logger: log,
+		MinBackoff: 200 * time.Millisecond, MaxBackoff: 2 * time.Second})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	v.stopAgent, v.agentDone = cancel, make(chan error, 1)
+	go func() { v.agentDone <- a.Run(ctx) }()
+}
+
+// shutdown stops the onboarding agent gracefully (it unregisters and stops
+// the sidecar through the unit), then the unit and the application, and
+// removes the VM's root.
+func (v *vm) shutdown() {
+	if v.root != "" {
+		defer func() { _ = os.RemoveAll(v.root) }()
+	}
+	if v.stopAgent != nil {
+		v.stopAgent()
+		select {
+		case err := <-v.agentDone:
+			if err != nil {
+				v.t.Errorf("%s: onboarding agent: %v", v.name, err)
+			}
+		case <-time.After(30 * time.Second):
+			v.t.Errorf("%s: onboarding agent did not stop", v.name)
+		}
+		v.stopAgent = nil
+	}
+	if v.unit != nil {
+		_ = v.unit.Close()
+		v.unitWG.Wait()
+		v.unit = nil
+	}
+	v.stopSidecar()
+	if v.app != nil {
+		_ = v.app.Close()
+	}
+}
+
+// serveUnit runs the agent's systemctl commands (restart, stop) one at a
+// time and answers "ok" or the error.
+func (v *vm) serveUnit() {
+	defer v.unitWG.Done()
+	for {
+		c, err := v.unit.Accept()
+		if err != nil {
+			return
+		}
+		v.unitWG.Add(1)
+		go func() {
+			defer v.unitWG.Done()
+			defer c.Close()
+			verb, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				return
+			}
+			if err := v.unitDo(strings.TrimSpace(verb)); err != nil {
+				fmt.Fprintf(c, "error: %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+				return
+			}
+			fmt.Fprintln(c, "ok")
+		}()
+	}
+}
+
+// unitFatal is the panic of unitTB.Fatalf, recovered by unitDo.
+type unitFatal string
+
+// unitTB lets test/istioagent (whose helpers fail their testing.TB) run in
+// the unit's goroutine: Fatalf fails the command, not the goroutine.
+type unitTB struct{ *testing.T }
+
+func (u unitTB) Fatalf(format string, args ...any) { panic(unitFatal(fmt.Sprintf(format, args...))) }
+func (u unitTB) Fatal(args ...any)                 { panic(unitFatal(fmt.Sprint(args...))) }
+
+func (v *vm) unitDo(verb string) (err error) {
+	v.unitMu.Lock()
+	defer v.unitMu.Unlock()
+	defer func() {
+		if r := recover(); r != nil {
+			f, ok := r.(unitFatal)
+			if !ok {
+				panic(r)
+			}
+			err = fmt.Errorf("%s", string(f))
+		}
+	}()
+	switch verb {
+	case "restart":
+		return v.restartSidecar()
+	case "stop":
+		v.stopSidecar()
+		return nil
+	default:
+		return fmt.Errorf("unknown command %q", verb)
+	}
+}
+
+// restartSidecar is the unit's restart: stop pilot-agent if it runs, then
+// start it in the VM's root from the files the onboarding agent wrote
+// (cluster.env as its environment, the mesh config's ProxyConfig with the
+// group's readiness probe, the token file), and play Envoy's part.
+func (v *vm) restartSidecar() error {
+	v.stopSidecar()
+	if v.breakOnRestart.Load() {
+		v.healthy.Store(false)
+		v.note("%s: its application's new version fails /ready", v.name)
+	}
+	data, err := os.ReadFile(filepath.Join(v.root, vmClusterEnv))
+	if err != nil {
+		return err
+	}
+	envVars, err := sidecar.ParseClusterEnv(data)
+	if err != nil {
+		return err
+	}
+	if data, err = os.ReadFile(filepath.Join(v.root, vmMeshConfig)); err != nil {
+		return err
+	}
+	pc, err := proxyConfig(data)
+	if err != nil {
+		return err
+	}
+	pc.ControlPlaneAuthPolicy = meshconfig.AuthenticationPolicy_MUTUAL_TLS
+	rootCA, err := os.ReadFile(filepath.Join(v.root, vmRootCert))
+	if err != nil {
+		return err
+	}
+	a := istioagent.Start(unitTB{v.t}, istioagent.Options{
+		WorkDir:        v.root,
+		PodName:        envVars["POD_NAME"],
+		PodNamespace:   envVars["POD_NAMESPACE"],
+		InstanceIP:     envVars["INSTANCE_IP"],
+		ClusterID:      envVars["ISTIO_META_CLUSTER_ID"],
+		ServiceAccount: envVars["SERVICE_ACCOUNT"],
+		Env:            envVars,
+		ProxyConfig:    pc,
+		XDSRootCA:      rootCA,
+		IstiodSAN:      endpointHost,
+	})
+	ctx, cancel := context.WithCancel(context.WithoutCancel(v.t.Context()))
+	c, err := istioagent.Connect(ctx, a)
+	if err != nil {
+		cancel()
+		a.Stop()
+		return err
+	}
+	for _, typ := range []string{resource.ClusterType, resource.ListenerType} {
+		if err := c.Send(typ, nil, "", ""); err != nil {
+			cancel()
+			a.Stop()
+			return err
+		}
+	}
+	go func() {
+		for {
+			resp, err := c.Recv(ctx)
+			if err != nil || c.ACK(resp) != nil {
+				return
+			}
+		}
+	}()
+	v.mu.Lock()
+	v.sidecar, v.envoy, v.stopEnvoy = a, c, cancel
+	v.restarts++
+	v.mu.Unlock()
+	return nil
+}
+
+// stopSidecar stops pilot-agent and the Envoy stand-in.
+func (v *vm) stopSidecar() {
+	v.mu.Lock()
+	stopEnvoy, envoy, sc := v.stopEnvoy, v.envoy, v.sidecar
+	v.stopEnvoy, v.envoy, v.sidecar = nil, nil, nil
+	v.mu.Unlock()
+	if stopEnvoy != nil {
+		stopEnvoy()
+		_ = envoy.Close()
+	}
+	if sc != nil {
+		sc.Stop()
+	}
+}
+
+func (v *vm) sidecarRestarts() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.restarts
+}
+
+// proxyConfig reads the ProxyConfig (defaultConfig) of the mesh config the
+// onboarding agent wrote.
+func proxyConfig(data []byte) (*meshconfig.ProxyConfig, error) {
+	j, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("mesh config: %w", err)
+	}
+	var mesh struct {
+		DefaultConfig json.RawMessage `json:"defaultConfig"`
+	}
+	if err := json.Unmarshal(j, &mesh); err != nil {
+		return nil, fmt.Errorf("mesh config: %w", err)
+	}
+	pc := &meshconfig.ProxyConfig{}
+	if len(mesh.DefaultConfig) == 0 || string(mesh.DefaultConfig) == "null" {
+		return pc, nil
+	}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(mesh.DefaultConfig, pc); err != nil {
+		return nil, fmt.Errorf("mesh config defaultConfig: %w", err)
+	}
+	return pc, nil
+}
+
+// syncBuffer is a log sink read while it is written.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
