@@ -24,11 +24,7 @@ func appliedAll(t *testing.T, out string, objs []*unstructured.Unstructured) {
 // kinds it serves (server-side apply, dry run: admission and validation run,
 // nothing is stored).
 func TestServerSideDryRun(t *testing.T) {
-	// The workload namespace the manifests bind the endpoint in exists, as
-	// in a cluster where VMs join its WorkloadGroups.
-	if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bookinfo"}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	createBookinfo(t)
 	for _, dir := range []string{".", "base", "istio-operator"} {
 		t.Run(dir, func(t *testing.T) {
 			out, objs := build(t, dir)
@@ -47,5 +43,15 @@ func TestServerSideDryRunRefusesInvalidObjects(t *testing.T) {
 	bad := "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: bad, namespace: istio-system}\nspec:\n  minAvailable: 1\n  maxUnavailable: 1\n  selector: {matchLabels: {a: b}}\n"
 	if out, err := env.Kubectl(t.Context(), []byte(bad), "apply", "--server-side", "--dry-run=server", "-f", "-"); err == nil {
 		t.Errorf("a PodDisruptionBudget with minAvailable and maxUnavailable was accepted: %s", out)
+	}
+}
+
+// createBookinfo creates the workload namespace the manifests and the
+// chart's defaults bind the endpoint in, as in a cluster where VMs join its
+// WorkloadGroups (a RoleBinding needs its namespace, even in a dry run).
+func createBookinfo(t *testing.T) {
+	t.Helper()
+	if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bookinfo"}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
 	}
 }

@@ -60,6 +60,7 @@ func TestChartServerSideDryRun(t *testing.T) {
 			"service": map[string]any{"type": "LoadBalancer", "annotations": map[string]any{"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}},
 		}},
 	}
+	createBookinfo(t)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			out, objs := renderChart(t, tc.vals)
