@@ -171,9 +171,10 @@ faults: testenv ## Run the fault suite: real endpoint processes, restarts and ki
 	go test -tags faults -count=1 -timeout 15m -v ./test/faults/
 
 .PHONY: bench
-BENCH_COUNT ?= 3
-bench: testenv ## Run every benchmark in benchmarks/ BENCH_COUNT times; write benchmarks/results/<date>.md and .json.
-	go run ./benchmarks/cmd/report -count $(BENCH_COUNT) ./benchmarks/...
+BENCH_COUNT ?= 1
+BENCH_MAX_LOAD ?= 3
+bench: testenv ## Run every benchmark in benchmarks/ BENCH_COUNT times, one at a time (figures above load BENCH_MAX_LOAD refused); write benchmarks/results/<date>.md and .json.
+	go run ./benchmarks/cmd/report -count $(BENCH_COUNT) -max-load $(BENCH_MAX_LOAD) ./benchmarks/...
 
 .PHONY: fuzz
 FUZZTIME ?= 10s
