@@ -121,10 +121,10 @@ func (s *Shared) Common() *Result {
 // was given with w as their Workload, provided ScopeKey gives w the same key
 // (its namespace and the objects selecting it are the same). own are the
 // resources of the result that are w's alone (ingress listeners and inbound
-// clusters); every other resource is Common's.
-func (s *Shared) For(w Workload) (res *Result, own []types.Resource, err error) {
+// clusters, in a Result of their own); every other resource is Common's.
+func (s *Shared) For(w Workload) (res, own *Result, err error) {
 	if s.sidecar == nil {
-		return &Result{Unenforced: s.common.Unenforced}, nil, nil
+		return &Result{Unenforced: s.common.Unenforced}, &Result{}, nil
 	}
 	in := s.in
 	in.Workload = w
@@ -159,8 +159,7 @@ func (s *Shared) For(w Workload) (res *Result, own []types.Resource, err error) 
 		Warnings:   s.common.Warnings,
 		Unenforced: s.common.Unenforced,
 	}
-	own = append(append(own, mine.Listeners...), mine.Clusters...)
-	return res, own, nil
+	return res, &Result{Listeners: mine.Listeners, Clusters: mine.Clusters}, nil
 }
 
 // mergeByName merges two lists sorted by resource name (names are unique

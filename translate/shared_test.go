@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 )
 
@@ -126,18 +125,22 @@ func TestSharedEqualsTranslate(t *testing.T) {
 			}
 			compared := 0
 			for key, group := range byKey {
+				want := make([][]byte, len(group))
+				for i, w := range group {
+					in := *tc.in
+					in.Workload = w
+					res, err := Translate(&in)
+					want[i] = render(t, res, err)
+				}
 				for _, from := range group {
 					in := *tc.in
 					in.Workload = from
 					shared := Prepare(&in)
-					for _, w := range group {
-						in.Workload = w
-						wantRes, wantErr := Translate(&in)
-						want := render(t, wantRes, wantErr)
+					for i, w := range group {
 						res, own, err := shared.For(w)
 						got := render(t, res, err)
-						if !bytes.Equal(want, got) {
-							t.Fatalf("scope %q prepared for %+v, applied to %+v: differs from Translate at %s", key, from, w, firstDiff(want, got))
+						if !bytes.Equal(want[i], got) {
+							t.Fatalf("scope %q prepared for %+v, applied to %+v: differs from Translate at %s", key, from, w, firstDiff(want[i], got))
 						}
 						if err == nil {
 							checkOwn(t, shared, res, own)
@@ -155,16 +158,16 @@ func TestSharedEqualsTranslate(t *testing.T) {
 }
 
 // checkOwn: the result is Common plus own, nothing else.
-func checkOwn(t *testing.T, s *Shared, res *Result, own []types.Resource) {
+func checkOwn(t *testing.T, s *Shared, res, own *Result) {
 	t.Helper()
 	c := s.Common()
 	if c == nil {
 		t.Fatal("Common is nil for a scope that translated")
 	}
-	if got, want := len(res.Listeners)+len(res.Clusters), len(c.Listeners)+len(c.Clusters)+len(own); got != want {
+	if got, want := len(res.Listeners)+len(res.Clusters), len(c.Listeners)+len(c.Clusters)+len(own.Listeners)+len(own.Clusters); got != want {
 		t.Errorf("result has %d listeners and clusters, Common and own have %d", got, want)
 	}
-	if len(res.Routes) != len(c.Routes) || len(res.Endpoints) != len(c.Endpoints) {
+	if len(res.Routes) != len(c.Routes) || len(res.Endpoints) != len(c.Endpoints) || len(own.Routes)+len(own.Endpoints) != 0 {
 		t.Errorf("routes or endpoints are not Common's")
 	}
 }
