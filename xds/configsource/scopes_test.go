@@ -178,4 +178,3 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 		}
 	}
 }
-
