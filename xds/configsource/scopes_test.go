@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -142,7 +143,6 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 		})
 		streams = append(streams, s)
 	}
-	details := "outbound|8080||details." + ns + ".svc.cluster.local"
 	changes := []struct {
 		name   string
 		change func() error
@@ -156,9 +156,22 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 			sc.Spec.Egress[0].Bind = "127.0.0.3"
 			return env.Client.Update(ctx, sc)
 		}, has("127.0.0.3_8080"), resource.ListenerType},
-		{"Service deleted", func() error { return env.Client.Delete(ctx, svc) }, hasNot(details), resource.ClusterType},
+		// A ServiceEntry: no controller reacts to it with writes of its
+		// own (a Service would get EndpointSlices from the controller
+		// manager, a second change).
+		{"ServiceEntry created", func() error {
+			se := &istionetworkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: ns}}
+			se.Spec.Hosts = []string{"api.example.com"}
+			se.Spec.Ports = []*istioapi.ServicePort{{Number: 8080, Protocol: "HTTP", Name: "http"}}
+			se.Spec.Resolution = istioapi.ServiceEntry_DNS
+			return env.Client.Create(ctx, se)
+		}, has("outbound|8080||api.example.com"), resource.ClusterType},
 	}
 	for _, c := range changes {
+		// Measure from a quiet state: the controller manager's
+		// EndpointSlice of the Service and the connection writes of the
+		// registrations may still be arriving on a loaded machine.
+		waitQuiet(t, e)
 		translations := testutil.ToFloat64(e.metrics.translations)
 		configurations := testutil.ToFloat64(e.metrics.configurations)
 		if err := c.change(); err != nil {
@@ -177,4 +190,21 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 			t.Errorf("%s: %v configurations computed, want %d (one per workload)", c.name, got, n)
 		}
 	}
+}
+
+// waitQuiet waits until no configuration has been computed for a second
+// (inputs quiet for 50 debounce periods), at most a minute.
+func waitQuiet(t *testing.T, e *endpoint) {
+	t.Helper()
+	last, since := testutil.ToFloat64(e.metrics.configurations), time.Now()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if n := testutil.ToFloat64(e.metrics.configurations); n != last {
+			last, since = n, time.Now()
+			continue
+		}
+		if time.Since(since) >= time.Second {
+			return
+		}
+	}
+	t.Fatal("configurations still being computed after a minute")
 }
