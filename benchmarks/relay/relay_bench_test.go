@@ -62,7 +62,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 	istioapi "istio.io/api/networking/v1"
@@ -77,6 +76,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/benchmarks/benchjson"
+	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds"
@@ -86,7 +86,7 @@ import (
 
 var (
 	streamsFlag = flag.String("streams", "1000", "comma-separated numbers of concurrent streams to hold")
-	perConnFlag = flag.Int("streams-per-conn", 100, "streams per client connection: 100 multiplexes them and leaves only per-stream costs; 1 is production's shape (each sidecar dials its own) but compares TLS to istiod with plaintext to Embark here")
+	perConnFlag = flag.Int("streams-per-conn", 1, "streams per client connection: 1 is production's shape (each sidecar dials its own connection); 100 multiplexes them and leaves only per-stream costs")
 	jsonFlag    = benchjson.Flag()
 	heapFlag    = flag.String("heapprofile", "", "write this process's in-use heap profile (pprof) while the relayed streams are held, after a forced GC")
 
@@ -190,10 +190,10 @@ func sidecarNode(id string) *core.Node {
 	}}}
 }
 
-// startEmbark starts Embark's xDS server in istiod mode and returns its
-// address and a function that waits until its connection tracker has
-// stored every connection state.
-func startEmbark(b *testing.B, i *testenv.Istiod) (string, func()) {
+// startEmbark starts Embark's xDS server in istiod mode, serving TLS with
+// serving, and returns its address and a function that waits until its
+// connection tracker has stored every connection state.
+func startEmbark(b *testing.B, i *testenv.Istiod, serving *tls.Config) (string, func()) {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	roots := filepath.Join(b.TempDir(), "root-cert.pem")
@@ -223,9 +223,9 @@ func startEmbark(b *testing.B, i *testenv.Istiod) (string, func()) {
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = srv.Run(ctx) }()
 	// The endpoint's per-source limits are left out (every client here is
-	// 127.0.0.1); its shared write buffers are kept, as
-	// limits.GRPCServerOptions sets them.
-	g := grpc.NewServer(grpc.MaxConcurrentStreams(1<<20), grpc.SharedWriteBuffer(true))
+	// 127.0.0.1); its connection buffers are the endpoint's own
+	// (limits.BufferOptions, which limits.GRPCServerOptions includes).
+	g := grpc.NewServer(append(limits.BufferOptions(), grpc.MaxConcurrentStreams(1<<20), grpc.Creds(credentials.NewTLS(serving)))...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -487,14 +487,15 @@ func writeHeapProfile(b *testing.B, file string) {
 
 // side is one way's figures.
 type side struct {
-	// HeapBytesPerStream is this process's heap: the clients, and on the
-	// relayed side Embark too, once Embark stored the connections.
-	HeapBytesPerStream float64 `json:"heapBytesPerStream"`
-	// HeapBytesPerStreamUnsettled is the same right after the streams
-	// opened, while Embark's rate-limited connection writes (two per
-	// workload, 50 a second by default) are still queued.
-	HeapBytesPerStreamUnsettled float64 `json:"heapBytesPerStreamUnsettled"`
-	// IstiodHeapBytesPerStream is istiod's heap per stream.
+	// ProcessHeapBytesPerStream is this process's heap per held stream:
+	// the clients', and on the relayed side Embark's too (once Embark
+	// stored the connections).
+	ProcessHeapBytesPerStream float64 `json:"processHeapBytesPerStream"`
+	// ProcessHeapBytesPerStreamUnsettled is the same right after the
+	// streams opened, while Embark's rate-limited connection writes (two
+	// per workload, 50 a second by default) are still queued.
+	ProcessHeapBytesPerStreamUnsettled float64 `json:"processHeapBytesPerStreamUnsettled"`
+	// IstiodHeapBytesPerStream is istiod's heap per held stream.
 	IstiodHeapBytesPerStream float64 `json:"istiodHeapBytesPerStream"`
 	GoroutinesPerStream      float64 `json:"goroutinesPerStream"`
 	P50Millis                float64 `json:"p50Millis"`
@@ -503,18 +504,29 @@ type side struct {
 
 // result is one stream count's figures.
 type result struct {
-	Streams int  `json:"streams"`
-	Relayed side `json:"relayed"`
-	Direct  side `json:"direct"`
-	// HeapRatio is relayed over direct heap per stream, istiod's included
-	// on both sides (target <= 1.3).
-	HeapRatio float64 `json:"heapRatio"`
-	// EmbarkHeapBytesPerStream is what Embark alone holds per relayed
-	// stream (this process's heap relayed minus direct).
+	Streams        int  `json:"streams"`
+	StreamsPerConn int  `json:"streamsPerConn"`
+	Relayed        side `json:"relayed"`
+	Direct         side `json:"direct"`
+	// ClientHeapBytesPerStream is the clients' heap per stream (this
+	// process's direct figure): the same clients, the same TLS, on both
+	// sides.
+	ClientHeapBytesPerStream float64 `json:"clientHeapBytesPerStream"`
+	// EmbarkHeapBytesPerStream is what Embark holds per relayed stream
+	// (this process's heap relayed minus direct: its connection from the
+	// sidecar, the relayed stream, its share of the connection to istiod,
+	// its admission and liveness state).
 	EmbarkHeapBytesPerStream float64 `json:"embarkHeapBytesPerStream"`
 	// EmbarkHeapBytesPerStreamUnsettled is the same right after the
 	// streams opened (Embark's connection writes still queued).
 	EmbarkHeapBytesPerStreamUnsettled float64 `json:"embarkHeapBytesPerStreamUnsettled"`
+	// HeapRatio is the servers' heap per stream, relayed over direct:
+	// (Embark + istiod relayed) / istiod direct. The clients' own heap is
+	// left out of both (target <= 1.3).
+	HeapRatio float64 `json:"heapRatio"`
+	// HeapRatioWithClients counts the clients on both sides too:
+	// (clients + Embark + istiod) / (clients + istiod).
+	HeapRatioWithClients float64 `json:"heapRatioWithClients"`
 	// AddedP50Millis and AddedP99Millis are what the relay adds to a
 	// response (target < 5 ms at p99).
 	AddedP50Millis float64 `json:"addedP50Millis"`
@@ -543,12 +555,12 @@ func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials
 	n := float64(len(ws))
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	return side{
-		HeapBytesPerStream:          (float64(h1) - float64(h0)) / n,
-		HeapBytesPerStreamUnsettled: (float64(hc) - float64(h0)) / n,
-		IstiodHeapBytesPerStream:    (float64(ih1) - float64(ih0)) / n,
-		GoroutinesPerStream:         float64(g1-g0) / n,
-		P50Millis:                   ms(quantile(lat, 0.50)),
-		P99Millis:                   ms(quantile(lat, 0.99)),
+		ProcessHeapBytesPerStream:          (float64(h1) - float64(h0)) / n,
+		ProcessHeapBytesPerStreamUnsettled: (float64(hc) - float64(h0)) / n,
+		IstiodHeapBytesPerStream:           (float64(ih1) - float64(ih0)) / n,
+		GoroutinesPerStream:                float64(g1-g0) / n,
+		P50Millis:                          ms(quantile(lat, 0.50)),
+		P99Millis:                          ms(quantile(lat, 0.99)),
 	}
 }
 
@@ -563,19 +575,34 @@ func run(b *testing.B, n int) result {
 		b.Fatal(err)
 	}
 	defer func() { _ = i.Close() }()
-	r := result{Streams: n}
+	// Both client-facing sides serve TLS with a key of the same kind and
+	// size, and the clients verify both.
+	chain, err := istiodChain(i)
+	if err != nil {
+		b.Fatal(err)
+	}
+	serving, roots, err := servingTLS(chain)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := result{Streams: n, StreamsPerConn: max(1, *perConnFlag)}
 	direct := credentials.NewTLS(&tls.Config{RootCAs: i.RootPool(), ServerName: testenv.IstiodServerName, MinVersion: tls.VersionTLS12})
 	r.Direct = measureSide(b, i, i.SecureGRPCAddr, direct, ws, nil, "")
 	// Each proxy's direct stream must be gone from istiod before it
 	// connects again through Embark (istiod keys connections by proxy).
 	time.Sleep(2 * time.Second)
-	addr, settle := startEmbark(b, i)
-	r.Relayed = measureSide(b, i, addr, insecure.NewCredentials(), ws, settle, *heapFlag)
-	if d := r.Direct.HeapBytesPerStream + r.Direct.IstiodHeapBytesPerStream; d > 0 {
-		r.HeapRatio = (r.Relayed.HeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream) / d
+	addr, settle := startEmbark(b, i, serving)
+	relayed := credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: embarkServerName, MinVersion: tls.VersionTLS12})
+	r.Relayed = measureSide(b, i, addr, relayed, ws, settle, *heapFlag)
+	r.ClientHeapBytesPerStream = r.Direct.ProcessHeapBytesPerStream
+	r.EmbarkHeapBytesPerStream = r.Relayed.ProcessHeapBytesPerStream - r.Direct.ProcessHeapBytesPerStream
+	r.EmbarkHeapBytesPerStreamUnsettled = r.Relayed.ProcessHeapBytesPerStreamUnsettled - r.Direct.ProcessHeapBytesPerStream
+	if d := r.Direct.IstiodHeapBytesPerStream; d > 0 {
+		r.HeapRatio = (r.EmbarkHeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream) / d
 	}
-	r.EmbarkHeapBytesPerStream = r.Relayed.HeapBytesPerStream - r.Direct.HeapBytesPerStream
-	r.EmbarkHeapBytesPerStreamUnsettled = r.Relayed.HeapBytesPerStreamUnsettled - r.Direct.HeapBytesPerStream
+	if d := r.Direct.ProcessHeapBytesPerStream + r.Direct.IstiodHeapBytesPerStream; d > 0 {
+		r.HeapRatioWithClients = (r.Relayed.ProcessHeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream) / d
+	}
 	r.AddedP50Millis = r.Relayed.P50Millis - r.Direct.P50Millis
 	r.AddedP99Millis = r.Relayed.P99Millis - r.Direct.P99Millis
 	return r
@@ -584,13 +611,16 @@ func run(b *testing.B, n int) result {
 var recorder benchjson.Recorder
 
 func record(r result) {
-	s := fmt.Sprintf("streams=%d/per-conn=%d", r.Streams, max(1, *perConnFlag))
+	s := fmt.Sprintf("streams=%d/per-conn=%d", r.Streams, r.StreamsPerConn)
 	recorder.Add(
-		benchjson.Result{Name: "RelayedHeap/" + s, Unit: "B/stream", Value: r.Relayed.HeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream, Baseline: "DirectHeap/" + s, Note: "clients + Embark (server, relay, upstream stream) + istiod; target <= 1.3x"},
-		benchjson.Result{Name: "DirectHeap/" + s, Unit: "B/stream", Value: r.Direct.HeapBytesPerStream + r.Direct.IstiodHeapBytesPerStream, Note: "the same clients straight to istiod, + istiod"},
+		benchjson.Result{Name: "RelayedServerHeap/" + s, Unit: "B/stream", Value: r.EmbarkHeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream, Baseline: "DirectServerHeap/" + s, Note: "Embark + istiod per relayed stream; target <= 1.3x"},
+		benchjson.Result{Name: "DirectServerHeap/" + s, Unit: "B/stream", Value: r.Direct.IstiodHeapBytesPerStream, Note: "istiod per direct stream (the same clients, the same TLS)"},
+		benchjson.Result{Name: "RelayedHeapWithClients/" + s, Unit: "B/stream", Value: r.Relayed.ProcessHeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream, Baseline: "DirectHeapWithClients/" + s, Note: "clients + Embark + istiod"},
+		benchjson.Result{Name: "DirectHeapWithClients/" + s, Unit: "B/stream", Value: r.Direct.ProcessHeapBytesPerStream + r.Direct.IstiodHeapBytesPerStream, Note: "clients + istiod"},
 		benchjson.Result{Name: "EmbarkHeap/" + s, Unit: "B/stream", Value: r.EmbarkHeapBytesPerStream, Note: "Embark alone per relayed stream, its connection writes stored"},
-		benchjson.Result{Name: "EmbarkHeapAtConnect/" + s, Unit: "B/stream", Value: r.EmbarkHeapBytesPerStreamUnsettled, Note: "Embark alone per relayed stream right after 1,000 connects (connection writes queued)"},
-		benchjson.Result{Name: "IstiodHeap/" + s, Unit: "B/stream", Value: r.Direct.IstiodHeapBytesPerStream, Note: "istiod alone per direct stream"},
+		benchjson.Result{Name: "EmbarkHeapAtConnect/" + s, Unit: "B/stream", Value: r.EmbarkHeapBytesPerStreamUnsettled, Note: "Embark alone per relayed stream right after the connects (connection writes queued)"},
+		benchjson.Result{Name: "IstiodHeapRelayed/" + s, Unit: "B/stream", Value: r.Relayed.IstiodHeapBytesPerStream, Note: "istiod alone per relayed stream (Embark's streams share one connection)"},
+		benchjson.Result{Name: "ClientHeap/" + s, Unit: "B/stream", Value: r.ClientHeapBytesPerStream, Note: "the benchmark's clients per stream (in neither server figure)"},
 		benchjson.Result{Name: "RelayedGoroutines/" + s, Unit: "goroutines/stream", Value: r.Relayed.GoroutinesPerStream, Baseline: "DirectGoroutines/" + s},
 		benchjson.Result{Name: "DirectGoroutines/" + s, Unit: "goroutines/stream", Value: r.Direct.GoroutinesPerStream},
 		benchjson.Result{Name: "RelayedP50/" + s, Unit: "ms", Value: r.Relayed.P50Millis, Baseline: "DirectP50/" + s, Note: "RDS subscription to answer"},
@@ -613,12 +643,13 @@ func BenchmarkRelay(b *testing.B) {
 		b.Run(fmt.Sprintf("streams=%d/per-conn=%d", n, max(1, *perConnFlag)), func(b *testing.B) {
 			for b.Loop() {
 				r := run(b, n)
-				b.ReportMetric(r.Relayed.HeapBytesPerStream+r.Relayed.IstiodHeapBytesPerStream, "relayed-heap-B/stream")
-				b.ReportMetric(r.Direct.HeapBytesPerStream+r.Direct.IstiodHeapBytesPerStream, "direct-heap-B/stream")
 				b.ReportMetric(r.EmbarkHeapBytesPerStream, "embark-heap-B/stream")
 				b.ReportMetric(r.EmbarkHeapBytesPerStreamUnsettled, "embark-heap-at-connect-B/stream")
-				b.ReportMetric(r.Direct.IstiodHeapBytesPerStream, "istiod-heap-B/stream")
+				b.ReportMetric(r.Relayed.IstiodHeapBytesPerStream, "istiod-relayed-heap-B/stream")
+				b.ReportMetric(r.Direct.IstiodHeapBytesPerStream, "istiod-direct-heap-B/stream")
+				b.ReportMetric(r.ClientHeapBytesPerStream, "client-heap-B/stream")
 				b.ReportMetric(r.HeapRatio, "heap-ratio")
+				b.ReportMetric(r.HeapRatioWithClients, "heap-ratio-with-clients")
 				b.ReportMetric(r.Relayed.P99Millis, "relayed-p99-ms")
 				b.ReportMetric(r.Direct.P99Millis, "direct-p99-ms")
 				b.ReportMetric(r.AddedP50Millis, "added-p50-ms")

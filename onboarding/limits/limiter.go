@@ -277,13 +277,9 @@ func (l *Limiter) allowPeer(ctx context.Context) error {
 // l.Listen(lis) for the connection limits.
 func (l *Limiter) GRPCServerOptions() []grpc.ServerOption {
 	o := l.opts
-	return []grpc.ServerOption{
+	return append(BufferOptions(), []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(o.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(o.MaxRecvMessageBytes),
-		// Each sidecar holds a connection of its own that is idle most of
-		// the time: a write buffer taken from a shared pool while a frame is
-		// written, rather than 32 KiB kept per connection.
-		grpc.SharedWriteBuffer(true),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: o.KeepaliveMinTime.Duration, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionIdle: o.MaxConnectionIdle.Duration,
@@ -302,6 +298,16 @@ func (l *Limiter) GRPCServerOptions() []grpc.ServerOption {
 			}
 			return next(srv, ss)
 		}),
+	}...)
+}
+
+// BufferOptions are the gRPC server's connection buffers: each sidecar holds
+// a connection of its own that is idle most of the time, so a write buffer
+// is taken from a shared pool while a frame is written, rather than 32 KiB
+// kept per connection.
+func BufferOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.SharedWriteBuffer(true),
 	}
 }
 
