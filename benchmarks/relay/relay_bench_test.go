@@ -13,25 +13,26 @@
 // For each stream count, both ways in turn (direct first, then relayed):
 // every workload's stream subscribes to CDS and LDS and ACKs them (istiod
 // generates the configuration of four Services) and, as a sidecar, reads and
-// ACKs whatever is pushed afterwards; then the process heap and
-// goroutines per held stream (the clients run in this process and are
-// included on both sides; on the relayed side once Embark stored the
-// connection states: 1,000 connects at once queue two rate-limited writes per
-// workload, and the heap right after connecting is reported too); then the
-// latency of a relayed response: each stream subscribes to RDS 9080, 16 at a
-// time, and the time to istiod's answer is taken (p50 and p99 both ways,
-// and the difference: what the relay adds). istiod's own heap per stream is
-// read from its pprof endpoint after a forced GC (/debug/pprof/heap?gc=1),
-// so the heap ratio compares what a stream costs in all: clients + Embark +
-// istiod relayed, clients + istiod direct. Targets of the issue: relayed
-// heap at most 1.3 x direct, under 5 ms added at p99.
+// ACKs whatever is pushed afterwards; then the heap and goroutines per held
+// stream (on the relayed side once Embark stored the connection states:
+// 1,000 connects at once queue two rate-limited writes per workload, and the
+// heap right after connecting is reported too); then the latency of a
+// relayed response: each stream subscribes to RDS 9080, 16 at a time, and
+// the time to istiod's answer is taken (p50 and p99 both ways, and the
+// difference: what the relay adds).
 //
-// 100 streams share a client connection by default (-streams-per-conn), so
-// the figures are per-stream costs. With -streams-per-conn=1 each stream
-// dials its own connection, as each VM's sidecar does, and per-connection
-// costs count too; but the clients here reach istiod over TLS and Embark's
-// listener in plaintext, so that shape is not yet a fair comparison (an
-// idle run on 2026-11-25 gave Embark a negative heap per stream).
+// Both client-facing sides serve TLS: istiod's secure port with its own
+// certificate, Embark's listener with a key of the same kind and size and a
+// chain of the same length, and the same clients verify both. Each stream
+// dials its own connection by default (-streams-per-conn=1), as each VM's
+// sidecar does; Embark's relayed streams share one connection to istiod.
+// Heap counted: istiod's from its pprof endpoint after a forced GC
+// (/debug/pprof/heap?gc=1); Embark's as this process's heap relayed minus
+// direct (the clients run in this process, the same on both sides). The
+// heap ratio is (Embark + istiod relayed) / istiod direct, the clients in
+// neither; the ratio with the clients on both sides is reported too.
+// Targets of the issue: relayed heap at most 1.3 x direct, under 5 ms added
+// at p99. benchmarks/README.md says what each figure counts.
 package relay
 
 //embark:bench -test.benchtime=1x
@@ -224,8 +225,10 @@ func startEmbark(b *testing.B, i *testenv.Istiod, serving *tls.Config) (string, 
 	go func() { defer close(runDone); _ = srv.Run(ctx) }()
 	// The endpoint's per-source limits are left out (every client here is
 	// 127.0.0.1); its connection buffers are the endpoint's own
-	// (limits.BufferOptions, which limits.GRPCServerOptions includes).
-	g := grpc.NewServer(append(limits.BufferOptions(), grpc.MaxConcurrentStreams(1<<20), grpc.Creds(credentials.NewTLS(serving)))...)
+	// and its TLS (limits.BufferOptions, which limits.GRPCServerOptions
+	// includes, and limits.TLSServerOptions).
+	opts := append(limits.BufferOptions(), limits.TLSServerOptions(serving)...)
+	g := grpc.NewServer(append(opts, grpc.MaxConcurrentStreams(1<<20))...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
