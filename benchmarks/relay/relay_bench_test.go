@@ -422,9 +422,9 @@ func quantile(d []time.Duration, q float64) time.Duration {
 	return d[min(len(d)-1, int(q*float64(len(d))))]
 }
 
-// istiodHeap is istiod's live heap after a forced GC, from the runtime
-// statistics at the end of its pprof heap profile.
-func istiodHeap(b *testing.B, i *testenv.Istiod) uint64 {
+// istiodMemory is istiod's live heap after a forced GC and its goroutine
+// stacks, from the runtime statistics at the end of its pprof heap profile.
+func istiodMemory(b *testing.B, i *testenv.Istiod) (heap, stack uint64) {
 	b.Helper()
 	resp, err := http.Get("http://" + i.HTTPAddr + "/debug/pprof/heap?debug=1&gc=1")
 	if err != nil {
@@ -435,41 +435,59 @@ func istiodHeap(b *testing.B, i *testenv.Istiod) uint64 {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		b.Fatalf("istiod heap profile: HTTP %d, %v", resp.StatusCode, err)
 	}
+	var haveHeap, haveStack bool
 	for _, line := range strings.Split(string(body), "\n") {
 		if v, ok := strings.CutPrefix(line, "# HeapAlloc = "); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				b.Fatalf("istiod heap profile: %q: %v", line, err)
-			}
-			return n
+			heap, haveHeap = parseStat(b, line, v), true
+		}
+		if v, ok := strings.CutPrefix(line, "# Stack = "); ok { // "inuse / sys"
+			v, _, _ = strings.Cut(v, " /")
+			stack, haveStack = parseStat(b, line, v), true
 		}
 	}
-	b.Fatalf("istiod heap profile has no HeapAlloc line (%d bytes)", len(body))
-	return 0
+	if !haveHeap || !haveStack {
+		b.Fatalf("istiod heap profile has no HeapAlloc or Stack line (%d bytes)", len(body))
+	}
+	return heap, stack
+}
+
+func parseStat(b *testing.B, line, v string) uint64 {
+	b.Helper()
+	n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+	if err != nil {
+		b.Fatalf("istiod heap profile: %q: %v", line, err)
+	}
+	return n
 }
 
 // steadyHeap waits (at most 30 s) until the heap after a GC changes by less
 // than 1% in 2 s: the pushes istiod makes for the WorkloadEntries Embark
 // just wrote are through.
-func steadyHeap() (uint64, int) {
-	h, g := heap()
+func steadyHeap() memory {
+	m := heap()
 	for range 15 {
 		time.Sleep(2 * time.Second)
-		h2, g2 := heap()
-		if diff := float64(h2) - float64(h); diff < 0.01*float64(h) && -diff < 0.01*float64(h) {
-			return h2, g2
+		m2 := heap()
+		if diff := float64(m2.heap) - float64(m.heap); diff < 0.01*float64(m.heap) && -diff < 0.01*float64(m.heap) {
+			return m2
 		}
-		h, g = h2, g2
+		m = m2
 	}
-	return h, g
+	return m
 }
 
-func heap() (uint64, int) {
+// memory is this process's live heap, goroutine stacks and goroutines.
+type memory struct {
+	heap, stack uint64
+	goroutines  int
+}
+
+func heap() memory {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc, runtime.NumGoroutine()
+	return memory{heap: ms.HeapAlloc, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
 }
 
 // writeHeapProfile writes the in-use heap profile as of the last GC (heap
@@ -500,9 +518,14 @@ type side struct {
 	ProcessHeapBytesPerStreamUnsettled float64 `json:"processHeapBytesPerStreamUnsettled"`
 	// IstiodHeapBytesPerStream is istiod's heap per held stream.
 	IstiodHeapBytesPerStream float64 `json:"istiodHeapBytesPerStream"`
-	GoroutinesPerStream      float64 `json:"goroutinesPerStream"`
-	P50Millis                float64 `json:"p50Millis"`
-	P99Millis                float64 `json:"p99Millis"`
+	// ProcessStackBytesPerStream and IstiodStackBytesPerStream are the
+	// goroutine stacks per held stream (not heap), this process's and
+	// istiod's.
+	ProcessStackBytesPerStream float64 `json:"processStackBytesPerStream"`
+	IstiodStackBytesPerStream  float64 `json:"istiodStackBytesPerStream"`
+	GoroutinesPerStream        float64 `json:"goroutinesPerStream"`
+	P50Millis                  float64 `json:"p50Millis"`
+	P99Millis                  float64 `json:"p99Millis"`
 }
 
 // result is one stream count's figures.
@@ -530,6 +553,13 @@ type result struct {
 	// HeapRatioWithClients counts the clients on both sides too:
 	// (clients + Embark + istiod) / (clients + istiod).
 	HeapRatioWithClients float64 `json:"heapRatioWithClients"`
+	// EmbarkStackBytesPerStream is Embark's goroutine stacks per relayed
+	// stream (relayed minus direct, as its heap).
+	EmbarkStackBytesPerStream float64 `json:"embarkStackBytesPerStream"`
+	// MemoryRatio is HeapRatio with the servers' goroutine stacks added
+	// on both sides: (Embark + istiod relayed, heap + stacks) / istiod
+	// direct (heap + stacks).
+	MemoryRatio float64 `json:"memoryRatio"`
 	// AddedP50Millis and AddedP99Millis are what the relay adds to a
 	// response (target < 5 ms at p99).
 	AddedP50Millis float64 `json:"addedP50Millis"`
@@ -541,16 +571,16 @@ type result struct {
 // new connections are done, so that the heap is what held streams keep.
 func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials.TransportCredentials, ws []*workload, settle func(), profile string) side {
 	b.Helper()
-	h0, g0 := heap()
-	ih0 := istiodHeap(b, i)
+	m0 := heap()
+	ih0, is0 := istiodMemory(b, i)
 	h := holdStreams(b, addr, creds, ws)
 	defer h.close()
-	hc, _ := heap()
+	mc := heap()
 	if settle != nil {
 		settle()
 	}
-	h1, g1 := steadyHeap()
-	ih1 := istiodHeap(b, i)
+	m1 := steadyHeap()
+	ih1, is1 := istiodMemory(b, i)
 	if profile != "" {
 		writeHeapProfile(b, profile)
 	}
@@ -558,10 +588,12 @@ func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials
 	n := float64(len(ws))
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 	return side{
-		ProcessHeapBytesPerStream:          (float64(h1) - float64(h0)) / n,
-		ProcessHeapBytesPerStreamUnsettled: (float64(hc) - float64(h0)) / n,
+		ProcessHeapBytesPerStream:          (float64(m1.heap) - float64(m0.heap)) / n,
+		ProcessHeapBytesPerStreamUnsettled: (float64(mc.heap) - float64(m0.heap)) / n,
 		IstiodHeapBytesPerStream:           (float64(ih1) - float64(ih0)) / n,
-		GoroutinesPerStream:                float64(g1-g0) / n,
+		ProcessStackBytesPerStream:         (float64(m1.stack) - float64(m0.stack)) / n,
+		IstiodStackBytesPerStream:          (float64(is1) - float64(is0)) / n,
+		GoroutinesPerStream:                float64(m1.goroutines-m0.goroutines) / n,
 		P50Millis:                          ms(quantile(lat, 0.50)),
 		P99Millis:                          ms(quantile(lat, 0.99)),
 	}
@@ -606,6 +638,10 @@ func run(b *testing.B, n int) result {
 	if d := r.Direct.ProcessHeapBytesPerStream + r.Direct.IstiodHeapBytesPerStream; d > 0 {
 		r.HeapRatioWithClients = (r.Relayed.ProcessHeapBytesPerStream + r.Relayed.IstiodHeapBytesPerStream) / d
 	}
+	r.EmbarkStackBytesPerStream = r.Relayed.ProcessStackBytesPerStream - r.Direct.ProcessStackBytesPerStream
+	if d := r.Direct.IstiodHeapBytesPerStream + r.Direct.IstiodStackBytesPerStream; d > 0 {
+		r.MemoryRatio = (r.EmbarkHeapBytesPerStream + r.EmbarkStackBytesPerStream + r.Relayed.IstiodHeapBytesPerStream + r.Relayed.IstiodStackBytesPerStream) / d
+	}
 	r.AddedP50Millis = r.Relayed.P50Millis - r.Direct.P50Millis
 	r.AddedP99Millis = r.Relayed.P99Millis - r.Direct.P99Millis
 	return r
@@ -624,6 +660,9 @@ func record(r result) {
 		benchjson.Result{Name: "EmbarkHeapAtConnect/" + s, Unit: "B/stream", Value: r.EmbarkHeapBytesPerStreamUnsettled, Note: "Embark alone per relayed stream right after the connects (connection writes queued)"},
 		benchjson.Result{Name: "IstiodHeapRelayed/" + s, Unit: "B/stream", Value: r.Relayed.IstiodHeapBytesPerStream, Note: "istiod alone per relayed stream (Embark's streams share one connection)"},
 		benchjson.Result{Name: "ClientHeap/" + s, Unit: "B/stream", Value: r.ClientHeapBytesPerStream, Note: "the benchmark's clients per stream (in neither server figure)"},
+		benchjson.Result{Name: "EmbarkStack/" + s, Unit: "B/stream", Value: r.EmbarkStackBytesPerStream, Note: "Embark's goroutine stacks per relayed stream (not heap)"},
+		benchjson.Result{Name: "IstiodStackDirect/" + s, Unit: "B/stream", Value: r.Direct.IstiodStackBytesPerStream, Note: "istiod's goroutine stacks per direct stream"},
+		benchjson.Result{Name: "IstiodStackRelayed/" + s, Unit: "B/stream", Value: r.Relayed.IstiodStackBytesPerStream, Note: "istiod's goroutine stacks per relayed stream"},
 		benchjson.Result{Name: "RelayedGoroutines/" + s, Unit: "goroutines/stream", Value: r.Relayed.GoroutinesPerStream, Baseline: "DirectGoroutines/" + s},
 		benchjson.Result{Name: "DirectGoroutines/" + s, Unit: "goroutines/stream", Value: r.Direct.GoroutinesPerStream},
 		benchjson.Result{Name: "RelayedP50/" + s, Unit: "ms", Value: r.Relayed.P50Millis, Baseline: "DirectP50/" + s, Note: "RDS subscription to answer"},
@@ -653,6 +692,8 @@ func BenchmarkRelay(b *testing.B) {
 				b.ReportMetric(r.ClientHeapBytesPerStream, "client-heap-B/stream")
 				b.ReportMetric(r.HeapRatio, "heap-ratio")
 				b.ReportMetric(r.HeapRatioWithClients, "heap-ratio-with-clients")
+				b.ReportMetric(r.EmbarkStackBytesPerStream, "embark-stack-B/stream")
+				b.ReportMetric(r.MemoryRatio, "heap+stack-ratio")
 				b.ReportMetric(r.Relayed.P99Millis, "relayed-p99-ms")
 				b.ReportMetric(r.Direct.P99Millis, "direct-p99-ms")
 				b.ReportMetric(r.AddedP50Millis, "added-p50-ms")
