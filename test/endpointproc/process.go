@@ -65,6 +65,13 @@ type Cluster struct {
 	Pprof bool
 	// EventCacheSize is the endpoint's -event-cache-size (0: its default).
 	EventCacheSize int
+	// Config is appended to each replica's configuration file (YAML at the
+	// top level, e.g. a limits: section); empty for none.
+	Config string
+	// WriteQPS and WriteBurst are registration.writeQPS and writeBurst (0:
+	// the endpoint's defaults).
+	WriteQPS   float64
+	WriteBurst int
 }
 
 // Replica is one endpoint process.
@@ -108,6 +115,13 @@ func (c *Cluster) NewReplica(name string) (*Replica, error) {
 	if grace == 0 {
 		grace = 10 * time.Minute
 	}
+	var writes string
+	if c.WriteQPS > 0 {
+		writes += fmt.Sprintf("  writeQPS: %g\n", c.WriteQPS)
+	}
+	if c.WriteBurst > 0 {
+		writes += fmt.Sprintf("  writeBurst: %d\n", c.WriteBurst)
+	}
 	r.config = filepath.Join(c.Dir, name+".yaml")
 	r.log = filepath.Join(c.Dir, name+".log")
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
@@ -121,11 +135,11 @@ identity:
     certificatesDir: %s
 registration:
   gracePeriod: %s
-listen:
+%slisten:
   onboarding: %s
   metrics: %s
   xds: %s
-`, c.Namespace, certs, grace, r.Onboarding, r.Metrics, r.XDS)
+`, c.Namespace, certs, grace, writes, r.Onboarding, r.Metrics, r.XDS) + c.Config
 	if err := os.WriteFile(r.config, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
