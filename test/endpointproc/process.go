@@ -68,10 +68,9 @@ type Cluster struct {
 	// Config is appended to each replica's configuration file (YAML at the
 	// top level, e.g. a limits: section); empty for none.
 	Config string
-	// WriteQPS and WriteBurst are registration.writeQPS and writeBurst (0:
-	// the endpoint's defaults).
-	WriteQPS   float64
-	WriteBurst int
+	// Registration is more of the registration: section, one "key: value"
+	// per line without indentation (e.g. "writeQPS: 300"); empty for none.
+	Registration []string
 }
 
 // Replica is one endpoint process.
@@ -116,11 +115,8 @@ func (c *Cluster) NewReplica(name string) (*Replica, error) {
 		grace = 10 * time.Minute
 	}
 	var writes string
-	if c.WriteQPS > 0 {
-		writes += fmt.Sprintf("  writeQPS: %g\n", c.WriteQPS)
-	}
-	if c.WriteBurst > 0 {
-		writes += fmt.Sprintf("  writeBurst: %d\n", c.WriteBurst)
+	for _, line := range c.Registration {
+		writes += "  " + line + "\n"
 	}
 	r.config = filepath.Join(c.Dir, name+".yaml")
 	r.log = filepath.Join(c.Dir, name+".log")

@@ -86,11 +86,11 @@ const suiteConfig = `limits:
     maxConnectionsPerSource: 1000
 `
 
-// Write budget of each replica in the suite (see suiteConfig).
-const (
-	suiteWriteQPS   = 300
-	suiteWriteBurst = 600
-)
+// suiteRegistration is the replicas' registration: settings beyond the
+// fixture's: the write budget sized for the fleet (see suiteConfig), and no
+// per-source limit on credential verifications (one source onboards the
+// whole fleet).
+var suiteRegistration = []string{"writeQPS: 300", "writeBurst: 600", "verifyPerSecond: -1"}
 
 // fixture is one test's endpoint deployment: a namespace, replicas and
 // agents.
@@ -121,7 +121,7 @@ func newFixture(t *testing.T, replicas int) *fixture {
 	}
 	f := &fixture{t: t, ns: ns, ca: ca, uids: map[string]string{}, cluster: &endpointproc.Cluster{
 		Binary: bin, Kubeconfig: env.KubeconfigPath, Namespace: ns, CA: ca, Dir: keepDir(t),
-		Config: suiteConfig, WriteQPS: suiteWriteQPS, WriteBurst: suiteWriteBurst,
+		Config: suiteConfig, Registration: suiteRegistration,
 	}}
 	for i := range replicas {
 		r, err := f.cluster.NewReplica(fmt.Sprintf("%s-%d", strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))[:8], i))
