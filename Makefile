@@ -180,8 +180,9 @@ manifests: testenv ## Build, validate and dry-run apply manifests/ and the Helm 
 e2e: faults ## Run the end-to-end suite (the fault suite).
 
 .PHONY: faults
-faults: testenv ## Run the fault suite: real endpoint processes, restarts and kills, apiserver and etcd outages.
-	go test -tags faults -count=1 -timeout 15m -v ./test/faults/
+FAULTS_STREAMS ?= 1000
+faults: testenv ## Run the fault suite at FAULTS_STREAMS streams (1,000): real endpoint processes, restarts and kills, apiserver and etcd outages.
+	FAULTS_STREAMS=$(FAULTS_STREAMS) go test -tags faults -count=1 -timeout 30m -v ./test/faults/
 
 .PHONY: bench
 BENCH_COUNT ?= 1
