@@ -21,6 +21,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // The on-prem host: it proves itself with a JWT of an OIDC issuer, here the
@@ -145,7 +146,7 @@ spec:
 	fmt.Fprintf(out, "\nonboarding-agent started on %s (host.platform jwt, host.jwt.command: kubectl create token %s -n %s --audience %s --duration 10m)\n",
 		onPremHost, onPremHost, onPremNamespace, endpointHost)
 	want := onPremRegistrationName("ratings", issuer, onPremHost)
-	if err := eventually(ctx, waitFor, func() error {
+	if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 		if name, restarts := v.state(); restarts == 0 {
 			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.agentLog("level="))
 		} else if name != want {

@@ -45,6 +45,7 @@ import (
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 )
 
@@ -562,7 +563,7 @@ func (s *xdsServer) publishCluster(t *testing.T, nodeID, version, name string) {
 func (s *xdsServer) waitStream(t *testing.T, what string, ok func(*streamRecord) bool) streamRecord {
 	t.Helper()
 	var found *streamRecord
-	eventually(t, what, func() bool {
+	fixtures.Eventually(t, waitTimeout, what, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, st := range s.streams {
@@ -663,18 +664,6 @@ func clusterNames(t *testing.T, resp *discoveryv3.DiscoveryResponse) []string {
 		names = append(names, c.GetName())
 	}
 	return names
-}
-
-// eventually polls cond until it holds or waitTimeout passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // serverTLS returns a CA (PEM) and a server certificate it signed for 127.0.0.1.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -50,7 +51,7 @@ func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
 			t.Logf("agent output:\n%s", logs.String())
 		}
 	})
-	eventually(t, 60*time.Second, "registration created and sidecar restarted", func() bool {
+	fixtures.Eventually(t, 60*time.Second, "registration created and sidecar restarted", func() bool {
 		return len(w.registrations()) == 1 && countLines(filepath.Join(root, "restarts")) == 1
 	})
 	if v := w.registrations()[0].Spec.Registration.Agent.Version; v != "v9.9.9-test" {

@@ -25,7 +25,6 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -224,15 +223,6 @@ func (w *world) registrations() []runtimev1alpha1.WorkloadAutoRegistration {
 	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
 	must(w.t, env.Client.List(w.t.Context(), list, client.InNamespace(w.ns)))
 	return list.Items
-}
-
-// eventually polls cond every 100ms for up to d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, d, true, func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("%s: not within %v", what, d)
-	}
 }
 
 func countLines(path string) int {

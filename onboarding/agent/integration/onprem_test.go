@@ -25,6 +25,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // onPremHost is the service account whose tokens the on-prem host presents:
@@ -155,7 +156,7 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	go func() { done <- a.Run(actx) }()
 	defer func() { stop(); <-done }()
 
-	eventually(t, 60*time.Second, "the on-prem host registered", func() bool { return len(w.registrations()) == 1 })
+	fixtures.Eventually(t, 60*time.Second, "the on-prem host registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]
 	id := war.Spec.Identity.JWT
 	if id == nil || id.Issuer != issuer || id.ShortName != "kube" || id.Subject != onPremHost {
