@@ -172,7 +172,7 @@ func (d *demo) applySeeds(ctx context.Context, out io.Writer) error {
 		}
 	}
 	// The WorkloadGroup's service account: Embark never creates one.
-	if err := d.env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: "bookinfo"}}); err != nil {
+	if err := d.env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: fixtures.ServiceAccount, Namespace: "bookinfo"}}); err != nil {
 		return err
 	}
 	seeds := filepath.Join(root, "api/crds/testdata/seed004")

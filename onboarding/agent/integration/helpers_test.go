@@ -21,10 +21,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	istioapi "istio.io/api/networking/v1"
-	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -34,6 +30,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -125,12 +122,9 @@ listen:
 `, w.ns, endpointHost, certFile, keyFile, certs, w.aws.STS.URL, w.repoDir, w.repoAddr, w.addr, freeAddr(t), freeAddr(t))
 	must(t, os.WriteFile(w.cfgFile, []byte(cfg), 0o600))
 
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: w.ns}}
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: w.ns, Labels: map[string]string{"app": "ratings"}}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm", "version": "v1"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
-	for _, obj := range []client.Object{sa, wg} {
-		must(t, env.Client.Create(t.Context(), obj))
-	}
+	wg := fixtures.SeedGroup(w.ns)
+	wg.Spec.Template.Labels["version"] = "v1"
+	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	t.Cleanup(w.stopEndpoint)
 	return w
 }
