@@ -42,6 +42,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 
@@ -81,7 +82,7 @@ func TestAgentRelaysUpstreamStream(t *testing.T) {
 		XDSHeaders:       map[string]string{"x-embark-vm": "ratings-1"},
 		Token:            "token-1",
 	}
-	nodeID := "sidecar~10.1.2.3~ratings-vm.bookinfo~bookinfo.svc.cluster.local"
+	nodeID := fixtures.NodeID(opts.InstanceIP, k8stypes.NamespacedName{Namespace: opts.PodNamespace, Name: opts.PodName})
 	srv.publishCluster(t, nodeID, "1", "outbound|9080||ratings.bookinfo.svc.cluster.local")
 
 	agent := istioagent.Start(t, opts)
@@ -247,7 +248,7 @@ func TestAgentRestart(t *testing.T) {
 	t.Parallel()
 	srv := startXDSServer(t, nil)
 	opts := istioagent.Options{NoCA: true, DiscoveryAddress: srv.addr, PodName: "vm-r", PodNamespace: "ns-r"}
-	srv.publishCluster(t, "sidecar~127.0.0.1~vm-r.ns-r~ns-r.svc.cluster.local", "1", "c1")
+	srv.publishCluster(t, fixtures.NodeID("127.0.0.1", k8stypes.NamespacedName{Namespace: "ns-r", Name: "vm-r"}), "1", "c1")
 	agent := istioagent.Start(t, opts)
 
 	for run := range 2 {
@@ -374,7 +375,7 @@ func TestAgentMutualTLS(t *testing.T) {
 	t.Parallel()
 	caPEM, serverCert := serverTLS(t)
 	srv := startXDSServer(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{serverCert}, MinVersion: tls.VersionTLS12}))
-	srv.publishCluster(t, "sidecar~127.0.0.1~vm-1.default~default.svc.cluster.local", "7", "tls-cluster")
+	srv.publishCluster(t, fixtures.NodeID("127.0.0.1", k8stypes.NamespacedName{Namespace: "default", Name: "vm-1"}), "7", "tls-cluster")
 	agent := istioagent.Start(t, istioagent.Options{
 		NoCA:             true,
 		DiscoveryAddress: srv.addr,

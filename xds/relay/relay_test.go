@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds/relay"
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-const nodeID = "sidecar~10.0.0.5~vm1.demo~demo.svc.cluster.local"
+var nodeID = fixtures.NodeID("10.0.0.5", k8stypes.NamespacedName{Namespace: "demo", Name: "vm1"})
 
 // upstream is an xDS server standing in for istiod: a go-control-plane
 // snapshot cache that records what its streams carry.
