@@ -42,9 +42,9 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
-	k8stypes "k8s.io/apimachinery/pkg/types"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
