@@ -457,12 +457,12 @@ func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
 	if err := show(healthy(nil), nil); err != nil {
 		return err
 	}
-	v.healthy.Store(false)
+	v.app.SetHealthy(false)
 	fmt.Fprintf(out, "\n%s's application now answers /ready with 503:\n", v.name)
 	if err := show(healthy(v), v); err != nil {
 		return err
 	}
-	v.healthy.Store(true)
+	v.app.SetHealthy(true)
 	fmt.Fprintf(out, "\n%s's application recovers:\n", v.name)
 	return show(healthy(nil), nil)
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 const (
@@ -198,7 +199,7 @@ spec:
 
 	t.Log("the VM is fixed and the rollout resumed: it completes")
 	broken.breakOnRestart.Store(false)
-	broken.healthy.Store(true)
+	broken.app.SetHealthy(true)
 	tl.note("%s's application fixed: /ready answers 200", broken.name)
 	kubectl(t, "patch", "wgr", "ratings", "-n", ns, "--type", "merge", "-p", `{"spec":{"paused":false}}`)
 	tl.note("rollout resumed: kubectl patch wgr ratings --type merge -p '{\"spec\":{\"paused\":false}}'")
@@ -283,7 +284,7 @@ listen:
 `, ns, endpointHost, certFile, keyFile, certs, stsURL, xdsAddr, caFile, endpointAddr, freeAddr(t), xdsAddr)
 	cfgFile := filepath.Join(dir, "endpoint.yaml")
 	must(t, os.WriteFile(cfgFile, []byte(cfg), 0o600))
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() {

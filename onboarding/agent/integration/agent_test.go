@@ -16,6 +16,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // The whole life of an agent: refused until a policy allows it, onboarded,
@@ -31,7 +32,7 @@ func TestAgentLifecycle(t *testing.T) {
 	must(t, err)
 	onbCfg, err := config.LoadOnboarding(onboardingFile)
 	must(t, err)
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent logs:\n%s", logs.String())

@@ -11,6 +11,7 @@ import (
 
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // The built cmd/onboarding-agent binary, with its configuration files and
@@ -39,7 +40,7 @@ func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
 	}
 
 	tokenFile := filepath.Join(root, "flag-token")
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	cmd := exec.Command(bin, "--agent-config", agentFile, "--onboarding-config", onboardingFile, "--token", tokenFile)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	must(t, cmd.Start())

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -16,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +30,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 var env *testenv.Env
@@ -43,24 +42,6 @@ func TestMain(m *testing.M) {
 }
 
 const endpointHost = "onboarding-endpoint.agent.test"
-
-// syncBuffer is a log sink tests read while the agent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // world is one namespace with a WorkloadGroup, an AWS region with one
 // instance, and the endpoint's configuration (TLS, loopback ports).
@@ -137,7 +118,7 @@ func (w *world) startEndpoint() {
 	done := make(chan error, 1)
 	go func() {
 		done <- app.Run(ctx, app.Options{ConfigFile: w.cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "agent-test-0", DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(&syncBuffer{}, nil)), Ready: ready})
+			Logger: slog.New(slog.NewTextHandler(&vmsim.SyncBuffer{}, nil)), Ready: ready})
 	}()
 	select {
 	case <-ready:

@@ -26,6 +26,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // onPremHost is the service account whose tokens the on-prem host presents:
@@ -139,7 +140,7 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	must(t, err)
 	onbCfg, err := config.LoadOnboarding(onboardingFile)
 	must(t, err)
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent logs:\n%s", logs.String())

@@ -41,6 +41,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // Stand-in user and group IDs of the VM: istio-proxy (which pilot-agent runs
@@ -180,7 +181,7 @@ func TestUpstreamIstioStartScript(t *testing.T) {
 		"DISABLE_ENVOY=true", // the Envoy stand-in
 		"CLOUD_PLATFORM=none",
 	}
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if asRoot {
@@ -348,7 +349,7 @@ func readNode(t *testing.T, path string) *corev3.Node {
 
 // waitFor waits up to 60s for cond, failing at once when istio-start.sh
 // exits first.
-func waitFor(t *testing.T, done chan error, logs *syncBuffer, what string, cond func() bool) {
+func waitFor(t *testing.T, done chan error, logs *vmsim.SyncBuffer, what string, cond func() bool) {
 	t.Helper()
 	var exited bool
 	var exitErr error
@@ -371,23 +372,6 @@ func waitFor(t *testing.T, done chan error, logs *syncBuffer, what string, cond 
 	case err != nil:
 		t.Fatalf("no %s after 60s; istio-start.sh output:\n%s", what, logs.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func writeExec(t *testing.T, path, content string) {
