@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -210,4 +211,66 @@ func TestRunRefusesABadConfiguration(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "endpoint.hosts") {
 		t.Errorf("err = %v, want it to name endpoint.hosts", err)
 	}
+}
+
+// A phase that fails after the listeners are open (here the local
+// repository, whose directory does not exist) leaves no listener bound and
+// no goroutine of Run behind: the listener group closes every listener,
+// and Run ends what the phases started.
+func TestRunFailingAfterListenLeavesNothingBehind(t *testing.T) {
+	ns := env.Namespace(t)
+	dir := t.TempDir()
+	certs := filepath.Join(dir, "aws-certs")
+	if err := os.MkdirAll(certs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	aws := awstest.Start(t, awstest.Instance{})
+	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addrs := map[string]string{"onboarding": freeAddr(t), "metrics": freeAddr(t), "xds": freeAddr(t), "repository": freeAddr(t), "debug": freeAddr(t)}
+	cfgFile := filepath.Join(dir, "config.yaml")
+	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+namespace: %s
+endpoint:
+  hosts: [onboarding-endpoint.example.corp]
+  plaintext: true
+identity:
+  aws:
+    certificatesDir: %s
+    stsEndpoint: %s
+localRepository:
+  directory: %s
+listen:
+  onboarding: %s
+  metrics: %s
+  xds: %s
+  repository: %s
+`, ns, certs, aws.STS.URL, filepath.Join(dir, "no-such-directory"), addrs["onboarding"], addrs["metrics"], addrs["xds"], addrs["repository"])
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	before := goleak.IgnoreCurrent()
+	err := Run(t.Context(), Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-test-fail",
+		DebugXDS: addrs["debug"], Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "localRepository.directory") {
+		t.Fatalf("Run = %v, want the local repository's directory error", err)
+	}
+	for name, addr := range addrs {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("%s listener %s still bound after Run failed: %v", name, addr, err)
+			continue
+		}
+		_ = l.Close()
+	}
+	// Idle keep-alive connections of client-go's shared transports are the
+	// process's, not Run's.
+	goleak.VerifyNone(t, before,
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*http2ClientConn).readLoop"))
 }
