@@ -48,14 +48,12 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// The endpoint binary's wiring, from its configuration file to a workload
-// registered through its gRPC API, against the real API server.
-func TestRunServesTheOnboardingAPI(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	ns := env.Namespace(t)
-	aws := awstest.Start(t, awstest.Instance{})
-
+// writeConfig writes an endpoint configuration for namespace ns that
+// verifies the instances of aws (its CA as us-east-2's certificate, its
+// STS), serves plaintext, and has the given further sections; it returns
+// the file's path.
+func writeConfig(t *testing.T, ns string, aws *awstest.Env, more string) string {
+	t.Helper()
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "aws-certs")
 	if err := os.MkdirAll(certs, 0o755); err != nil {
@@ -64,7 +62,6 @@ func TestRunServesTheOnboardingAPI(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	cfgFile := filepath.Join(dir, "config.yaml")
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
@@ -72,23 +69,36 @@ namespace: %s
 endpoint:
   hosts: [onboarding-endpoint.example.corp]
   plaintext: true
-tokenIssuer:
-  jwt:
-    expiration: 30m
 identity:
   aws:
     certificatesDir: %s
     stsEndpoint: %s
+`, ns, certs, aws.STS.URL) + more
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfgFile
+}
+
+// The endpoint binary's wiring, from its configuration file to a workload
+// registered through its gRPC API, against the real API server.
+func TestRunServesTheOnboardingAPI(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	ns := env.Namespace(t)
+	aws := awstest.Start(t, awstest.Instance{})
+
+	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	cfgFile := writeConfig(t, ns, aws, fmt.Sprintf(`tokenIssuer:
+  jwt:
+    expiration: 30m
 registration:
   gracePeriod: 1m
 listen:
   onboarding: %s
   metrics: %s
   xds: %s
-`, ns, certs, aws.STS.URL, onboardingAddr, metricsAddr, xdsAddr)
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`, onboardingAddr, metricsAddr, xdsAddr))
 
 	// The seed 004 objects, in the test's namespace.
 	policyYAML, err := os.ReadFile("../../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
@@ -219,38 +229,16 @@ func TestRunRefusesABadConfiguration(t *testing.T) {
 // and Run ends what the phases started.
 func TestRunFailingAfterListenLeavesNothingBehind(t *testing.T) {
 	ns := env.Namespace(t)
-	dir := t.TempDir()
-	certs := filepath.Join(dir, "aws-certs")
-	if err := os.MkdirAll(certs, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	aws := awstest.Start(t, awstest.Instance{})
-	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	addrs := map[string]string{"onboarding": freeAddr(t), "metrics": freeAddr(t), "xds": freeAddr(t), "repository": freeAddr(t), "debug": freeAddr(t)}
-	cfgFile := filepath.Join(dir, "config.yaml")
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [onboarding-endpoint.example.corp]
-  plaintext: true
-identity:
-  aws:
-    certificatesDir: %s
-    stsEndpoint: %s
-localRepository:
+	cfgFile := writeConfig(t, ns, aws, fmt.Sprintf(`localRepository:
   directory: %s
 listen:
   onboarding: %s
   metrics: %s
   xds: %s
   repository: %s
-`, ns, certs, aws.STS.URL, filepath.Join(dir, "no-such-directory"), addrs["onboarding"], addrs["metrics"], addrs["xds"], addrs["repository"])
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`, filepath.Join(t.TempDir(), "no-such-directory"), addrs["onboarding"], addrs["metrics"], addrs["xds"], addrs["repository"]))
 
 	before := goleak.IgnoreCurrent()
 	err := Run(t.Context(), Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-test-fail",
