@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -33,6 +32,7 @@ import (
 	"github.com/embark-mesh/embark/api/scheme"
 	"github.com/embark-mesh/embark/onboarding/config"
 	"github.com/embark-mesh/embark/onboarding/endpoint"
+	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/policystatus"
 	"github.com/embark-mesh/embark/onboarding/servingcert"
@@ -463,8 +463,8 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	grpcOpts := append(b.lim.onboarding.GRPCServerOptions(), grpc.ChainUnaryInterceptor(b.metrics.UnaryInterceptor()))
 	xdsOpts := b.lim.xds.GRPCServerOptions()
 	if servingTLS != nil {
-		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(servingTLS)))
-		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(servingTLS)))
+		grpcOpts = append(grpcOpts, limits.TLSServerOptions(servingTLS)...)
+		xdsOpts = append(xdsOpts, limits.TLSServerOptions(servingTLS)...)
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	b.xdsServer.Register(xg)
