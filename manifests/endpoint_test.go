@@ -15,11 +15,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	istioapi "istio.io/api/networking/v1"
-	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	sigsyaml "sigs.k8s.io/yaml"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -27,6 +22,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // workloadFixture is a workload namespace with seed 004's policy, the
@@ -65,14 +61,10 @@ func (f *workloadFixture) seed(t *testing.T, ns string) {
 		t.Fatal(err)
 	}
 	policy.Namespace = ns
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns, Labels: map[string]string{"app": "ratings"}}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
-	for _, obj := range []client.Object{policy, wg, sa} {
-		if err := env.Client.Create(t.Context(), obj); err != nil {
-			t.Fatal(err)
-		}
+	if err := env.Client.Create(t.Context(), policy); err != nil {
+		t.Fatal(err)
 	}
+	fixtures.CreateGroup(t.Context(), t, env.Client, fixtures.SeedGroup(ns))
 }
 
 // endpointAddrs are one replica's loopback listeners.

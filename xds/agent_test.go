@@ -8,6 +8,7 @@ import (
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 )
 
@@ -28,10 +29,10 @@ func TestRealSidecarAndIstioctl(t *testing.T) {
 		PodNamespace:     ns,
 		InstanceIP:       w.ip,
 		ClusterID:        certClusterID,
-		ServiceAccount:   "ratings-vm",
+		ServiceAccount:   fixtures.ServiceAccount,
 		Token:            w.token,
 	}))
-	checkCertificate(t, agent, i, ns, "ratings-vm")
+	checkCertificate(t, agent, i, ns, fixtures.ServiceAccount)
 	c, err := istioagent.Connect(t.Context(), agent)
 	if err != nil {
 		t.Fatal(err)

@@ -18,7 +18,6 @@ import (
 	istiometa "istio.io/api/meta/v1alpha1"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -26,6 +25,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 )
 
@@ -108,18 +108,13 @@ func TestRealSidecarProbeDrivesHealthyCondition(t *testing.T) {
 	ns := env.Namespace(t)
 	app := startProbedApp(t)
 
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm", Network: "vms"}
+	wg := fixtures.WorkloadGroup(ns, nil)
+	wg.Spec.Template.Network = "vms"
 	wg.Spec.Probe = &istioapi.ReadinessProbe{
 		PeriodSeconds: 1, TimeoutSeconds: 1, SuccessThreshold: 1, FailureThreshold: 1,
 		HealthCheckMethod: &istioapi.ReadinessProbe_HttpGet{HttpGet: &istioapi.HTTPHealthCheckConfig{Host: "127.0.0.1", Port: uint32(app.port), Path: "/ready"}},
 	}
-	if err := env.Client.Create(t.Context(), wg); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Client.Create(t.Context(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
-		t.Fatal(err)
-	}
+	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	w := register(t, ns, "i-0000000000000000c", "10.0.8.1")
 	we := &istionetworkingv1.WorkloadEntry{}
 	if err := env.Client.Get(t.Context(), w.key, we); err != nil {
@@ -156,10 +151,10 @@ func TestRealSidecarProbeDrivesHealthyCondition(t *testing.T) {
 	i := sharedIstiod(t)
 	agent := istioagent.Start(t, withIstiodCA(i, istioagent.Options{
 		DiscoveryAddress: r.addr, PodName: w.key.Name, PodNamespace: ns, InstanceIP: w.ip,
-		ClusterID: certClusterID, ServiceAccount: "ratings-vm", Token: w.token,
+		ClusterID: certClusterID, ServiceAccount: fixtures.ServiceAccount, Token: w.token,
 		ProxyConfig: &meshconfig.ProxyConfig{ReadinessProbe: group.GetProbe()},
 	}))
-	checkCertificate(t, agent, i, ns, "ratings-vm")
+	checkCertificate(t, agent, i, ns, fixtures.ServiceAccount)
 	c, err := istioagent.Connect(t.Context(), agent)
 	if err != nil {
 		t.Fatal(err)

@@ -36,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds/relay"
@@ -275,11 +276,11 @@ func startVM(t *testing.T, r *replica, i *testenv.Istiod, w *workload, ns string
 		PodName:          w.key.Name,
 		PodNamespace:     ns,
 		InstanceIP:       w.ip,
-		ServiceAccount:   "ratings-vm",
+		ServiceAccount:   fixtures.ServiceAccount,
 		Labels:           map[string]string{"app": "ratings"},
 		Token:            w.token,
 	}))
-	checkCertificate(t, agent, i, ns, "ratings-vm")
+	checkCertificate(t, agent, i, ns, fixtures.ServiceAccount)
 	c, err := istioagent.Connect(t.Context(), agent)
 	if err != nil {
 		t.Fatal(err)
@@ -579,7 +580,7 @@ func TestIstiodModeNoLeak(t *testing.T) {
 	conn := dial(t, r.addr)
 	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
 	node := sidecarNode(w.nodeID)
-	node.Metadata.Fields["SERVICE_ACCOUNT"] = structpb.NewStringValue("ratings-vm")
+	node.Metadata.Fields["SERVICE_ACCOUNT"] = structpb.NewStringValue(fixtures.ServiceAccount)
 	cycle := func() error {
 		ctx, cancel := context.WithCancel(withToken(t.Context(), w.token))
 		defer cancel()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // namedConfig serves each proxy one listener named after its registration,
@@ -86,7 +88,7 @@ func TestALaterRequestCannotSwitchNode(t *testing.T) {
 	otherMeta.Metadata.Fields["PROXY_CONFIG"] = nil
 	delete(otherMeta.Metadata.Fields, "PROXY_CONFIG")
 	invented := func(i int) *core.Node {
-		return sidecarNode(fmt.Sprintf("sidecar~10.0.8.1~invented-%d.%s~%s.svc.cluster.local", i, ns, ns))
+		return sidecarNode(fixtures.NodeID("10.0.8.1", client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("invented-%d", i)}))
 	}
 	tests := []struct {
 		name    string

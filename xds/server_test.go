@@ -27,7 +27,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
-	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -44,6 +43,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -224,41 +224,21 @@ func register(t *testing.T, ns, instance, ip string) *workload {
 	t.Helper()
 	ctx := t.Context()
 	wg := &istionetworkingv1.WorkloadGroup{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "ratings"}, wg); err != nil {
-		wg = &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-		wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm", Network: "vms"}
-		if err := env.Client.Create(ctx, wg); err != nil {
-			t.Fatal(err)
-		}
-		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
-		if err := env.Client.Create(ctx, sa); err != nil {
-			t.Fatal(err)
-		}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fixtures.GroupName}, wg); err != nil {
+		wg = fixtures.WorkloadGroup(ns, nil)
+		wg.Spec.Template.Network = "vms"
+		fixtures.CreateGroup(ctx, t, env.Client, wg)
 	}
 	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: informers, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{
-		Group: wg,
-		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-			EC2: &runtimev1alpha1.EC2Identity{InstanceID: instance},
-		}},
-		Registration: runtimev1alpha1.Registration{
-			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-			Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-		},
-	})
+	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(instance), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	key := client.ObjectKeyFromObject(res.Registration)
-	return &workload{
-		key: key, ip: ip, token: res.SidecarToken.Token, res: res,
-		nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local",
-	}
+	return &workload{key: key, ip: ip, token: res.SidecarToken.Token, res: res, nodeID: fixtures.NodeID(ip, key)}
 }
 
 func sidecarNode(id string) *core.Node {
@@ -438,11 +418,10 @@ func TestStreamLivenessBecomesStatus(t *testing.T) {
 	}
 }
 
+// waitFor waits for a condition on the replica's own state.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
-		t.Fatal("condition never held")
-	}
+	fixtures.Eventually(t, 20*time.Second, "condition", cond)
 }
 
 // requestToken asks the API server for a token of the workload's service
@@ -457,7 +436,7 @@ func requestToken(t *testing.T, w *workload, audience string, bound bool) string
 		}
 		tr.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{APIVersion: "v1", Kind: "Secret", Name: secret.Name, UID: secret.UID}
 	}
-	out, err := clientset.CoreV1().ServiceAccounts(w.key.Namespace).CreateToken(t.Context(), "ratings-vm", tr, metav1.CreateOptions{})
+	out, err := clientset.CoreV1().ServiceAccounts(w.key.Namespace).CreateToken(t.Context(), fixtures.ServiceAccount, tr, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	"github.com/embark-mesh/embark/api/crds"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -110,10 +111,7 @@ func seedWAR(t *testing.T, ns string) *runtimev1alpha1.WorkloadAutoRegistration 
 	return &runtimev1alpha1.WorkloadAutoRegistration{
 		ObjectMeta: metav1.ObjectMeta{Name: seedWARName, Namespace: ns},
 		Spec: runtimev1alpha1.WorkloadAutoRegistrationSpec{
-			Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-				Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-				EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-1234567890abcdef0"},
-			}},
+			Identity: fixtures.AWSIdentity("i-1234567890abcdef0"),
 			Registration: runtimev1alpha1.Registration{
 				Agent: runtimev1alpha1.AgentInfo{Version: "v1.4.0"},
 				Host: runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{

@@ -18,8 +18,8 @@ import (
 
 	jose "github.com/go-jose/go-jose/v4"
 
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/token"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 const (
@@ -31,15 +31,14 @@ const (
 var testNow = time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC)
 
 func testRequest() token.Request {
+	id := fixtures.AWSIdentity(fixtures.InstanceID)
+	id.AWS.EC2.IAMRole = "ratings-vm"
 	return token.Request{
 		Namespace:        "bookinfo",
 		Name:             "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0",
 		WorkloadGroup:    "ratings",
 		WorkloadIdentity: "aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0",
-		Verified: &runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-1234567890abcdef0", IAMRole: "ratings-vm"},
-		}},
+		Verified:         &id,
 	}
 }
 

@@ -25,20 +25,17 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	istioapi "istio.io/api/networking/v1"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds/ca"
 )
 
@@ -125,13 +122,8 @@ listen: {onboarding: %s, metrics: %s, xds: %s, repository: %s}
 func TestCertificateRequestsNeedALiveRegistrationsToken(t *testing.T) {
 	ns := env.Namespace(t)
 	ctx := t.Context()
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
-	for _, obj := range []client.Object{wg, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}} {
-		if err := env.Client.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-	}
+	wg := fixtures.WorkloadGroup(ns, nil)
+	fixtures.CreateGroup(ctx, t, env.Client, wg)
 	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
 	if err != nil {
 		t.Fatal(err)
@@ -141,12 +133,7 @@ func TestCertificateRequestsNeedALiveRegistrationsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	registerVM := func(n int) *registry.Result {
-		res, err := reg.Register(ctx, registry.Request{
-			Group: wg,
-			Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-				EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", n)}}},
-			Registration: runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: fmt.Sprintf("10.1.0.%d", n), Type: runtimev1alpha1.AddressTypeVPC}}}},
-		})
+		res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(fmt.Sprintf("10.1.0.%d", n))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +149,7 @@ func TestCertificateRequestsNeedALiveRegistrationsToken(t *testing.T) {
 	}
 	// A plain token of the group's service account for istiod's audience:
 	// what a pod of that service account holds, not bound to a registration.
-	plain, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "ratings-vm", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca", registry.DefaultXDSAudience}}}, metav1.CreateOptions{})
+	plain, err := kube.CoreV1().ServiceAccounts(ns).CreateToken(ctx, fixtures.ServiceAccount, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"istio-ca", registry.DefaultXDSAudience}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,13 +216,8 @@ func TestUnauthenticatedFloodStarvesCertificateRequests(t *testing.T) {
 	Attack(t, "unauthenticated certificate requests from many sources spend the CA relay's shared budget")
 	ns := env.Namespace(t)
 	ctx := t.Context()
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
-	for _, obj := range []client.Object{wg, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}} {
-		if err := env.Client.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-	}
+	wg := fixtures.WorkloadGroup(ns, nil)
+	fixtures.CreateGroup(ctx, t, env.Client, wg)
 	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
 	if err != nil {
 		t.Fatal(err)
@@ -244,12 +226,7 @@ func TestUnauthenticatedFloodStarvesCertificateRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, err := reg.Register(ctx, registry.Request{
-		Group: wg,
-		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-00000000000000001"}}},
-		Registration: runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: "10.1.0.1", Type: runtimev1alpha1.AddressTypeVPC}}}},
-	})
+	live, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-00000000000000001"), Registration: fixtures.Registration("10.1.0.1")})
 	if err != nil {
 		t.Fatal(err)
 	}

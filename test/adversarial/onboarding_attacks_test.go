@@ -20,6 +20,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // wantCode fails t unless err has code and its message holds every part of
@@ -413,7 +414,7 @@ func TestSTSProofFromARoleSessionOutsideTheInstance(t *testing.T) {
 	t.Cleanup(fake.Close)
 	h := newOnboarding(t, onboardingOptions{profiles: profileChecker(t, fake)})
 	h.policy("ratings-role", authorizationv1alpha1.AllowRule{
-		Workloads: []authorizationv1alpha1.WorkloadMatcher{{AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{"123456789012"},
+		Workloads: []authorizationv1alpha1.WorkloadMatcher{{AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{fixtures.Account},
 			EC2: &authorizationv1alpha1.EC2Matcher{IAMRoleNames: []string{"ratings-role"}}}}},
 		OnboardTo: []authorizationv1alpha1.OnboardTarget{{}},
 	})

@@ -48,6 +48,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // The onboarding attacks run against the real onboarding endpoint (in
@@ -346,7 +347,7 @@ func (h *onboarding) group(name string) *istionetworkingv1.WorkloadGroup {
 // anyEC2 allows any EC2 instance of the fake's account into every group.
 func anyEC2() authorizationv1alpha1.AllowRule {
 	return authorizationv1alpha1.AllowRule{
-		Workloads: []authorizationv1alpha1.WorkloadMatcher{{AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{"123456789012"}, EC2: &authorizationv1alpha1.EC2Matcher{}}}},
+		Workloads: []authorizationv1alpha1.WorkloadMatcher{{AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{fixtures.Account}, EC2: &authorizationv1alpha1.EC2Matcher{}}}},
 		OnboardTo: []authorizationv1alpha1.OnboardTarget{{}},
 	}
 }

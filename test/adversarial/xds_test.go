@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
-	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,6 +33,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds"
 )
 
@@ -108,37 +108,20 @@ func registerWorkload(t *testing.T, p *xdsPlane, ns, group, instance, ip string)
 	ctx := t.Context()
 	wg := &istionetworkingv1.WorkloadGroup{}
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: group}, wg); err != nil {
-		wg = &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: group, Namespace: ns}}
-		wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
-		if err := env.Client.Create(ctx, wg); err != nil {
-			t.Fatal(err)
-		}
-		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
-		if err := env.Client.Create(ctx, sa); err != nil && !strings.Contains(err.Error(), "already exists") {
-			t.Fatal(err)
-		}
+		wg = fixtures.WorkloadGroup(ns, nil)
+		wg.Name = group
+		fixtures.CreateGroup(ctx, t, env.Client, wg)
 	}
 	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: p.cache, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{
-		Group: wg,
-		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-			EC2: &runtimev1alpha1.EC2Identity{InstanceID: instance},
-		}},
-		Registration: runtimev1alpha1.Registration{
-			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-			Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-		},
-	})
+	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(instance), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatalf("register %s/%s: %v", ns, group, err)
 	}
 	key := client.ObjectKeyFromObject(res.Registration)
-	return &sidecar{key: key, token: res.SidecarToken.Token, nodeID: nodeid.Build(ip, key)}
+	return &sidecar{key: key, token: res.SidecarToken.Token, nodeID: fixtures.NodeID(ip, key)}
 }
 
 func nodeOf(id string) *core.Node {

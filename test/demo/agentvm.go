@@ -20,6 +20,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // agentArg is the first argument that runs the demo binary as a simulated
@@ -72,11 +73,11 @@ func runOnboardingAgent(args []string) int {
 // defaults), except the root certificate of the discovery address: the
 // file-mounted workload certificates pilot-agent reads live in etc/certs.
 const (
-	vmClusterEnv  = "var/lib/istio/envoy/cluster.env"
-	vmMeshConfig  = "etc/istio/config/mesh"
-	vmRootCert    = "etc/istio/xds-root-cert.pem"
-	vmToken       = "var/run/secrets/tokens/istio-token"
-	vmUnitSocket  = "run/istio-sidecar.sock"
+	vmClusterEnv  = vmsim.ClusterEnv
+	vmMeshConfig  = vmsim.MeshConfig
+	vmRootCert    = vmsim.RootCert
+	vmToken       = vmsim.Token
+	vmUnitSocket  = vmsim.UnitSocket
 	vmAgentLog    = "var/log/onboarding-agent.log"
 	vmAgentConfig = "etc/onboarding-agent/agent.config.yaml"
 	vmOnbConfig   = "etc/onboarding-agent/onboarding.config.yaml"
@@ -140,7 +141,7 @@ workload:
 			return err
 		}
 	}
-	unit, err := startSidecarUnit(p(vmUnitSocket), func() error { return v.restartSidecar(t) }, func() error { v.stopSidecar(); return nil })
+	unit, err := vmsim.StartUnit(p(vmUnitSocket), func() error { return v.restartSidecar(t) }, func() error { v.stopSidecar(); return nil })
 	if err != nil {
 		return err
 	}
@@ -184,7 +185,7 @@ func (v *vm) restartSidecar(t *demoTB) error {
 	if err != nil {
 		return err
 	}
-	pc, err := parseMeshConfig(meshData)
+	pc, err := vmsim.ProxyConfig(meshData)
 	if err != nil {
 		return err
 	}
@@ -247,7 +248,7 @@ func (v *vm) shutdownAgent() {
 		v.agent = nil
 	}
 	if v.unit != nil {
-		v.unit.close()
+		v.unit.Close()
 		v.unit = nil
 	}
 	v.stopSidecar()

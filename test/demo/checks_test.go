@@ -134,22 +134,6 @@ func TestRunStepsNamesTheFailedStep(t *testing.T) {
 	}
 }
 
-func TestEventuallyReturnsTheLastComplaint(t *testing.T) {
-	n := 0
-	err := eventually(context.Background(), 0, func() error { n++; return errors.New("still 2 registrations") })
-	checkErr(t, err, "still 2 registrations")
-	if n == 0 {
-		t.Error("check never called")
-	}
-	n = 0
-	checkErr(t, eventually(context.Background(), waitFor, func() error {
-		if n++; n < 3 {
-			return errors.New("not yet")
-		}
-		return nil
-	}), "")
-}
-
 func checkErr(t *testing.T, err error, want string) {
 	t.Helper()
 	switch {

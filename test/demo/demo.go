@@ -26,6 +26,7 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -39,6 +40,9 @@ const (
 	gracePeriod = 15 * time.Second
 	// waitFor bounds every wait for the system to reach a state.
 	waitFor = 30 * time.Second
+	// pollInterval is how often a wait checks (checks run kubectl and
+	// istioctl: not more often).
+	pollInterval = 200 * time.Millisecond
 )
 
 // demo is the state shared by the steps.
@@ -168,7 +172,7 @@ func (d *demo) applySeeds(ctx context.Context, out io.Writer) error {
 		}
 	}
 	// The WorkloadGroup's service account: Embark never creates one.
-	if err := d.env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: "bookinfo"}}); err != nil {
+	if err := d.env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: fixtures.ServiceAccount, Namespace: "bookinfo"}}); err != nil {
 		return err
 	}
 	seeds := filepath.Join(root, "api/crds/testdata/seed004")
@@ -315,7 +319,7 @@ func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm) error {
 	fmt.Fprintf(out, "onboarding-agent started (root %s)\n", v.root)
 	// The agent onboards, writes the sidecar's bootstrap and restarts the
 	// sidecar through its unit; the sidecar connects.
-	if err := eventually(ctx, waitFor, func() error {
+	if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 		if name, restarts := v.state(); restarts == 0 {
 			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.agentLog("level="))
 		} else if name == "" {
@@ -453,12 +457,12 @@ func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
 	if err := show(healthy(nil), nil); err != nil {
 		return err
 	}
-	v.healthy.Store(false)
+	v.app.SetHealthy(false)
 	fmt.Fprintf(out, "\n%s's application now answers /ready with 503:\n", v.name)
 	if err := show(healthy(v), v); err != nil {
 		return err
 	}
-	v.healthy.Store(true)
+	v.app.SetHealthy(true)
 	fmt.Fprintf(out, "\n%s's application recovers:\n", v.name)
 	return show(healthy(nil), nil)
 }
@@ -511,7 +515,7 @@ func (d *demo) deleteRegistration(ctx context.Context, out io.Writer, v *vm) err
 	}
 	v.uid = war.UID
 	defer func() { v.uid = "" }()
-	if err := eventually(ctx, waitFor, func() error {
+	if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 		if _, n := v.state(); n == restarts {
 			return fmt.Errorf("the onboarding agent has not restarted the sidecar; its log:\n%s", v.agentLog("level="))
 		}
@@ -540,7 +544,7 @@ func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm) err
 		}
 		return nil
 	}
-	if err := eventually(ctx, gracePeriod+waitFor, gone); err != nil {
+	if err := fixtures.Poll(ctx, pollInterval, gracePeriod+waitFor, gone); err != nil {
 		return err
 	}
 	want := map[string]string{}
@@ -576,7 +580,7 @@ func (d *demo) kubectl(ctx context.Context, out io.Writer, args ...string) error
 // timeout it shows the last output and check's complaint.
 func (d *demo) showChecked(ctx context.Context, out io.Writer, check func(string) error, args ...string) error {
 	var shown string
-	err := eventually(ctx, waitFor, func() error {
+	err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 		s, err := d.env.Kubectl(ctx, nil, args...)
 		if err != nil {
 			return err

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -134,7 +135,7 @@ func (d *demo) certificateIdentity(ctx context.Context, out io.Writer) error {
 	for _, v := range d.vms {
 		dir := filepath.Join(v.root, vmOutputCerts)
 		var leaf *x509.Certificate
-		if err := eventually(ctx, waitFor, func() error {
+		if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 			var err error
 			leaf, err = d.checkWorkloadCert(dir, want)
 			return err
@@ -247,7 +248,7 @@ func (d *demo) istiodProxyStatus(ctx context.Context, out io.Writer) error {
 // the command and the output (the last one on timeout).
 func (d *demo) istioctlChecked(ctx context.Context, out io.Writer, check func(string) error, args ...string) error {
 	var shown string
-	err := eventually(ctx, waitFor, func() error {
+	err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 		s, err := istioagent.Istioctl(ctx, d.tb, args...)
 		if err != nil {
 			return err
@@ -373,7 +374,7 @@ func (e servedEndpoint) routable() bool {
 // unhealthy or not at all), then shows them.
 func (d *demo) showRatingsEndpoints(ctx context.Context, out io.Writer, want map[string]bool) error {
 	var last map[string]servedEndpoint
-	err := eventually(ctx, waitFor, func() error {
+	err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 		got, err := d.pod.endpoints()
 		if err != nil {
 			return err

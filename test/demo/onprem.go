@@ -8,12 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
@@ -21,6 +18,8 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // The on-prem host: it proves itself with a JWT of an OIDC issuer, here the
@@ -145,7 +144,7 @@ spec:
 	fmt.Fprintf(out, "\nonboarding-agent started on %s (host.platform jwt, host.jwt.command: kubectl create token %s -n %s --audience %s --duration 10m)\n",
 		onPremHost, onPremHost, onPremNamespace, endpointHost)
 	want := onPremRegistrationName("ratings", issuer, onPremHost)
-	if err := eventually(ctx, waitFor, func() error {
+	if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 		if name, restarts := v.state(); restarts == 0 {
 			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.agentLog("level="))
 		} else if name != want {
@@ -193,15 +192,9 @@ func (v *vm) startOnPremAgent(d *demo, issuer string) error {
 		return err
 	}
 	v.settings = agentSettings{exe: exe, endpoint: d.addrs.onboarding, serverName: endpointHost, caFile: d.serving.caFile}
-	l, err := net.Listen("tcp", net.JoinHostPort(onPremIP, strconv.Itoa(d.appPort)))
-	if err != nil {
-		return fmt.Errorf("listen for %s's application: %w", v.name, err)
+	if v.app, err = vmsim.StartApp(onPremIP, d.appPort, "ratings on "+v.name); err != nil {
+		return fmt.Errorf("%s: %w", v.name, err)
 	}
-	v.healthy.Store(true)
-	mux := http.NewServeMux()
-	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ready") })
-	v.app, v.appAddr = &http.Server{Handler: mux}, l.Addr().String()
-	go func() { _ = v.app.Serve(l) }()
 
 	kubectl := filepath.Join(mustAssets(), "kubectl")
 	if _, err := os.Stat(kubectl); err != nil {
@@ -256,7 +249,7 @@ workload:
 			return err
 		}
 	}
-	unit, err := startSidecarUnit(p(vmUnitSocket), func() error { return v.restartSidecar(d.tb) }, func() error { v.stopSidecar(); return nil })
+	unit, err := vmsim.StartUnit(p(vmUnitSocket), func() error { return v.restartSidecar(d.tb) }, func() error { v.stopSidecar(); return nil })
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // rollingUpdate opts the ratings WorkloadGroup in to rolling updates
@@ -37,7 +38,7 @@ spec:
 		return err
 	}
 	var ro runtimev1alpha1.WorkloadGroupRollout
-	if err := eventually(ctx, 4*waitFor, func() error {
+	if err := fixtures.Poll(ctx, pollInterval, 4*waitFor, func() error {
 		if err := d.env.Client.Get(ctx, client.ObjectKey{Namespace: "bookinfo", Name: "ratings"}, &ro); err != nil {
 			return err
 		}

@@ -67,26 +67,6 @@ func runStep(ctx context.Context, s step, out io.Writer) (err error) {
 	return s.run(ctx, out)
 }
 
-// eventually calls check until it returns nil, ctx ends or timeout passes;
-// then it returns check's last error.
-func eventually(ctx context.Context, timeout time.Duration, check func() error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := check()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not within %v: %w", timeout, err)
-		case <-tick.C:
-		}
-	}
-}
-
 // indent indents every line of s by four spaces.
 func indent(s string) string {
 	if s == "" {

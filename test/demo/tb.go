@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"testing"
+
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // demoTB lets the demo reuse test/istioagent, whose helpers take a
@@ -30,8 +32,9 @@ type demoTB struct {
 	temps    int
 }
 
-// fatal is the panic value of demoTB.Fatalf.
-type fatal string
+// fatal is the panic value of demoTB.Fatalf: vmsim's, so that a sidecar
+// unit command fails with it rather than the demo.
+type fatal = vmsim.Fatal
 
 func newDemoTB(ctx context.Context, log io.Writer, tempDir string) *demoTB {
 	return &demoTB{ctx: ctx, log: log, temp: tempDir}

@@ -1,10 +1,12 @@
 package main
 
 import (
-	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 func TestParseClusterEnv(t *testing.T) {
@@ -30,75 +32,37 @@ BARE=plain
 	}
 }
 
-func TestParseMeshConfig(t *testing.T) {
-	pc, err := parseMeshConfig([]byte(`defaultConfig:
-  discoveryAddress: 127.0.0.1:15012
-  readinessProbe:
-    httpGet:
-      path: /ready
-      port: 9080
-    periodSeconds: 1
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pc.GetDiscoveryAddress() != "127.0.0.1:15012" || pc.GetReadinessProbe().GetHttpGet().GetPort() != 9080 || pc.GetReadinessProbe().GetPeriodSeconds() != 1 {
-		t.Errorf("ProxyConfig %v", pc)
-	}
-	if pc, err := parseMeshConfig([]byte("{}\n")); err != nil || pc.GetDiscoveryAddress() != "" {
-		t.Errorf("empty mesh config: %v, %v", pc, err)
-	}
-	for _, bad := range []string{"defaultConfig: [1]\n", "defaultConfig:\n  noSuchField: 1\n", "a: b: c\n"} {
-		if _, err := parseMeshConfig([]byte(bad)); err == nil {
-			t.Errorf("%q: no error", bad)
-		}
-	}
-}
-
-// The onboarding agent's restart and stop commands reach the unit and
-// report its failures through the exit code.
-func TestSidecarUnit(t *testing.T) {
+// The demo binary, run as systemctl, reaches the unit and reports its
+// failures through the exit code (vmsim's tests cover the unit itself).
+func TestSystemctl(t *testing.T) {
 	dir, err := os.MkdirTemp("", "unit-") // short: a unix socket path
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "sidecar.sock")
-	var restarts, stops int
-	failRestart := false
-	u, err := startSidecarUnit(sock, func() error {
-		restarts++
-		if failRestart {
-			return errors.New("pilot-agent exited\nat once")
-		}
-		return nil
-	}, func() error {
-		stops++
-		newDemoTB(t.Context(), os.Stderr, dir).Fatalf("fatal in a helper")
+	u, err := vmsim.StartUnit(sock, func() error { return nil }, func() error {
+		newDemoTB(t.Context(), io.Discard, dir).Fatalf("fatal in a helper")
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer u.close()
-
-	if code := systemctl([]string{"--socket", sock, "restart"}); code != 0 || restarts != 1 {
-		t.Errorf("restart: exit %d, %d restarts", code, restarts)
-	}
-	failRestart = true
-	if code := systemctl([]string{"--socket", sock, "restart"}); code != 1 || restarts != 2 {
-		t.Errorf("failed restart: exit %d, %d restarts", code, restarts)
-	}
-	if code := systemctl([]string{"--socket", sock, "stop"}); code != 1 || stops != 1 {
-		t.Errorf("stop failing fatally: exit %d, %d stops", code, stops)
-	}
-	if code := systemctl([]string{"--socket", sock, "reload"}); code != 1 {
-		t.Errorf("unknown verb: exit %d", code)
-	}
-	if code := systemctl([]string{"restart"}); code != 2 {
-		t.Errorf("no socket: exit %d", code)
-	}
-	if code := systemctl([]string{"--socket", filepath.Join(dir, "none.sock"), "restart"}); code != 1 {
-		t.Errorf("no unit: exit %d", code)
+	defer u.Close()
+	for _, tt := range []struct {
+		name     string
+		args     []string
+		wantCode int
+	}{
+		{name: "restart", args: []string{"--socket", sock, "restart"}, wantCode: 0},
+		{name: "stop failing fatally", args: []string{"--socket", sock, "stop"}, wantCode: 1},
+		{name: "no socket", args: []string{"restart"}, wantCode: 2},
+		{name: "no unit", args: []string{"--socket", filepath.Join(dir, "none.sock"), "restart"}, wantCode: 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if code := systemctl(tt.args); code != tt.wantCode {
+				t.Errorf("exit %d, want %d", code, tt.wantCode)
+			}
+		})
 	}
 }

@@ -3,12 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os/exec"
-	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
@@ -20,6 +16,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // vm is one simulated EC2 instance: its IMDS on loopback, the application's
@@ -28,16 +25,14 @@ type vm struct {
 	name string // the demo's name for it, e.g. ratings-1
 	imds *awstest.IMDS
 
-	app     *http.Server
-	appAddr string
-	healthy atomic.Bool
+	app *vmsim.App
 
 	// root is the VM's root directory: its onboarding agent's configuration
 	// and log, the sidecar files the agent writes, pilot-agent's working
 	// directory.
 	root      string
 	settings  agentSettings
-	unit      *sidecarUnit
+	unit      *vmsim.Unit
 	agent     *exec.Cmd
 	agentDone chan error
 	uid       types.UID // a registration it must no longer be (re-onboarding)
@@ -63,27 +58,14 @@ func (v *vm) state() (string, int) {
 	return v.registration, v.restarts
 }
 
-// startApp starts the VM's application: an HTTP server on the VM's private
-// IP (a loopback address) and port whose /ready answers 200 while the VM is
-// healthy and 503 otherwise.
+// startApp starts the VM's application on the VM's private IP (a loopback
+// address) and port.
 func (v *vm) startApp(port int) error {
-	l, err := net.Listen("tcp", net.JoinHostPort(v.imds.Instance().PrivateIP, strconv.Itoa(port)))
+	app, err := vmsim.StartApp(v.imds.Instance().PrivateIP, port, "ratings on "+v.name)
 	if err != nil {
-		return fmt.Errorf("listen for %s's application: %w", v.name, err)
+		return fmt.Errorf("%s: %w", v.name, err)
 	}
-	v.healthy.Store(true)
-	mux := http.NewServeMux()
-	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		if !v.healthy.Load() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintf(w, "ratings on %s\n", v.name) })
-	v.app = &http.Server{Handler: mux}
-	v.appAddr = l.Addr().String()
-	go func() { _ = v.app.Serve(l) }()
+	v.app = app
 	return nil
 }
 
@@ -151,6 +133,6 @@ func (v *vm) stopSidecar() {
 // close stops the VM's application (its IMDS belongs to simulatedAWS).
 func (v *vm) close() {
 	if v.app != nil {
-		_ = v.app.Close()
+		v.app.Close()
 	}
 }

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -14,29 +12,28 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // Group is the WorkloadGroup the fixture's agents onboard to.
-const Group = "ratings"
+const Group = fixtures.GroupName
 
 // CreateFixture creates, in namespace, the WorkloadGroup "ratings", its
 // service account and an OnboardingPolicy allowing every EC2 instance of
 // account 123456789012 (the simulated instances' account).
 func CreateFixture(ctx context.Context, c client.Client, namespace string) error {
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: Group, Namespace: namespace, Labels: map[string]string{"app": Group}}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": Group, "class": "vm"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
 	pol := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "any-ec2", Namespace: namespace},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
-			Workloads: []authorizationv1alpha1.WorkloadMatcher{{AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{"123456789012"}, EC2: &authorizationv1alpha1.EC2Matcher{}}}},
+			Workloads: []authorizationv1alpha1.WorkloadMatcher{{AWS: &authorizationv1alpha1.AWSMatcher{Accounts: []string{fixtures.Account}, EC2: &authorizationv1alpha1.EC2Matcher{}}}},
 			OnboardTo: []authorizationv1alpha1.OnboardTarget{{}},
 		}}},
 	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: namespace}}
-	for _, obj := range []client.Object{wg, pol, sa} {
-		if err := c.Create(ctx, obj); err != nil {
-			return fmt.Errorf("create %T %s: %w", obj, obj.GetName(), err)
-		}
+	if err := fixtures.Create(ctx, c, fixtures.SeedGroup(namespace)); err != nil {
+		return err
+	}
+	if err := c.Create(ctx, pol); err != nil {
+		return fmt.Errorf("create OnboardingPolicy %s: %w", pol.Name, err)
 	}
 	return nil
 }

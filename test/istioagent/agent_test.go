@@ -44,7 +44,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 )
 
@@ -80,7 +82,7 @@ func TestAgentRelaysUpstreamStream(t *testing.T) {
 		XDSHeaders:       map[string]string{"x-embark-vm": "ratings-1"},
 		Token:            "token-1",
 	}
-	nodeID := "sidecar~10.1.2.3~ratings-vm.bookinfo~bookinfo.svc.cluster.local"
+	nodeID := fixtures.NodeID(opts.InstanceIP, k8stypes.NamespacedName{Namespace: opts.PodNamespace, Name: opts.PodName})
 	srv.publishCluster(t, nodeID, "1", "outbound|9080||ratings.bookinfo.svc.cluster.local")
 
 	agent := istioagent.Start(t, opts)
@@ -246,7 +248,7 @@ func TestAgentRestart(t *testing.T) {
 	t.Parallel()
 	srv := startXDSServer(t, nil)
 	opts := istioagent.Options{NoCA: true, DiscoveryAddress: srv.addr, PodName: "vm-r", PodNamespace: "ns-r"}
-	srv.publishCluster(t, "sidecar~127.0.0.1~vm-r.ns-r~ns-r.svc.cluster.local", "1", "c1")
+	srv.publishCluster(t, fixtures.NodeID("127.0.0.1", k8stypes.NamespacedName{Namespace: "ns-r", Name: "vm-r"}), "1", "c1")
 	agent := istioagent.Start(t, opts)
 
 	for run := range 2 {
@@ -373,7 +375,7 @@ func TestAgentMutualTLS(t *testing.T) {
 	t.Parallel()
 	caPEM, serverCert := serverTLS(t)
 	srv := startXDSServer(t, credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{serverCert}, MinVersion: tls.VersionTLS12}))
-	srv.publishCluster(t, "sidecar~127.0.0.1~vm-1.default~default.svc.cluster.local", "7", "tls-cluster")
+	srv.publishCluster(t, fixtures.NodeID("127.0.0.1", k8stypes.NamespacedName{Namespace: "default", Name: "vm-1"}), "7", "tls-cluster")
 	agent := istioagent.Start(t, istioagent.Options{
 		NoCA:             true,
 		DiscoveryAddress: srv.addr,
@@ -562,7 +564,7 @@ func (s *xdsServer) publishCluster(t *testing.T, nodeID, version, name string) {
 func (s *xdsServer) waitStream(t *testing.T, what string, ok func(*streamRecord) bool) streamRecord {
 	t.Helper()
 	var found *streamRecord
-	eventually(t, what, func() bool {
+	fixtures.Eventually(t, waitTimeout, what, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, st := range s.streams {
@@ -663,18 +665,6 @@ func clusterNames(t *testing.T, resp *discoveryv3.DiscoveryResponse) []string {
 		names = append(names, c.GetName())
 	}
 	return names
-}
-
-// eventually polls cond until it holds or waitTimeout passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", waitTimeout, what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // serverTLS returns a CA (PEM) and a server certificate it signed for 127.0.0.1.

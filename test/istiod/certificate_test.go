@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/xds/upstream"
 )
@@ -66,7 +67,7 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 		t.Fatal(err)
 	}
 	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: "ratings-vm",
+		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
 		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
 		XDSRootCA:   roots, Token: vm.token, // also the CA's root (CA_ROOT_CA), as cluster.env names it
 		EnvoyStandIn: true,
@@ -86,7 +87,7 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 		t.Error("SDS default: no private key")
 	}
 	leaf := chain[0]
-	want := "spiffe://cluster.local/ns/" + ns + "/sa/ratings-vm"
+	want := "spiffe://cluster.local/ns/" + ns + "/sa/" + fixtures.ServiceAccount
 	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != want {
 		t.Errorf("workload certificate URI SANs %v, want %s", leaf.URIs, want)
 	}

@@ -30,8 +30,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // servingCert writes a CA and a serving certificate for 127.0.0.1 in dir.
@@ -94,24 +94,13 @@ func register(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) *workloa
 		t.Fatal(err)
 	}
 	ip := fmt.Sprintf("10.0.0.%d", n)
-	res, err := reg.Register(ctx, registry.Request{
-		Group: wg,
-		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-			EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", n)},
-		}},
-		Registration: runtimev1alpha1.Registration{
-			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-			Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-		},
-	})
+	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	key := client.ObjectKeyFromObject(res.Registration)
 	return &workload{key: key, ip: ip, token: res.SidecarToken.Token, entry: res.WorkloadEntry,
-		nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
+		nodeID: fixtures.NodeID(ip, key)}
 }
 
 // stream is an ADS stream of a workload's sidecar to Embark.

@@ -16,9 +16,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -135,21 +135,17 @@ listen:
 // probe), its service account and the ratings Service that selects it.
 func ratingsGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
 	t.Helper()
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg := fixtures.WorkloadGroup(ns, map[string]string{"app": "ratings", "version": "v5"})
 	wg.Spec.Metadata = &istioapi.WorkloadGroup_ObjectMeta{Labels: map[string]string{"app": "ratings", "version": "v5"}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{
-		Labels: map[string]string{"app": "ratings", "version": "v5"}, ServiceAccount: "ratings-vm",
-		Network: "virtual-machines", Ports: map[string]uint32{"http": 9080},
-	}
+	wg.Spec.Template.Network, wg.Spec.Template.Ports = "virtual-machines", map[string]uint32{"http": 9080}
 	wg.Spec.Probe = &istioapi.ReadinessProbe{PeriodSeconds: 1, HealthCheckMethod: &istioapi.ReadinessProbe_HttpGet{HttpGet: &istioapi.HTTPHealthCheckConfig{Path: "/ready", Port: 9080}}}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}, Spec: corev1.ServiceSpec{
 		Selector: map[string]string{"app": "ratings"},
 		Ports:    []corev1.ServicePort{{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)}},
 	}}
-	for _, obj := range []client.Object{wg, svc, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}} {
-		if err := env.Client.Create(t.Context(), obj); err != nil {
-			t.Fatal(err)
-		}
+	if err := env.Client.Create(t.Context(), svc); err != nil {
+		t.Fatal(err)
 	}
+	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	return wg
 }

@@ -36,9 +36,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/translate"
 )
@@ -170,7 +172,7 @@ func (w *world) node() *core.Node {
 	if err != nil {
 		panic(err)
 	}
-	return &core.Node{Id: "sidecar~" + vmIP + "~ratings-vm-1." + w.ns + "~" + w.ns + ".svc.cluster.local", Metadata: md}
+	return &core.Node{Id: fixtures.NodeID(vmIP, k8stypes.NamespacedName{Namespace: w.ns, Name: "ratings-vm-1"}), Metadata: md}
 }
 
 // fetchIstiod asks istiod, as the VM's proxy, for CDS and LDS, then EDS and

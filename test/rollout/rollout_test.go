@@ -21,10 +21,8 @@ import (
 	"time"
 
 	istioapi "istio.io/api/networking/v1"
-	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -37,7 +35,9 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 const (
@@ -85,14 +85,12 @@ func TestRolloutWithRealAgents(t *testing.T) {
 	appPort := freePort(t)
 
 	// The group, its service account, the seed 004 policy.
-	must(t, env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}))
-	group := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	group.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "version": "v1"}, ServiceAccount: "ratings-vm"}
+	group := fixtures.WorkloadGroup(ns, map[string]string{"app": "ratings", "version": "v1"})
 	// Three failures, 5 s timeouts: a loaded machine does not flip a
 	// healthy workload.
 	group.Spec.Probe = &istioapi.ReadinessProbe{PeriodSeconds: 1, TimeoutSeconds: 5, FailureThreshold: 3, SuccessThreshold: 1,
 		HealthCheckMethod: &istioapi.ReadinessProbe_HttpGet{HttpGet: &istioapi.HTTPHealthCheckConfig{Path: "/ready", Port: uint32(appPort)}}}
-	must(t, env.Client.Create(ctx, group))
+	fixtures.CreateGroup(ctx, t, env.Client, group)
 	root, err := testenv.RepoRoot()
 	must(t, err)
 	data, err := os.ReadFile(filepath.Join(root, "api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml"))
@@ -201,7 +199,7 @@ spec:
 
 	t.Log("the VM is fixed and the rollout resumed: it completes")
 	broken.breakOnRestart.Store(false)
-	broken.healthy.Store(true)
+	broken.app.SetHealthy(true)
 	tl.note("%s's application fixed: /ready answers 200", broken.name)
 	kubectl(t, "patch", "wgr", "ratings", "-n", ns, "--type", "merge", "-p", `{"spec":{"paused":false}}`)
 	tl.note("rollout resumed: kubectl patch wgr ratings --type merge -p '{\"spec\":{\"paused\":false}}'")
@@ -286,7 +284,7 @@ listen:
 `, ns, endpointHost, certFile, keyFile, certs, stsURL, xdsAddr, caFile, endpointAddr, freeAddr(t), xdsAddr)
 	cfgFile := filepath.Join(dir, "endpoint.yaml")
 	must(t, os.WriteFile(cfgFile, []byte(cfg), 0o600))
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() {

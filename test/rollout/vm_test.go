@@ -1,27 +1,18 @@
 package rollout
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	meshconfig "istio.io/api/mesh/v1alpha1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
@@ -29,17 +20,18 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // Paths inside a VM's root directory, as on a VM (the onboarding agent's
 // defaults); pilot-agent runs with the root as its working directory, so
 // it finds the token where the agent writes it.
 const (
-	vmClusterEnv = "var/lib/istio/envoy/cluster.env"
-	vmMeshConfig = "etc/istio/config/mesh"
-	vmRootCert   = "etc/istio/xds-root-cert.pem"
-	vmToken      = "var/run/secrets/tokens/istio-token"
-	vmUnitSocket = "run/istio-sidecar.sock"
+	vmClusterEnv = vmsim.ClusterEnv
+	vmMeshConfig = vmsim.MeshConfig
+	vmRootCert   = vmsim.RootCert
+	vmToken      = vmsim.Token
+	vmUnitSocket = vmsim.UnitSocket
 )
 
 // vm is one simulated EC2 instance: its IMDS, its application (an HTTP
@@ -54,15 +46,13 @@ type vm struct {
 	root string
 	note func(format string, args ...any)
 
-	app *http.Server
-	// healthy is what /ready answers; breakOnRestart makes the next sidecar
-	// restart (a re-onboarding: the application's new version) unhealthy.
-	healthy, breakOnRestart atomic.Bool
+	app *vmsim.App
+	// breakOnRestart makes the next sidecar restart (a re-onboarding: the
+	// application's new version) unhealthy.
+	breakOnRestart atomic.Bool
 
-	logs      *syncBuffer
-	unit      net.Listener
-	unitWG    sync.WaitGroup
-	unitMu    sync.Mutex // one unit command at a time, as systemd does
+	logs      *vmsim.SyncBuffer
+	unit      *vmsim.Unit
 	stopAgent context.CancelFunc
 	agentDone chan error
 
@@ -93,25 +83,11 @@ func (v *vm) start(s vmSettings) {
 	must(t, err)
 	p := func(rel string) string { return filepath.Join(v.root, rel) }
 
-	l, err := net.Listen("tcp", net.JoinHostPort(v.ip, strconv.Itoa(s.appPort)))
+	v.app, err = vmsim.StartApp(v.ip, s.appPort, "ratings on "+v.name)
 	must(t, err)
-	v.healthy.Store(true)
-	mux := http.NewServeMux()
-	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
-		if !v.healthy.Load() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	v.app = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = v.app.Serve(l) }()
-
 	must(t, os.MkdirAll(filepath.Dir(p(vmUnitSocket)), 0o755))
-	v.unit, err = net.Listen("unix", p(vmUnitSocket))
+	v.unit, err = vmsim.StartUnit(p(vmUnitSocket), v.restartSidecar, func() error { v.stopSidecar(); return nil })
 	must(t, err)
-	v.unitWG.Add(1)
-	go v.serveUnit()
 
 	exe, err := os.Executable()
 	must(t, err)
@@ -150,7 +126,7 @@ workload:
 	must(t, err)
 	onbCfg, err := config.LoadOnboarding(onbFile)
 	must(t, err)
-	v.logs = &syncBuffer{}
+	v.logs = &vmsim.SyncBuffer{}
 	log := slog.New(slog.NewTextHandler(v.logs, nil)).With("vm", v.name)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
@@ -188,72 +164,12 @@ func (v *vm) shutdown() {
 		v.stopAgent = nil
 	}
 	if v.unit != nil {
-		_ = v.unit.Close()
-		v.unitWG.Wait()
+		v.unit.Close()
 		v.unit = nil
 	}
 	v.stopSidecar()
 	if v.app != nil {
-		_ = v.app.Close()
-	}
-}
-
-// serveUnit runs the agent's systemctl commands (restart, stop) one at a
-// time and answers "ok" or the error.
-func (v *vm) serveUnit() {
-	defer v.unitWG.Done()
-	for {
-		c, err := v.unit.Accept()
-		if err != nil {
-			return
-		}
-		v.unitWG.Add(1)
-		go func() {
-			defer v.unitWG.Done()
-			defer c.Close()
-			verb, err := bufio.NewReader(c).ReadString('\n')
-			if err != nil {
-				return
-			}
-			if err := v.unitDo(strings.TrimSpace(verb)); err != nil {
-				fmt.Fprintf(c, "error: %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
-				return
-			}
-			fmt.Fprintln(c, "ok")
-		}()
-	}
-}
-
-// unitFatal is the panic of unitTB.Fatalf, recovered by unitDo.
-type unitFatal string
-
-// unitTB lets test/istioagent (whose helpers fail their testing.TB) run in
-// the unit's goroutine: Fatalf fails the command, not the goroutine.
-type unitTB struct{ *testing.T }
-
-func (u unitTB) Fatalf(format string, args ...any) { panic(unitFatal(fmt.Sprintf(format, args...))) }
-func (u unitTB) Fatal(args ...any)                 { panic(unitFatal(fmt.Sprint(args...))) }
-
-func (v *vm) unitDo(verb string) (err error) {
-	v.unitMu.Lock()
-	defer v.unitMu.Unlock()
-	defer func() {
-		if r := recover(); r != nil {
-			f, ok := r.(unitFatal)
-			if !ok {
-				panic(r)
-			}
-			err = fmt.Errorf("%s", string(f))
-		}
-	}()
-	switch verb {
-	case "restart":
-		return v.restartSidecar()
-	case "stop":
-		v.stopSidecar()
-		return nil
-	default:
-		return fmt.Errorf("unknown command %q", verb)
+		v.app.Close()
 	}
 }
 
@@ -264,7 +180,7 @@ func (v *vm) unitDo(verb string) (err error) {
 func (v *vm) restartSidecar() error {
 	v.stopSidecar()
 	if v.breakOnRestart.Load() {
-		v.healthy.Store(false)
+		v.app.SetHealthy(false)
 		v.note("%s: its application's new version fails /ready", v.name)
 	}
 	data, err := os.ReadFile(filepath.Join(v.root, vmClusterEnv))
@@ -278,7 +194,7 @@ func (v *vm) restartSidecar() error {
 	if data, err = os.ReadFile(filepath.Join(v.root, vmMeshConfig)); err != nil {
 		return err
 	}
-	pc, err := proxyConfig(data)
+	pc, err := vmsim.ProxyConfig(data)
 	if err != nil {
 		return err
 	}
@@ -287,7 +203,7 @@ func (v *vm) restartSidecar() error {
 	if err != nil {
 		return err
 	}
-	a := istioagent.Start(unitTB{v.t}, istioagent.Options{
+	a := istioagent.Start(vmsim.FatalTB{TB: v.t}, istioagent.Options{
 		WorkDir:        v.root,
 		PodName:        envVars["POD_NAME"],
 		PodNamespace:   envVars["POD_NAMESPACE"],
@@ -347,47 +263,6 @@ func (v *vm) sidecarRestarts() int {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.restarts
-}
-
-// proxyConfig reads the ProxyConfig (defaultConfig) of the mesh config the
-// onboarding agent wrote.
-func proxyConfig(data []byte) (*meshconfig.ProxyConfig, error) {
-	j, err := yaml.YAMLToJSON(data)
-	if err != nil {
-		return nil, fmt.Errorf("mesh config: %w", err)
-	}
-	var mesh struct {
-		DefaultConfig json.RawMessage `json:"defaultConfig"`
-	}
-	if err := json.Unmarshal(j, &mesh); err != nil {
-		return nil, fmt.Errorf("mesh config: %w", err)
-	}
-	pc := &meshconfig.ProxyConfig{}
-	if len(mesh.DefaultConfig) == 0 || string(mesh.DefaultConfig) == "null" {
-		return pc, nil
-	}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(mesh.DefaultConfig, pc); err != nil {
-		return nil, fmt.Errorf("mesh config defaultConfig: %w", err)
-	}
-	return pc, nil
-}
-
-// syncBuffer is a log sink read while it is written.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func must(t *testing.T, err error) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	istioapinetworking "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -81,7 +82,7 @@ func TestServiceAccountTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: fixtures.ServiceAccount, Namespace: ns}}
 	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func TestServiceAccountTokens(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TokenReview: %v", err)
 	}
-	if !review.Status.Authenticated || review.Status.User.Username != "system:serviceaccount:"+ns+":ratings-vm" {
+	if !review.Status.Authenticated || review.Status.User.Username != "system:serviceaccount:"+ns+":"+fixtures.ServiceAccount {
 		t.Errorf("TokenReview status = %+v", review.Status)
 	}
 }

@@ -35,9 +35,17 @@ plain_ldflags() {
 # revision is the commit of the pinned pseudo-version.
 istio_ldflags() {
   local dir ver rev pkg=istio.io/istio/pkg/version
-  # The module's directory is empty until it is downloaded: fetch it first.
+  # On a cold module cache `go list -m` reports no directory (the module is
+  # not extracted until it is downloaded): download it first, and read the
+  # directory and the version apart, so that an empty directory cannot shift
+  # the version into its place.
   (cd "$here/istio" && go mod download istio.io/istio)
-  read -r dir ver < <(cd "$here/istio" && go list -m -f '{{.Dir}} {{.Version}}' istio.io/istio)
+  dir=$(cd "$here/istio" && go list -m -f '{{.Dir}}' istio.io/istio)
+  ver=$(cd "$here/istio" && go list -m -f '{{.Version}}' istio.io/istio)
+  if [ -z "$dir" ] || [ ! -f "$dir/VERSION" ]; then
+    echo "testenv: istio.io/istio $ver: no VERSION file in the module cache (directory '$dir')" >&2
+    return 1
+  fi
   rev=${ver##*-}
   echo "-s -w -X $pkg.buildVersion=$(tr -d '[:space:]' < "$dir/VERSION")-dev -X $pkg.buildGitRevision=$rev -X $pkg.buildStatus=Clean -X $pkg.buildTag=$ver -X $pkg.buildOS=$(go env GOOS) -X $pkg.buildArch=$(go env GOARCH)"
 }

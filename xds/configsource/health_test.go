@@ -24,8 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // edsStream is a SotW ADS client that subscribes to listeners, clusters and
@@ -160,27 +160,12 @@ func TestUnhealthyWorkloadLeavesTheEDSOfOthers(t *testing.T) {
 	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "reviews", Namespace: ns}}
 	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "reviews"}, ServiceAccount: "reviews-vm"}
 	wg.Spec.Probe = &istioapi.ReadinessProbe{HealthCheckMethod: &istioapi.ReadinessProbe_HttpGet{HttpGet: &istioapi.HTTPHealthCheckConfig{Path: "/ready", Port: 8080}}}
-	if err := env.Client.Create(ctx, wg); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "reviews-vm", Namespace: ns}}); err != nil {
-		t.Fatal(err)
-	}
+	fixtures.CreateGroup(ctx, t, env.Client, wg)
 	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: e.cache, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{
-		Group: wg,
-		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0000000000000000e"},
-		}},
-		Registration: runtimev1alpha1.Registration{
-			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: "10.0.0.30", Type: runtimev1alpha1.AddressTypeVPC}}},
-			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-		},
-	})
+	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000e"), Registration: fixtures.Registration("10.0.0.30")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,8 +32,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
@@ -140,36 +140,18 @@ type workload struct {
 func register(t *testing.T, e *endpoint, ns, ip string) *workload {
 	t.Helper()
 	ctx := t.Context()
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm"}
-	if err := env.Client.Create(ctx, wg); err != nil {
-		t.Fatal(err)
-	}
-	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
-		t.Fatal(err)
-	}
+	wg := fixtures.WorkloadGroup(ns, map[string]string{"app": "ratings", "class": "vm"})
+	fixtures.CreateGroup(ctx, t, env.Client, wg)
 	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: e.cache, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{
-		Group: wg,
-		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0000000000000000a"},
-		}},
-		Registration: runtimev1alpha1.Registration{
-			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-			Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-		},
-	})
+	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	key := client.ObjectKeyFromObject(res.Registration)
-	return &workload{key: key, token: res.SidecarToken.Token,
-		nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
+	return &workload{key: key, token: res.SidecarToken.Token, nodeID: fixtures.NodeID(ip, key)}
 }
 
 // stream is a SotW ADS client subscribed to listeners and clusters that

@@ -25,7 +25,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds/relay"
 )
 
@@ -38,7 +40,7 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-const nodeID = "sidecar~10.0.0.5~vm1.demo~demo.svc.cluster.local"
+var nodeID = fixtures.NodeID("10.0.0.5", k8stypes.NamespacedName{Namespace: "demo", Name: "vm1"})
 
 // upstream is an xDS server standing in for istiod: a go-control-plane
 // snapshot cache that records what its streams carry.
@@ -274,17 +276,6 @@ func connectTimeout(t *testing.T, resp *discovery.DiscoveryResponse) time.Durati
 	return c.GetConnectTimeout().AsDuration()
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestSotWRelaysAndResynchronises relays a SotW stream with the sidecar's
 // token and a node istiod will not auto-register, keeps health reports, and
 // across an upstream restart keeps the sidecar's stream and resends its
@@ -316,7 +307,7 @@ func TestSotWRelaysAndResynchronises(t *testing.T) {
 	if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: first.GetVersionInfo(), ResponseNonce: first.GetNonce()}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the ACK upstream", func() bool {
+	fixtures.Eventually(t, 30*time.Second, "the ACK upstream", func() bool {
 		_, _, _, reqs, _ := u.snapshot()
 		return len(reqs) == 2
 	})
@@ -372,7 +363,7 @@ func TestSotWRelaysAndResynchronises(t *testing.T) {
 	if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v2", ResponseNonce: second.GetNonce()}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the second ACK upstream", func() bool {
+	fixtures.Eventually(t, 30*time.Second, "the second ACK upstream", func() bool {
 		_, _, _, reqs, _ = u.snapshot()
 		return len(reqs) >= 4
 	})
@@ -382,7 +373,7 @@ func TestSotWRelaysAndResynchronises(t *testing.T) {
 
 	// The sidecar closes its stream: so does the relay upstream.
 	cancel()
-	eventually(t, "the upstream stream to close", func() bool { return u.openStreams() == 0 })
+	fixtures.Eventually(t, 30*time.Second, "the upstream stream to close", func() bool { return u.openStreams() == 0 })
 }
 
 // TestDeltaResynchronises resends the Delta subscription with the ACKed
@@ -410,7 +401,7 @@ func TestDeltaResynchronises(t *testing.T) {
 	if err := s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: first.GetNonce()}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the ACK upstream", func() bool {
+	fixtures.Eventually(t, 30*time.Second, "the ACK upstream", func() bool {
 		_, _, _, _, deltas := u.snapshot()
 		return len(deltas) == 2
 	})
@@ -465,7 +456,7 @@ func TestNoLeakAcrossStreams(t *testing.T) {
 		return nil
 	}
 	settle := func() (goroutines int, heap uint64) {
-		eventually(t, "upstream streams to close", func() bool { return u.openStreams() == 0 })
+		fixtures.Eventually(t, 30*time.Second, "upstream streams to close", func() bool { return u.openStreams() == 0 })
 		var ms runtime.MemStats
 		// Streams end asynchronously after the client cancels: wait until
 		// the goroutine count stops falling.

@@ -14,16 +14,13 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	istioapi "istio.io/api/networking/v1"
-	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -33,6 +30,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -50,14 +48,12 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// The endpoint binary's wiring, from its configuration file to a workload
-// registered through its gRPC API, against the real API server.
-func TestRunServesTheOnboardingAPI(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	ns := env.Namespace(t)
-	aws := awstest.Start(t, awstest.Instance{})
-
+// writeConfig writes an endpoint configuration for namespace ns that
+// verifies the instances of aws (its CA as us-east-2's certificate, its
+// STS), serves plaintext, and has the given further sections; it returns
+// the file's path.
+func writeConfig(t *testing.T, ns string, aws *awstest.Env, more string) string {
+	t.Helper()
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "aws-certs")
 	if err := os.MkdirAll(certs, 0o755); err != nil {
@@ -66,7 +62,6 @@ func TestRunServesTheOnboardingAPI(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	cfgFile := filepath.Join(dir, "config.yaml")
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
@@ -74,23 +69,36 @@ namespace: %s
 endpoint:
   hosts: [onboarding-endpoint.example.corp]
   plaintext: true
-tokenIssuer:
-  jwt:
-    expiration: 30m
 identity:
   aws:
     certificatesDir: %s
     stsEndpoint: %s
+`, ns, certs, aws.STS.URL) + more
+	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfgFile
+}
+
+// The endpoint binary's wiring, from its configuration file to a workload
+// registered through its gRPC API, against the real API server.
+func TestRunServesTheOnboardingAPI(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	ns := env.Namespace(t)
+	aws := awstest.Start(t, awstest.Instance{})
+
+	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	cfgFile := writeConfig(t, ns, aws, fmt.Sprintf(`tokenIssuer:
+  jwt:
+    expiration: 30m
 registration:
   gracePeriod: 1m
 listen:
   onboarding: %s
   metrics: %s
   xds: %s
-`, ns, certs, aws.STS.URL, onboardingAddr, metricsAddr, xdsAddr)
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`, onboardingAddr, metricsAddr, xdsAddr))
 
 	// The seed 004 objects, in the test's namespace.
 	policyYAML, err := os.ReadFile("../../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
@@ -102,14 +110,10 @@ listen:
 		t.Fatal(err)
 	}
 	policy.Namespace = ns
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns, Labels: map[string]string{"app": "ratings"}}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}
-	for _, obj := range []client.Object{policy, wg, sa} {
-		if err := env.Client.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
+	if err := env.Client.Create(ctx, policy); err != nil {
+		t.Fatal(err)
 	}
+	fixtures.CreateGroup(ctx, t, env.Client, fixtures.SeedGroup(ns))
 
 	ready := make(chan struct{})
 	done := make(chan error, 1)
@@ -217,4 +221,44 @@ func TestRunRefusesABadConfiguration(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "endpoint.hosts") {
 		t.Errorf("err = %v, want it to name endpoint.hosts", err)
 	}
+}
+
+// A phase that fails after the listeners are open (here the local
+// repository, whose directory does not exist) leaves no listener bound and
+// no goroutine of Run behind: the listener group closes every listener,
+// and Run ends what the phases started.
+func TestRunFailingAfterListenLeavesNothingBehind(t *testing.T) {
+	ns := env.Namespace(t)
+	aws := awstest.Start(t, awstest.Instance{})
+	addrs := map[string]string{"onboarding": freeAddr(t), "metrics": freeAddr(t), "xds": freeAddr(t), "repository": freeAddr(t), "debug": freeAddr(t)}
+	cfgFile := writeConfig(t, ns, aws, fmt.Sprintf(`localRepository:
+  directory: %s
+listen:
+  onboarding: %s
+  metrics: %s
+  xds: %s
+  repository: %s
+`, filepath.Join(t.TempDir(), "no-such-directory"), addrs["onboarding"], addrs["metrics"], addrs["xds"], addrs["repository"]))
+
+	before := goleak.IgnoreCurrent()
+	err := Run(t.Context(), Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-test-fail",
+		DebugXDS: addrs["debug"], Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "localRepository.directory") {
+		t.Fatalf("Run = %v, want the local repository's directory error", err)
+	}
+	for name, addr := range addrs {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("%s listener %s still bound after Run failed: %v", name, addr, err)
+			continue
+		}
+		_ = l.Close()
+	}
+	// Idle keep-alive connections of client-go's shared transports are the
+	// process's, not Run's.
+	goleak.VerifyNone(t, before,
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*http2ClientConn).readLoop"))
 }

@@ -3,8 +3,9 @@ package app
 import (
 	"context"
 	"fmt"
-	"google.golang.org/grpc"
 	"log/slog"
+
+	"google.golang.org/grpc"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/record"

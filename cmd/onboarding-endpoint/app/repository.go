@@ -26,10 +26,11 @@ type repositoryServer struct {
 	tls     bool
 }
 
-// startRepository opens the local repository's listener when
-// localRepository is configured (nil otherwise). It serves with the
-// endpoint's serving certificate (plaintext only with endpoint.plaintext).
-func startRepository(cfg *config.Configuration, servingTLS *tls.Config, lim *limits.Limiter, log *slog.Logger) (*repositoryServer, error) {
+// startRepository prepares the local repository's server on lis (the
+// group's listen.repository) when localRepository is configured (nil
+// otherwise). It serves with the endpoint's serving certificate (plaintext
+// only with endpoint.plaintext).
+func startRepository(cfg *config.Configuration, lis net.Listener, servingTLS *tls.Config, lim *limits.Limiter, log *slog.Logger) (*repositoryServer, error) {
 	if cfg.LocalRepository == nil {
 		return nil, nil
 	}
@@ -47,11 +48,6 @@ func startRepository(cfg *config.Configuration, servingTLS *tls.Config, lim *lim
 	h, err := repository.New(cfg.LocalRepository.Directory, log, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("localRepository.directory: %w", err)
-	}
-	lis, err := net.Listen("tcp", cfg.Listen.Repository)
-	if err != nil {
-		_ = h.Close()
-		return nil, fmt.Errorf("listen on %s (listen.repository): %w", cfg.Listen.Repository, err)
 	}
 	lis = lim.Listen(lis)
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}

@@ -18,9 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
-	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -30,6 +28,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // process is one onboarding endpoint process (app.Run) of a test.
@@ -113,13 +112,8 @@ func registerSidecar(t *testing.T, ns, ip string) *sidecar {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
-	for _, obj := range []client.Object{wg, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}} {
-		if err := env.Client.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-	}
+	wg := fixtures.WorkloadGroup(ns, nil)
+	fixtures.CreateGroup(ctx, t, env.Client, wg)
 	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
 	if err != nil {
 		t.Fatal(err)
@@ -128,24 +122,13 @@ func registerSidecar(t *testing.T, ns, ip string) *sidecar {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{
-		Group: wg,
-		Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0123456789abcdef0"},
-		}},
-		Registration: runtimev1alpha1.Registration{
-			Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-			Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-			Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-		},
-	})
+	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0123456789abcdef0"), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	key := client.ObjectKeyFromObject(res.Registration)
 	return &sidecar{key: key, uid: string(res.Registration.UID), token: res.SidecarToken.Token,
-		nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
+		nodeID: fixtures.NodeID(ip, key)}
 }
 
 // connect opens an ADS stream to addr, subscribes to listeners and ACKs the

@@ -15,6 +15,8 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // The whole life of an agent: refused until a policy allows it, onboarded,
@@ -30,7 +32,7 @@ func TestAgentLifecycle(t *testing.T) {
 	must(t, err)
 	onbCfg, err := config.LoadOnboarding(onboardingFile)
 	must(t, err)
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent logs:\n%s", logs.String())
@@ -52,7 +54,7 @@ func TestAgentLifecycle(t *testing.T) {
 	tokenFile := filepath.Join(root, "istio-token")
 
 	t.Log("no OnboardingPolicy: refused with the endpoint's message, retried, nothing written")
-	eventually(t, 30*time.Second, "PermissionDenied logged", func() bool { return strings.Count(logs.String(), "code=PermissionDenied") >= 2 })
+	fixtures.Eventually(t, 30*time.Second, "PermissionDenied logged", func() bool { return strings.Count(logs.String(), "code=PermissionDenied") >= 2 })
 	if !strings.Contains(logs.String(), "not authorized by any OnboardingPolicy") && !strings.Contains(logs.String(), "OnboardingPolic") {
 		t.Errorf("the endpoint's message is not logged:\n%s", logs.String())
 	}
@@ -62,7 +64,7 @@ func TestAgentLifecycle(t *testing.T) {
 
 	t.Log("policy added: onboarded")
 	w.allow()
-	eventually(t, 30*time.Second, "sidecar restarted", func() bool { return countLines(restarts) == 1 })
+	fixtures.Eventually(t, 30*time.Second, "sidecar restarted", func() bool { return countLines(restarts) == 1 })
 	regs := w.registrations()
 	if len(regs) != 1 {
 		t.Fatalf("%d registrations, want 1", len(regs))
@@ -85,7 +87,7 @@ func TestAgentLifecycle(t *testing.T) {
 	}
 
 	t.Log("tokens renewed before they expire")
-	eventually(t, 60*time.Second, "both tokens renewed", func() bool {
+	fixtures.Eventually(t, 60*time.Second, "both tokens renewed", func() bool {
 		l := logs.String()
 		return strings.Contains(l, "onboarding token renewed") && strings.Contains(l, "sidecar token renewed")
 	})
@@ -104,7 +106,7 @@ func TestAgentLifecycle(t *testing.T) {
 	if out, err := env.Kubectl(t.Context(), nil, "delete", "war", "-n", w.ns, first.Name); err != nil {
 		t.Fatalf("kubectl delete war: %v: %s", err, out)
 	}
-	eventually(t, 30*time.Second, "sidecar restarted after re-onboarding", func() bool { return countLines(restarts) == 2 })
+	fixtures.Eventually(t, 30*time.Second, "sidecar restarted after re-onboarding", func() bool { return countLines(restarts) == 2 })
 	regs = w.registrations()
 	if len(regs) != 1 || regs[0].UID == first.UID {
 		t.Fatalf("after delete: %d registrations (same UID: %v), want a new one", len(regs), len(regs) == 1 && regs[0].UID == first.UID)
@@ -121,7 +123,7 @@ func TestAgentLifecycle(t *testing.T) {
 	t.Log("endpoint down for a while: the bootstrap stays, nothing restarts")
 	bootstrapBefore := readFile(t, filepath.Join(root, "cluster.env"))
 	w.stopEndpoint()
-	eventually(t, 30*time.Second, "watch interruption logged", func() bool {
+	fixtures.Eventually(t, 30*time.Second, "watch interruption logged", func() bool {
 		return strings.Count(logs.String(), "registration watch interrupted") >= 2
 	})
 	if countLines(restarts) != 2 || readFile(t, filepath.Join(root, "cluster.env")) != bootstrapBefore {
@@ -132,7 +134,7 @@ func TestAgentLifecycle(t *testing.T) {
 	if out, err := env.Kubectl(t.Context(), nil, "delete", "war", "-n", w.ns, second.Name); err != nil {
 		t.Fatalf("kubectl delete war: %v: %s", err, out)
 	}
-	eventually(t, 30*time.Second, "re-onboarded after the outage", func() bool { return countLines(restarts) == 3 })
+	fixtures.Eventually(t, 30*time.Second, "re-onboarded after the outage", func() bool { return countLines(restarts) == 3 })
 
 	t.Log("graceful shutdown: unregistered, then the sidecar stopped")
 	stop()

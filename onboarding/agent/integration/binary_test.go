@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // The built cmd/onboarding-agent binary, with its configuration files and
@@ -38,7 +40,7 @@ func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
 	}
 
 	tokenFile := filepath.Join(root, "flag-token")
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	cmd := exec.Command(bin, "--agent-config", agentFile, "--onboarding-config", onboardingFile, "--token", tokenFile)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	must(t, cmd.Start())
@@ -50,7 +52,7 @@ func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
 			t.Logf("agent output:\n%s", logs.String())
 		}
 	})
-	eventually(t, 60*time.Second, "registration created and sidecar restarted", func() bool {
+	fixtures.Eventually(t, 60*time.Second, "registration created and sidecar restarted", func() bool {
 		return len(w.registrations()) == 1 && countLines(filepath.Join(root, "restarts")) == 1
 	})
 	if v := w.registrations()[0].Spec.Registration.Agent.Version; v != "v9.9.9-test" {

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -16,16 +15,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	istioapi "istio.io/api/networking/v1"
-	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -35,7 +28,9 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 var env *testenv.Env
@@ -47,24 +42,6 @@ func TestMain(m *testing.M) {
 }
 
 const endpointHost = "onboarding-endpoint.agent.test"
-
-// syncBuffer is a log sink tests read while the agent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // world is one namespace with a WorkloadGroup, an AWS region with one
 // instance, and the endpoint's configuration (TLS, loopback ports).
@@ -126,12 +103,9 @@ listen:
 `, w.ns, endpointHost, certFile, keyFile, certs, w.aws.STS.URL, w.repoDir, w.repoAddr, w.addr, freeAddr(t), freeAddr(t))
 	must(t, os.WriteFile(w.cfgFile, []byte(cfg), 0o600))
 
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: w.ns}}
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: w.ns, Labels: map[string]string{"app": "ratings"}}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm", "version": "v1"}, ServiceAccount: "ratings-vm", Network: "virtual-machines"}
-	for _, obj := range []client.Object{sa, wg} {
-		must(t, env.Client.Create(t.Context(), obj))
-	}
+	wg := fixtures.SeedGroup(w.ns)
+	wg.Spec.Template.Labels["version"] = "v1"
+	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	t.Cleanup(w.stopEndpoint)
 	return w
 }
@@ -144,7 +118,7 @@ func (w *world) startEndpoint() {
 	done := make(chan error, 1)
 	go func() {
 		done <- app.Run(ctx, app.Options{ConfigFile: w.cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "agent-test-0", DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(&syncBuffer{}, nil)), Ready: ready})
+			Logger: slog.New(slog.NewTextHandler(&vmsim.SyncBuffer{}, nil)), Ready: ready})
 	}()
 	select {
 	case <-ready:
@@ -224,15 +198,6 @@ func (w *world) registrations() []runtimev1alpha1.WorkloadAutoRegistration {
 	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
 	must(w.t, env.Client.List(w.t.Context(), list, client.InNamespace(w.ns)))
 	return list.Items
-}
-
-// eventually polls cond every 100ms for up to d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, d, true, func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("%s: not within %v", what, d)
-	}
 }
 
 func countLines(path string) int {

@@ -25,6 +25,8 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // onPremHost is the service account whose tokens the on-prem host presents:
@@ -138,7 +140,7 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	must(t, err)
 	onbCfg, err := config.LoadOnboarding(onboardingFile)
 	must(t, err)
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("agent logs:\n%s", logs.String())
@@ -155,7 +157,7 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	go func() { done <- a.Run(actx) }()
 	defer func() { stop(); <-done }()
 
-	eventually(t, 60*time.Second, "the on-prem host registered", func() bool { return len(w.registrations()) == 1 })
+	fixtures.Eventually(t, 60*time.Second, "the on-prem host registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]
 	id := war.Spec.Identity.JWT
 	if id == nil || id.Issuer != issuer || id.ShortName != "kube" || id.Subject != onPremHost {

@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -33,11 +34,14 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // Stand-in user and group IDs of the VM: istio-proxy (which pilot-agent runs
@@ -110,7 +114,7 @@ func TestUpstreamIstioStartScript(t *testing.T) {
 		DiscoveryAddress: xdsAddr,
 		ClusterId:        "Kubernetes",
 		Network:          "vm-network",
-		ServiceAccount:   "ratings-vm",
+		ServiceAccount:   fixtures.ServiceAccount,
 		TrustDomain:      "cluster.local",
 		Labels:           map[string]string{"app": "ratings", "version": "v5"},
 		InstanceIp:       "10.11.12.13",
@@ -177,7 +181,7 @@ func TestUpstreamIstioStartScript(t *testing.T) {
 		"DISABLE_ENVOY=true", // the Envoy stand-in
 		"CLOUD_PLATFORM=none",
 	}
-	logs := &syncBuffer{}
+	logs := &vmsim.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if asRoot {
@@ -199,7 +203,7 @@ func TestUpstreamIstioStartScript(t *testing.T) {
 	bootstrapFile := filepath.Join(host, "etc/istio/proxy/grpc-bootstrap.json")
 	waitFor(t, done, logs, "pilot-agent's gRPC bootstrap", func() bool { _, err := os.Stat(bootstrapFile); return err == nil })
 	node := readNode(t, bootstrapFile)
-	wantID := "sidecar~10.11.12.13~ratings-vm1.bookinfo~bookinfo.svc.cluster.local"
+	wantID := fixtures.NodeID("10.11.12.13", types.NamespacedName{Namespace: "bookinfo", Name: "ratings-vm1"})
 	if node.GetId() != wantID {
 		t.Errorf("node ID %q, want %q", node.GetId(), wantID)
 	}
@@ -343,37 +347,31 @@ func readNode(t *testing.T, path string) *corev3.Node {
 	return node
 }
 
-func waitFor(t *testing.T, done chan error, logs *syncBuffer, what string, cond func() bool) {
+// waitFor waits up to 60s for cond, failing at once when istio-start.sh
+// exits first.
+func waitFor(t *testing.T, done chan error, logs *vmsim.SyncBuffer, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
+	var exited bool
+	var exitErr error
+	err := fixtures.Poll(t.Context(), 50*time.Millisecond, 60*time.Second, func() error {
+		if cond() {
+			return nil
+		}
 		select {
-		case err := <-done:
-			done <- err
-			t.Fatalf("istio-start.sh exited (%v) before %s:\n%s", err, what, logs.String())
-		case <-time.After(50 * time.Millisecond):
+		case exitErr = <-done:
+			done <- exitErr
+			exited = true
+			return nil
+		default:
+			return errors.New("not yet")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s after 60s; istio-start.sh output:\n%s", what, logs.String())
-		}
+	})
+	switch {
+	case exited:
+		t.Fatalf("istio-start.sh exited (%v) before %s:\n%s", exitErr, what, logs.String())
+	case err != nil:
+		t.Fatalf("no %s after 60s; istio-start.sh output:\n%s", what, logs.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func writeExec(t *testing.T, path, content string) {
