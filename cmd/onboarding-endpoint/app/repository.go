@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -54,8 +53,8 @@ func startRepository(cfg *config.Configuration, servingTLS *tls.Config, lim *lim
 		return nil, fmt.Errorf("listen on %s (listen.repository): %w", cfg.Listen.Repository, err)
 	}
 	lis = lim.Listen(lis)
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	lim.HTTPServer(srv) // write and idle timeouts, per-source request rate
+	srv := &http.Server{Handler: h}
+	lim.HTTPServer(srv) // write, read-header and idle timeouts, per-source request rate
 	if servingTLS != nil {
 		srv.TLSConfig = servingTLS.Clone()
 	}
