@@ -320,6 +320,10 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 	for _, want := range []string{
 		"embark_xds_connected_workloads", "embark_onboarding_requests_total", "embark_onboarding_request_duration_seconds_bucket",
 		"embark_onboarding_denials_total", "embark_xds_disconnects_total", "embark_registry_grace_period_removals_total",
+		// push and translation latency, time to first healthy, process health
+		"embark_xds_config_push_seconds_bucket", "embark_xds_config_translation_seconds_bucket",
+		"embark_registry_health_time_to_first_healthy_seconds_bucket", "process_resident_memory_bytes",
+		"process_cpu_seconds_total", "go_goroutines", "process_start_time_seconds", "up",
 	} {
 		if !used[want] {
 			t.Errorf("dashboard does not show %s", want)

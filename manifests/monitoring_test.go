@@ -127,6 +127,15 @@ func mergeTarget(series, target labels.Labels) labels.Labels {
 // target labels, to app at ts; it also appends up=1.
 func scrape(t *testing.T, app storage.Appender, tg scrapeTarget, ts time.Time) {
 	t.Helper()
+	appendFamilies(t, app, fetch(t, tg), targetLabels(t, tg), ts)
+}
+
+// families are the metric families of one scrape, by name.
+type families map[string]*dto.MetricFamily
+
+// fetch reads and parses a replica's /metrics.
+func fetch(t *testing.T, tg scrapeTarget) families {
+	t.Helper()
 	resp, err := http.Get("http://" + tg.addr + "/metrics")
 	if err != nil {
 		t.Fatalf("scrape %s: %v", tg.pod, err)
@@ -137,11 +146,17 @@ func scrape(t *testing.T, app storage.Appender, tg scrapeTarget, ts time.Time) {
 		t.Fatal(err)
 	}
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
 	if err != nil {
 		t.Fatalf("parse %s's metrics: %v", tg.pod, err)
 	}
-	target := targetLabels(t, tg)
+	return fams
+}
+
+// appendFamilies appends every sample of fams, with the target labels, to
+// app at ts, as Prometheus' scrape loop stores them; it also appends up=1.
+func appendFamilies(t *testing.T, app storage.Appender, fams families, target labels.Labels, ts time.Time) {
+	t.Helper()
 	ms := ts.UnixMilli()
 	add := func(name string, ls []*dto.LabelPair, extra []string, v float64) {
 		kv := []string{"__name__", name}
@@ -154,7 +169,7 @@ func scrape(t *testing.T, app storage.Appender, tg scrapeTarget, ts time.Time) {
 		}
 	}
 	add("up", nil, nil, 1)
-	for name, mf := range families {
+	for name, mf := range fams {
 		for _, m := range mf.GetMetric() {
 			switch mf.GetType() {
 			case dto.MetricType_COUNTER:
@@ -228,6 +243,85 @@ func grafanaExpr(expr string) string {
 	return expr
 }
 
+// replicas are two real endpoint replicas (app.Run) of one installation,
+// sharing the API server, with one sweeper leader elected.
+type replicas struct {
+	host    string
+	fixture *workloadFixture
+	addrs   []endpointAddrs
+	targets []scrapeTarget
+	dones   []<-chan error
+}
+
+// startReplicas starts two endpoint replicas until ctx ends and waits for
+// one of them to lead the sweeper.
+func startReplicas(t *testing.T, ctx context.Context) *replicas {
+	t.Helper()
+	rs := &replicas{host: "onboarding-endpoint.example.corp", fixture: newWorkloadFixture(t)}
+	endpointNS := env.Namespace(t) // the replicas' Leases and signing key
+	for _, pod := range []string{"onboarding-endpoint-a", "onboarding-endpoint-b"} {
+		a := newEndpointAddrs(t)
+		rs.addrs = append(rs.addrs, a)
+		rs.dones = append(rs.dones, runEndpoint(t, ctx, writeEndpointConfig(t, endpointNS, rs.host, rs.fixture, a), env.KubeconfigPath, pod))
+		rs.targets = append(rs.targets, scrapeTarget{pod: pod, addr: a.metrics})
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		return rs.leaders(t) == 1, nil
+	}); err != nil {
+		t.Fatalf("no single sweeper leader among the replicas: %d", rs.leaders(t))
+	}
+	return rs
+}
+
+// leaders counts the replicas reporting embark_registry_sweeper_leader 1.
+func (rs *replicas) leaders(t *testing.T) int {
+	t.Helper()
+	n := 0
+	for _, tg := range rs.targets {
+		if metricValue(t, tg.addr, "embark_registry_sweeper_leader") == 1 {
+			n++
+		}
+	}
+	return n
+}
+
+// leader is the sweeper leader's target and the other replica's.
+func (rs *replicas) leader(t *testing.T) (leader, other scrapeTarget) {
+	t.Helper()
+	if metricValue(t, rs.targets[0].addr, "embark_registry_sweeper_leader") == 1 {
+		return rs.targets[0], rs.targets[1]
+	}
+	return rs.targets[1], rs.targets[0]
+}
+
+// waitWorkload waits until a replica (the leader) reports the onboarded
+// workload in embark_registry_workloads.
+func (rs *replicas) waitWorkload(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		total := 0.0
+		for _, tg := range rs.targets {
+			total += metricValue(t, tg.addr, "embark_registry_workloads")
+		}
+		return total >= 1, nil
+	}); err != nil {
+		t.Fatal("no replica reported embark_registry_workloads")
+	}
+}
+
+// stop ends the replicas (cancel ends their context) and waits for them.
+func (rs *replicas) stop(t *testing.T, cancel context.CancelFunc) {
+	t.Helper()
+	cancel()
+	for _, done := range rs.dones {
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Error("a replica did not stop")
+		}
+	}
+}
+
 // Two real endpoint replicas and one onboarded workload, scraped through the Prometheus Operator's
 // relabelling into a real TSDB: the fleet gauge counts each workload once
 // (only the sweeper leader reports it), the workloads' namespace survives
@@ -236,49 +330,10 @@ func grafanaExpr(expr string) string {
 func TestMonitoringCountsWithTwoReplicas(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	const host = "onboarding-endpoint.example.corp"
-	f := newWorkloadFixture(t)
-	endpointNS := env.Namespace(t) // the replicas' Leases and signing key
-	var targets []scrapeTarget
-	var dones []<-chan error
-	var addrsA endpointAddrs
-	for i, pod := range []string{"onboarding-endpoint-a", "onboarding-endpoint-b"} {
-		a := newEndpointAddrs(t)
-		if i == 0 {
-			addrsA = a
-		}
-		dones = append(dones, runEndpoint(t, ctx, writeEndpointConfig(t, endpointNS, host, f, a), env.KubeconfigPath, pod))
-		targets = append(targets, scrapeTarget{pod: pod, addr: a.metrics})
-	}
-	// One leader among the two.
-	leaders := func() int {
-		n := 0
-		for _, tg := range targets {
-			if metricValue(t, tg.addr, "embark_registry_sweeper_leader") == 1 {
-				n++
-			}
-		}
-		return n
-	}
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-		return leaders() == 1, nil
-	}); err != nil {
-		t.Fatalf("no single sweeper leader among the replicas: %d", leaders())
-	}
-	// One workload (the fake instance's own address): with two replicas
-	// each reading it from its cache, a per-replica fleet gauge would sum
-	// to 2.
-	onboard(t, ctx, addrsA.onboarding, host, f, "172.31.5.254")
-	// The leader's cache holds the WorkloadEntry before the scrape.
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		total := 0.0
-		for _, tg := range targets {
-			total += metricValue(t, tg.addr, "embark_registry_workloads")
-		}
-		return total >= 1, nil
-	}); err != nil {
-		t.Fatal("no replica reported embark_registry_workloads")
-	}
+	rs := startReplicas(t, ctx)
+	f, targets := rs.fixture, rs.targets
+	onboard(t, ctx, rs.addrs[0].onboarding, rs.host, f, "172.31.5.254")
+	rs.waitWorkload(t, ctx)
 
 	p := newPromDB(t)
 	start := time.Now().Add(-10 * time.Minute).Truncate(time.Second)
@@ -391,14 +446,7 @@ func TestMonitoringCountsWithTwoReplicas(t *testing.T) {
 		t.Errorf("EmbarkOnboardingEndpointAbsent does not fire an hour after the last scrape: %v", got)
 	}
 
-	cancel()
-	for _, done := range dones {
-		select {
-		case <-done:
-		case <-time.After(time.Minute):
-			t.Error("a replica did not stop")
-		}
-	}
+	rs.stop(t, cancel)
 }
 
 // metricValue sums the samples of one metric family scraped from addr.

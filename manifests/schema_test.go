@@ -160,6 +160,30 @@ func TestKubeconformAcceptsEveryObject(t *testing.T) {
 			}
 		})
 	}
+	// The Helm chart, rendered with its defaults and with the installation
+	// options of TestChartServerSideDryRun.
+	for name, vals := range map[string]map[string]any{
+		"chart defaults": nil,
+		"chart internal load balancer, revision, replicas": {
+			"replicas": 3, "istiodRevision": "1-30",
+			"service": map[string]any{"type": "LoadBalancer", "annotations": map[string]any{"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			out, objs := renderChart(t, vals)
+			v := kubeconform(t, objs)
+			results := v.Validate(name, io.NopCloser(bytes.NewReader(out)))
+			if len(results) != len(objs) {
+				t.Errorf("kubeconform saw %d resources, the chart rendered %d", len(results), len(objs))
+			}
+			for _, r := range results {
+				if r.Status != validator.Valid {
+					sig, _ := r.Resource.Signature()
+					t.Errorf("%v %v: status %d: %v", sig.Kind, sig.Name, r.Status, r.Err)
+				}
+			}
+		})
+	}
 }
 
 // The schemas are strict enough to catch the mistakes they exist for.

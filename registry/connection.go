@@ -49,7 +49,9 @@ type ConnectionOptions struct {
 	// Retry is the backoff between attempts of a state that could not be
 	// stored (its writes ran out of retries); a state is retried until it is
 	// stored, superseded by a newer one, or the tracker stops. Default: 100ms
-	// doubling, capped at 10s.
+	// doubling, capped at 1s (DefaultStateRetry): the cap bounds how long
+	// after an API server outage the states it held back are stored (the
+	// write budget, not the retries, bounds the load on the API server).
 	Retry wait.Backoff
 	// DisconnectDelay holds a workload's disconnect back this long before
 	// it is written: a stream of the workload opening again within it drops
@@ -137,7 +139,7 @@ func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, 
 		opts.Logger = slog.Default()
 	}
 	if opts.Retry.Steps <= 0 {
-		opts.Retry = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: 10 * time.Second}
+		opts.Retry = DefaultStateRetry
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
@@ -155,6 +157,9 @@ func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, 
 		entries: map[types.NamespacedName]*connEntry{},
 	}, nil
 }
+
+// DefaultStateRetry is ConnectionOptions.Retry's default.
+var DefaultStateRetry = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30, Cap: time.Second}
 
 // DefaultDisconnectDelay is ConnectionOptions.DisconnectDelay's default.
 const DefaultDisconnectDelay = time.Second

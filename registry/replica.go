@@ -130,10 +130,12 @@ func (h *replicaHeartbeat) renew(ctx context.Context) error {
 }
 
 // run renews the Lease every interval until ctx ends. A failed renewal is
-// logged and tried again at the next tick; the Lease's duration is several
-// intervals, so a short outage does not make the replica look gone.
+// logged and tried again after at most a second (renewRetry), not at the
+// next tick, so that the Lease is renewed right after an API server outage;
+// the Lease's duration is several intervals, so a short outage does not
+// make the replica look gone.
 func (h *replicaHeartbeat) run(ctx context.Context) {
-	t := time.NewTicker(h.interval)
+	t := time.NewTimer(h.interval)
 	defer t.Stop()
 	for {
 		select {
@@ -141,11 +143,17 @@ func (h *replicaHeartbeat) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		next := h.interval
 		if err := h.renew(ctx); err != nil && ctx.Err() == nil {
 			h.log.Error("renew replica Lease; other replicas will consider this one gone if it expires", "error", err)
+			next = min(next, renewRetry)
 		}
+		t.Reset(next)
 	}
 }
+
+// renewRetry is the longest wait before a failed Lease renewal is tried again.
+const renewRetry = time.Second
 
 // release deletes the Lease this incarnation holds, so that the sweeper
 // treats the replica's connections as gone at once rather than after the

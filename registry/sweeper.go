@@ -249,7 +249,7 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 		grace: opts.GracePeriod, neverConnectedAfter: opts.NeverConnectedAfter, resync: opts.ResyncPeriod, workers: opts.Workers,
 		removals: rate.NewLimiter(rate.Limit(opts.RemovalQPS), opts.RemovalBurst),
 		writer:   writes, recorder: opts.Recorder, metrics: opts.Metrics, now: opts.Clock,
-		log: log.With("component", "sweeper"),
+		log: log.With("component", "sweeper"), leaseGrace: opts.ReplicaLeaseDuration,
 	}
 	l.drift = &driftReconciler{
 		now: opts.Clock, client: opts.Client, reader: opts.APIReader, cache: opts.Cache, writer: writes,
@@ -500,12 +500,23 @@ type sweeper struct {
 
 	// neverConnectedAfter: see LifecycleOptions.NeverConnectedAfter.
 	neverConnectedAfter time.Duration
+	// leaseGrace is how long after this sweeper started leading an expired
+	// replica Lease is not yet taken as proof that its replica is gone
+	// (LifecycleOptions.ReplicaLeaseDuration). leadingSince is set by run.
+	leaseGrace   time.Duration
+	leadingSince time.Time
 
 	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
 }
 
 // run sweeps until ctx ends.
 func (s *sweeper) run(ctx context.Context) error {
+	// A leader starting now may have been cut off from the API server (an
+	// outage also ends the previous leader's term), and while nobody
+	// could reach it nobody could renew a Lease either: an expired Lease
+	// proves its replica gone only once the replica had a full Lease
+	// duration, counted from now, to renew it (see replicaState).
+	s.leadingSince = s.now()
 	s.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, time.Minute))
 	defer s.queue.ShutDown()
 
@@ -534,6 +545,20 @@ func (s *sweeper) run(ctx context.Context) error {
 			}
 		})
 	}
+	// Judge again, once the grace is over, the registrations it kept.
+	queue := s.queue
+	graceOver := time.AfterFunc(s.leaseGrace+100*time.Millisecond, func() {
+		list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+		if err := s.cache.List(ctx, list); err != nil {
+			return // ctx ended; the periodic resync covers the rest
+		}
+		for i := range list.Items {
+			if c := list.Items[i].Status.Connection; c != nil && c.Replica != "" && c.DisconnectedAt == nil {
+				queue.Add(client.ObjectKeyFromObject(&list.Items[i]))
+			}
+		}
+	})
+	defer graceOver.Stop()
 	resyncAll(ctx, s.cache, s.queue, s.resync, s.log)
 	s.queue.ShutDown()
 	wg.Wait()
@@ -555,7 +580,23 @@ func (s *sweeper) enqueueReplica(ctx context.Context, replica string) {
 }
 
 func (s *sweeper) decide(war *runtimev1alpha1.WorkloadAutoRegistration) decision {
-	return decide(war, s.now(), s.grace, s.leases.Lookup)
+	return decide(war, s.now(), s.grace, func(r string) ReplicaState { return s.replicaState(s.leases.Lookup(r)) })
+}
+
+// replicaState is st as the sweeper judges it: a Lease that expired before
+// this sweeper had led for leaseGrace counts as alive until then. Its
+// replica could not renew it while the API server was unreachable (the
+// outage that also cost the previous leader its term), so after an outage
+// every replica gets a full Lease duration to renew before its workloads
+// are marked disconnected. A missing Lease (deleted on clean shutdown) is
+// not affected.
+func (s *sweeper) replicaState(st ReplicaState) ReplicaState {
+	if st.Found && !st.Alive {
+		if until := s.leadingSince.Add(s.leaseGrace); until.After(s.now()) {
+			st.Alive, st.Expiry = true, until
+		}
+	}
+	return st
 }
 
 // process acts on one registration as the cache shows it.
@@ -609,9 +650,9 @@ func (s *sweeper) markGone(ctx context.Context, cached *runtimev1alpha1.Workload
 	}
 	lookup := func(r string) ReplicaState {
 		if r == replica {
-			return live
+			return s.replicaState(live)
 		}
-		return s.leases.Lookup(r)
+		return s.replicaState(s.leases.Lookup(r))
 	}
 	var why string
 	written, err := updateRegistrationStatus(ctx, s.writer, s.client, s.reader, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {

@@ -487,9 +487,13 @@ func TestSweeperMarksConnectionsOfGoneReplicasThenRemoves(t *testing.T) {
 		connectedAt time.Time
 		wantMessage string
 	}{
-		{name: "Lease expired", replica: "r-expired", connectedAt: now.Add(-10 * time.Minute), wantMessage: "expired"},
+		// In the order they are marked (each subtest waits for its
+		// removal before the next looks): a missing Lease and a restart
+		// count at once; an expired Lease only once the sweeper has led
+		// for a Lease duration (ReplicaLeaseDuration, 2s here).
 		{name: "no Lease", replica: "r-missing", connectedAt: now.Add(-10 * time.Minute), wantMessage: "has no Lease"},
 		{name: "replica restarted", replica: "r-restarted", connectedAt: now.Add(-10 * time.Minute), wantMessage: "restarted"},
+		{name: "Lease expired", replica: "r-expired", connectedAt: now.Add(-10 * time.Minute), wantMessage: "expired"},
 		// Last: it is marked when its Lease expires, after the others.
 		{name: "Lease expires later", replica: "r-expiring", connectedAt: now.Add(-10 * time.Minute), wantMessage: "expired"},
 	}
@@ -550,7 +554,7 @@ func TestSweeperMarksConnectionsOfGoneReplicasThenRemoves(t *testing.T) {
 			waitRemovedOnTime(t, marked[i], conn.DisconnectedAt.Add(grace), onTime)
 		})
 	}
-	waitForEvent(t, ns, wars[0].Name, ReasonReplicaGone, "r-expired")
+	waitForEvent(t, ns, wars[2].Name, ReasonReplicaGone, "r-expired")
 	if got := h.removals(t, causeReplicaGone); got != float64(len(tests)) {
 		t.Errorf("removals{cause=replica_gone} = %v, want %d", got, len(tests))
 	}

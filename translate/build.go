@@ -71,6 +71,8 @@ type builder struct {
 	warnings  []string
 	// bound maps "<ip>:<port>" to the field that claimed it.
 	bound map[string]string
+	// record, when set, gets every claim in order (Prepare).
+	record *[]claimed
 	// podSA maps "<namespace>/<pod>" to the pod's service account.
 	podSA map[string]string
 	// slices maps "<namespace>/<service>" to the Service's EndpointSlices.
@@ -147,6 +149,9 @@ func parseProtocol(s string) (protocol, bool) {
 
 func (b *builder) claim(ip string, port uint32, field string) error {
 	key := listenerKey(ip, port)
+	if b.record != nil {
+		*b.record = append(*b.record, claimed{key: key, field: field})
+	}
 	if prev, ok := b.bound[key]; ok {
 		return b.fail(field, "%s is already used by %s", key, prev)
 	}

@@ -2,6 +2,7 @@ package crds_test
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -255,6 +256,57 @@ func TestKubectlGetWarPrintsSeedColumns(t *testing.T) {
 		line := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(want[0]) + `:\s+` + regexp.QuoteMeta(want[1]) + `$`)
 		if !line.MatchString(desc) {
 			t.Errorf("kubectl describe war lacks %q: %q:\n%s", want[0], want[1], desc)
+		}
+	}
+}
+
+// kubectl get obp (the short name) prints the policy's columns: groups
+// selected, accounts, issuers, when it last allowed and denied, age; -o
+// wide adds the selected groups' names; all from the status subresource.
+func TestKubectlGetObpPrintsColumns(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	data, err := os.ReadFile("testdata/seed004/policy-any-ec2-in-accounts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &authorizationv1alpha1.OnboardingPolicy{}
+	if err := yaml.UnmarshalStrict(data, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Namespace = ns
+	if err := env.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	allowed := metav1.NewTime(time.Now().Add(-90 * time.Second).Truncate(time.Second))
+	p.Status = authorizationv1alpha1.OnboardingPolicyStatus{
+		ObservedGeneration: p.Generation, SelectedWorkloadGroups: []string{"details", "ratings"},
+		SelectedWorkloadGroupCount: 2, LastAllowedTime: &allowed,
+	}
+	if err := env.Client.Status().Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		args   []string
+		header string
+		row    string
+	}{
+		{args: []string{"get", "obp", "-n", ns}, header: "NAME GROUPS ACCOUNTS ISSUERS LAST ALLOWED LAST DENIED AGE",
+			row: `^` + regexp.QuoteMeta(p.Name) + `\s+2\s+\["123456789012","234567890123"\]\s+(9\d|1\d\d)s\s+\d+s$`}, // no issuer, never denied: empty
+		{args: []string{"get", "obp", "-n", ns, "-o", "wide"}, header: "NAME GROUPS ACCOUNTS ISSUERS LAST ALLOWED LAST DENIED SELECTED AGE",
+			row: `^` + regexp.QuoteMeta(p.Name) + `\s+2\s+.*\s+\["details","ratings"\]\s+\d+s$`},
+	} {
+		out, err := env.Kubectl(ctx, nil, tc.args...)
+		if err != nil {
+			t.Fatalf("kubectl %v: %v", tc.args, err)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if got := strings.Join(strings.Fields(lines[0]), " "); got != tc.header {
+			t.Errorf("kubectl %v header = %q, want %q", tc.args, got, tc.header)
+		}
+		if !regexp.MustCompile(`(?m)` + tc.row).MatchString(out) {
+			t.Errorf("kubectl %v: no row matching %s in:\n%s", tc.args, tc.row, out)
 		}
 	}
 }

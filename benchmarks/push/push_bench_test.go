@@ -6,10 +6,16 @@
 // same run, go-control-plane's raw fan-out: SetSnapshot of the same
 // listeners for 1,000 nodes on a bare SnapshotCache with 1,000 streams.
 //
-//	go test -run='^$' -bench=. -benchtime=10x ./benchmarks/push/ [-args -workloads=1000 -debounce=100ms]
+//	go test -run='^$' -bench=. -benchtime=10x ./benchmarks/push/ [-args -workloads=1000,5000 -debounce=100ms]
 //
-// Each benchmark reports ms/push (time until the last client received the
-// change); the embark one also reports the configured debounce.
+// Each benchmark runs once per workload count (SidecarChange/workloads=N,
+// RawSnapshotFanOut/workloads=N) and reports ms/push (time until the last
+// client received the change); the embark one also reports the configured
+// debounce and the scope translations per push (one: every workload has the
+// same scope). The workloads of the largest count are registered once, up
+// front, 32 at a time; the streams of each count stay open for the next.
+//
+//embark:bench -test.benchtime=3x -workloads=1000,5000
 package push
 
 import (
@@ -19,6 +25,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,6 +39,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -52,7 +61,7 @@ import (
 )
 
 var (
-	workloads = flag.Int("workloads", 1000, "connected workloads")
+	workloads = flag.String("workloads", "1000", "comma-separated numbers of connected workloads, ascending")
 	debounce  = flag.Duration("debounce", configsource.DefaultDebounce, "configsource debounce")
 	verbose   = flag.Bool("verbose", false, "log the endpoint's debug logs to stderr")
 	env       *testenv.Env
@@ -64,14 +73,18 @@ const ns = "bookinfo"
 
 // fleet is n ADS clients waiting for a listener name.
 type fleet struct {
-	n      int
+	n      atomic.Int64
 	target atomic.Pointer[string]
 	gen    atomic.Int64
 	done   atomic.Int64
 	all    chan struct{}
 }
 
-func newFleet(n int) *fleet { return &fleet{n: n, all: make(chan struct{}, 1)} }
+func newFleet(n int) *fleet {
+	f := &fleet{all: make(chan struct{}, 1)}
+	f.n.Store(int64(n))
+	return f
+}
 
 // expect starts waiting for name; wait returns when every client saw it.
 func (f *fleet) expect(name string) {
@@ -84,7 +97,7 @@ func (f *fleet) wait(b *testing.B) {
 	select {
 	case <-f.all:
 	case <-time.After(10 * time.Minute):
-		b.Fatalf("only %d of %d clients got the change", f.done.Load(), f.n)
+		b.Fatalf("only %d of %d clients got the change", f.done.Load(), f.n.Load())
 	}
 }
 
@@ -119,7 +132,7 @@ func (f *fleet) client(ctx context.Context, conn *grpc.ClientConn, node *core.No
 				l := &listenerv3.Listener{}
 				if a.UnmarshalTo(l) == nil && l.GetName() == *target {
 					seen = g
-					if f.done.Add(1) == int64(f.n) {
+					if f.done.Add(1) == f.n.Load() {
 						f.all <- struct{}{}
 					}
 					break
@@ -143,10 +156,31 @@ func sidecar(bind string) *istionetworkingv1.Sidecar {
 type setup struct {
 	fleet     *fleet
 	source    *configsource.Source
+	registry  *prometheus.Registry
 	server    *xds.Server
 	listeners map[string][]types.Resource // by egress bind
 	pushes    int                         // Sidecar updates so far
 	err       error
+
+	regs    []registered // of the largest count
+	addr    string
+	conns   []*grpc.ClientConn
+	streams int // connected so far
+}
+
+type registered struct{ token, nodeID string }
+
+// counts are the -workloads counts.
+func counts(b *testing.B) []int {
+	var out []int
+	for _, f := range strings.Split(*workloads, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 || (len(out) > 0 && n < out[len(out)-1]) {
+			b.Fatalf("-workloads %q: want ascending positive counts", *workloads)
+		}
+		out = append(out, n)
+	}
+	return out
 }
 
 var (
@@ -154,15 +188,21 @@ var (
 	shared setup
 )
 
-func start(b *testing.B) *setup {
-	once.Do(func() { shared.err = shared.start() })
+// start registers the workloads of the largest count (once) and connects n
+// of them.
+func start(b *testing.B, n int) *setup {
+	all := counts(b)
+	once.Do(func() { shared.err = shared.start(all[len(all)-1]) })
 	if shared.err != nil {
 		b.Fatal(shared.err)
+	}
+	if err := shared.connect(n); err != nil {
+		b.Fatal(err)
 	}
 	return &shared
 }
 
-func (s *setup) start() error {
+func (s *setup) start(total int) error {
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	if *verbose {
@@ -199,14 +239,16 @@ func (s *setup) start() error {
 	if err != nil {
 		return err
 	}
-	type registered struct{ token, nodeID string }
-	regs := make([]registered, *workloads)
-	errs := make(chan error, *workloads)
+	regs := make([]registered, total)
+	errs := make(chan error, total)
 	var next atomic.Int64
 	var workers sync.WaitGroup
-	for range 8 {
+	registering := time.Now()
+	// 32 at a time: each registration waits on four API calls in turn, so
+	// the API server (not the client) is the limit.
+	for range 32 {
 		workers.Go(func() {
-			for i := int(next.Add(1) - 1); i < *workloads; i = int(next.Add(1) - 1) {
+			for i := int(next.Add(1) - 1); i < total; i = int(next.Add(1) - 1) {
 				ip := fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)
 				res, err := reg.Register(ctx, registry.Request{
 					Group: wg,
@@ -234,6 +276,8 @@ func (s *setup) start() error {
 	if err := <-errs; err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
+	fmt.Fprintf(os.Stderr, "push: registered %d workloads in %s\n", total, time.Since(registering).Round(time.Millisecond))
+	s.regs = regs
 
 	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "bench", Logger: log})
 	if err != nil {
@@ -243,7 +287,12 @@ func (s *setup) start() error {
 	if err != nil {
 		return err
 	}
-	if s.source, err = configsource.New(configsource.Options{Cache: c, Debounce: *debounce, Logger: log}); err != nil {
+	s.registry = prometheus.NewRegistry()
+	metrics, err := configsource.NewMetrics(s.registry)
+	if err != nil {
+		return err
+	}
+	if s.source, err = configsource.New(configsource.Options{Cache: c, Debounce: *debounce, Logger: log, Metrics: metrics}); err != nil {
 		return err
 	}
 	if s.server, err = xds.NewServer(ctx, xds.Options{
@@ -261,21 +310,14 @@ func (s *setup) start() error {
 	go func() { _ = s.server.Run(ctx) }()
 	go func() { _ = s.source.Run(ctx, s.server) }()
 
-	s.fleet = newFleet(*workloads)
-	var ready sync.WaitGroup
-	ready.Add(*workloads)
-	clientConns, err := dialN(addr, 10)
-	if err != nil {
+	s.addr = addr
+	s.fleet = newFleet(0)
+	if s.conns, err = dialN(addr, 10); err != nil {
 		return err
 	}
-	for i, r := range regs {
-		sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+r.token)
-		node := &core.Node{Id: r.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{})}}}
-		if err := s.fleet.client(sctx, clientConns[i%len(clientConns)], node, &ready); err != nil {
-			return err
-		}
+	if err := s.connect(1); err != nil {
+		return err
 	}
-	ready.Wait()
 
 	// The baseline serves the listeners translation gives one workload.
 	s.listeners = map[string][]types.Resource{}
@@ -295,6 +337,46 @@ func (s *setup) start() error {
 		}
 		s.listeners[bind] = res.Listeners
 	}
+	return nil
+}
+
+// translations is embark_xds_config_translations_total.
+func (s *setup) translations(b *testing.B) float64 {
+	families, err := s.registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "embark_xds_config_translations_total" {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	b.Fatal("no embark_xds_config_translations_total")
+	return 0
+}
+
+// connect opens streams until n are open, and waits until each has its
+// first configuration.
+func (s *setup) connect(n int) error {
+	if n <= s.streams {
+		return nil
+	}
+	ctx := context.Background()
+	var ready sync.WaitGroup
+	ready.Add(n - s.streams)
+	connecting := time.Now()
+	for i := s.streams; i < n; i++ {
+		r := s.regs[i]
+		sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+r.token)
+		node := &core.Node{Id: r.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{})}}}
+		if err := s.fleet.client(sctx, s.conns[i%len(s.conns)], node, &ready); err != nil {
+			return err
+		}
+	}
+	ready.Wait()
+	fmt.Fprintf(os.Stderr, "push: %d streams open (%d new in %s)\n", n, n-s.streams, time.Since(connecting).Round(time.Millisecond))
+	s.streams = n
+	s.fleet.n.Store(int64(n))
 	return nil
 }
 
@@ -322,9 +404,16 @@ func dialN(addr string, n int) ([]*grpc.ClientConn, error) {
 // BenchmarkSidecarChange: one Sidecar update (its egress bind toggles)
 // until every connected workload has the new listeners.
 func BenchmarkSidecarChange(b *testing.B) {
-	s := start(b)
+	for _, n := range counts(b) {
+		b.Run(fmt.Sprintf("workloads=%d", n), func(b *testing.B) { sidecarChange(b, n) })
+	}
+}
+
+func sidecarChange(b *testing.B, n int) {
+	s := start(b, n)
 	ctx := context.Background()
 	var total time.Duration
+	translations := s.translations(b)
 	b.ResetTimer()
 	for range b.N {
 		// Toggle from what the Sidecar has (the benchmark runs more than once).
@@ -346,14 +435,21 @@ func BenchmarkSidecarChange(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/push")
 	b.ReportMetric(float64(debounce.Milliseconds()), "debounce-ms")
-	b.ReportMetric(float64(*workloads), "workloads")
+	b.ReportMetric(float64(n), "workloads")
+	b.ReportMetric((s.translations(b)-translations)/float64(b.N), "translations/push")
 }
 
 // BenchmarkRawSnapshotFanOut is the baseline: a bare go-control-plane
 // SnapshotCache and server with the same number of streams; one push is a
 // SetSnapshot per node of the same listeners, until every client has them.
 func BenchmarkRawSnapshotFanOut(b *testing.B) {
-	s := start(b)
+	for _, n := range counts(b) {
+		b.Run(fmt.Sprintf("workloads=%d", n), func(b *testing.B) { rawFanOut(b, n) })
+	}
+}
+
+func rawFanOut(b *testing.B, n int) {
+	s := start(b, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	snapshots := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
@@ -364,8 +460,8 @@ func BenchmarkRawSnapshotFanOut(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	f := newFleet(*workloads)
-	nodes := make([]string, *workloads)
+	f := newFleet(n)
+	nodes := make([]string, n)
 	first, err := cache.NewSnapshot("0", map[resource.Type][]types.Resource{resource.ListenerType: s.listeners["127.0.0.2"]})
 	if err != nil {
 		b.Fatal(err)
@@ -375,7 +471,7 @@ func BenchmarkRawSnapshotFanOut(b *testing.B) {
 		b.Fatal(err)
 	}
 	var ready sync.WaitGroup
-	ready.Add(*workloads)
+	ready.Add(n)
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("node-%d", i)
 		if err := snapshots.SetSnapshot(ctx, nodes[i], first); err != nil {
@@ -407,5 +503,5 @@ func BenchmarkRawSnapshotFanOut(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/push")
-	b.ReportMetric(float64(*workloads), "workloads")
+	b.ReportMetric(float64(n), "workloads")
 }

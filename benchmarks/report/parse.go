@@ -32,6 +32,8 @@ type Output struct {
 type PackageResult struct {
 	Package string
 	Procs   int
+	// Load is the load the run was taken at (RunLoad.Load; 0: unknown).
+	Load float64
 	benchjson.Result
 }
 

@@ -31,14 +31,18 @@ type PackageRun struct {
 	Seconds float64 `json:"seconds"`
 	JSON    bool    `json:"json"`
 	Error   string  `json:"error,omitempty"`
+	// Loads are the load around each run, in order.
+	Loads []RunLoad `json:"loads,omitempty"`
 }
 
 // Report is a whole benchmark report.
 type Report struct {
-	Date     time.Time    `json:"date"`
-	Commit   string       `json:"commit,omitempty"`
-	Command  string       `json:"command"`
-	Count    int          `json:"count"`
+	Date    time.Time `json:"date"`
+	Commit  string    `json:"commit,omitempty"`
+	Command string    `json:"command"`
+	Count   int       `json:"count"`
+	// MaxLoad is the load above which a figure is refused.
+	MaxLoad  float64      `json:"maxLoad,omitempty"`
 	Machine  Machine      `json:"machine"`
 	Packages []PackageRun `json:"packages"`
 	Figures  []Figure     `json:"figures"`
@@ -75,6 +79,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		b.WriteString(" (busier than its CPUs: read the ratios, not the absolute figures)")
 	}
 	b.WriteString(".\n\n")
+	if r.MaxLoad > 0 {
+		writeTargets(&b, EvaluateTargets(r.Figures, Targets), r.MaxLoad)
+		b.WriteString("\n## Figures\n\n")
+	}
 	b.WriteString("Median of the runs; spread = (max − min) / median; ratio = median / the baseline's median, both measured in the same runs.\n")
 	for _, p := range r.Packages {
 		fmt.Fprintf(&b, "\n## %s\n\n", p.Package)
@@ -82,7 +90,15 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		if p.JSON {
 			b.WriteString(", benchjson output")
 		}
-		b.WriteString(".\n")
+		b.WriteString(".")
+		for i, l := range p.Loads {
+			fmt.Fprintf(&b, " Run %d: load average %.2f before, %.2f after, own CPU %.2f cores, others %.2f cores", i+1, l.Before, l.After, l.OwnCores, l.OtherCores)
+			if l.Attempt > 1 {
+				b.WriteString(" (second attempt)")
+			}
+			b.WriteString(".")
+		}
+		b.WriteString("\n")
 		if p.Error != "" {
 			fmt.Fprintf(&b, "\n**Failed:** %s\n", p.Error)
 		}
@@ -92,8 +108,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				continue
 			}
 			if rows == 0 {
-				b.WriteString("\n| figure | unit | median | min | max | spread | baseline | baseline median | ratio |\n")
-				b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n")
+				b.WriteString("\n| figure | unit | median | min | max | spread | baseline | baseline median | ratio | load |\n")
+				b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n")
 			}
 			rows++
 			base, baseMedian, ratio := "", "", ""
@@ -104,8 +120,13 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				}
 				baseMedian, ratio = Format(f.BaselineMedian), fmt.Sprintf("%.2f", f.Ratio)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.0f%% | %s | %s | %s |\n", f.Name, f.Unit,
-				Format(f.Median), Format(f.Min), Format(f.Max), 100*f.Spread, base, baseMedian, ratio)
+			median := Format(f.Median)
+			load := fmt.Sprintf("%.2f", f.Load)
+			if f.Refused {
+				median, load = "~~"+median+"~~ refused", load+" (refused)"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.0f%% | %s | %s | %s | %s |\n", f.Name, f.Unit,
+				median, Format(f.Min), Format(f.Max), 100*f.Spread, base, baseMedian, ratio, load)
 		}
 	}
 	_, err := io.WriteString(w, b.String())

@@ -102,3 +102,64 @@ func TestFormat(t *testing.T) {
 		}
 	}
 }
+
+// TestTargetsAndRefusedFigures: a figure over the maximum load (or whose
+// baseline is) is refused and not judged; the others are judged against
+// their targets.
+func TestTargetsAndRefusedFigures(t *testing.T) {
+	const push, streams = "github.com/embark-mesh/embark/benchmarks/push", "github.com/embark-mesh/embark/benchmarks/streams"
+	res := func(pkg, name, unit string, v, load float64, baseline string) PackageResult {
+		return PackageResult{Package: pkg, Load: load, Result: benchjson.Result{Name: name, Unit: unit, Value: v, Baseline: baseline}}
+	}
+	results := []PackageResult{
+		res(push, "SidecarChange/workloads=1000", "ms/push", 400, 1.2, "RawSnapshotFanOut/workloads=1000"),
+		res(push, "SidecarChange/workloads=1000", "debounce-ms", 100, 1.2, ""),
+		res(push, "RawSnapshotFanOut/workloads=1000", "ms/push", 100, 1.2, ""),
+		res(streams, "MassDisconnect/streams=1000", "s", 2, 1.5, ""),
+		res(streams, "StormTime/streams=1000", "s", 30, 2.5, ""),
+		res(streams, "Held/streams=10000", "B/stream", 20000, 1, "Bare/streams=10000"),
+		res(streams, "Bare/streams=10000", "B/stream", 14000, 4.5, ""),
+	}
+	figs := Summarize(results, Rules)
+	MarkRefused(figs, 3)
+	rows := EvaluateTargets(figs, Targets)
+	byFigure := map[string]TargetRow{}
+	for _, r := range rows {
+		byFigure[r.Figure+" "+r.Unit] = r
+	}
+	tests := []struct {
+		name                            string
+		figure                          string
+		wantFound, wantMet, wantRefused bool
+		wantValue, wantLimit            float64
+	}{
+		{name: "push judged after the debounce", figure: "SidecarChange/workloads=1000 ms/push", wantFound: true, wantMet: false, wantValue: 300, wantLimit: 150},
+		{name: "met", figure: "MassDisconnect/streams=1000 s", wantFound: true, wantMet: true, wantValue: 2, wantLimit: 3},
+		{name: "not met", figure: "StormTime/streams=1000 s", wantFound: true, wantValue: 30, wantLimit: 10},
+		{name: "baseline refused", figure: "Held/streams=10000 B/stream", wantFound: true, wantRefused: true, wantValue: 20000, wantLimit: 1.3 * 14000},
+		{name: "not measured", figure: "Onboarding/agents=50 onboardings/s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, ok := byFigure[tt.figure]
+			if !ok {
+				t.Fatalf("no target row for %s", tt.figure)
+			}
+			if r.Found != tt.wantFound || r.Met != tt.wantMet || r.Refused != tt.wantRefused || r.Value != tt.wantValue || r.Limit != tt.wantLimit {
+				t.Errorf("row found=%v met=%v refused=%v value=%v limit=%v, want %v %v %v %v %v", r.Found, r.Met, r.Refused, r.Value, r.Limit,
+					tt.wantFound, tt.wantMet, tt.wantRefused, tt.wantValue, tt.wantLimit)
+			}
+		})
+	}
+	rep := &Report{Count: 1, MaxLoad: 3, Figures: figs, Packages: []PackageRun{{Package: streams, Runs: 1, Loads: []RunLoad{{Before: 4.5, After: 5, OwnCores: 1, Load: 4.5, Attempt: 2}}}}}
+	var buf bytes.Buffer
+	if err := rep.WriteMarkdown(&buf); err != nil {
+		t.Fatal(err)
+	}
+	md := buf.String()
+	for _, want := range []string{"## Targets", "refused: load above 3.0", "| MassDisconnect/streams=1000 (s) | ≤ 3 s | 2 |", "(second attempt)", "~~14000~~ refused"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+}

@@ -38,6 +38,17 @@ type RunOptions struct {
 	WorkDir string
 	// Log receives every run's output as it happens.
 	Log io.Writer
+	// MaxLoad is the highest load a run's figures may be taken at (see
+	// RunLoad.Load). A run above it is run once more; if the second one is
+	// above it too, its figures are reported as refused. Default 3.
+	MaxLoad float64
+	// Settle is how long to wait, before each run, for the 1-minute load
+	// average to fall to MaxLoad (the previous run's own load decays).
+	// Default 60s.
+	Settle time.Duration
+	// Load reads the 1-minute load average and the busy CPU time of the
+	// whole machine (tests replace it). Default: /proc/loadavg, /proc/stat.
+	Load func() (loadAverage float64, busy time.Duration)
 }
 
 type pkgInfo struct {
@@ -58,6 +69,15 @@ func Run(ctx context.Context, opts RunOptions) (*Report, error) {
 		opts.Patterns = []string{"./benchmarks/..."}
 	}
 	opts.Count = max(opts.Count, 1)
+	if opts.MaxLoad <= 0 {
+		opts.MaxLoad = 3
+	}
+	if opts.Settle <= 0 {
+		opts.Settle = time.Minute
+	}
+	if opts.Load == nil {
+		opts.Load = machineLoad
+	}
 	if opts.Bench == "" {
 		opts.Bench = "."
 	}
@@ -68,7 +88,7 @@ func Run(ctx context.Context, opts RunOptions) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Count: opts.Count, Machine: ReadMachine()}
+	rep := &Report{Count: opts.Count, Machine: ReadMachine(), MaxLoad: opts.MaxLoad}
 	rep.Machine.LoadAverageStart = loadAverage()
 	var all []PackageResult
 	for _, p := range pkgs {
@@ -97,6 +117,7 @@ func Run(ctx context.Context, opts RunOptions) (*Report, error) {
 	}
 	rep.Machine.LoadAverageEnd = loadAverage()
 	rep.Figures = Summarize(all, Rules)
+	MarkRefused(rep.Figures, opts.MaxLoad)
 	return rep, nil
 }
 
@@ -109,51 +130,143 @@ func runPackage(ctx context.Context, p pkgInfo, opts RunOptions, extra []string,
 	var results []PackageResult
 	cpu := ""
 	for i := range opts.Count {
-		args := []string{"-test.run=^$", "-test.bench=" + opts.Bench, "-test.benchmem", "-test.count=1"}
-		args = append(args, extra...)
-		jsonFile := ""
-		if usesJSON {
-			jsonFile = filepath.Join(opts.WorkDir, fmt.Sprintf("%s.run%d.json", filepath.Base(bin), i+1))
-			_ = os.Remove(jsonFile)
-			args = append(args, "-"+benchjson.FlagName+"="+jsonFile)
-		}
-		fmt.Fprintf(opts.Log, "report: %s run %d/%d\n", p.ImportPath, i+1, opts.Count)
-		var buf bytes.Buffer
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Dir = p.Dir
-		// Only standard output is parsed: libraries' warnings on standard
-		// error would split benchmark lines.
-		cmd.Stdout = io.MultiWriter(&buf, opts.Log)
-		cmd.Stderr = opts.Log
-		runErr := cmd.Run()
-		out, err := ParseGoBench(&buf)
-		if err != nil {
-			return results, cpu, fmt.Errorf("run %d: %w", i+1, err)
-		}
-		if out.CPU != "" {
-			cpu = out.CPU
-		}
-		for _, r := range out.Results {
-			r.Package = p.ImportPath
-			results = append(results, r)
-		}
-		if jsonFile != "" {
-			f, err := benchjson.Read(jsonFile)
-			if err != nil && !(runErr != nil && errors.Is(err, os.ErrNotExist)) {
-				return results, cpu, fmt.Errorf("run %d: %w", i+1, err)
+		var res []PackageResult
+		var load RunLoad
+		var runErr error
+		for attempt := 1; attempt <= 2; attempt++ {
+			res, load, runErr = runOnce(ctx, p, opts, bin, extra, usesJSON, i, &cpu)
+			load.Attempt = attempt
+			if runErr != nil || load.Load <= opts.MaxLoad {
+				break
 			}
-			if f != nil {
-				for _, r := range f.Results {
-					results = append(results, PackageResult{Package: p.ImportPath, Procs: runtime.GOMAXPROCS(0), Result: r})
-				}
+			if attempt == 1 {
+				fmt.Fprintf(opts.Log, "report: %s run %d: load %.2f > %.2f, running it again\n", p.ImportPath, i+1, load.Load, opts.MaxLoad)
 			}
 		}
+		run.Loads = append(run.Loads, load)
+		for j := range res {
+			res[j].Load = load.Load
+		}
+		results = append(results, res...)
 		if runErr != nil {
 			return results, cpu, fmt.Errorf("run %d: %w", i+1, runErr)
 		}
 		run.Runs++
 	}
 	return results, cpu, nil
+}
+
+// runOnce runs the test binary once, after waiting (up to opts.Settle) for
+// the load to settle, and measures the load around it.
+func runOnce(ctx context.Context, p pkgInfo, opts RunOptions, bin string, extra []string, usesJSON bool, i int, cpu *string) ([]PackageResult, RunLoad, error) {
+	deadline := time.Now().Add(opts.Settle)
+	before, busy0 := opts.Load()
+	for before > opts.MaxLoad && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return nil, RunLoad{}, ctx.Err()
+		case <-time.After(5 * time.Second):
+		}
+		before, busy0 = opts.Load()
+	}
+	args := []string{"-test.run=^$", "-test.bench=" + opts.Bench, "-test.benchmem", "-test.count=1"}
+	args = append(args, extra...)
+	jsonFile := ""
+	if usesJSON {
+		jsonFile = filepath.Join(opts.WorkDir, fmt.Sprintf("%s.run%d.json", filepath.Base(bin), i+1))
+		_ = os.Remove(jsonFile)
+		args = append(args, "-"+benchjson.FlagName+"="+jsonFile)
+	}
+	fmt.Fprintf(opts.Log, "report: %s run %d/%d (load average %.2f)\n", p.ImportPath, i+1, opts.Count, before)
+	var buf bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = p.Dir
+	// Only standard output is parsed: libraries' warnings on standard
+	// error would split benchmark lines.
+	cmd.Stdout = io.MultiWriter(&buf, opts.Log)
+	cmd.Stderr = opts.Log
+	start := time.Now()
+	runErr := cmd.Run()
+	wall := time.Since(start)
+	after, busy1 := opts.Load()
+	load := RunLoad{Before: before, After: after, Seconds: wall.Seconds()}
+	if ps := cmd.ProcessState; ps != nil && wall > 0 {
+		// The run's own CPU (its process and the children it waited for:
+		// kube-apiserver, etcd) over the wall time: what it added to the
+		// load itself.
+		load.OwnCores = (ps.UserTime() + ps.SystemTime()).Seconds() / wall.Seconds()
+		if busy1 > busy0 {
+			load.OtherCores = max(0, (busy1-busy0).Seconds()/wall.Seconds()-load.OwnCores)
+		}
+	}
+	load.Load = max(before, after-load.OwnCores)
+	var results []PackageResult
+	out, err := ParseGoBench(&buf)
+	if err != nil {
+		return nil, load, err
+	}
+	if out.CPU != "" {
+		*cpu = out.CPU
+	}
+	for _, r := range out.Results {
+		r.Package = p.ImportPath
+		results = append(results, r)
+	}
+	if jsonFile != "" {
+		f, err := benchjson.Read(jsonFile)
+		if err != nil && !(runErr != nil && errors.Is(err, os.ErrNotExist)) {
+			return results, load, err
+		}
+		if f != nil {
+			for _, r := range f.Results {
+				results = append(results, PackageResult{Package: p.ImportPath, Procs: runtime.GOMAXPROCS(0), Result: r})
+			}
+		}
+	}
+	return results, load, runErr
+}
+
+// RunLoad is the machine's load around one run of a benchmark package.
+type RunLoad struct {
+	// Before and After are the 1-minute load averages right before and
+	// right after the run.
+	Before float64 `json:"before"`
+	After  float64 `json:"after"`
+	// OwnCores is the run's own CPU use (the benchmark process and the
+	// API server and etcd it started) in cores, averaged over the run.
+	OwnCores float64 `json:"ownCores"`
+	// OtherCores is the CPU everything else on the machine used during the
+	// run, in cores, averaged over the run.
+	OtherCores float64 `json:"otherCores"`
+	// Load is the load the run's figures were taken at: the larger of the
+	// load average before it and the load average after it less its own
+	// cores (the run's own work is not "other load").
+	Load float64 `json:"load"`
+	// Attempt is 2 when the first run was above MaxLoad and ran again.
+	Attempt int     `json:"attempt"`
+	Seconds float64 `json:"seconds"`
+}
+
+// machineLoad reads the 1-minute load average and the machine's busy CPU
+// time (all CPUs, /proc/stat: everything but idle and iowait).
+func machineLoad() (float64, time.Duration) {
+	var busy time.Duration
+	if data, err := os.ReadFile("/proc/stat"); err == nil {
+		line, _, _ := strings.Cut(string(data), "\n")
+		f := strings.Fields(line)
+		if len(f) > 5 && f[0] == "cpu" {
+			var ticks float64
+			for j, v := range f[1:] {
+				if j == 3 || j == 4 { // idle, iowait
+					continue
+				}
+				x, _ := strconv.ParseFloat(v, 64)
+				ticks += x
+			}
+			busy = time.Duration(ticks * float64(time.Second) / 100) // USER_HZ
+		}
+	}
+	return loadAverage(), busy
 }
 
 func list(ctx context.Context, patterns []string) ([]pkgInfo, error) {

@@ -27,6 +27,10 @@ type Figure struct {
 	BaselineMedian float64 `json:"baselineMedian,omitempty"`
 	Ratio          float64 `json:"ratio,omitempty"`
 	Note           string  `json:"note,omitempty"`
+	// Load is the highest load any of its runs was taken at (RunLoad.Load);
+	// Refused says it (or its baseline) was above the report's MaxLoad.
+	Load    float64 `json:"load,omitempty"`
+	Refused bool    `json:"refused,omitempty"`
 }
 
 // Rule pairs figures of standard `go test -bench` output, which cannot name
@@ -73,6 +77,7 @@ func Summarize(results []PackageResult, rules []Rule) []Figure {
 			order = append(order, k)
 		}
 		f.Values = append(f.Values, r.Value)
+		f.Load = max(f.Load, r.Load)
 		if r.BaselineValue != 0 && r.Baseline == "" {
 			// A baseline measured inside the benchmark, without a
 			// figure of its own: aggregate it as one.
@@ -85,6 +90,7 @@ func Summarize(results []PackageResult, rules []Rule) []Figure {
 				order = append(order, bk)
 			}
 			b.Values = append(b.Values, r.BaselineValue)
+			b.Load = max(b.Load, r.Load)
 		}
 	}
 	figs := make([]Figure, 0, len(order))

@@ -123,3 +123,34 @@ func BenchmarkTranslate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSharedFor is what one more workload of an already translated
+// scope costs (translate.Shared.For: its ingress listener and inbound
+// cluster, merged with the scope's resources), next to translating it on its
+// own (translate.Translate), with the same Services.
+func BenchmarkSharedFor(b *testing.B) {
+	for _, n := range []int{100, 1000} {
+		in := inputs(n)
+		shared := translate.Prepare(in)
+		w := in.Workload
+		w.Name, w.Address = "vm-2", "10.0.0.11"
+		b.Run(fmt.Sprintf("services=%d/for", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := shared.For(w); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("services=%d/baseline=translate", n), func(b *testing.B) {
+			b.ReportAllocs()
+			in := *in
+			in.Workload = w
+			for b.Loop() {
+				if _, err := translate.Translate(&in); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -31,9 +31,11 @@ type Agent struct {
 	Instance awstest.Instance
 	// Registration is the name of its WorkloadAutoRegistration.
 	Registration string
-	token        string
-	nodeID       string
-	proxyConfig  *structpb.Struct
+	// UID is the registration's UID as Register returned it.
+	UID         string
+	token       string
+	nodeID      string
+	proxyConfig *structpb.Struct
 
 	connected  atomic.Bool
 	connects   atomic.Int64
@@ -75,6 +77,7 @@ func (a *Agent) Onboard(ctx context.Context, api onboardingv1alpha1.OnboardingSe
 		return fmt.Errorf("register %s: %w", a.Instance.InstanceID, err)
 	}
 	a.Registration = reg.GetRegistrationName()
+	a.UID = reg.GetRegistrationUid()
 	a.token = reg.GetBootstrap().GetSidecarToken()
 	a.nodeID = reg.GetBootstrap().GetNodeId()
 	// Istio's agent sends its ProxyConfig as node metadata PROXY_CONFIG,

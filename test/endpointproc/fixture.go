@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -42,6 +43,9 @@ func CreateFixture(ctx context.Context, c client.Client, namespace string) error
 
 // Workload is the stored state of one registration.
 type Workload struct {
+	// UID is the registration's UID: another UID under the same name means
+	// it was deleted and created again.
+	UID types.UID
 	// Connected is the AgentConnected condition's status ("" when unset).
 	Connected metav1.ConditionStatus
 	// Replica holds (or last held) the connection.
@@ -69,7 +73,7 @@ func Workloads(ctx context.Context, c client.Client, namespace string) (map[stri
 	}
 	out := map[string]Workload{}
 	for _, war := range wars.Items {
-		w := Workload{Deleting: war.DeletionTimestamp != nil, WorkloadEntry: entries[war.Name]}
+		w := Workload{UID: war.UID, Deleting: war.DeletionTimestamp != nil, WorkloadEntry: entries[war.Name]}
 		if cond := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected); cond != nil {
 			w.Connected = cond.Status
 		}

@@ -65,6 +65,12 @@ type Cluster struct {
 	Pprof bool
 	// EventCacheSize is the endpoint's -event-cache-size (0: its default).
 	EventCacheSize int
+	// Config is appended to each replica's configuration file (YAML at the
+	// top level, e.g. a limits: section); empty for none.
+	Config string
+	// Registration is more of the registration: section, one "key: value"
+	// per line without indentation (e.g. "writeQPS: 300"); empty for none.
+	Registration []string
 }
 
 // Replica is one endpoint process.
@@ -108,6 +114,10 @@ func (c *Cluster) NewReplica(name string) (*Replica, error) {
 	if grace == 0 {
 		grace = 10 * time.Minute
 	}
+	var writes string
+	for _, line := range c.Registration {
+		writes += "  " + line + "\n"
+	}
 	r.config = filepath.Join(c.Dir, name+".yaml")
 	r.log = filepath.Join(c.Dir, name+".log")
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
@@ -121,11 +131,11 @@ identity:
     certificatesDir: %s
 registration:
   gracePeriod: %s
-listen:
+%slisten:
   onboarding: %s
   metrics: %s
   xds: %s
-`, c.Namespace, certs, grace, r.Onboarding, r.Metrics, r.XDS)
+`, c.Namespace, certs, grace, writes, r.Onboarding, r.Metrics, r.XDS) + c.Config
 	if err := os.WriteFile(r.config, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,6 +31,9 @@ var (
 
 func TestMain(m *testing.M) {
 	testenv.Main(m, testenv.Options{Restartable: true}, &env, func(ctx context.Context) error {
+		if bin = os.Getenv("FAULTS_ENDPOINT_BINARY"); bin != "" {
+			return nil // built from this tree beforehand (go build ./cmd/onboarding-endpoint)
+		}
 		dir, err := os.MkdirTemp("", "embark-faults-")
 		if err != nil {
 			return err
@@ -51,6 +56,42 @@ func outage(t *testing.T) time.Duration {
 	return 60 * time.Second
 }
 
+// fleet is how many ADS streams each test holds (FAULTS_STREAMS; `make
+// faults` runs 1,000; default 20 for a quick run by hand).
+func fleet(t *testing.T) int {
+	if s := os.Getenv("FAULTS_STREAMS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 10 {
+			t.Fatalf("FAULTS_STREAMS=%q: want a number of streams, at least 10", s)
+		}
+		return n
+	}
+	return 20
+}
+
+// suiteConfig is the replicas' configuration beyond the fixture's: every
+// simulated VM connects from the same loopback address, so the per-source
+// limits, sized for one host each, are raised to let 1,000 VMs' worth of
+// connects and onboardings come from one source. The write budget is sized
+// for the fleet (registration.writeQPS): each connect or disconnect costs two
+// writes (registration status and WorkloadEntry), so 1,000 reconnects need
+// 2,000 writes, 40 s at the default 50/s.
+const suiteConfig = `limits:
+  onboarding:
+    requestsPerSecondPerSource: 100000
+    requestBurstPerSource: 100000
+  xds:
+    requestsPerSecondPerSource: 100000
+    requestBurstPerSource: 100000
+    maxConnectionsPerSource: 1000
+`
+
+// suiteRegistration is the replicas' registration: settings beyond the
+// fixture's: the write budget sized for the fleet (see suiteConfig), and no
+// per-source limit on credential verifications (one source onboards the
+// whole fleet).
+var suiteRegistration = []string{"writeQPS: 300", "writeBurst: 600", "verifyPerSecond: -1"}
+
 // fixture is one test's endpoint deployment: a namespace, replicas and
 // agents.
 type fixture struct {
@@ -59,6 +100,12 @@ type fixture struct {
 	ca       *awstest.CA
 	cluster  *endpointproc.Cluster
 	replicas []*endpointproc.Replica
+	// uids are the registrations' UIDs from Register: another UID under a
+	// name means the registration was deleted and created again.
+	uids map[string]string
+	// neverDeleted makes expect fail at once when a registration of the
+	// truth is missing or being deleted (none may be, at any instant).
+	neverDeleted bool
 }
 
 func newFixture(t *testing.T, replicas int) *fixture {
@@ -72,7 +119,10 @@ func newFixture(t *testing.T, replicas int) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, ns: ns, ca: ca, cluster: &endpointproc.Cluster{Binary: bin, Kubeconfig: env.KubeconfigPath, Namespace: ns, CA: ca, Dir: t.TempDir()}}
+	f := &fixture{t: t, ns: ns, ca: ca, uids: map[string]string{}, cluster: &endpointproc.Cluster{
+		Binary: bin, Kubeconfig: env.KubeconfigPath, Namespace: ns, CA: ca, Dir: keepDir(t),
+		Config: suiteConfig, Registration: suiteRegistration,
+	}}
 	for i := range replicas {
 		r, err := f.cluster.NewReplica(fmt.Sprintf("%s-%d", strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))[:8], i))
 		if err != nil {
@@ -92,20 +142,36 @@ func newFixture(t *testing.T, replicas int) *fixture {
 	return f
 }
 
-func (f *fixture) conns(rs ...*endpointproc.Replica) []*grpc.ClientConn {
-	var out []*grpc.ClientConn
-	for _, r := range rs {
-		c, err := endpointproc.Dial(r.XDS)
-		if err != nil {
-			f.t.Fatal(err)
+// conns dials per connections to each replica and returns, for the
+// agent numbered i, the connections it tries in turn: one to each replica,
+// in the order given. The server runs at most 100 streams per connection
+// (limits.xds.maxConcurrentStreams), so the agents are spread over enough
+// connections for all of them to be on one replica.
+func (f *fixture) conns(agents int, rs ...*endpointproc.Replica) func(i int) []*grpc.ClientConn {
+	per := max(1, (agents+49)/50)
+	pools := make([][]*grpc.ClientConn, len(rs))
+	for k, r := range rs {
+		for range per {
+			c, err := endpointproc.Dial(r.XDS)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			f.t.Cleanup(func() { _ = c.Close() })
+			pools[k] = append(pools[k], c)
 		}
-		f.t.Cleanup(func() { _ = c.Close() })
-		out = append(out, c)
 	}
-	return out
+	return func(i int) []*grpc.ClientConn {
+		out := make([]*grpc.ClientConn, len(pools))
+		for k, p := range pools {
+			out[k] = p[i%len(p)]
+		}
+		return out
+	}
 }
 
-// onboard onboards n new agents through replica r.
+// onboard onboards n new agents through replica r, several at a time (the
+// fast way to create n registrations: each goes through the real
+// Authorize and Register, as an agent's does).
 func (f *fixture) onboard(r *endpointproc.Replica, n int) []*endpointproc.Agent {
 	f.t.Helper()
 	conn, err := endpointproc.Dial(r.Onboarding)
@@ -114,28 +180,62 @@ func (f *fixture) onboard(r *endpointproc.Replica, n int) []*endpointproc.Agent 
 	}
 	defer conn.Close()
 	api := onboardingv1alpha1.NewOnboardingServiceClient(conn)
-	var out []*endpointproc.Agent
-	for range n {
-		a := endpointproc.NewAgent(int(instances.Add(1)))
-		if err := a.Onboard(f.t.Context(), api, f.ca, f.ns, endpointproc.Group); err != nil {
-			f.t.Fatal(err)
-		}
-		f.t.Cleanup(a.Disconnect)
-		out = append(out, a)
+	start := time.Now()
+	out := make([]*endpointproc.Agent, n)
+	for i := range out {
+		out[i] = endpointproc.NewAgent(int(instances.Add(1)))
+		f.t.Cleanup(out[i].Disconnect)
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+		next  atomic.Int64
+	)
+	for range min(n, 16) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := out[i].Onboard(f.t.Context(), api, f.ca, f.ns, endpointproc.Group); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		f.t.Fatal(first)
+	}
+	for _, a := range out {
+		f.uids[a.Registration] = a.UID
+	}
+	if n >= 100 {
+		f.t.Logf("onboarded %d agents in %v", n, time.Since(start).Round(time.Millisecond))
 	}
 	return out
 }
 
-func hold(agents []*endpointproc.Agent, conns []*grpc.ClientConn) {
-	for _, a := range agents {
-		a.Hold(conns)
+// hold makes every agent hold a stream on the connections conns gives it.
+func hold(agents []*endpointproc.Agent, conns func(int) []*grpc.ClientConn) {
+	for i, a := range agents {
+		a.Hold(conns(i))
 	}
 }
 
 func disconnect(agents []*endpointproc.Agent) {
+	var wg sync.WaitGroup
 	for _, a := range agents {
-		a.Disconnect()
+		wg.Go(a.Disconnect)
 	}
+	wg.Wait()
 }
 
 // want is the truth about one workload: whether its agent is connected, and
@@ -164,6 +264,11 @@ func (f *fixture) expect(timeout time.Duration, truth map[*endpointproc.Agent]wa
 			names[a.Registration] = true
 			got, ok := ws[a.Registration]
 			switch {
+			case ok && string(got.UID) != f.uids[a.Registration]:
+				// Never right, whatever the wait: fail at once.
+				f.t.Fatalf("%s was deleted and created again (UID %s, registered as %s)", a.Registration, got.UID, f.uids[a.Registration])
+			case err == nil && (!ok || got.Deleting) && f.neverDeleted:
+				f.t.Fatalf("%s deleted early (present %v, being deleted %v) %v into the wait", a.Registration, ok, got.Deleting, time.Since(start))
 			case !ok:
 				problems = append(problems, a.Registration+": registration missing")
 			case got.Deleting:
@@ -216,15 +321,18 @@ func all(agents []*endpointproc.Agent, w want) map[*endpointproc.Agent]want {
 	return out
 }
 
-// A graceful restart of the only replica: its streams close and are stored
-// as disconnected, the registrations stay, and the agents reconnect to the
-// restarted process.
+// A graceful restart of the only replica holding the fleet's streams: its
+// streams close and are stored as disconnected, the registrations stay, and
+// every agent reconnects to the restarted process, all stored within 30 s
+// of the restart.
 func TestEndpointRestartKeepsRegistrations(t *testing.T) {
+	n := fleet(t)
 	f := newFixture(t, 1)
 	r := f.replicas[0]
-	agents := f.onboard(r, 20)
-	hold(agents, f.conns(r))
-	t.Logf("connected: %v", f.expect(2*time.Minute, all(agents, want{connected: true, replica: r.Name})))
+	agents := f.onboard(r, n)
+	f.neverDeleted = true
+	hold(agents, f.conns(n, r))
+	t.Logf("%d connected and stored in %v", n, f.expect(2*time.Minute, all(agents, want{connected: true, replica: r.Name})))
 
 	start := time.Now()
 	if err := r.Stop(); err != nil {
@@ -239,48 +347,59 @@ func TestEndpointRestartKeepsRegistrations(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("restarted in %v", time.Since(start))
-	took := f.expect(2*time.Minute, all(agents, want{connected: true, replica: r.Name}))
-	t.Logf("all %d agents reconnected and stored %v after the restart", len(agents), took)
+	took := f.expect(30*time.Second, all(agents, want{connected: true, replica: r.Name}))
+	t.Logf("all %d agents reconnected and stored %v after the restart (%v after the start)", len(agents), took, time.Since(start))
 
 	// The restarted endpoint onboards too.
 	more := f.onboard(r, 1)
 	f.expect(time.Minute, truthOf(all(agents, want{connected: true}), all(more, want{connected: false})))
 }
 
-// SIGKILL of the replica holding every stream while a second one runs: the
-// agents reconnect to the survivor, which takes the workloads over; nothing
-// is deleted.
+// SIGKILL of the replica holding half of the fleet's streams while a second
+// one holds the other half: the killed replica's agents reconnect to the
+// survivor, which takes their workloads over within 30 s; no registration
+// is deleted or created again at any point.
 func TestKillOfStreamOwnerHandsOver(t *testing.T) {
+	n := fleet(t)
 	f := newFixture(t, 2)
 	owner, survivor := f.replicas[0], f.replicas[1]
-	agents := f.onboard(owner, 20)
-	hold(agents, f.conns(owner, survivor))
-	f.expect(2*time.Minute, all(agents, want{connected: true, replica: owner.Name}))
+	agents := f.onboard(owner, n)
+	f.neverDeleted = true
+	half := n / 2
+	onOwner, onSurvivor := agents[:half], agents[half:]
+	hold(onOwner, f.conns(half, owner, survivor))
+	hold(onSurvivor, f.conns(n-half, survivor))
+	f.expect(2*time.Minute, truthOf(all(onOwner, want{connected: true, replica: owner.Name}), all(onSurvivor, want{connected: true, replica: survivor.Name})))
 
 	start := time.Now()
 	if err := owner.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	took := f.expect(2*time.Minute, all(agents, want{connected: true, replica: survivor.Name}))
-	t.Logf("all %d workloads held by the survivor %v after the SIGKILL (%v)", len(agents), took, time.Since(start))
+	took := f.expect(30*time.Second, all(agents, want{connected: true, replica: survivor.Name}))
+	t.Logf("all %d workloads held by the survivor %v after the SIGKILL (%d moved; %v with the kill)", len(agents), took, len(onOwner), time.Since(start))
 
 	// A later disconnect is stored by the survivor.
-	disconnect(agents[:5])
-	f.expect(time.Minute, truthOf(all(agents[5:], want{connected: true, replica: survivor.Name}), all(agents[:5], want{connected: false})))
+	gone := onOwner[:5]
+	disconnect(gone)
+	f.neverDeleted = false
+	f.expect(time.Minute, truthOf(all(agents[5:], want{connected: true, replica: survivor.Name}), all(gone, want{connected: false})))
 }
 
-// The API server is down for 60 s while some agents disconnect and others
-// connect: nothing is lost or deleted, and once it is back the stored state
-// matches the truth.
+// The API server is down for 60 s while a tenth of the fleet disconnects and
+// another tenth connects: nothing is lost or deleted, and within 5 s of the
+// API server's return the stored state matches the truth.
 func TestAPIServerOutage(t *testing.T) {
+	n := fleet(t)
 	f := newFixture(t, 1)
 	r := f.replicas[0]
-	conns := f.conns(r)
-	leaving := f.onboard(r, 5)  // connected before, disconnect during the outage
-	staying := f.onboard(r, 5)  // connected throughout
-	arriving := f.onboard(r, 5) // disconnected before, connect during the outage
+	conns := f.conns(n, r)
+	tenth := max(5, n/10)
+	agents := f.onboard(r, n)
+	leaving := agents[:tenth]           // connected before, disconnect during the outage
+	arriving := agents[tenth : 2*tenth] // disconnected before, connect during the outage
+	staying := agents[2*tenth:]         // connected throughout
 	hold(leaving, conns)
-	hold(staying, conns)
+	hold(staying, func(i int) []*grpc.ClientConn { return conns(tenth + i) })
 	f.expect(2*time.Minute, truthOf(all(leaving, want{connected: true}), all(staying, want{connected: true}), all(arriving, want{connected: false})))
 
 	down := outage(t)
@@ -298,7 +417,7 @@ func TestAPIServerOutage(t *testing.T) {
 	start = time.Now()
 	time.Sleep(down / 4)
 	disconnect(leaving)
-	hold(arriving, conns)
+	hold(arriving, func(i int) []*grpc.ClientConn { return conns(2*tenth + i) })
 	time.Sleep(down - time.Since(start))
 	start = time.Now()
 	if err := env.StartAPIServer(); err != nil {
@@ -306,8 +425,13 @@ func TestAPIServerOutage(t *testing.T) {
 	}
 	restarted = true
 	t.Logf("kube-apiserver restarted in %v", time.Since(start))
-	took := f.expect(3*time.Minute, truthOf(all(leaving, want{connected: false}), all(staying, want{connected: true, replica: r.Name}), all(arriving, want{connected: true, replica: r.Name})))
-	t.Logf("state matches the truth %v after the API server came back", took)
+	// Every replica's Lease expired during the outage (nobody could renew
+	// it): the sweeper must not take that for the replica being gone, and
+	// the states held back must be stored as soon as the API server
+	// answers, not after client-go's informer backoff (up to 60 s).
+	f.neverDeleted = true
+	took := f.expect(5*time.Second, truthOf(all(leaving, want{connected: false}), all(staying, want{connected: true, replica: r.Name}), all(arriving, want{connected: true, replica: r.Name})))
+	t.Logf("state matches the truth %v after the API server came back (%d left, %d arrived, %d stayed)", took, len(leaving), len(arriving), len(staying))
 }
 
 // etcd restarts (10 s down) while agents disconnect: the stored state
@@ -315,9 +439,8 @@ func TestAPIServerOutage(t *testing.T) {
 func TestEtcdRestart(t *testing.T) {
 	f := newFixture(t, 1)
 	r := f.replicas[0]
-	conns := f.conns(r)
 	agents := f.onboard(r, 10)
-	hold(agents, conns)
+	hold(agents, f.conns(len(agents), r))
 	f.expect(2*time.Minute, all(agents, want{connected: true}))
 
 	start := time.Now()
@@ -342,4 +465,13 @@ func TestEtcdRestart(t *testing.T) {
 	t.Logf("state matches the truth %v after etcd came back", took)
 	more := f.onboard(r, 1)
 	f.expect(time.Minute, truthOf(all(agents[:3], want{connected: false}), all(agents[3:], want{connected: true}), all(more, want{connected: false})))
+}
+
+func keepDir(t *testing.T) string {
+	if d := os.Getenv("FAULTS_KEEP_DIR"); d != "" {
+		d = d + "/" + t.Name()
+		_ = os.MkdirAll(d, 0o755)
+		return d
+	}
+	return t.TempDir()
 }

@@ -5,6 +5,11 @@
 // every resource type carries a version that is a hash of its content, so an
 // unchanged type is never pushed again.
 //
+// Proxies of one scope (translate.ScopeKey: namespace and the objects
+// selecting the workload) share one translation of the scope until the
+// inputs change (translate.Prepare); each proxy adds, validates and hashes
+// only its own ingress listeners and inbound clusters (Shared.For).
+//
 // Changes to the inputs are debounced and recomputed only for the proxies
 // they may affect (see Affected for the rule). When a translation fails or a
 // resource does not validate, the proxy keeps the last configuration that

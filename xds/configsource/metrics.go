@@ -15,11 +15,12 @@ const (
 
 // Metrics of the configuration served.
 type Metrics struct {
-	translations prometheus.Counter
-	errors       *prometheus.CounterVec
-	translate    prometheus.Histogram
-	push         prometheus.Histogram
-	pushed       prometheus.Counter
+	translations   prometheus.Counter
+	configurations prometheus.Counter
+	errors         *prometheus.CounterVec
+	translate      prometheus.Histogram
+	push           prometheus.Histogram
+	pushed         prometheus.Counter
 }
 
 // NewMetrics registers the embark_xds_config_* metrics with reg.
@@ -27,7 +28,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		translations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "embark_xds_config_translations_total",
-			Help: "Configurations translated for a proxy.",
+			Help: "Scopes translated: one per distinct scope (namespace, Sidecar and policies selecting the workload) per change of the inputs; the proxies of a scope share it.",
+		}),
+		configurations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "embark_xds_config_configurations_total",
+			Help: "Configurations computed for a proxy (its scope's shared translation plus its own ingress listeners and clusters).",
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "embark_xds_config_errors_total",
@@ -35,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"reason"}),
 		translate: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "embark_xds_config_translation_seconds",
-			Help:    "Time to read the inputs of one proxy, translate and validate them.",
+			Help:    "Time to compute one proxy's configuration: read its scope's inputs, translate the scope unless another proxy of it already did since the last change, add, validate and hash the proxy's own resources.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}),
 		push: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -48,7 +53,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Proxies whose configuration was recomputed after a change of the inputs.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.translations, m.errors, m.translate, m.push, m.pushed} {
+	for _, c := range []prometheus.Collector{m.translations, m.configurations, m.errors, m.translate, m.push, m.pushed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register xDS configuration metrics: %w", err)
 		}

@@ -79,6 +79,16 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 	}()
 	for _, obj := range watched() {
 		kind := fmt.Sprintf("%T", obj)
+		// A registration is read only for its own workload's labels (from
+		// the proxy, not the cache): its changes leave every scope's
+		// translation as it is.
+		_, isRegistration := obj.(*runtimev1alpha1.WorkloadAutoRegistration)
+		add := func(old, new client.Object) {
+			if !isRegistration {
+				s.scopes.changed()
+			}
+			d.add(kind, old, new, s.opts.Clock())
+		}
 		inf, err := s.opts.Cache.GetInformer(ctx, obj)
 		if err != nil {
 			return fmt.Errorf("watch %s: %w", kind, err)
@@ -86,14 +96,14 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(o any) {
 				if co, ok := o.(client.Object); ok {
-					d.add(kind, nil, co, s.opts.Clock())
+					add(nil, co)
 				}
 			},
 			UpdateFunc: func(oldObj, newObj any) {
 				o, ok1 := oldObj.(client.Object)
 				n, ok2 := newObj.(client.Object)
 				if ok1 && ok2 && o.GetResourceVersion() != n.GetResourceVersion() && relevant(o, n) {
-					d.add(kind, o, n, s.opts.Clock())
+					add(o, n)
 				}
 			},
 			DeleteFunc: func(o any) {
@@ -101,7 +111,7 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 					o = t.Obj
 				}
 				if co, ok := o.(client.Object); ok {
-					d.add(kind, co, nil, s.opts.Clock())
+					add(co, nil)
 				}
 			},
 		})
@@ -110,6 +120,10 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 		}
 		handles = append(handles, handle{inf, reg})
 	}
+	// From here every change of the inputs is seen: translations of a
+	// scope can be shared until the next one.
+	s.scopes.watch(true)
+	defer s.scopes.watch(false)
 
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()

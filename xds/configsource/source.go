@@ -99,6 +99,10 @@ type Source struct {
 
 	mu     sync.Mutex
 	served map[string]*served // by node ID
+
+	// scopes are the translations of the scopes proxies were served from,
+	// shared while the inputs do not change.
+	scopes scopes
 }
 
 // served is what a node was last served successfully, and its last error.
@@ -144,7 +148,7 @@ func (s *Source) Snapshot(ctx context.Context, p *xds.Proxy) (cache.ResourceSnap
 	snap, warned, blame, reason, err := s.compute(ctx, p)
 	m := s.opts.Metrics
 	if m != nil {
-		m.translations.Inc()
+		m.configurations.Inc()
 		m.translate.Observe(s.opts.Clock().Sub(start).Seconds())
 	}
 	s.mu.Lock()
@@ -229,14 +233,22 @@ type warned struct {
 	unenforced []string
 }
 
-// compute reads the proxy's inputs, translates and validates them. On error
-// it says which object to blame (nil: none) and why.
+// compute reads the proxy's inputs, translates and validates them. The
+// translation of the proxy's scope (translate.ScopeKey) is shared with every
+// other proxy of the scope until the inputs change; only the proxy's own
+// resources (its ingress listeners and inbound clusters) are built, validated
+// and hashed per proxy. On error it says which object to blame (nil: none)
+// and why.
 func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapshot, w warned, blame runtime.Object, reason string, err error) {
-	in, err := s.Inputs(ctx, p)
+	in, err := s.scopeInputs(ctx, p)
 	if err != nil {
 		return nil, w, nil, reasonInputs, err
 	}
-	res, err := translate.Translate(in)
+	sc, err := s.scopes.get(ctx, translate.ScopeKey(in), func() (*scopeTranslation, error) { return s.translateScope(ctx, in) })
+	if err != nil {
+		return nil, w, nil, reasonInputs, err
+	}
+	res, own, err := sc.shared.For(in.Workload)
 	if err != nil {
 		return nil, w, blameFor(err, in, p), reasonSidecar, err
 	}
@@ -244,11 +256,13 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 	if res.Sidecar != nil {
 		subject = res.Sidecar
 	}
-	byType := res.ByType()
-	if err := res.Validate(); err != nil {
+	if sc.invalid != nil {
+		return nil, w, subject, reasonValidation, sc.invalid
+	}
+	if err := own.Validate(); err != nil {
 		return nil, w, subject, reasonValidation, err
 	}
-	snap, err = versioned(byType)
+	snap, err = sc.snapshot(own)
 	if err != nil {
 		return nil, w, p.Registration, reasonValidation, err
 	}
@@ -263,6 +277,19 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 // the cache's own (not copies: translation reads thousands of them per
 // proxy and modifies none); callers must not modify them.
 func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
+	in, err := s.scopeInputs(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.meshInputs(ctx, in); err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// scopeInputs reads the workload and the objects of its namespace and the
+// root namespace that may select it: what translate.ScopeKey reads.
+func (s *Source) scopeInputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
 	we, err := registry.BuildWorkloadEntry(p.Registration)
 	if err != nil {
 		return nil, err
@@ -302,32 +329,39 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 		}
 		in.RequestAuthentications = append(in.RequestAuthentications, ras.Items...)
 	}
+	return in, nil
+}
+
+// meshInputs adds to in the objects every workload reads alike: Services,
+// EndpointSlices, ServiceEntries, WorkloadEntries and Pods of every
+// namespace.
+func (s *Source) meshInputs(ctx context.Context, in *translate.Inputs) error {
 	services := &corev1.ServiceList{}
 	if err := s.opts.Cache.List(ctx, services, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list Services: %w", err)
+		return fmt.Errorf("list Services: %w", err)
 	}
 	in.Services = pointers(services.Items)
 	slicesList := &discoveryv1.EndpointSliceList{}
 	if err := s.opts.Cache.List(ctx, slicesList, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list EndpointSlices: %w", err)
+		return fmt.Errorf("list EndpointSlices: %w", err)
 	}
 	in.EndpointSlices = pointers(slicesList.Items)
 	ses := &istionetworkingv1.ServiceEntryList{}
 	if err := s.opts.Cache.List(ctx, ses, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list ServiceEntries: %w", err)
+		return fmt.Errorf("list ServiceEntries: %w", err)
 	}
 	in.ServiceEntries = ses.Items
 	wes := &istionetworkingv1.WorkloadEntryList{}
 	if err := s.opts.Cache.List(ctx, wes, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list WorkloadEntries: %w", err)
+		return fmt.Errorf("list WorkloadEntries: %w", err)
 	}
 	in.WorkloadEntries = wes.Items
 	pods := &corev1.PodList{}
 	if err := s.opts.Cache.List(ctx, pods, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list Pods: %w", err)
+		return fmt.Errorf("list Pods: %w", err)
 	}
 	in.Pods = pointers(pods.Items)
-	return in, nil
+	return nil
 }
 
 func pointers[T any](items []T) []*T {
@@ -345,20 +379,34 @@ func versioned(byType map[resource.Type][]types.Resource) (*cache.Snapshot, erro
 	snap := &cache.Snapshot{}
 	for t, rs := range byType {
 		rs = slices.Clone(rs)
-		slices.SortFunc(rs, func(a, b types.Resource) int { return cmp.Compare(cache.GetResourceName(a), cache.GetResourceName(b)) })
-		h := sha256.New()
-		for _, r := range rs {
-			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
-			if err != nil {
-				return nil, fmt.Errorf("marshal %s %q: %w", t, cache.GetResourceName(r), err)
-			}
-			name := cache.GetResourceName(r)
-			fmt.Fprintf(h, "%d:%s%d:", len(name), name, len(b))
-			h.Write(b)
+		sortByName(rs)
+		d, err := digest(t, rs)
+		if err != nil {
+			return nil, err
 		}
-		snap.Resources[cache.GetResponseType(t)] = cache.NewResources(hex.EncodeToString(h.Sum(nil))[:16], rs)
+		snap.Resources[cache.GetResponseType(t)] = cache.NewResources(hex.EncodeToString(d)[:16], rs)
 	}
 	return snap, nil
+}
+
+func sortByName(rs []types.Resource) {
+	slices.SortFunc(rs, func(a, b types.Resource) int { return cmp.Compare(cache.GetResourceName(a), cache.GetResourceName(b)) })
+}
+
+// digest is the SHA-256 of resources of type t sorted by name: each one's
+// name and deterministic encoding, length-prefixed.
+func digest(t resource.Type, rs []types.Resource) ([]byte, error) {
+	h := sha256.New()
+	for _, r := range rs {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+		if err != nil {
+			return nil, fmt.Errorf("marshal %s %q: %w", t, cache.GetResourceName(r), err)
+		}
+		name := cache.GetResourceName(r)
+		fmt.Fprintf(h, "%d:%s%d:", len(name), name, len(b))
+		h.Write(b)
+	}
+	return h.Sum(nil), nil
 }
 
 // emptySnapshot is a valid configuration with nothing in it.

@@ -27,16 +27,17 @@ func main() {
 	bench := flag.String("bench", ".", "benchmarks to run (-test.bench pattern)")
 	outDir := flag.String("out", "benchmarks/results", "directory of the report files")
 	from := flag.String("from", "", "build the report from this saved `go test -bench` output instead of running")
+	maxLoad := flag.Float64("max-load", 3, "refuse figures taken above this load (a run above it is run once more first)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *count, *bench, *outDir, *from, flag.Args()); err != nil {
+	if err := run(ctx, *count, *bench, *outDir, *from, *maxLoad, flag.Args()); err != nil {
 		fmt.Fprintf(os.Stderr, "report: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, count int, bench, outDir, from string, patterns []string) error {
+func run(ctx context.Context, count int, bench, outDir, from string, maxLoad float64, patterns []string) error {
 	start := time.Now()
 	var rep *report.Report
 	if from != "" {
@@ -65,7 +66,7 @@ func run(ctx context.Context, count int, bench, outDir, from string, patterns []
 			return err
 		}
 		defer os.RemoveAll(work)
-		rep, err = report.Run(ctx, report.RunOptions{Patterns: patterns, Count: count, Bench: bench, WorkDir: work, Log: os.Stderr})
+		rep, err = report.Run(ctx, report.RunOptions{Patterns: patterns, Count: count, Bench: bench, WorkDir: work, Log: os.Stderr, MaxLoad: maxLoad})
 		if err != nil {
 			return err
 		}

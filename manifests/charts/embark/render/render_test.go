@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -51,7 +52,7 @@ func TestRenders(t *testing.T) {
 		wants []string
 		nots  []string
 	}{
-		{name: "defaults", wants: []string{"kind: Deployment", "kind: ClusterRole", "image: embark-mesh/onboarding-endpoint:v0.1.0-dev", "type: LoadBalancer"},
+		{name: "defaults", wants: []string{"kind: Deployment", "kind: ClusterRole", "image: embark-mesh/onboarding-endpoint:" + version(t), "type: LoadBalancer"},
 			nots: []string{"kind: Certificate", "kind: ServiceMonitor", "istio.io/rev",
 				// istiod mode reads no mesh configuration cluster-wide.
 				"kind: ClusterRoleBinding\nmetadata:\n  name: embark-onboarding-endpoint-mesh-config"}},
@@ -122,4 +123,15 @@ func TestConfigChecksumRollsPods(t *testing.T) {
 	if got := checksum(map[string]any{"replicas": 3}); got != base {
 		t.Error("changing replicas changed the configuration checksum")
 	}
+}
+
+// version is the repository's release version (its VERSION file): the
+// chart's appVersion, the default image tag.
+func version(t *testing.T) string {
+	t.Helper()
+	v, err := os.ReadFile("../../../../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(v))
 }

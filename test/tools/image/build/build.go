@@ -72,6 +72,10 @@ type Options struct {
 	LicenseFile string `json:"licenseFile,omitempty"`
 	// Created is every timestamp in the image (SOURCE_DATE_EPOCH, required).
 	Created time.Time `json:"created"`
+	// Env is added to go build's environment, e.g. GOCACHE=<empty dir>
+	// to compile every package afresh. Not an input of the image: the
+	// same Options with any Env must give the same digest.
+	Env []string `json:"-"`
 }
 
 func (o *Options) setDefaults() error {
@@ -296,6 +300,7 @@ func compile(ctx context.Context, opts Options, plat v1.Platform, out string) er
 	cmd.Env = append(os.Environ(),
 		"CGO_ENABLED=0", "GOOS="+plat.OS, "GOARCH="+plat.Architecture,
 		"GOAMD64=v1", "GOARM64=v8.0", "GOFLAGS=-mod=readonly")
+	cmd.Env = append(cmd.Env, opts.Env...)
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
 	if err := cmd.Run(); err != nil {

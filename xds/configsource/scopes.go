@@ -1,0 +1,188 @@
+package configsource
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
+	"sync"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/embark-mesh/embark/translate"
+)
+
+// scopes remembers the translation of each scope (translate.ScopeKey) while
+// the inputs do not change, so that the proxies of one scope are translated
+// once per change, not once each. Only while Run watches the inputs: without
+// its change events a remembered translation could be stale, so every
+// configuration is translated afresh.
+type scopes struct {
+	mu sync.Mutex
+	// watching is set while Run's event handlers are registered.
+	watching bool
+	// gen counts the changes of the inputs Run has seen.
+	gen uint64
+	// entries are the translations of generation entriesGen.
+	entries    map[string]*scopeEntry
+	entriesGen uint64
+}
+
+// scopeEntry is one scope's translation, computed by the first proxy that
+// needs it; the others wait for ready.
+type scopeEntry struct {
+	ready chan struct{}
+	t     *scopeTranslation
+	err   error
+}
+
+// changed says the inputs changed: the translations remembered so far are
+// not reused.
+func (s *scopes) changed() {
+	s.mu.Lock()
+	s.gen++
+	s.mu.Unlock()
+}
+
+// watch turns remembering on (Run's handlers are registered) or off.
+func (s *scopes) watch(on bool) {
+	s.mu.Lock()
+	s.watching = on
+	s.gen++
+	s.entries = nil
+	s.mu.Unlock()
+}
+
+// get returns the scope's translation of the current inputs, computing it
+// with translate unless another proxy did since the last change. The
+// generation is read before translate reads the inputs, so a change the
+// translation may have missed always makes the next get translate again.
+func (s *scopes) get(ctx context.Context, key string, translate func() (*scopeTranslation, error)) (*scopeTranslation, error) {
+	for {
+		s.mu.Lock()
+		if !s.watching {
+			s.mu.Unlock()
+			return translate()
+		}
+		if s.entries == nil || s.entriesGen != s.gen {
+			s.entries, s.entriesGen = map[string]*scopeEntry{}, s.gen
+		}
+		if e, ok := s.entries[key]; ok {
+			s.mu.Unlock()
+			select {
+			case <-e.ready:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if e.err == nil {
+				return e.t, nil
+			}
+			continue // the proxy that translated failed to read the inputs: try again
+		}
+		e := &scopeEntry{ready: make(chan struct{})}
+		s.entries[key] = e
+		gen := s.gen
+		s.mu.Unlock()
+
+		e.t, e.err = translate()
+		if e.err != nil {
+			s.mu.Lock()
+			if s.entriesGen == gen && s.entries[key] == e {
+				delete(s.entries, key)
+			}
+			s.mu.Unlock()
+		}
+		close(e.ready)
+		return e.t, e.err
+	}
+}
+
+// scopeTranslation is a scope's shared translation, validated and hashed.
+type scopeTranslation struct {
+	shared *translate.Shared
+	// invalid is why a shared resource does not validate (nil: all do).
+	invalid error
+	// types are the shared resources of each type, with their digest.
+	types map[resource.Type]*sharedType
+}
+
+// sharedType are the shared resources of one type.
+type sharedType struct {
+	digest []byte
+	// resources are served as they are to a proxy with none of its own of
+	// this type.
+	resources cache.Resources
+}
+
+// served are the types of a proxy's snapshot.
+var servedTypes = []resource.Type{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
+
+// translateScope reads the inputs every workload reads alike, adds them to
+// in (the scope's inputs for its first proxy), translates the scope,
+// validates and hashes the shared resources.
+func (s *Source) translateScope(ctx context.Context, in *translate.Inputs) (*scopeTranslation, error) {
+	full := *in
+	if err := s.meshInputs(ctx, &full); err != nil {
+		return nil, err
+	}
+	if m := s.opts.Metrics; m != nil {
+		m.translations.Inc()
+	}
+	t := &scopeTranslation{shared: translate.Prepare(&full), types: map[resource.Type]*sharedType{}}
+	common := t.shared.Common()
+	if common == nil {
+		return t, nil // For returns the error
+	}
+	t.invalid = common.Validate()
+	for typ, rs := range common.ByType() {
+		d, err := digest(typ, rs)
+		if err != nil {
+			t.invalid = err
+			return t, nil
+		}
+		t.types[typ] = &sharedType{digest: d, resources: cache.NewResources(hex.EncodeToString(d)[:16], rs)}
+	}
+	return t, nil
+}
+
+// snapshot is the configuration of a proxy of the scope whose own resources
+// are own (sorted by name, as translate returns them): each type's version hashes the shared digest and, when the proxy
+// has resources of its own of that type, theirs.
+func (t *scopeTranslation) snapshot(own *translate.Result) (*cache.Snapshot, error) {
+	byType := own.ByType()
+	snap := &cache.Snapshot{}
+	for _, typ := range servedTypes {
+		st := t.types[typ]
+		if st == nil { // no Sidecar: an empty configuration
+			st = &sharedType{}
+			d, err := digest(typ, nil)
+			if err != nil {
+				return nil, err
+			}
+			st.digest, st.resources = d, cache.NewResources(hex.EncodeToString(d)[:16], nil)
+		}
+		mine := byType[typ]
+		if len(mine) == 0 {
+			snap.Resources[cache.GetResponseType(typ)] = st.resources
+			continue
+		}
+		d, err := digest(typ, mine)
+		if err != nil {
+			return nil, err
+		}
+		h := sha256.New()
+		h.Write(st.digest)
+		h.Write(d)
+		items := maps.Clone(st.resources.Items)
+		if items == nil {
+			items = map[string]types.ResourceWithTTL{}
+		}
+		for _, r := range mine {
+			items[cache.GetResourceName(r)] = types.ResourceWithTTL{Resource: r}
+		}
+		snap.Resources[cache.GetResponseType(typ)] = cache.Resources{Version: hex.EncodeToString(h.Sum(nil))[:16], Items: items}
+	}
+	return snap, nil
+}

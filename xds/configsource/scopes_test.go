@@ -1,0 +1,210 @@
+package configsource
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+)
+
+// TestScopesTranslateOncePerGeneration: concurrent proxies of one scope
+// share one translation; a change makes the next one translate again; a
+// failed translation is not shared; without Run's change events nothing is
+// remembered.
+func TestScopesTranslateOncePerGeneration(t *testing.T) {
+	tests := []struct {
+		name     string
+		watching bool
+		changes  int
+		fail     bool
+		want     int64
+	}{
+		{name: "watching, no change", watching: true, want: 1},
+		{name: "watching, two changes", watching: true, changes: 2, want: 3},
+		{name: "watching, failing", watching: true, fail: true, want: 16},
+		{name: "not watching", want: 16},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s scopes
+			s.watch(tt.watching)
+			var calls atomic.Int64
+			translate := func() (*scopeTranslation, error) {
+				calls.Add(1)
+				if tt.fail {
+					return nil, fmt.Errorf("inputs not readable")
+				}
+				return &scopeTranslation{}, nil
+			}
+			run := func() {
+				var wg sync.WaitGroup
+				for range 8 {
+					wg.Go(func() {
+						_, err := s.get(t.Context(), "ns|", translate)
+						if (err != nil) != tt.fail {
+							t.Errorf("get: %v", err)
+						}
+					})
+				}
+				wg.Wait()
+			}
+			run()
+			for range tt.changes {
+				s.changed()
+				run()
+			}
+			if tt.fail || !tt.watching {
+				run() // 16 calls in all
+			}
+			if got := calls.Load(); got != tt.want {
+				t.Errorf("%d translations, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+// registerN registers n ratings VMs of one WorkloadGroup in ns (same
+// labels: one scope), addresses 10.0.1.1, 10.0.1.2, ...
+func registerN(t *testing.T, e *endpoint, ns string, n int) []*workload {
+	t.Helper()
+	ctx := t.Context()
+	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
+	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings", "class": "vm"}, ServiceAccount: "ratings-vm"}
+	if err := env.Client.Create(ctx, wg); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: e.cache, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*workload
+	for i := range n {
+		ip := fmt.Sprintf("10.0.1.%d", i+1)
+		res, err := reg.Register(ctx, registry.Request{
+			Group: wg,
+			Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
+				Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
+				EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i+1)},
+			}},
+			Registration: runtimev1alpha1.Registration{
+				Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
+				Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
+				Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := client.ObjectKeyFromObject(res.Registration)
+		out = append(out, &workload{key: key, token: res.SidecarToken.Token,
+			nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"})
+	}
+	return out
+}
+
+// TestOneTranslationPerScopeAndChange: N connected workloads with one scope
+// (same namespace, Sidecar and labels) cost one translation per change of
+// the inputs, and each still gets its own ingress listener on its own
+// address next to the shared egress.
+func TestOneTranslationPerScopeAndChange(t *testing.T) {
+	const n = 6
+	e := startEndpoint(t)
+	ns := env.Namespace(t)
+	ctx := t.Context()
+	sc := seed004Sidecar(ns)
+	svc, es := detailsService(ns)
+	for _, o := range []client.Object{sc, svc, es} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ws := registerN(t, e, ns, n)
+	var streams []*stream
+	for i, w := range ws {
+		s := subscribe(t, e, w)
+		s.waitNames(t, "connected", resource.ListenerType, func(l []string) bool {
+			return has(fmt.Sprintf("10.0.1.%d_8080", i+1))(l) && has("127.0.0.2_8080")(l)
+		})
+		streams = append(streams, s)
+	}
+	changes := []struct {
+		name   string
+		change func() error
+		ok     func([]string) bool
+		typ    string
+	}{
+		{"Sidecar egress bind changed", func() error {
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); err != nil {
+				return err
+			}
+			sc.Spec.Egress[0].Bind = "127.0.0.3"
+			return env.Client.Update(ctx, sc)
+		}, has("127.0.0.3_8080"), resource.ListenerType},
+		// A ServiceEntry: no controller reacts to it with writes of its
+		// own (a Service would get EndpointSlices from the controller
+		// manager, a second change).
+		{"ServiceEntry created", func() error {
+			se := &istionetworkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: ns}}
+			se.Spec.Hosts = []string{"api.example.com"}
+			se.Spec.Ports = []*istioapi.ServicePort{{Number: 8080, Protocol: "HTTP", Name: "http"}}
+			se.Spec.Resolution = istioapi.ServiceEntry_DNS
+			return env.Client.Create(ctx, se)
+		}, has("outbound|8080||api.example.com"), resource.ClusterType},
+	}
+	for _, c := range changes {
+		// Measure from a quiet state: the controller manager's
+		// EndpointSlice of the Service and the connection writes of the
+		// registrations may still be arriving on a loaded machine.
+		waitQuiet(t, e)
+		translations := testutil.ToFloat64(e.metrics.translations)
+		configurations := testutil.ToFloat64(e.metrics.configurations)
+		if err := c.change(); err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range streams {
+			s.waitNames(t, c.name, c.typ, c.ok)
+			if c.typ == resource.ListenerType {
+				s.waitNames(t, c.name, c.typ, has(fmt.Sprintf("10.0.1.%d_8080", i+1)))
+			}
+		}
+		if got := testutil.ToFloat64(e.metrics.translations) - translations; got != 1 {
+			t.Errorf("%s: %v translations for %d workloads of one scope, want 1", c.name, got, n)
+		}
+		if got := testutil.ToFloat64(e.metrics.configurations) - configurations; got != n {
+			t.Errorf("%s: %v configurations computed, want %d (one per workload)", c.name, got, n)
+		}
+	}
+}
+
+// waitQuiet waits until no configuration has been computed for a second
+// (inputs quiet for 50 debounce periods), at most a minute.
+func waitQuiet(t *testing.T, e *endpoint) {
+	t.Helper()
+	last, since := testutil.ToFloat64(e.metrics.configurations), time.Now()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if n := testutil.ToFloat64(e.metrics.configurations); n != last {
+			last, since = n, time.Now()
+			continue
+		}
+		if time.Since(since) >= time.Second {
+			return
+		}
+	}
+	t.Fatal("configurations still being computed after a minute")
+}
