@@ -360,7 +360,7 @@ func (a *Agent) logRefusal(stage string, err error) {
 	case codes.Unauthenticated:
 		hint = "the endpoint does not accept this host's platform credential"
 	case codes.Unavailable, codes.DeadlineExceeded:
-		hint = "the onboarding endpoint is not reachable"
+		hint = "the onboarding endpoint, or AWS STS, which it verifies the credential with, is not reachable"
 	}
 	a.log.Warn(stage+" refused; retrying", "code", st.Code().String(), "message", st.Message(), "hint", hint)
 }

@@ -105,8 +105,8 @@ type Limits struct {
 	Onboarding limits.Options `json:"onboarding,omitempty"`
 	// XDS server (gRPC); firstRequestTimeout applies here only.
 	XDS limits.Options `json:"xds,omitempty"`
-	// Repository: the local repository (HTTP); httpWriteTimeout applies
-	// here only.
+	// Repository: the local repository (HTTP); httpWriteTimeout and
+	// httpReadHeaderTimeout apply here only.
 	Repository limits.Options `json:"repository,omitempty"`
 }
 

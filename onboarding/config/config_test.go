@@ -85,6 +85,7 @@ func TestLimitsDefaults(t *testing.T) {
 		{"onboarding streams", cfg.Limits.Onboarding.MaxConcurrentStreams, uint32(limits.DefaultMaxConcurrentStreams)},
 		{"onboarding keepalive", cfg.Limits.Onboarding.KeepaliveMinTime.Duration, limits.DefaultKeepaliveMinTime},
 		{"repository write timeout", cfg.Limits.Repository.HTTPWriteTimeout.Duration, limits.DefaultHTTPWriteTimeout},
+		{"repository read-header timeout", cfg.Limits.Repository.HTTPReadHeaderTimeout.Duration, limits.DefaultHTTPReadHeaderTimeout},
 		{"repository connections", cfg.Limits.Repository.MaxConnections, limits.DefaultMaxConnections},
 	} {
 		if tt.got != tt.want {

@@ -204,6 +204,12 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 			return nil, err // a policy denial found before STS was called
 		}
 		s.opts.Metrics.denied("authorize", reasonOf(err))
+		if verifierUnavailable(err) {
+			// Nothing was refused: STS could not be asked. The agent
+			// retries with backoff.
+			s.log.Warn("cannot verify platform credential", "group", ns+"/"+group, "error", err)
+			return nil, status.Errorf(codes.Unavailable, "platform credential cannot be verified right now; retry later: %v", err)
+		}
 		s.log.Info("refused platform credential", "group", ns+"/"+group, "error", err)
 		return nil, status.Errorf(codes.Unauthenticated, "platform credential refused: %v", err)
 	}
@@ -552,6 +558,15 @@ func (s *Server) registerStatus(err error) error {
 }
 
 // reasonOf names an error's refusal reason for metrics.
+// verifierUnavailable reports whether a verification failed because STS,
+// which vouches for the credential, could not answer (unreachable,
+// throttling or failing), as opposed to refusing it. KeySetUnavailable stays
+// a refusal: it also stands for a JWKS the endpoint will not accept (a
+// redirect to another origin, a discovery document naming another issuer).
+func verifierUnavailable(err error) bool {
+	return errors.Is(err, identity.ReasonSTSUnavailable)
+}
+
 func reasonOf(err error) string {
 	if r := identity.ReasonOf(err); r != "" {
 		return string(r)

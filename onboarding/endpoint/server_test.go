@@ -516,6 +516,55 @@ func TestPolicyChangesTakeEffectWithoutRestart(t *testing.T) {
 	}
 }
 
+// STS that cannot answer is not a refusal: Authorize answers Unavailable
+// (the agent retries with backoff) and a retry succeeds once STS is back.
+// STS refusing the signed request stays Unauthenticated. STS is the
+// loopback fake (a true external edge), reached through the real SDK's
+// signed request.
+func TestSTSUnavailableIsRetryableRefusedIsNot(t *testing.T) {
+	tests := []struct {
+		name     string
+		breakSTS func(h *harness)
+		wantCode codes.Code
+		wantMsg  string
+		retryOK  bool // a fresh credential succeeds once STS is back
+	}{
+		{name: "STS unreachable", breakSTS: func(h *harness) { h.aws.STS.Close() }, wantCode: codes.Unavailable, wantMsg: "STSUnavailable"},
+		{name: "STS throttling (400 Throttling)", breakSTS: func(h *harness) { h.aws.STS.SetOutage("Throttling") }, wantCode: codes.Unavailable, wantMsg: "Throttling", retryOK: true},
+		{name: "STS failing (503)", breakSTS: func(h *harness) { h.aws.STS.SetOutage("ServiceUnavailable") }, wantCode: codes.Unavailable, wantMsg: "503", retryOK: true},
+		{name: "STS refuses revoked role credentials", breakSTS: func(h *harness) {
+			c, _ := h.aws.IMDS.RoleCredentials()
+			h.aws.STS.Revoke(c.AccessKeyID)
+		}, wantCode: codes.Unauthenticated, wantMsg: "InvalidClientTokenId"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+			h.group("ratings", map[string]string{"app": "ratings"})
+			req := &onboardingv1alpha1.AuthorizeRequest{
+				WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: "ratings"},
+				Credential:    h.credential(h.aws.IMDS),
+			}
+			if req.GetAws().GetStsGetCallerIdentity() == nil {
+				t.Fatal("the instance's credential carries no signed STS request")
+			}
+			tt.breakSTS(h)
+			_, err := h.client.Authorize(t.Context(), req)
+			if status.Code(err) != tt.wantCode || !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Fatalf("Authorize = %v, want %s mentioning %q", err, tt.wantCode, tt.wantMsg)
+			}
+			if !tt.retryOK {
+				return
+			}
+			h.aws.STS.ClearOutage()
+			if _, err := h.authorize("ratings", h.aws.IMDS); err != nil {
+				t.Errorf("retry after the outage: %v", err)
+			}
+		})
+	}
+}
+
 func TestBadTokensAreUnauthenticated(t *testing.T) {
 	h := newHarness(t)
 	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")

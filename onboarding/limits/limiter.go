@@ -335,14 +335,13 @@ func (l *Limiter) HTTP(h http.Handler) http.Handler {
 	})
 }
 
-// HTTPServer applies the limits to srv: write timeout and idle timeout.
-// Serve it on l.Listen(lis) for the connection limits.
+// HTTPServer applies the limits to srv: write, read-header and idle
+// timeouts, header size and the per-source request rate. Serve it on
+// l.Listen(lis) for the connection limits.
 func (l *Limiter) HTTPServer(srv *http.Server) {
 	srv.WriteTimeout = l.opts.HTTPWriteTimeout.Duration
 	srv.IdleTimeout = l.opts.MaxConnectionIdle.Duration
-	if srv.ReadHeaderTimeout == 0 {
-		srv.ReadHeaderTimeout = 10 * time.Second
-	}
+	srv.ReadHeaderTimeout = l.opts.HTTPReadHeaderTimeout.Duration
 	srv.MaxHeaderBytes = 64 << 10
 	srv.Handler = l.HTTP(srv.Handler)
 }

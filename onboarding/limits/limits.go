@@ -63,6 +63,10 @@ type Options struct {
 	// HTTPWriteTimeout is how long an HTTP response (a package download)
 	// may take to write. Default 10m.
 	HTTPWriteTimeout *Duration `json:"httpWriteTimeout,omitempty"`
+	// HTTPReadHeaderTimeout is how long an HTTP client may take to send a
+	// request's headers (and, over TLS, to finish the handshake); a slower
+	// client (slowloris) is disconnected. Default 10s.
+	HTTPReadHeaderTimeout *Duration `json:"httpReadHeaderTimeout,omitempty"`
 }
 
 // Defaults of Options.
@@ -81,6 +85,7 @@ const (
 	DefaultKeepaliveTimeout           = 10 * time.Second
 	DefaultMaxRecvMessageBytes        = 4 << 20
 	DefaultHTTPWriteTimeout           = 10 * time.Minute
+	DefaultHTTPReadHeaderTimeout      = 10 * time.Second
 )
 
 // SetDefaults fills every zero field with its default.
@@ -103,6 +108,7 @@ func (o *Options) SetDefaults() {
 	setDuration(&o.KeepaliveTime, DefaultKeepaliveTime)
 	setDuration(&o.KeepaliveTimeout, DefaultKeepaliveTimeout)
 	setDuration(&o.HTTPWriteTimeout, DefaultHTTPWriteTimeout)
+	setDuration(&o.HTTPReadHeaderTimeout, DefaultHTTPReadHeaderTimeout)
 }
 
 // Validate reports the first field that is out of range, by its JSON name.
@@ -129,7 +135,7 @@ func (o *Options) Validate() (field string, msg string, ok bool) {
 	}{
 		{"sourceExpiry", o.SourceExpiry}, {"firstRequestTimeout", o.FirstRequestTimeout}, {"maxConnectionIdle", o.MaxConnectionIdle},
 		{"keepaliveMinTime", o.KeepaliveMinTime}, {"keepaliveTime", o.KeepaliveTime}, {"keepaliveTimeout", o.KeepaliveTimeout},
-		{"httpWriteTimeout", o.HTTPWriteTimeout},
+		{"httpWriteTimeout", o.HTTPWriteTimeout}, {"httpReadHeaderTimeout", o.HTTPReadHeaderTimeout},
 	} {
 		if d.d != nil && d.d.Duration <= 0 {
 			return d.name, "must be positive", false

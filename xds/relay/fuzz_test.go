@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"slices"
 	"testing"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -50,6 +51,56 @@ func FuzzDeltaRequests(f *testing.F) {
 		}
 		if got := len(s.resync()); got != len(s.subs) {
 			t.Fatalf("resync of %d types, %d known", got, len(s.subs))
+		}
+	})
+}
+
+// FuzzSotwRequests: whatever SotW requests a sidecar sends (type URLs,
+// resource names, versions, nonces), the relay keeps one subscription per
+// type with the latest request's names and version, resynchronises exactly
+// those, and relays a nonce only when it belongs to the current upstream
+// stream (its generation prefix stripped).
+func FuzzSotwRequests(f *testing.F) {
+	seed, _ := proto.Marshal(&discovery.DiscoveryRequest{TypeUrl: "t", ResourceNames: []string{"a", "b"}, VersionInfo: "1", ResponseNonce: genNonce(1, "n")})
+	other, _ := proto.Marshal(&discovery.DiscoveryRequest{TypeUrl: "t", ResponseNonce: genNonce(2, "n")})
+	f.Add(seed, other)
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		s := newSotwState()
+		latest := map[string]*discovery.DiscoveryRequest{}
+		for _, data := range [][]byte{a, b} {
+			req := &discovery.DiscoveryRequest{}
+			if proto.Unmarshal(data, req) != nil {
+				return
+			}
+			s.observe(req)
+			latest[req.GetTypeUrl()] = proto.Clone(req).(*discovery.DiscoveryRequest)
+			nonce := req.GetResponseNonce()
+			relayed := s.upstream(req, 1)
+			g, n, ok := parseNonce(nonce)
+			switch {
+			case nonce == "":
+				if !relayed {
+					t.Fatal("a request without a nonce was dropped")
+				}
+			case ok && g == 1:
+				if !relayed || req.GetResponseNonce() != n {
+					t.Fatalf("nonce %q of this stream: relayed=%v as %q, want %q", nonce, relayed, req.GetResponseNonce(), n)
+				}
+			default:
+				if relayed {
+					t.Fatalf("nonce %q of another upstream stream was relayed", nonce)
+				}
+			}
+		}
+		resync := s.resync()
+		if len(resync) != len(latest) {
+			t.Fatalf("resync of %d types, %d asked for", len(resync), len(latest))
+		}
+		for _, r := range resync {
+			want := latest[r.GetTypeUrl()]
+			if want == nil || !slices.Equal(r.GetResourceNames(), want.GetResourceNames()) || r.GetVersionInfo() != want.GetVersionInfo() || r.GetResponseNonce() != "" {
+				t.Fatalf("resync %v, want the names and version of %v and no nonce", r, want)
+			}
 		}
 	})
 }

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -50,8 +49,8 @@ func startRepository(cfg *config.Configuration, lis net.Listener, servingTLS *tl
 		return nil, fmt.Errorf("localRepository.directory: %w", err)
 	}
 	lis = lim.Listen(lis)
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	lim.HTTPServer(srv) // write and idle timeouts, per-source request rate
+	srv := &http.Server{Handler: h}
+	lim.HTTPServer(srv) // write, read-header and idle timeouts, per-source request rate
 	if servingTLS != nil {
 		srv.TLSConfig = servingTLS.Clone()
 	}

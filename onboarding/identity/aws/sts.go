@@ -260,7 +260,7 @@ func (v *Verifier) callSTS(ctx context.Context, req *STSRequest, checked *checke
 			code, msg = e.Error.Code, e.Error.Message
 		}
 		reason := identity.ReasonSTSRejected
-		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || stsRetryableCodes[code] {
 			reason = identity.ReasonSTSUnavailable
 		}
 		return "", "", identity.Refuse(reason, "STS answered %d %s: %s", resp.StatusCode, code, msg)
@@ -282,6 +282,14 @@ type getCallerIdentityResponse struct {
 		UserID  string `xml:"UserId"`
 		Account string `xml:"Account"`
 	} `xml:"GetCallerIdentityResult"`
+}
+
+// stsRetryableCodes are STS error codes that say nothing about the
+// request's credentials: STS is throttling or failing (its Query protocol
+// answers throttling with 400, so the status alone does not tell).
+var stsRetryableCodes = map[string]bool{
+	"Throttling": true, "ThrottlingException": true, "RequestLimitExceeded": true,
+	"ServiceUnavailable": true, "InternalFailure": true, "RequestTimeout": true,
 }
 
 type stsErrorResponse struct {

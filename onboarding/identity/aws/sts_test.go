@@ -493,6 +493,8 @@ func TestSTSErrorAnswers(t *testing.T) {
 	}{
 		{name: "server error", status: 500, body: "<ErrorResponse><Error><Code>InternalFailure</Code><Message>oops</Message></Error></ErrorResponse>", wantReason: identity.ReasonSTSUnavailable, wantInMsg: "InternalFailure"},
 		{name: "throttled", status: 429, body: "", wantReason: identity.ReasonSTSUnavailable},
+		{name: "throttled as STS does (400 Throttling)", status: 400, body: "<ErrorResponse><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error></ErrorResponse>", wantReason: identity.ReasonSTSUnavailable, wantInMsg: "Throttling"},
+		{name: "invalid client token", status: 403, body: "<ErrorResponse><Error><Code>InvalidClientTokenId</Code><Message>invalid</Message></Error></ErrorResponse>", wantReason: identity.ReasonSTSRejected, wantInMsg: "InvalidClientTokenId"},
 		{name: "access denied", status: 403, body: "<ErrorResponse><Error><Code>AccessDenied</Code><Message>no</Message></Error></ErrorResponse>", wantReason: identity.ReasonSTSRejected, wantInMsg: "AccessDenied: no"},
 		{name: "not XML", status: 200, body: "{}", wantReason: identity.ReasonSTSUnavailable},
 		{name: "no ARN", status: 200, body: "<GetCallerIdentityResponse><GetCallerIdentityResult></GetCallerIdentityResult></GetCallerIdentityResponse>", wantReason: identity.ReasonSTSUnavailable},

@@ -60,6 +60,7 @@ type STS struct {
 	keys    map[string]issued
 	calls   int
 	answers int
+	outage  *stsError // answered to every request while set
 }
 
 // STSOption configures an STS fake.
@@ -116,6 +117,32 @@ func (s *STS) Revoke(accessKeyID string) {
 	delete(s.keys, accessKeyID)
 }
 
+// SetOutage makes the fake answer every request as AWS does when STS is
+// overloaded or failing, until ClearOutage: "Throttling" answers 400
+// Throttling (STS's Query protocol throttles with 400, not 429),
+// "ServiceUnavailable" 503 and "InternalFailure" 500.
+func (s *STS) SetOutage(code string) {
+	e := &stsError{typ: "Receiver", code: code, message: "Rate exceeded"}
+	switch code {
+	case "Throttling":
+		e.status, e.typ = http.StatusBadRequest, "Sender"
+	case "ServiceUnavailable":
+		e.status, e.message = http.StatusServiceUnavailable, "Service is unavailable. Please try again later."
+	default:
+		e.status, e.message = http.StatusInternalServerError, "An internal error has occurred."
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.outage = e
+}
+
+// ClearOutage ends an outage started with SetOutage.
+func (s *STS) ClearOutage() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.outage = nil
+}
+
 // Calls returns how many requests reached the fake.
 func (s *STS) Calls() int {
 	s.mu.Lock()
@@ -151,7 +178,12 @@ func senderError(status int, code, message string) *stsError {
 func (s *STS) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.calls++
+	outage := s.outage
 	s.mu.Unlock()
+	if outage != nil {
+		writeSTSError(w, outage)
+		return
+	}
 	p, e := s.authenticate(r)
 	if e != nil {
 		writeSTSError(w, e)
