@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
@@ -197,12 +198,26 @@ func TestEventsOfADeletedRegistrationAreDropped(t *testing.T) {
 
 // A replica holding live streams writes the workload connected again when
 // the stored status lost it (the sweeper marked it ReplicaGone after this
-// replica's Lease lapsed), and does nothing for workloads it holds no stream of.
+// replica's Lease lapsed), driven by its own watch of registrations, and does
+// nothing for workloads it holds no stream of.
 func TestReassertRestoresALiveConnection(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	w, _ := registerForConnections(t)
 	c := newConnections(t, ctx, "replica-a", nil)
+	informers, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{w.Key.Namespace: {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer cancel()
+	bg.Go(func() { _ = informers.Start(ctx) })
+	if !informers.WaitForCacheSync(ctx) {
+		t.Fatal("cache did not sync")
+	}
+	watchErr := make(chan error, 1)
+	bg.Go(func() { watchErr <- c.Watch(ctx, informers) })
 	c.Opened(w, 1)
 	waitObserved(t, w.Key, connectedTo("replica-a"))
 
@@ -220,7 +235,7 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 		}
 		return war
 	}
-	c.Reassert(markGone())
+	markGone() // the watch sees the update and reasserts
 	waitObserved(t, w.Key, connectedTo("replica-a"))
 
 	// No stream here any more: a lost connection is not reasserted.
@@ -248,6 +263,10 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 	}
 	cancel()
 	c.Wait()
+	bg.Wait()
+	if err := <-watchErr; err != nil {
+		t.Errorf("Watch() = %v", err)
+	}
 }
 
 // countingClient counts the writes a tracker makes to the API server, by

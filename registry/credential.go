@@ -143,7 +143,7 @@ func (r *Registrar) ensureSidecarSecret(ctx context.Context, war *runtimev1alpha
 		Type: SecretTypeSidecarCredential,
 	}
 	var secret *corev1.Secret
-	err := r.writer.do(ctx, func(ctx context.Context) error {
+	err := r.writer.Do(ctx, func(ctx context.Context) error {
 		secret = want.DeepCopy()
 		err := r.client.Create(ctx, secret)
 		if !apierrors.IsAlreadyExists(err) {
@@ -178,7 +178,7 @@ func (r *Registrar) requestSidecarToken(ctx context.Context, war *runtimev1alpha
 		Namespace: war.Namespace, Name: ServiceAccountOf(group.GetTemplate().GetServiceAccount()),
 	}}
 	var tr *authenticationv1.TokenRequest
-	err = r.writer.do(ctx, func(ctx context.Context) error {
+	err = r.writer.Do(ctx, func(ctx context.Context) error {
 		tr = &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 			Audiences:         r.sidecar.Audiences,
 			ExpirationSeconds: ptr.To(int64(r.sidecar.Lifetime / time.Second)),

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Reasons of the WorkloadGroupOutOfDate condition.
@@ -124,7 +125,7 @@ type driftReconciler struct {
 	client  client.Client
 	reader  client.Reader
 	cache   cache.Cache
-	writer  *writer
+	writer  *write.Writer
 	log     *slog.Logger
 	metrics *LifecycleMetrics
 	resync  time.Duration

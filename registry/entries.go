@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Reasons of the Events the entry reconciler records on registrations.
@@ -52,7 +53,7 @@ type entryReconciler struct {
 	client   client.Client
 	reader   client.Reader
 	cache    cache.Cache
-	writer   *writer
+	writer   *write.Writer
 	recorder record.EventRecorder
 	limit    *rate.Limiter
 	log      *slog.Logger
@@ -198,7 +199,7 @@ func (e *entryReconciler) recreate(ctx context.Context, war *runtimev1alpha1.Wor
 		return fmt.Errorf("re-create WorkloadEntry %s: %w", key, err)
 	}
 	created := want.DeepCopy()
-	err = e.writer.do(ctx, func(ctx context.Context) error { return e.client.Create(ctx, created) })
+	err = e.writer.Do(ctx, func(ctx context.Context) error { return e.client.Create(ctx, created) })
 	if apierrors.IsAlreadyExists(err) {
 		return nil // written meanwhile (Register, another round)
 	}
@@ -210,7 +211,7 @@ func (e *entryReconciler) recreate(ctx context.Context, war *runtimev1alpha1.Wor
 		"WorkloadEntry %s was deleted while its registration lives; created again", key.Name)
 	e.metrics.recreated()
 	if cond := healthFromRegistration(war); cond != nil && want.Annotations[AnnotationHealthChecksEnabled] == "true" {
-		err := e.writer.do(ctx, func(ctx context.Context) error {
+		err := e.writer.Do(ctx, func(ctx context.Context) error {
 			cur := &istionetworkingv1.WorkloadEntry{}
 			if err := e.client.Get(ctx, key, cur); err != nil {
 				return err
@@ -274,7 +275,7 @@ func (e *entryReconciler) migrate(ctx context.Context, war *runtimev1alpha1.Work
 		return nil
 	}
 	key := client.ObjectKeyFromObject(cached)
-	err := e.writer.do(ctx, func(ctx context.Context) error {
+	err := e.writer.Do(ctx, func(ctx context.Context) error {
 		cur := &istionetworkingv1.WorkloadEntry{}
 		if err := e.client.Get(ctx, key, cur); err != nil {
 			return err

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Health condition of a WorkloadEntry, as istiod reads it.
@@ -61,8 +62,10 @@ type HealthOptions struct {
 	// held until it has lasted Damping. Default DefaultHealthDamping; a
 	// negative value disables damping.
 	Damping time.Duration
-	// Writes limits and retries each API write. Default DefaultWriteOptions.
-	Writes WriteOptions
+	// Writer is the replica's write budget, shared with every component
+	// that writes (write.Writer). Default: a Writer of its own with
+	// write.Options' defaults.
+	Writer *write.Writer
 	// Retry is the backoff between attempts of a report that could not be
 	// stored; it is retried until stored, superseded by a newer report, or
 	// the mirror stops. Default: 100ms doubling, capped at 10s.
@@ -89,7 +92,7 @@ type HealthMirror struct {
 	ctx     context.Context
 	client  client.Client
 	conns   *Connections
-	writer  *writer
+	writer  *write.Writer
 	retry   wait.Backoff
 	damping time.Duration
 	metrics *HealthMetrics
@@ -132,7 +135,7 @@ func NewHealthMirror(ctx context.Context, opts HealthOptions) (*HealthMirror, er
 		opts.Clock = time.Now
 	}
 	m := &HealthMirror{
-		ctx: ctx, client: opts.Client, conns: opts.Connections, writer: newWriter(opts.Writes),
+		ctx: ctx, client: opts.Client, conns: opts.Connections, writer: write.OrDefault(opts.Writer),
 		retry: opts.Retry, damping: opts.Damping, metrics: opts.Metrics, log: opts.Logger, now: opts.Clock,
 		entries: map[types.NamespacedName]*healthEntry{},
 	}
@@ -198,7 +201,7 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 // Flush waits until every report is stored or dropped (a report held by
 // damping is still pending), or ctx ends.
 func (m *HealthMirror) Flush(ctx context.Context) error {
-	return waitIdle(ctx, "health reports", func() int {
+	return write.WaitIdle(ctx, "health reports", func() int {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		return m.active
@@ -332,7 +335,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 	var transitioned bool
 	var prev *istiometa.IstioCondition
 	var stored *istiometa.IstioCondition
-	err := m.writer.do(m.ctx, func(ctx context.Context) error {
+	err := m.writer.Do(m.ctx, func(ctx context.Context) error {
 		we := &istionetworkingv1.WorkloadEntry{}
 		if err := m.client.Get(ctx, w.Key, we); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -389,7 +392,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 // storeRegistration writes the registration's Healthy condition to match
 // the WorkloadEntry's.
 func (m *HealthMirror) storeRegistration(w Workload, we *istiometa.IstioCondition) error {
-	err := m.writer.do(m.ctx, func(ctx context.Context) error {
+	err := m.writer.Do(m.ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := m.client.Get(ctx, w.Key, cur); err != nil {
 			return err

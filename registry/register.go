@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Errors Register returns; the onboarding endpoint maps them to gRPC codes.
@@ -70,8 +71,10 @@ type Options struct {
 	Recorder record.EventRecorder
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
-	// Writes limits and retries every API write. Default: DefaultWriteOptions.
-	Writes WriteOptions
+	// Writer is the replica's write budget, shared with every component
+	// that writes (write.Writer). Default: a Writer of its own with
+	// write.Options' defaults.
+	Writer *write.Writer
 	// Clock. Default: time.Now.
 	Clock func() time.Time
 	// Sidecar configures the sidecar's token. Default: see
@@ -86,7 +89,7 @@ type Registrar struct {
 	cache    client.Reader
 	recorder record.EventRecorder
 	log      *slog.Logger
-	writer   *writer
+	writer   *write.Writer
 	now      func() time.Time
 	sidecar  SidecarCredentialOptions
 }
@@ -111,7 +114,7 @@ func NewRegistrar(opts Options) (*Registrar, error) {
 		cache:    opts.Cache,
 		recorder: opts.Recorder,
 		log:      opts.Logger,
-		writer:   newWriter(opts.Writes),
+		writer:   write.OrDefault(opts.Writer),
 		now:      opts.Clock,
 		sidecar:  opts.Sidecar,
 	}, nil
@@ -238,7 +241,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	log := r.log.With("namespace", war.Namespace, "registration", war.Name)
 
 	created := false
-	err = r.writer.do(ctx, func(ctx context.Context) error {
+	err = r.writer.Do(ctx, func(ctx context.Context) error {
 		return r.client.Create(ctx, war)
 	})
 	switch {
@@ -282,7 +285,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 // workload reported now. Its snapshot is kept.
 func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAutoRegistration, req Request) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
 	cur := &runtimev1alpha1.WorkloadAutoRegistration{}
-	err := r.writer.do(ctx, func(ctx context.Context) error {
+	err := r.writer.Do(ctx, func(ctx context.Context) error {
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
 			return err
 		}
@@ -335,7 +338,7 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 		return nil, err
 	}
 	var we *istionetworkingv1.WorkloadEntry
-	err = r.writer.do(ctx, func(ctx context.Context) error {
+	err = r.writer.Do(ctx, func(ctx context.Context) error {
 		we = want.DeepCopy()
 		err := r.client.Create(ctx, we)
 		if !apierrors.IsAlreadyExists(err) {
@@ -444,7 +447,7 @@ func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha
 			return fmt.Errorf("%w: WorkloadEntry %s/%s holds %s on network %q, and an address the identity does not prove never fences another registration", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
 		}
 		// Delete exactly the entry we saw; a newer one of the same name is not ours to remove.
-		err := r.writer.do(ctx, func(ctx context.Context) error {
+		err := r.writer.Do(ctx, func(ctx context.Context) error {
 			return r.client.Delete(ctx, holder, client.Preconditions{UID: &holder.UID})
 		})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -470,7 +473,7 @@ func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha
 // tell the story, and the condition is informational.
 func (r *Registrar) setFenced(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, status metav1.ConditionStatus, reason, msg string) {
 	key := client.ObjectKeyFromObject(war)
-	err := r.writer.do(ctx, func(ctx context.Context) error {
+	err := r.writer.Do(ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := r.client.Get(ctx, key, cur); err != nil {
 			return err
@@ -495,7 +498,7 @@ func (r *Registrar) rollback(ctx context.Context, war *runtimev1alpha1.WorkloadA
 	// The caller's context may be what failed; finish the cleanup regardless.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	err := r.writer.do(ctx, func(ctx context.Context) error {
+	err := r.writer.Do(ctx, func(ctx context.Context) error {
 		err := r.client.Delete(ctx, war, client.Preconditions{UID: &war.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 		if apierrors.IsNotFound(err) {
 			return nil

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Reasons the lifecycle writes (conditions) and records (Events).
@@ -117,8 +118,10 @@ type LifecycleOptions struct {
 	// Workers is how many registrations the sweeper, the drift reconciler
 	// and the entry reconciler each handle at once. Default: 2.
 	Workers int
-	// Writes limits and retries status writes. Default: DefaultWriteOptions.
-	Writes WriteOptions
+	// Writer is the replica's write budget, shared with every component
+	// that writes (write.Writer). Default: a Writer of its own with
+	// write.Options' defaults.
+	Writer *write.Writer
 	// Recorder records Events on registrations. Default: none recorded.
 	Recorder record.EventRecorder
 	// Metrics. Default: none recorded.
@@ -233,14 +236,14 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 		return nil, err
 	}
 	log := opts.Logger.With("replica", opts.Replica)
-	writes := newWriter(opts.Writes)
+	writes := write.OrDefault(opts.Writer)
 	l := &Lifecycle{
 		opts:   opts,
 		leases: NewReplicaLeases(opts.Kube, opts.LeaseNamespace, opts.Clock, log),
 		// The heartbeat has a writer of its own so that a burst of status
 		// writes never delays a renewal.
 		heartbeat: newReplicaHeartbeat(opts.Kube.CoordinationV1(), opts.LeaseNamespace, opts.Replica,
-			opts.ReplicaLeaseDuration, opts.ReplicaRenewInterval, opts.Clock, log, newWriter(WriteOptions{})),
+			opts.ReplicaLeaseDuration, opts.ReplicaRenewInterval, opts.Clock, log, write.New(write.Options{})),
 		leadCh: make(chan context.Context),
 		ready:  make(chan struct{}),
 	}
@@ -492,7 +495,7 @@ type sweeper struct {
 	resync   time.Duration
 	workers  int
 	removals *rate.Limiter
-	writer   *writer
+	writer   *write.Writer
 	recorder record.EventRecorder
 	metrics  *LifecycleMetrics
 	log      *slog.Logger
@@ -661,7 +664,7 @@ func (s *sweeper) markGone(ctx context.Context, cached *runtimev1alpha1.Workload
 func (s *sweeper) remove(ctx context.Context, key types.NamespacedName) error {
 	var removed *runtimev1alpha1.WorkloadAutoRegistration
 	var live decision
-	err := s.writer.do(ctx, func(ctx context.Context) error {
+	err := s.writer.Do(ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := s.reader.Get(ctx, key, cur); err != nil {
 			return err
@@ -705,10 +708,10 @@ func (s *sweeper) remove(ctx context.Context, key types.NamespacedName) error {
 // it, with optimistic concurrency. The first attempt starts from a deep copy
 // of the cached object; after a conflict it starts from a fresh read. mutate
 // returns false when nothing needs writing.
-func updateRegistrationStatus(ctx context.Context, w *writer, c client.Client, reader client.Reader, cached *runtimev1alpha1.WorkloadAutoRegistration, mutate func(*runtimev1alpha1.WorkloadAutoRegistration) bool) (bool, error) {
+func updateRegistrationStatus(ctx context.Context, w *write.Writer, c client.Client, reader client.Reader, cached *runtimev1alpha1.WorkloadAutoRegistration, mutate func(*runtimev1alpha1.WorkloadAutoRegistration) bool) (bool, error) {
 	key := client.ObjectKeyFromObject(cached)
 	first, written := true, false
-	err := w.do(ctx, func(ctx context.Context) error {
+	err := w.Do(ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if first {
 			cached.DeepCopyInto(cur)

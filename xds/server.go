@@ -239,10 +239,6 @@ func (s *Server) Run(ctx context.Context) error {
 			UpdateFunc: func(_, obj any) {
 				if o, ok := obj.(client.Object); ok && o.GetDeletionTimestamp() != nil {
 					deleted(o)
-					return
-				}
-				if war, ok := obj.(*runtimev1alpha1.WorkloadAutoRegistration); ok {
-					s.opts.Connections.Reassert(war)
 				}
 			},
 			DeleteFunc: func(obj any) {

@@ -48,6 +48,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/write"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -174,7 +175,7 @@ func newStack(b *testing.B) *stack {
 	writes := &writeCounter{}
 	writing := writes.wrap(env.Client)
 	reg, err := registry.NewRegistrar(registry.Options{Client: writing, Cache: cached, Recorder: rec, Logger: slog.New(slog.DiscardHandler),
-		Writes: registry.WriteOptions{QPS: 1e6, Burst: 1e6}})
+		Writer: write.New(write.Options{QPS: 1e6, Burst: 1e6})})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -53,6 +53,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/rollout"
+	"github.com/embark-mesh/embark/registry/write"
 	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/configsource"
@@ -124,6 +125,13 @@ func cacheOptions(cfg *config.Configuration, sch *runtime.Scheme) cache.Options 
 	return opts
 }
 
+// newWriter builds the replica's one write budget (registration.writeQPS and
+// writeBurst; zero: write.DefaultQPS and write.DefaultBurst), shared by every
+// component that writes registrations, WorkloadEntries and Secrets.
+func newWriter(cfg *config.Configuration) *write.Writer {
+	return write.New(write.Options{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst})
+}
+
 // DefaultDebugXDS is the default address of the xDS debug listener.
 const DefaultDebugXDS = "127.0.0.1:15010"
 
@@ -144,13 +152,15 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	writer := newWriter(cfg)
 	if restCfg.QPS == 0 {
 		// client-go's default (5 QPS, burst 10 per client) would throttle
 		// far below registration.writeQPS: the soak (test/soak) showed
 		// connection bookkeeping falling minutes behind at 2 onboardings/s.
 		// Every write is read first, so allow twice the write budget.
-		restCfg.QPS = float32(2 * cfg.Registration.WriteQPS)
-		restCfg.Burst = 2 * cfg.Registration.WriteBurst
+		budget := writer.Options()
+		restCfg.QPS = float32(2 * budget.QPS)
+		restCfg.Burst = 2 * budget.Burst
 	}
 	sch, err := scheme.New()
 	if err != nil {
@@ -278,7 +288,7 @@ func Run(ctx context.Context, opts Options) error {
 	defer func() { stopStatus(); <-statusDone }()
 	registrar, err := registry.NewRegistrar(registry.Options{
 		Client: kc, Cache: informers, Recorder: recorder, Logger: log,
-		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Writer: writer,
 	})
 	if err != nil {
 		return err
@@ -326,11 +336,18 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	conns, err := registry.NewConnections(trackerCtx, registry.ConnectionOptions{
 		Client: apiReader, Replica: opts.Replica, Logger: log, Metrics: connMetrics,
-		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Writer: writer,
 	})
 	if err != nil {
 		return err
 	}
+	// The stored connection state follows this replica's streams: a status
+	// marked disconnected while they stay open is written connected again.
+	go func() {
+		if err := conns.Watch(ctx, informers); err != nil {
+			log.Error("connection reassertion watch stopped", "error", err)
+		}
+	}()
 	// Grace-period removal, replica liveness and WorkloadGroup drift.
 	lifecycleMetrics, err := registry.NewLifecycleMetrics(reg)
 	if err != nil {
@@ -346,7 +363,7 @@ func Run(ctx context.Context, opts Options) error {
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
 		RemovalBurst: cfg.Registration.SweepBurst, NeverConnectedAfter: cfg.Registration.NeverConnectedAfter.Duration,
-		Writes:   registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Writer:   writer,
 		Recorder: recorder, Metrics: lifecycleMetrics, Logger: log,
 		Leading: []func(context.Context) error{rollouts.Run},
 	})
@@ -375,7 +392,7 @@ func Run(ctx context.Context, opts Options) error {
 	}
 	healthMirror, err := registry.NewHealthMirror(trackerCtx, registry.HealthOptions{
 		Client: apiReader, Connections: conns, Damping: damping, Metrics: healthMetrics, Logger: log,
-		Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+		Writer: writer,
 	})
 	if err != nil {
 		return err
@@ -408,7 +425,7 @@ func Run(ctx context.Context, opts Options) error {
 		// selected by a policy standalone translation does not enforce.
 		enforcement, err = registry.NewEnforcement(registry.EnforcementOptions{
 			Client: apiReader, Reader: informers, Logger: log,
-			Writes: registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst},
+			Writer: writer,
 		})
 		if err != nil {
 			return err
