@@ -153,7 +153,7 @@ func (r *Registrar) ensureSidecarSecret(ctx context.Context, war *runtimev1alpha
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
 			return err
 		}
-		if ref, ok := ownedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
+		if ref, ok := OwnedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
 			// Left behind by an earlier registration of the same name that
 			// the garbage collector has not removed yet: try again later.
 			return apierrors.NewConflict(corev1.Resource("secrets"), cur.Name, errors.New("owned by an earlier registration"))
@@ -226,7 +226,7 @@ func (r *Registrar) RenewSidecarToken(ctx context.Context, key types.NamespacedN
 		}
 		return nil, fmt.Errorf("read sidecar credential Secret %s: %w", skey, err)
 	}
-	if ref, ok := ownedBy(secret.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
+	if ref, ok := OwnedBy(secret.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
 		return nil, fmt.Errorf("%w: Secret %s does not belong to registration %s (register again)", ErrRegistrationNotFound, skey, key)
 	}
 	return r.requestSidecarToken(ctx, war, secret)

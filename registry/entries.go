@@ -90,7 +90,7 @@ func (e *entryReconciler) run(ctx context.Context) error {
 			obj = d.Obj
 		}
 		if we, ok := obj.(*istionetworkingv1.WorkloadEntry); ok {
-			if _, managed := ownedBy(we.OwnerReferences, we.Name); managed {
+			if _, managed := OwnedBy(we.OwnerReferences, we.Name); managed {
 				queue.Add(client.ObjectKeyFromObject(we))
 			}
 		}
@@ -216,10 +216,10 @@ func (e *entryReconciler) recreate(ctx context.Context, war *runtimev1alpha1.Wor
 			if err := e.client.Get(ctx, key, cur); err != nil {
 				return err
 			}
-			if cur.UID != created.UID || findIstioCondition(cur.Status.Conditions, ConditionHealthy) != nil {
+			if cur.UID != created.UID || IstioCondition(cur.Status.Conditions, ConditionHealthy) != nil {
 				return nil // a newer report was stored meanwhile
 			}
-			cur.Status.Conditions = setIstioCondition(cur.Status.Conditions, cond)
+			cur.Status.Conditions = SetIstioCondition(cur.Status.Conditions, cond)
 			return e.client.Status().Update(ctx, cur)
 		})
 		if err != nil {
@@ -271,7 +271,7 @@ func (e *entryReconciler) addressHolder(ctx context.Context, want *istionetworki
 // migrate removes istiod's auto-registration annotations from the
 // registration's entry.
 func (e *entryReconciler) migrate(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, cached *istionetworkingv1.WorkloadEntry) error {
-	if ref, ok := ownedBy(cached.OwnerReferences, war.Name); !ok || ref.UID != war.UID || !hasIstiodAnnotations(cached.Annotations) {
+	if ref, ok := OwnedBy(cached.OwnerReferences, war.Name); !ok || ref.UID != war.UID || !hasIstiodAnnotations(cached.Annotations) {
 		return nil
 	}
 	key := client.ObjectKeyFromObject(cached)
@@ -283,7 +283,7 @@ func (e *entryReconciler) migrate(ctx context.Context, war *runtimev1alpha1.Work
 		if cur.UID != cached.UID || !hasIstiodAnnotations(cur.Annotations) {
 			return nil
 		}
-		cur.Annotations = withoutIstiodAnnotations(cur.Annotations)
+		cur.Annotations = WithoutIstiodAnnotations(cur.Annotations)
 		return e.client.Update(ctx, cur)
 	})
 	if err != nil {

@@ -82,7 +82,7 @@ func TestDeletedWorkloadEntryIsRecreated(t *testing.T) {
 	}
 
 	we := waitEntry(t, live, "re-created", func(we *istionetworkingv1.WorkloadEntry) bool {
-		return we.UID != liveEntry.UID && findIstioCondition(we.Status.Conditions, ConditionHealthy) != nil
+		return we.UID != liveEntry.UID && IstioCondition(we.Status.Conditions, ConditionHealthy) != nil
 	})
 	wantAnn := map[string]string{
 		AnnotationWorkloadGroup:       "ratings",
@@ -98,10 +98,10 @@ func TestDeletedWorkloadEntryIsRecreated(t *testing.T) {
 	if hasIstiodAnnotations(we.Annotations) {
 		t.Errorf("re-created entry carries istiod's annotations: %v", we.Annotations)
 	}
-	if ref, ok := ownedBy(we.OwnerReferences, live.Name); !ok || ref.UID != live.UID {
+	if ref, ok := OwnedBy(we.OwnerReferences, live.Name); !ok || ref.UID != live.UID {
 		t.Errorf("re-created entry not owned by its registration: %+v", we.OwnerReferences)
 	}
-	if c := findIstioCondition(we.Status.Conditions, ConditionHealthy); c.GetStatus() != "True" {
+	if c := IstioCondition(we.Status.Conditions, ConditionHealthy); c.GetStatus() != "True" {
 		t.Errorf("re-created entry: Healthy = %+v, want True from the registration", c)
 	}
 	if we.Spec.Address != liveEntry.Spec.Address {

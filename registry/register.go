@@ -348,7 +348,7 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
 			return err
 		}
-		if ref, ok := ownedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
+		if ref, ok := OwnedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
 			// Left behind by an earlier registration of the same name that
 			// the garbage collector has not removed yet: try again later.
 			return apierrors.NewConflict(istionetworkingv1.Resource("workloadentries"), cur.Name, errors.New("owned by an earlier registration"))
@@ -360,7 +360,7 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 			return nil
 		}
 		cur.Labels = want.Labels
-		cur.Annotations = withoutIstiodAnnotations(mergeAnnotations(cur.Annotations, want.Annotations))
+		cur.Annotations = WithoutIstiodAnnotations(mergeAnnotations(cur.Annotations, want.Annotations))
 		cur.Spec.Address = want.Spec.Address
 		cur.Spec.Labels = want.Spec.Labels
 		cur.Spec.Ports = want.Spec.Ports
@@ -434,7 +434,7 @@ func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha
 		if holder.Namespace == want.Namespace && holder.Name == want.Name {
 			continue
 		}
-		ref, managed := ownedBy(holder.OwnerReferences, "")
+		ref, managed := OwnedBy(holder.OwnerReferences, "")
 		switch {
 		case !managed:
 			return fmt.Errorf("%w: WorkloadEntry %s/%s, not managed by Embark, holds %s on network %q", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)

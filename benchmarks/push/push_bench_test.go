@@ -45,6 +45,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
@@ -235,7 +236,7 @@ func (s *setup) start() error {
 		return fmt.Errorf("register: %w", err)
 	}
 
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "bench", Logger: log})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "bench", Logger: log})
 	if err != nil {
 		return err
 	}

@@ -78,6 +78,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/benchmarks/benchjson"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/relay"
@@ -209,7 +210,7 @@ func startEmbark(b *testing.B, i *testenv.Istiod) (string, func()) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
 	if err != nil {
 		b.Fatal(err)
 	}

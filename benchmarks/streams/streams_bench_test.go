@@ -57,6 +57,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/benchmarks/benchjson"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds"
 )
@@ -170,7 +171,7 @@ func newCountingClient() *countingClient {
 // server is a gRPC server of one ADS implementation on loopback.
 type server struct {
 	addr  string
-	conns *registry.Connections
+	conns *presence.Connections
 	stop  func()
 }
 
@@ -205,7 +206,7 @@ func serve(b *testing.B, register func(*grpc.Server), cancel context.CancelFunc,
 func startEmbark(b *testing.B, replica string, c client.Client) *server {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: c, Replica: replica, Logger: slog.New(slog.DiscardHandler)})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: c, Replica: replica, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

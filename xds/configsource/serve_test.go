@@ -34,6 +34,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
@@ -86,7 +87,7 @@ func startEndpoint(t *testing.T) *endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

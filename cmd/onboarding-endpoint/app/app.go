@@ -52,6 +52,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/registry/rollout"
 	"github.com/embark-mesh/embark/registry/write"
 	"github.com/embark-mesh/embark/version"
@@ -326,7 +327,7 @@ func Run(ctx context.Context, opts Options) error {
 	// flushed at shutdown, after ctx ends.
 	trackerCtx, stopTracker := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopTracker()
-	connMetrics, err := registry.NewConnectionMetrics(reg)
+	connMetrics, err := presence.NewConnectionMetrics(reg)
 	if err != nil {
 		return err
 	}
@@ -334,7 +335,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	conns, err := registry.NewConnections(trackerCtx, registry.ConnectionOptions{
+	conns, err := presence.NewConnections(trackerCtx, presence.ConnectionOptions{
 		Client: apiReader, Replica: opts.Replica, Logger: log, Metrics: connMetrics,
 		Writer: writer,
 	})
@@ -382,7 +383,7 @@ func Run(ctx context.Context, opts Options) error {
 
 	// Health reports mirrored onto WorkloadEntries, written until shutdown
 	// like the connection states.
-	healthMetrics, err := registry.NewHealthMetrics(reg, informers, registry.FleetFromLeader(lifecycle.IsLeader))
+	healthMetrics, err := presence.NewHealthMetrics(reg, informers, presence.FleetFromLeader(lifecycle.IsLeader))
 	if err != nil {
 		return err
 	}
@@ -390,7 +391,7 @@ func Run(ctx context.Context, opts Options) error {
 	if damping == 0 {
 		damping = -1 // 0 in the file disables damping
 	}
-	healthMirror, err := registry.NewHealthMirror(trackerCtx, registry.HealthOptions{
+	healthMirror, err := presence.NewHealthMirror(trackerCtx, presence.HealthOptions{
 		Client: apiReader, Connections: conns, Damping: damping, Metrics: healthMetrics, Logger: log,
 		Writer: writer,
 	})

@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/write"
 )
 
@@ -533,29 +534,29 @@ func (c *Connections) storeWorkloadEntry(st *connState) error {
 		if err := c.client.Get(ctx, st.workload.Key, we); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-		if ref, ok := ownedBy(we.OwnerReferences, st.workload.Key.Name); !ok || (st.workload.UID != "" && ref.UID != st.workload.UID) {
+		if ref, ok := registry.OwnedBy(we.OwnerReferences, st.workload.Key.Name); !ok || (st.workload.UID != "" && ref.UID != st.workload.UID) {
 			return nil
 		}
 		ann := we.Annotations
-		holder := ann[AnnotationConnectedReplica]
-		heldSince, _ := time.Parse(time.RFC3339Nano, ann[AnnotationConnectedAt])
-		want := withoutIstiodAnnotations(ann)
+		holder := ann[registry.AnnotationConnectedReplica]
+		heldSince, _ := time.Parse(time.RFC3339Nano, ann[registry.AnnotationConnectedAt])
+		want := registry.WithoutIstiodAnnotations(ann)
 		if want == nil {
 			want = map[string]string{}
 		}
 		if st.connected {
 			switch {
-			case holder != "" && holder != c.replica && ann[AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt):
+			case holder != "" && holder != c.replica && ann[registry.AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt):
 				// a newer connection held by another replica
-			case holder == c.replica && ann[AnnotationDisconnectedAt] == "" && !heldSince.Before(c.started.Truncate(time.Second)):
+			case holder == c.replica && ann[registry.AnnotationDisconnectedAt] == "" && !heldSince.Before(c.started.Truncate(time.Second)):
 				// already shows this connection
 			default:
-				want[AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
-				want[AnnotationConnectedReplica] = c.replica
-				delete(want, AnnotationDisconnectedAt)
+				want[registry.AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
+				want[registry.AnnotationConnectedReplica] = c.replica
+				delete(want, registry.AnnotationDisconnectedAt)
 			}
-		} else if holder == c.replica && ann[AnnotationDisconnectedAt] == "" && !heldSince.After(st.connectedAt) {
-			want[AnnotationDisconnectedAt] = st.disconnectedAt.UTC().Format(time.RFC3339Nano)
+		} else if holder == c.replica && ann[registry.AnnotationDisconnectedAt] == "" && !heldSince.After(st.connectedAt) {
+			want[registry.AnnotationDisconnectedAt] = st.disconnectedAt.UTC().Format(time.RFC3339Nano)
 		}
 		if equalStrings(ann, want) { // (an entry with istiod's annotations always differs)
 			return nil

@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -21,19 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/write"
-)
-
-// Health condition of a WorkloadEntry, as istiod reads it.
-const (
-	// AnnotationHealthChecksEnabled on a WorkloadEntry makes istiod route to
-	// it only while its Healthy condition is True (no condition: unhealthy).
-	// Registration sets it when the WorkloadGroup has a probe, as istiod's
-	// own auto-registration does.
-	AnnotationHealthChecksEnabled = "proxy.istio.io/health-checks-enabled"
-	// ConditionHealthy is the WorkloadEntry (and registration) condition
-	// that mirrors the workload's readiness probe.
-	ConditionHealthy = runtimev1alpha1.ConditionHealthy
 )
 
 // Health is one health report of a workload, as its sidecar sent it (an
@@ -343,10 +332,10 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 			}
 			return err
 		}
-		if ref, ok := ownedBy(we.OwnerReferences, w.Key.Name); !ok || (w.UID != "" && ref.UID != w.UID) {
+		if ref, ok := registry.OwnedBy(we.OwnerReferences, w.Key.Name); !ok || (w.UID != "" && ref.UID != w.UID) {
 			return errNoEntry
 		}
-		prev = findIstioCondition(we.Status.Conditions, ConditionHealthy)
+		prev = registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy)
 		m.mu.Lock()
 		due := e.damp.due(prev != nil, prev != nil && prev.GetStatus() == string(metav1.ConditionTrue))
 		m.mu.Unlock()
@@ -360,7 +349,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 			prev.GetReason() == want.GetReason() && !prev.GetLastProbeTime().AsTime().Before(h.At) {
 			return nil // already stored (a retry), or a newer report was
 		}
-		we.Status.Conditions = setIstioCondition(we.Status.Conditions, want)
+		we.Status.Conditions = registry.SetIstioCondition(we.Status.Conditions, want)
 		return m.client.Status().Update(ctx, we)
 	})
 	if err != nil {
@@ -401,7 +390,7 @@ func (m *HealthMirror) storeRegistration(w Workload, we *istiometa.IstioConditio
 			return errRegistrationReplaced
 		}
 		cond := metav1.Condition{
-			Type: ConditionHealthy, Status: metav1.ConditionStatus(we.GetStatus()), Reason: we.GetReason(),
+			Type: registry.ConditionHealthy, Status: metav1.ConditionStatus(we.GetStatus()), Reason: we.GetReason(),
 			Message:            registrationHealthMessage(we),
 			LastTransitionTime: metav1.NewTime(we.GetLastTransitionTime().AsTime()), ObservedGeneration: cur.Generation,
 		}
@@ -434,7 +423,7 @@ func registrationHealthMessage(c *istiometa.IstioCondition) string {
 // flips.
 func healthCondition(prev *istiometa.IstioCondition, h *Health) *istiometa.IstioCondition {
 	c := &istiometa.IstioCondition{
-		Type:          ConditionHealthy,
+		Type:          registry.ConditionHealthy,
 		Status:        string(metav1.ConditionFalse),
 		Reason:        runtimev1alpha1.ReasonProbeFailed,
 		Message:       h.Message,
@@ -466,23 +455,4 @@ func healthMessage(msg string) string {
 		cut--
 	}
 	return msg[:cut] + "..."
-}
-
-func findIstioCondition(conds []*istiometa.IstioCondition, typ string) *istiometa.IstioCondition {
-	for _, c := range conds {
-		if c.GetType() == typ {
-			return c
-		}
-	}
-	return nil
-}
-
-func setIstioCondition(conds []*istiometa.IstioCondition, c *istiometa.IstioCondition) []*istiometa.IstioCondition {
-	out := make([]*istiometa.IstioCondition, 0, len(conds)+1)
-	for _, old := range conds {
-		if old.GetType() != c.GetType() {
-			out = append(out, old)
-		}
-	}
-	return append(out, c)
 }

@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 )
 
 func newConnections(t *testing.T, ctx context.Context, replica string, clock func() time.Time) *Connections {
@@ -55,8 +56,8 @@ func observe(t *testing.T, key types.NamespacedName) observed {
 	if conn := war.Status.Connection; conn != nil {
 		o.replica, o.disconnected = conn.Replica, conn.DisconnectedAt != nil
 	}
-	o.weController = we.Annotations[AnnotationConnectedReplica]
-	o.weDisconnected = we.Annotations[AnnotationDisconnectedAt] != ""
+	o.weController = we.Annotations[registry.AnnotationConnectedReplica]
+	o.weDisconnected = we.Annotations[registry.AnnotationDisconnectedAt] != ""
 	return o
 }
 
@@ -81,14 +82,14 @@ var (
 	}
 )
 
-func registerForConnections(t *testing.T) (Workload, *Result) {
+func registerForConnections(t *testing.T) (Workload, *registry.Result) {
 	t.Helper()
 	return registerNthForConnections(t, 0)
 }
 
 // registerNthForConnections registers workload n (0-255) of its own
 // namespace, with an instance ID and address of its own.
-func registerNthForConnections(t *testing.T, n int) (Workload, *Result) {
+func registerNthForConnections(t *testing.T, n int) (Workload, *registry.Result) {
 	t.Helper()
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
@@ -96,7 +97,7 @@ func registerNthForConnections(t *testing.T, n int) (Workload, *Result) {
 	if n > 0 {
 		id, ip = fmt.Sprintf("i-00000000000000%03d", n), fmt.Sprintf("172.31.6.%d", n)
 	}
-	res, err := newRegistrar(t, nil).Register(t.Context(), Request{Group: wg, Identity: ec2Identity(id), Registration: registration(ip)})
+	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: ec2Identity(id), Registration: registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,8 +122,8 @@ func TestConnectDisconnectReconnect(t *testing.T) {
 	if err := env.Client.Get(ctx, w.Key, we); err != nil {
 		t.Fatal(err)
 	}
-	if war.Status.Connection.ConnectedAt == nil || we.Annotations[AnnotationConnectedAt] == "" {
-		t.Errorf("connectedAt: status %v, annotation %q", war.Status.Connection.ConnectedAt, we.Annotations[AnnotationConnectedAt])
+	if war.Status.Connection.ConnectedAt == nil || we.Annotations[registry.AnnotationConnectedAt] == "" {
+		t.Errorf("connectedAt: status %v, annotation %q", war.Status.Connection.ConnectedAt, we.Annotations[registry.AnnotationConnectedAt])
 	}
 	c.Closed(w, 1)
 	if err := c.Flush(ctx); err != nil {
@@ -141,7 +142,7 @@ func TestConnectDisconnectReconnect(t *testing.T) {
 
 	c.Opened(w, 3)
 	waitObserved(t, w.Key, connectedTo("replica-a"))
-	if err := env.Client.Get(ctx, w.Key, we); err != nil || we.Annotations[AnnotationDisconnectedAt] != "" {
+	if err := env.Client.Get(ctx, w.Key, we); err != nil || we.Annotations[registry.AnnotationDisconnectedAt] != "" {
 		t.Errorf("reconnect kept disconnectedAt: %v (%v)", we.Annotations, err)
 	}
 	c.Closed(w, 3)
@@ -227,7 +228,7 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 		if err := env.Client.Get(ctx, w.Key, war); err != nil {
 			t.Fatal(err)
 		}
-		meta.SetStatusCondition(&war.Status.Conditions, metav1.Condition{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: ReasonReplicaGone})
+		meta.SetStatusCondition(&war.Status.Conditions, metav1.Condition{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: registry.ReasonReplicaGone})
 		now := metav1.Now()
 		war.Status.Connection.DisconnectedAt = &now
 		if err := env.Client.Status().Update(ctx, war); err != nil {
