@@ -33,6 +33,19 @@ func RegistrationName(group, identity string, maxLen int) string {
 	return shorten(group+"-"+identity, maxLen)
 }
 
+// Name returns the name of the registration of the workload with the verified
+// identity id in WorkloadGroup group: RegistrationName(group,
+// IdentityName(id), 0). It is the one place both the onboarding token's
+// subject (Authorize) and the registrar compute it; "" when id names no
+// identity.
+func Name(group string, id runtimev1alpha1.WorkloadIdentity) string {
+	identity := IdentityName(id)
+	if identity == "" {
+		return ""
+	}
+	return RegistrationName(group, identity, 0)
+}
+
 // IdentityName returns the workload-identity part of a registration's name:
 // aws-<partition>-<account>-<zone>-ec2-<instance-id> for EC2 instances,
 // jwt-<issuer-short-name>-<subject>-<hash> for JWT identities, where <hash>

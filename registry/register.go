@@ -207,15 +207,14 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	if errs := ValidateRegistration(req.Registration, groupSpec); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, errs.ToAggregate())
 	}
-	identity := IdentityName(req.Identity)
-	if identity == "" {
+	name := Name(req.Group.Name, req.Identity)
+	if name == "" {
 		return nil, fmt.Errorf("%w: no verified identity", ErrInvalidRegistration)
 	}
 	snap, err := Snapshot(req.Group)
 	if err != nil {
 		return nil, err
 	}
-	name := RegistrationName(req.Group.Name, identity, 0)
 	if err := r.checkServiceAccount(ctx, r.sidecarServiceAccount(ctx, req.Group, name)); err != nil {
 		return nil, err
 	}
@@ -276,7 +275,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	}
 	if created {
 		log.Info("registered workload", "group", req.Group.Name, "address", we.Spec.Address)
-		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", identity, we.Spec.Address, req.Group.Name)
+		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", IdentityName(req.Identity), we.Spec.Address, req.Group.Name)
 	}
 	return &Result{Registration: war, WorkloadEntry: we, Created: created, SidecarToken: tok}, nil
 }
