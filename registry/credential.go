@@ -79,7 +79,7 @@ type SidecarToken struct {
 // SidecarSecretName returns the name of the Secret a registration's sidecar
 // tokens are bound to: <registration>-sidecar, shortened when too long.
 func SidecarSecretName(registration string) string {
-	return shorten(registration+"-sidecar", 0)
+	return Shorten(registration+"-sidecar", 0)
 }
 
 // ServiceAccountOf returns the service account of a WorkloadGroup template

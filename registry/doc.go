@@ -7,10 +7,12 @@
 //   - presence (registry/presence): AgentConnected, the connection
 //     timestamps and the health mirror, written by the replica holding a
 //     workload's ADS stream;
-//   - Lifecycle: replica liveness Leases, Lease-elected grace-period removal
-//     the WorkloadGroupOutOfDate condition, and the re-creation of a
-//     WorkloadEntry deleted while its registration lives (replica.go,
-//     sweeper.go, drift.go, entries.go).
+//   - lifecycle (registry/lifecycle): replica liveness Leases, Lease-elected
+//     grace-period removal, the WorkloadGroupOutOfDate condition, and the
+//     re-creation of a WorkloadEntry deleted while its registration lives;
+//   - Enforcement: the ConfigurationEnforced condition (enforcement.go),
+//     and UpdateRegistrationStatus, the one "write status only when it
+//     changed" helper of the reconcilers (reconcile.go).
 //
 // Embark's WorkloadEntries carry annotations of its own
 // (onboarding.tetrate.io/), never istiod's auto-registration annotations,

@@ -89,7 +89,7 @@ func (e *Enforcement) Run(ctx context.Context) {
 		<-ctx.Done()
 		e.queue.ShutDown()
 	}()
-	for processNext(ctx, e.queue, e.write, e.opts.Logger, "write ConfigurationEnforced condition") {
+	for ProcessNext(ctx, e.queue, e.write, e.opts.Logger, "write ConfigurationEnforced condition") {
 	}
 }
 
@@ -123,7 +123,7 @@ func (e *Enforcement) write(ctx context.Context, key types.NamespacedName) error
 	if err := e.opts.Reader.Get(ctx, key, cached); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	_, err := updateRegistrationStatus(ctx, e.writer, e.opts.Client, e.opts.Client, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	_, err := UpdateRegistrationStatus(ctx, e.writer, e.opts.Client, e.opts.Client, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
 		prev := meta.FindStatusCondition(cur.Status.Conditions, runtimev1alpha1.ConditionConfigurationEnforced)
 		if prev == nil && len(unenforced) == 0 {
 			return false // never unenforced: nothing to say

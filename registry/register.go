@@ -56,8 +56,8 @@ const (
 	ReasonAddressReclaimed = "AddressReclaimed"
 )
 
-// addressIndex is the cache index of WorkloadEntries by network and address.
-const addressIndex = "embark.spec.networkAddress"
+// AddressIndex is the cache index of WorkloadEntries by network and address.
+const AddressIndex = "embark.spec.networkAddress"
 
 // Options configures a Registrar. Every field documents its default.
 type Options struct {
@@ -129,12 +129,12 @@ type IndexFields interface {
 // SetupIndexes adds the indexes the Registrar's cache needs. Call it before
 // the cache starts.
 func SetupIndexes(ctx context.Context, indexer IndexFields) error {
-	err := indexer.IndexField(ctx, &istionetworkingv1.WorkloadEntry{}, addressIndex, func(obj client.Object) []string {
+	err := indexer.IndexField(ctx, &istionetworkingv1.WorkloadEntry{}, AddressIndex, func(obj client.Object) []string {
 		we, ok := obj.(*istionetworkingv1.WorkloadEntry)
 		if !ok || we.Spec.Address == "" {
 			return nil
 		}
-		return []string{addressKey(we.Spec.Network, we.Spec.Address)}
+		return []string{AddressKey(we.Spec.Network, we.Spec.Address)}
 	})
 	if err != nil {
 		return fmt.Errorf("index WorkloadEntries by address: %w", err)
@@ -142,7 +142,8 @@ func SetupIndexes(ctx context.Context, indexer IndexFields) error {
 	return nil
 }
 
-func addressKey(network, address string) string { return network + "/" + address }
+// AddressKey is the AddressIndex value of a WorkloadEntry address on a network.
+func AddressKey(network, address string) string { return network + "/" + address }
 
 // Request is one workload's registration.
 type Request struct {
@@ -387,7 +388,7 @@ func builtFromNewer(cur *istionetworkingv1.WorkloadEntry, war *runtimev1alpha1.W
 }
 
 func workloadEntryUpToDate(cur, want *istionetworkingv1.WorkloadEntry) bool {
-	if hasIstiodAnnotations(cur.Annotations) {
+	if HasIstiodAnnotations(cur.Annotations) {
 		return false // migrate: an earlier version wrote istiod's annotations
 	}
 	for k, v := range want.Annotations {
@@ -426,7 +427,7 @@ func mergeAnnotations(cur, want map[string]string) map[string]string {
 // registration is refused instead (ErrAddressConflict).
 func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, want *istionetworkingv1.WorkloadEntry, proven bool) error {
 	holders := &istionetworkingv1.WorkloadEntryList{}
-	if err := r.cache.List(ctx, holders, client.MatchingFields{addressIndex: addressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
+	if err := r.cache.List(ctx, holders, client.MatchingFields{AddressIndex: AddressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
 		return fmt.Errorf("find WorkloadEntries holding %s: %w", want.Spec.Address, err)
 	}
 	for _, holder := range holders.Items {

@@ -59,8 +59,8 @@ var IstiodAnnotations = []string{
 	"istio.io/workloadController",
 }
 
-// hasIstiodAnnotations reports whether ann holds any of IstiodAnnotations.
-func hasIstiodAnnotations(ann map[string]string) bool {
+// HasIstiodAnnotations reports whether ann holds any of IstiodAnnotations.
+func HasIstiodAnnotations(ann map[string]string) bool {
 	for _, k := range IstiodAnnotations {
 		if _, ok := ann[k]; ok {
 			return true

@@ -492,7 +492,7 @@ func (c *Configuration) SetDefaults() {
 	}
 	// writeQPS, writeBurst, sweepRatePerSecond and sweepBurst stay zero
 	// when unset: their defaults are defined once, by the registry
-	// (write.DefaultQPS, write.DefaultBurst, registry.DefaultRemovalQPS,
+	// (write.DefaultQPS, write.DefaultBurst, lifecycle.DefaultRemovalQPS,
 	// removal burst 1), where zero means "default".
 }
 

@@ -18,6 +18,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/lifecycle"
 )
 
 func newConnections(t *testing.T, ctx context.Context, replica string, clock func() time.Time) *Connections {
@@ -228,7 +229,7 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 		if err := env.Client.Get(ctx, w.Key, war); err != nil {
 			t.Fatal(err)
 		}
-		meta.SetStatusCondition(&war.Status.Conditions, metav1.Condition{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: registry.ReasonReplicaGone})
+		meta.SetStatusCondition(&war.Status.Conditions, metav1.Condition{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: lifecycle.ReasonReplicaGone})
 		now := metav1.Now()
 		war.Status.Connection.DisconnectedAt = &now
 		if err := env.Client.Status().Update(ctx, war); err != nil {

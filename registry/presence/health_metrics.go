@@ -31,7 +31,7 @@ const WorkloadNamespaceLabel = "workload_namespace"
 type HealthMetricsOption func(*workloadCollector)
 
 // FleetFromLeader reports embark_registry_workloads only while leading()
-// is true (the sweeper leader, registry.Lifecycle.IsLeader): every replica
+// is true (the sweeper leader, lifecycle.Lifecycle.IsLeader): every replica
 // reads the same WorkloadEntries, so a fleet count from each would be
 // multiplied by the number of replicas in a sum.
 func FleetFromLeader(leading func() bool) HealthMetricsOption {

@@ -52,6 +52,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/lifecycle"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/registry/rollout"
 	"github.com/embark-mesh/embark/registry/write"
@@ -350,7 +351,7 @@ func Run(ctx context.Context, opts Options) error {
 		}
 	}()
 	// Grace-period removal, replica liveness and WorkloadGroup drift.
-	lifecycleMetrics, err := registry.NewLifecycleMetrics(reg)
+	lifecycleMetrics, err := lifecycle.NewLifecycleMetrics(reg)
 	if err != nil {
 		return err
 	}
@@ -359,7 +360,7 @@ func Run(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	lifecycle, err := registry.NewLifecycle(registry.LifecycleOptions{
+	lifecycle, err := lifecycle.NewLifecycle(lifecycle.LifecycleOptions{
 		Client: kc, APIReader: apiReader, Cache: informers, Kube: cs,
 		Replica: opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,

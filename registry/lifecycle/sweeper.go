@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/write"
 )
 
@@ -533,7 +534,7 @@ func (s *sweeper) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range s.workers {
 		wg.Go(func() {
-			for processNext(ctx, s.queue, s.process, s.log, "sweep") {
+			for registry.ProcessNext(ctx, s.queue, s.process, s.log, "sweep") {
 			}
 		})
 	}
@@ -617,7 +618,7 @@ func (s *sweeper) markGone(ctx context.Context, cached *runtimev1alpha1.Workload
 		return s.leases.Lookup(r)
 	}
 	var why string
-	written, err := updateRegistrationStatus(ctx, s.writer, s.client, s.reader, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	written, err := registry.UpdateRegistrationStatus(ctx, s.writer, s.client, s.reader, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
 		if cur.Status.Connection != nil && cur.Status.Connection.Replica != replica {
 			return false // changed hands: judged again from the queue
 		}
@@ -704,60 +705,11 @@ func (s *sweeper) remove(ctx context.Context, key types.NamespacedName) error {
 	return nil
 }
 
-// updateRegistrationStatus writes a registration's status when mutate changes
-// it, with optimistic concurrency. The first attempt starts from a deep copy
-// of the cached object; after a conflict it starts from a fresh read. mutate
-// returns false when nothing needs writing.
-func updateRegistrationStatus(ctx context.Context, w *write.Writer, c client.Client, reader client.Reader, cached *runtimev1alpha1.WorkloadAutoRegistration, mutate func(*runtimev1alpha1.WorkloadAutoRegistration) bool) (bool, error) {
-	key := client.ObjectKeyFromObject(cached)
-	first, written := true, false
-	err := w.Do(ctx, func(ctx context.Context) error {
-		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
-		if first {
-			cached.DeepCopyInto(cur)
-			first = false
-		} else if err := reader.Get(ctx, key, cur); err != nil {
-			return err
-		}
-		if cur.DeletionTimestamp != nil || !mutate(cur) {
-			return nil
-		}
-		if err := c.Status().Update(ctx, cur); err != nil {
-			return err
-		}
-		written = true
-		return nil
-	})
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	return written, err
-}
-
 // enqueueObject queues the key of an informer object.
 func enqueueObject(queue workqueue.TypedInterface[types.NamespacedName], obj any) {
 	if o, ok := obj.(client.Object); ok {
 		queue.Add(client.ObjectKeyFromObject(o))
 	}
-}
-
-// processNext handles one queued key; false when the queue shut down. A
-// failure is retried with bounded exponential backoff (100ms to 1m).
-func processNext(ctx context.Context, queue workqueue.TypedRateLimitingInterface[types.NamespacedName], fn func(context.Context, types.NamespacedName) error, log *slog.Logger, what string) bool {
-	key, shutdown := queue.Get()
-	if shutdown {
-		return false
-	}
-	defer queue.Done(key)
-	if err := fn(ctx, key); err != nil {
-		if ctx.Err() == nil {
-			log.Error(what+" failed; retrying", "registration", key.String(), "error", err)
-			queue.AddRateLimited(key)
-		}
-		return true
-	}
-	queue.Forget(key)
-	return true
 }
 
 // resyncAll queues every registration now and every period until ctx ends.

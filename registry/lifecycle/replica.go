@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/write"
 )
 
@@ -44,7 +45,7 @@ const (
 // ReplicaLeaseName returns the name of the Lease of an endpoint replica:
 // embark-replica-<replica>, made a valid object name deterministically.
 func ReplicaLeaseName(replica string) string {
-	return shorten(replicaLeasePrefix+replica, validation.DNS1123SubdomainMaxLength)
+	return registry.Shorten(replicaLeasePrefix+replica, validation.DNS1123SubdomainMaxLength)
 }
 
 // replicaHeartbeat keeps this replica's Lease: created (or taken over, as a
