@@ -17,7 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/onboarding/endpoint"
-	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/lifecycle"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/ca"
@@ -33,13 +34,13 @@ func exportedMetrics(reg prometheus.Registerer, reader client.Reader) error {
 	if _, err := endpoint.NewMetrics(reg); err != nil {
 		return fmt.Errorf("onboarding API metrics: %w", err)
 	}
-	if _, err := registry.NewConnectionMetrics(reg); err != nil {
+	if _, err := presence.NewConnectionMetrics(reg); err != nil {
 		return fmt.Errorf("connection metrics: %w", err)
 	}
-	if _, err := registry.NewLifecycleMetrics(reg); err != nil {
+	if _, err := lifecycle.NewLifecycleMetrics(reg); err != nil {
 		return fmt.Errorf("lifecycle metrics: %w", err)
 	}
-	if _, err := registry.NewHealthMetrics(reg, reader); err != nil {
+	if _, err := presence.NewHealthMetrics(reg, reader); err != nil {
 		return fmt.Errorf("health metrics: %w", err)
 	}
 	if _, err := configsource.NewMetrics(reg); err != nil {

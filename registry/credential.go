@@ -79,7 +79,7 @@ type SidecarToken struct {
 // SidecarSecretName returns the name of the Secret a registration's sidecar
 // tokens are bound to: <registration>-sidecar, shortened when too long.
 func SidecarSecretName(registration string) string {
-	return shorten(registration+"-sidecar", 0)
+	return Shorten(registration+"-sidecar", 0)
 }
 
 // ServiceAccountOf returns the service account of a WorkloadGroup template
@@ -143,7 +143,7 @@ func (r *Registrar) ensureSidecarSecret(ctx context.Context, war *runtimev1alpha
 		Type: SecretTypeSidecarCredential,
 	}
 	var secret *corev1.Secret
-	err := r.writer.do(ctx, func(ctx context.Context) error {
+	err := r.writer.Do(ctx, func(ctx context.Context) error {
 		secret = want.DeepCopy()
 		err := r.client.Create(ctx, secret)
 		if !apierrors.IsAlreadyExists(err) {
@@ -153,7 +153,7 @@ func (r *Registrar) ensureSidecarSecret(ctx context.Context, war *runtimev1alpha
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
 			return err
 		}
-		if ref, ok := ownedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
+		if ref, ok := OwnedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
 			// Left behind by an earlier registration of the same name that
 			// the garbage collector has not removed yet: try again later.
 			return apierrors.NewConflict(corev1.Resource("secrets"), cur.Name, errors.New("owned by an earlier registration"))
@@ -178,7 +178,7 @@ func (r *Registrar) requestSidecarToken(ctx context.Context, war *runtimev1alpha
 		Namespace: war.Namespace, Name: ServiceAccountOf(group.GetTemplate().GetServiceAccount()),
 	}}
 	var tr *authenticationv1.TokenRequest
-	err = r.writer.do(ctx, func(ctx context.Context) error {
+	err = r.writer.Do(ctx, func(ctx context.Context) error {
 		tr = &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
 			Audiences:         r.sidecar.Audiences,
 			ExpirationSeconds: ptr.To(int64(r.sidecar.Lifetime / time.Second)),
@@ -226,7 +226,7 @@ func (r *Registrar) RenewSidecarToken(ctx context.Context, key types.NamespacedN
 		}
 		return nil, fmt.Errorf("read sidecar credential Secret %s: %w", skey, err)
 	}
-	if ref, ok := ownedBy(secret.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
+	if ref, ok := OwnedBy(secret.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
 		return nil, fmt.Errorf("%w: Secret %s does not belong to registration %s (register again)", ErrRegistrationNotFound, skey, key)
 	}
 	return r.requestSidecarToken(ctx, war, secret)

@@ -4,17 +4,23 @@
 //   - Registrar: naming (seed 000), the WorkloadGroup snapshot, the
 //     registration and its WorkloadEntry, IP-reuse fencing, the sidecar's
 //     Secret-bound service-account token (credential.go);
-//   - Connections: AgentConnected and the connection timestamps, written by
-//     the replica holding a workload's ADS stream (connection.go);
-//   - Lifecycle: replica liveness Leases, Lease-elected grace-period removal
-//     the WorkloadGroupOutOfDate condition, and the re-creation of a
-//     WorkloadEntry deleted while its registration lives (replica.go,
-//     sweeper.go, drift.go, entries.go).
+//   - presence (registry/presence): AgentConnected, the connection
+//     timestamps and the health mirror, written by the replica holding a
+//     workload's ADS stream;
+//   - lifecycle (registry/lifecycle): replica liveness Leases, Lease-elected
+//     grace-period removal, the WorkloadGroupOutOfDate condition, and the
+//     re-creation of a WorkloadEntry deleted while its registration lives;
+//   - Enforcement: the ConfigurationEnforced condition (enforcement.go),
+//     and UpdateRegistrationStatus, the one "write status only when it
+//     changed" helper of the reconcilers (reconcile.go).
 //
 // Embark's WorkloadEntries carry annotations of its own
 // (onboarding.tetrate.io/), never istiod's auto-registration annotations,
 // which make istiod's clean-up delete them (workloadentry.go).
 //
-// Every write is rate-limited and retried with bounded backoff, and uses
-// optimistic concurrency where two replicas may write.
+// Every write goes through the replica's one write.Writer (registry/write):
+// rate-limited by the replica's write budget and retried with bounded
+// backoff; optimistic concurrency where two replicas may write. The node ID
+// a sidecar presents is built and parsed by registry/nodeid; rollouts of
+// WorkloadGroups are registry/rollout.
 package registry

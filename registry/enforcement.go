@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // EnforcementOptions configures an Enforcement writer. Every field
@@ -25,8 +26,10 @@ type EnforcementOptions struct {
 	Client client.Client
 	// Reader reads registrations (an informer cache). Default: Client.
 	Reader client.Reader
-	// Writes limits and retries the writes. Zero fields: DefaultWriteOptions.
-	Writes WriteOptions
+	// Writer is the replica's write budget, shared with every component
+	// that writes (write.Writer). Default: a Writer of its own with
+	// write.Options' defaults.
+	Writer *write.Writer
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
 	// Now is the clock of condition transitions. Default time.Now.
@@ -41,7 +44,7 @@ type EnforcementOptions struct {
 // blocks; Run writes.
 type Enforcement struct {
 	opts   EnforcementOptions
-	writer *writer
+	writer *write.Writer
 	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
 
 	mu   sync.Mutex
@@ -64,7 +67,7 @@ func NewEnforcement(opts EnforcementOptions) (*Enforcement, error) {
 	}
 	return &Enforcement{
 		opts:   opts,
-		writer: newWriter(opts.Writes),
+		writer: write.OrDefault(opts.Writer),
 		queue:  workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, time.Minute)),
 		want:   map[types.NamespacedName][]string{},
 	}, nil
@@ -86,7 +89,7 @@ func (e *Enforcement) Run(ctx context.Context) {
 		<-ctx.Done()
 		e.queue.ShutDown()
 	}()
-	for processNext(ctx, e.queue, e.write, e.opts.Logger, "write ConfigurationEnforced condition") {
+	for ProcessNext(ctx, e.queue, e.write, e.opts.Logger, "write ConfigurationEnforced condition") {
 	}
 }
 
@@ -120,7 +123,7 @@ func (e *Enforcement) write(ctx context.Context, key types.NamespacedName) error
 	if err := e.opts.Reader.Get(ctx, key, cached); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	_, err := updateRegistrationStatus(ctx, e.writer, e.opts.Client, e.opts.Client, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	_, err := UpdateRegistrationStatus(ctx, e.writer, e.opts.Client, e.opts.Client, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
 		prev := meta.FindStatusCondition(cur.Status.Conditions, runtimev1alpha1.ConditionConfigurationEnforced)
 		if prev == nil && len(unenforced) == 0 {
 			return false // never unenforced: nothing to say

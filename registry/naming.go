@@ -30,7 +30,20 @@ const (
 // too long is cut and suffixed with a hash of the full name, so different
 // workloads never share a name and the same workload always gets the same one.
 func RegistrationName(group, identity string, maxLen int) string {
-	return shorten(group+"-"+identity, maxLen)
+	return Shorten(group+"-"+identity, maxLen)
+}
+
+// Name returns the name of the registration of the workload with the verified
+// identity id in WorkloadGroup group: RegistrationName(group,
+// IdentityName(id), 0). It is the one place both the onboarding token's
+// subject (Authorize) and the registrar compute it; "" when id names no
+// identity.
+func Name(group string, id runtimev1alpha1.WorkloadIdentity) string {
+	identity := IdentityName(id)
+	if identity == "" {
+		return ""
+	}
+	return RegistrationName(group, identity, 0)
 }
 
 // IdentityName returns the workload-identity part of a registration's name:
@@ -58,8 +71,8 @@ func IdentityName(id runtimev1alpha1.WorkloadIdentity) string {
 	}
 }
 
-// shorten makes s a valid DNS-1123 subdomain of at most maxLen characters.
-func shorten(s string, maxLen int) string {
+// Shorten makes s a valid DNS-1123 subdomain of at most maxLen characters.
+func Shorten(s string, maxLen int) string {
 	if maxLen <= 0 || maxLen > validation.DNS1123SubdomainMaxLength {
 		maxLen = validation.DNS1123SubdomainMaxLength
 	}

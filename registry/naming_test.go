@@ -160,3 +160,24 @@ func TestJWTRegistrationName(t *testing.T) {
 		})
 	}
 }
+
+// Name is the one computation of a registration's name, shared by the
+// onboarding token (Authorize) and the registrar.
+func TestName(t *testing.T) {
+	tests := []struct {
+		name  string
+		group string
+		id    runtimev1alpha1.WorkloadIdentity
+		want  string
+	}{
+		{name: "seed 000 EC2 identity", group: "ratings", id: ec2Identity("i-1234567890abcdef0"), want: seedName},
+		{name: "no identity", group: "ratings", id: runtimev1alpha1.WorkloadIdentity{}, want: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Name(tt.group, tt.id); got != tt.want {
+				t.Errorf("Name(%q) = %q, want %q", tt.group, got, tt.want)
+			}
+		})
+	}
+}

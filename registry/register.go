@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Errors Register returns; the onboarding endpoint maps them to gRPC codes.
@@ -55,8 +56,8 @@ const (
 	ReasonAddressReclaimed = "AddressReclaimed"
 )
 
-// addressIndex is the cache index of WorkloadEntries by network and address.
-const addressIndex = "embark.spec.networkAddress"
+// AddressIndex is the cache index of WorkloadEntries by network and address.
+const AddressIndex = "embark.spec.networkAddress"
 
 // Options configures a Registrar. Every field documents its default.
 type Options struct {
@@ -70,8 +71,10 @@ type Options struct {
 	Recorder record.EventRecorder
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
-	// Writes limits and retries every API write. Default: DefaultWriteOptions.
-	Writes WriteOptions
+	// Writer is the replica's write budget, shared with every component
+	// that writes (write.Writer). Default: a Writer of its own with
+	// write.Options' defaults.
+	Writer *write.Writer
 	// Clock. Default: time.Now.
 	Clock func() time.Time
 	// Sidecar configures the sidecar's token. Default: see
@@ -86,7 +89,7 @@ type Registrar struct {
 	cache    client.Reader
 	recorder record.EventRecorder
 	log      *slog.Logger
-	writer   *writer
+	writer   *write.Writer
 	now      func() time.Time
 	sidecar  SidecarCredentialOptions
 }
@@ -111,7 +114,7 @@ func NewRegistrar(opts Options) (*Registrar, error) {
 		cache:    opts.Cache,
 		recorder: opts.Recorder,
 		log:      opts.Logger,
-		writer:   newWriter(opts.Writes),
+		writer:   write.OrDefault(opts.Writer),
 		now:      opts.Clock,
 		sidecar:  opts.Sidecar,
 	}, nil
@@ -126,12 +129,12 @@ type IndexFields interface {
 // SetupIndexes adds the indexes the Registrar's cache needs. Call it before
 // the cache starts.
 func SetupIndexes(ctx context.Context, indexer IndexFields) error {
-	err := indexer.IndexField(ctx, &istionetworkingv1.WorkloadEntry{}, addressIndex, func(obj client.Object) []string {
+	err := indexer.IndexField(ctx, &istionetworkingv1.WorkloadEntry{}, AddressIndex, func(obj client.Object) []string {
 		we, ok := obj.(*istionetworkingv1.WorkloadEntry)
 		if !ok || we.Spec.Address == "" {
 			return nil
 		}
-		return []string{addressKey(we.Spec.Network, we.Spec.Address)}
+		return []string{AddressKey(we.Spec.Network, we.Spec.Address)}
 	})
 	if err != nil {
 		return fmt.Errorf("index WorkloadEntries by address: %w", err)
@@ -139,7 +142,8 @@ func SetupIndexes(ctx context.Context, indexer IndexFields) error {
 	return nil
 }
 
-func addressKey(network, address string) string { return network + "/" + address }
+// AddressKey is the AddressIndex value of a WorkloadEntry address on a network.
+func AddressKey(network, address string) string { return network + "/" + address }
 
 // Request is one workload's registration.
 type Request struct {
@@ -204,15 +208,14 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	if errs := ValidateRegistration(req.Registration, groupSpec); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, errs.ToAggregate())
 	}
-	identity := IdentityName(req.Identity)
-	if identity == "" {
+	name := Name(req.Group.Name, req.Identity)
+	if name == "" {
 		return nil, fmt.Errorf("%w: no verified identity", ErrInvalidRegistration)
 	}
 	snap, err := Snapshot(req.Group)
 	if err != nil {
 		return nil, err
 	}
-	name := RegistrationName(req.Group.Name, identity, 0)
 	if err := r.checkServiceAccount(ctx, r.sidecarServiceAccount(ctx, req.Group, name)); err != nil {
 		return nil, err
 	}
@@ -238,7 +241,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	log := r.log.With("namespace", war.Namespace, "registration", war.Name)
 
 	created := false
-	err = r.writer.do(ctx, func(ctx context.Context) error {
+	err = r.writer.Do(ctx, func(ctx context.Context) error {
 		return r.client.Create(ctx, war)
 	})
 	switch {
@@ -273,7 +276,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 	}
 	if created {
 		log.Info("registered workload", "group", req.Group.Name, "address", we.Spec.Address)
-		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", identity, we.Spec.Address, req.Group.Name)
+		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", IdentityName(req.Identity), we.Spec.Address, req.Group.Name)
 	}
 	return &Result{Registration: war, WorkloadEntry: we, Created: created, SidecarToken: tok}, nil
 }
@@ -282,7 +285,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 // workload reported now. Its snapshot is kept.
 func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAutoRegistration, req Request) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
 	cur := &runtimev1alpha1.WorkloadAutoRegistration{}
-	err := r.writer.do(ctx, func(ctx context.Context) error {
+	err := r.writer.Do(ctx, func(ctx context.Context) error {
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
 			return err
 		}
@@ -335,7 +338,7 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 		return nil, err
 	}
 	var we *istionetworkingv1.WorkloadEntry
-	err = r.writer.do(ctx, func(ctx context.Context) error {
+	err = r.writer.Do(ctx, func(ctx context.Context) error {
 		we = want.DeepCopy()
 		err := r.client.Create(ctx, we)
 		if !apierrors.IsAlreadyExists(err) {
@@ -345,7 +348,7 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
 			return err
 		}
-		if ref, ok := ownedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
+		if ref, ok := OwnedBy(cur.OwnerReferences, war.Name); !ok || ref.UID != war.UID {
 			// Left behind by an earlier registration of the same name that
 			// the garbage collector has not removed yet: try again later.
 			return apierrors.NewConflict(istionetworkingv1.Resource("workloadentries"), cur.Name, errors.New("owned by an earlier registration"))
@@ -357,7 +360,7 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 			return nil
 		}
 		cur.Labels = want.Labels
-		cur.Annotations = withoutIstiodAnnotations(mergeAnnotations(cur.Annotations, want.Annotations))
+		cur.Annotations = WithoutIstiodAnnotations(mergeAnnotations(cur.Annotations, want.Annotations))
 		cur.Spec.Address = want.Spec.Address
 		cur.Spec.Labels = want.Spec.Labels
 		cur.Spec.Ports = want.Spec.Ports
@@ -385,7 +388,7 @@ func builtFromNewer(cur *istionetworkingv1.WorkloadEntry, war *runtimev1alpha1.W
 }
 
 func workloadEntryUpToDate(cur, want *istionetworkingv1.WorkloadEntry) bool {
-	if hasIstiodAnnotations(cur.Annotations) {
+	if HasIstiodAnnotations(cur.Annotations) {
 		return false // migrate: an earlier version wrote istiod's annotations
 	}
 	for k, v := range want.Annotations {
@@ -424,14 +427,14 @@ func mergeAnnotations(cur, want map[string]string) map[string]string {
 // registration is refused instead (ErrAddressConflict).
 func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, want *istionetworkingv1.WorkloadEntry, proven bool) error {
 	holders := &istionetworkingv1.WorkloadEntryList{}
-	if err := r.cache.List(ctx, holders, client.MatchingFields{addressIndex: addressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
+	if err := r.cache.List(ctx, holders, client.MatchingFields{AddressIndex: AddressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
 		return fmt.Errorf("find WorkloadEntries holding %s: %w", want.Spec.Address, err)
 	}
 	for _, holder := range holders.Items {
 		if holder.Namespace == want.Namespace && holder.Name == want.Name {
 			continue
 		}
-		ref, managed := ownedBy(holder.OwnerReferences, "")
+		ref, managed := OwnedBy(holder.OwnerReferences, "")
 		switch {
 		case !managed:
 			return fmt.Errorf("%w: WorkloadEntry %s/%s, not managed by Embark, holds %s on network %q", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
@@ -444,7 +447,7 @@ func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha
 			return fmt.Errorf("%w: WorkloadEntry %s/%s holds %s on network %q, and an address the identity does not prove never fences another registration", ErrAddressConflict, holder.Namespace, holder.Name, want.Spec.Address, want.Spec.Network)
 		}
 		// Delete exactly the entry we saw; a newer one of the same name is not ours to remove.
-		err := r.writer.do(ctx, func(ctx context.Context) error {
+		err := r.writer.Do(ctx, func(ctx context.Context) error {
 			return r.client.Delete(ctx, holder, client.Preconditions{UID: &holder.UID})
 		})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
@@ -470,7 +473,7 @@ func (r *Registrar) fenceAddressHolders(ctx context.Context, war *runtimev1alpha
 // tell the story, and the condition is informational.
 func (r *Registrar) setFenced(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, status metav1.ConditionStatus, reason, msg string) {
 	key := client.ObjectKeyFromObject(war)
-	err := r.writer.do(ctx, func(ctx context.Context) error {
+	err := r.writer.Do(ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := r.client.Get(ctx, key, cur); err != nil {
 			return err
@@ -495,7 +498,7 @@ func (r *Registrar) rollback(ctx context.Context, war *runtimev1alpha1.WorkloadA
 	// The caller's context may be what failed; finish the cleanup regardless.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	err := r.writer.do(ctx, func(ctx context.Context) error {
+	err := r.writer.Do(ctx, func(ctx context.Context) error {
 		err := r.client.Delete(ctx, war, client.Preconditions{UID: &war.UID}, client.PropagationPolicy(metav1.DeletePropagationBackground))
 		if apierrors.IsNotFound(err) {
 			return nil

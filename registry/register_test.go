@@ -444,7 +444,7 @@ func assertNoRegistrations(t *testing.T, ns string) {
 		t.Fatal(err)
 	}
 	for _, e := range entries.Items {
-		if _, managed := ownedBy(e.OwnerReferences, ""); managed {
+		if _, managed := OwnedBy(e.OwnerReferences, ""); managed {
 			t.Errorf("WorkloadEntry %s left behind", e.Name)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"strconv"
 
+	istiometa "istio.io/api/meta/v1alpha1"
 	istioapi "istio.io/api/networking/v1alpha3"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,8 +59,8 @@ var IstiodAnnotations = []string{
 	"istio.io/workloadController",
 }
 
-// hasIstiodAnnotations reports whether ann holds any of IstiodAnnotations.
-func hasIstiodAnnotations(ann map[string]string) bool {
+// HasIstiodAnnotations reports whether ann holds any of IstiodAnnotations.
+func HasIstiodAnnotations(ann map[string]string) bool {
 	for _, k := range IstiodAnnotations {
 		if _, ok := ann[k]; ok {
 			return true
@@ -68,8 +69,8 @@ func hasIstiodAnnotations(ann map[string]string) bool {
 	return false
 }
 
-// withoutIstiodAnnotations returns a copy of ann without IstiodAnnotations.
-func withoutIstiodAnnotations(ann map[string]string) map[string]string {
+// WithoutIstiodAnnotations returns a copy of ann without IstiodAnnotations.
+func WithoutIstiodAnnotations(ann map[string]string) map[string]string {
 	out := maps.Clone(ann)
 	for _, k := range IstiodAnnotations {
 		delete(out, k)
@@ -249,13 +250,47 @@ func locality(id runtimev1alpha1.WorkloadIdentity) string {
 	return ""
 }
 
-// ownedBy reports whether obj's controller is the registration named name
+// OwnedBy reports whether obj's controller is the registration named name
 // with UID uid.
-func ownedBy(refs []metav1.OwnerReference, name string) (metav1.OwnerReference, bool) {
+func OwnedBy(refs []metav1.OwnerReference, name string) (metav1.OwnerReference, bool) {
 	for _, ref := range refs {
 		if ref.Kind == "WorkloadAutoRegistration" && ref.APIVersion == runtimev1alpha1.SchemeGroupVersion.String() && ref.Controller != nil && *ref.Controller && (name == "" || ref.Name == name) {
 			return ref, true
 		}
 	}
 	return metav1.OwnerReference{}, false
+}
+
+// Health condition of a WorkloadEntry, as istiod reads it.
+const (
+	// AnnotationHealthChecksEnabled on a WorkloadEntry makes istiod route to
+	// it only while its Healthy condition is True (no condition: unhealthy).
+	// Registration sets it when the WorkloadGroup has a probe, as istiod's
+	// own auto-registration does.
+	AnnotationHealthChecksEnabled = "proxy.istio.io/health-checks-enabled"
+	// ConditionHealthy is the WorkloadEntry (and registration) condition
+	// that mirrors the workload's readiness probe.
+	ConditionHealthy = runtimev1alpha1.ConditionHealthy
+)
+
+// IstioCondition returns the condition of type typ in conds, or nil.
+func IstioCondition(conds []*istiometa.IstioCondition, typ string) *istiometa.IstioCondition {
+	for _, c := range conds {
+		if c.GetType() == typ {
+			return c
+		}
+	}
+	return nil
+}
+
+// SetIstioCondition returns conds with c in place of any condition of its
+// type.
+func SetIstioCondition(conds []*istiometa.IstioCondition, c *istiometa.IstioCondition) []*istiometa.IstioCondition {
+	out := make([]*istiometa.IstioCondition, 0, len(conds)+1)
+	for _, old := range conds {
+		if old.GetType() != c.GetType() {
+			out = append(out, old)
+		}
+	}
+	return append(out, c)
 }

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 )
 
 // Type URLs the server treats specially.
@@ -45,7 +45,7 @@ var WorkloadTypes = []string{
 // Proxy is a workload's sidecar as one of its streams describes it.
 type Proxy struct {
 	// Workload is the registration the stream is bound to.
-	Workload registry.Workload
+	Workload presence.Workload
 	// NodeID is the proxy's node ID.
 	NodeID string
 	// IP is the address in the node ID.
@@ -90,14 +90,14 @@ func (EmptyConfig) Snapshot(context.Context, *Proxy) (cache.ResourceSnapshot, er
 	})
 }
 
-// Health is one health report of a workload (registry.Health, so that the
+// Health is one health report of a workload (presence.Health, so that the
 // registry's HealthMirror is a HealthSink).
-type Health = registry.Health
+type Health = presence.Health
 
 // HealthSink receives the health reports of bound workloads. It must not
 // block: it runs on the stream's goroutine.
 type HealthSink interface {
-	ReportHealth(ctx context.Context, w registry.Workload, h Health)
+	ReportHealth(ctx context.Context, w presence.Workload, h Health)
 }
 
 // LogHealth logs health reports (until the registry mirrors them onto the
@@ -107,7 +107,7 @@ type LogHealth struct{ Logger *slog.Logger }
 var _ HealthSink = LogHealth{}
 
 // ReportHealth implements HealthSink.
-func (l LogHealth) ReportHealth(ctx context.Context, w registry.Workload, h Health) {
+func (l LogHealth) ReportHealth(ctx context.Context, w presence.Workload, h Health) {
 	log := l.Logger
 	if log == nil {
 		log = slog.Default()

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 )
 
 // FuzzRequest: every field of a request the server reads comes from the
@@ -63,7 +63,7 @@ func FuzzRequest(f *testing.F) {
 		st := newStream()
 		st.debug = debug
 		if !debug {
-			st.proxy = &Proxy{Workload: registry.Workload{Key: types.NamespacedName{Namespace: "ns", Name: "a"}}, NodeID: first.GetId(),
+			st.proxy = &Proxy{Workload: presence.Workload{Key: types.NamespacedName{Namespace: "ns", Name: "a"}}, NodeID: first.GetId(),
 				Metadata: req.GetNode().GetMetadata(), Registration: &runtimev1alpha1.WorkloadAutoRegistration{}}
 			st.counted = true
 		}
@@ -109,7 +109,7 @@ func FuzzRequest(f *testing.F) {
 		if !debug {
 			s.byWorkload[st.proxy.Workload.Key] = []*stream{st}
 			// syncz asks the tracker only its replica name: it writes nothing.
-			conns, err := registry.NewConnections(context.Background(), registry.ConnectionOptions{Client: unusedClient{}, Replica: "r"})
+			conns, err := presence.NewConnections(context.Background(), presence.ConnectionOptions{Client: unusedClient{}, Replica: "r"})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -25,6 +25,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 )
@@ -120,18 +121,18 @@ func TestRealSidecarProbeDrivesHealthyCondition(t *testing.T) {
 	if err := env.Client.Get(t.Context(), w.key, we); err != nil {
 		t.Fatal(err)
 	}
-	if we.Annotations[registry.AnnotationHealthChecksEnabled] != "true" || registry.WorkloadEntryHealth(we) != "unhealthy" {
+	if we.Annotations[registry.AnnotationHealthChecksEnabled] != "true" || presence.WorkloadEntryHealth(we) != "unhealthy" {
 		t.Fatalf("a new WorkloadEntry of a group with a probe must be unhealthy (annotation %q, conditions %v)",
 			we.Annotations[registry.AnnotationHealthChecksEnabled], we.Status.Conditions)
 	}
 
 	metricsReg := prometheus.NewRegistry()
-	r := startReplicaWith(t, "replica-h", nil, func(ctx context.Context, conns *registry.Connections) (HealthSink, func()) {
-		m, err := registry.NewHealthMetrics(metricsReg, informers)
+	r := startReplicaWith(t, "replica-h", nil, func(ctx context.Context, conns *presence.Connections) (HealthSink, func()) {
+		m, err := presence.NewHealthMetrics(metricsReg, informers)
 		if err != nil {
 			t.Fatal(err)
 		}
-		mirror, err := registry.NewHealthMirror(ctx, registry.HealthOptions{
+		mirror, err := presence.NewHealthMirror(ctx, presence.HealthOptions{
 			Client: env.Client, Connections: conns, Damping: -1, Metrics: m,
 			Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
 		})

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 )
 
 // settableConfig serves every proxy the clusters the test last set, under
@@ -57,7 +57,7 @@ func startConfigServer(t *testing.T, cfg ConfigSource, nacks *NACKMetrics) (*Ser
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

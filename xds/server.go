@@ -33,6 +33,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/xds/relay"
 )
 
@@ -47,7 +48,7 @@ type Options struct {
 	// Connections receives stream opens and closes and writes them to the
 	// registrations; its replica name is the control-plane ID syncz reports.
 	// Required.
-	Connections *registry.Connections
+	Connections *presence.Connections
 	// TokenReviews reviews sidecar tokens. Required.
 	TokenReviews TokenReviewer
 	// Reader reads WorkloadAutoRegistrations and the sidecar credential
@@ -239,10 +240,6 @@ func (s *Server) Run(ctx context.Context) error {
 			UpdateFunc: func(_, obj any) {
 				if o, ok := obj.(client.Object); ok && o.GetDeletionTimestamp() != nil {
 					deleted(o)
-					return
-				}
-				if war, ok := obj.(*runtimev1alpha1.WorkloadAutoRegistration); ok {
-					s.opts.Connections.Reassert(war)
 				}
 			},
 			DeleteFunc: func(obj any) {
@@ -388,7 +385,7 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 	// once its status was written).
 	war.ManagedFields = nil
 	return &Proxy{
-		Workload:     registry.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
+		Workload:     presence.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
 		NodeID:       node.GetId(),
 		IP:           info.IP,
 		Metadata:     keptMetadata(node.GetMetadata()),

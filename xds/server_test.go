@@ -43,6 +43,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -105,7 +106,7 @@ type recordingHealth struct {
 	of      []types.NamespacedName // the workload of each report
 }
 
-func (r *recordingHealth) ReportHealth(_ context.Context, w registry.Workload, h Health) {
+func (r *recordingHealth) ReportHealth(_ context.Context, w presence.Workload, h Health) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reports = append(r.reports, h)
@@ -129,7 +130,7 @@ func (r *recordingHealth) all() []Health {
 type replica struct {
 	name      string
 	server    *Server
-	conns     *registry.Connections
+	conns     *presence.Connections
 	health    *recordingHealth
 	addr      string
 	debugAddr string
@@ -146,11 +147,11 @@ func startReplica(t *testing.T, name string, clock func() time.Time, tweaks ...f
 
 // startReplicaWith starts a replica whose health reports go to the sink sink
 // makes (nil: recorded in replica.health).
-func startReplicaWith(t *testing.T, name string, clock func() time.Time, sink func(context.Context, *registry.Connections) (HealthSink, func()), tweaks ...func(*Options)) *replica {
+func startReplicaWith(t *testing.T, name string, clock func() time.Time, sink func(context.Context, *presence.Connections) (HealthSink, func()), tweaks ...func(*Options)) *replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: name, Logger: log, Clock: clock})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: name, Logger: log, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,6 +49,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/write"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -207,7 +208,7 @@ func newStack(b *testing.B) *stack {
 	}
 	writing := writes.wrap(direct)
 	reg, err := registry.NewRegistrar(registry.Options{Client: writing, Cache: cached, Recorder: rec, Logger: slog.New(slog.DiscardHandler),
-		Writes: registry.WriteOptions{QPS: 1e6, Burst: 1e6}})
+		Writer: write.New(write.Options{QPS: 1e6, Burst: 1e6})})
 	if err != nil {
 		b.Fatal(err)
 	}

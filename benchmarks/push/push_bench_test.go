@@ -54,6 +54,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
@@ -279,7 +280,7 @@ func (s *setup) start(total int) error {
 	fmt.Fprintf(os.Stderr, "push: registered %d workloads in %s\n", total, time.Since(registering).Round(time.Millisecond))
 	s.regs = regs
 
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "bench", Logger: log})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "bench", Logger: log})
 	if err != nil {
 		return err
 	}

@@ -79,6 +79,7 @@ import (
 	"github.com/embark-mesh/embark/benchmarks/benchjson"
 	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/relay"
@@ -210,7 +211,7 @@ func startEmbark(b *testing.B, i *testenv.Istiod, serving *tls.Config) (string, 
 	if err != nil {
 		b.Fatal(err)
 	}
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
 	if err != nil {
 		b.Fatal(err)
 	}

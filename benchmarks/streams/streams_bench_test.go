@@ -70,6 +70,8 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/benchmarks/benchjson"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/registry/write"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds"
 )
@@ -204,7 +206,7 @@ func newCountingClient() *countingClient {
 // server is a gRPC server of one ADS implementation on loopback.
 type server struct {
 	addr  string
-	conns *registry.Connections
+	conns *presence.Connections
 	stop  func()
 }
 
@@ -236,10 +238,10 @@ func serve(b *testing.B, register func(*grpc.Server), cancel context.CancelFunc,
 
 // startEmbark starts an Embark replica whose connection tracker writes
 // through c.
-func startEmbark(b *testing.B, replica string, c client.Client, writes registry.WriteOptions) *server {
+func startEmbark(b *testing.B, replica string, c client.Client, writes write.Options) *server {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: c, Replica: replica, Logger: slog.New(slog.DiscardHandler), Writes: writes})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: c, Replica: replica, Logger: slog.New(slog.DiscardHandler), Writer: write.New(writes)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -509,9 +511,9 @@ func BenchmarkStreams(b *testing.B) {
 func run(b *testing.B, n, largest int) result {
 	ns, ws := registeredN(b, n, largest)
 	r := result{Streams: n, Storm: n <= *stormMax}
-	var writes registry.WriteOptions // the default budget
+	var writes write.Options // the default budget
 	if !r.Storm {
-		writes = registry.WriteOptions{QPS: 1000, Burst: 1000}
+		writes = write.Options{QPS: 1000, Burst: 1000}
 	}
 
 	// Bare go-control-plane first, then Embark, each from a quiet heap.

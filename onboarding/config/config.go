@@ -33,29 +33,26 @@ const DefaultNeverConnectedAfter = time.Minute
 
 // Defaults.
 const (
-	DefaultListenAddress      = ":15443"
-	DefaultXDSListenAddress   = ":15012"
-	DefaultMetricsAddress     = ":15014"
-	DefaultRepositoryAddress  = ":8443"
-	DefaultTokenExpiration    = time.Hour
-	DefaultGracePeriod        = 5 * time.Minute
-	DefaultPropagationDelay   = 5 * time.Second
-	DefaultHealthDamping      = 10 * time.Second
-	DefaultNamespace          = "istio-system"
-	DefaultSigningKeySecret   = "onboarding-token-signing-key"
-	DefaultClusterID          = "Kubernetes"
-	DefaultTrustDomain        = "cluster.local"
-	DefaultRepositoryDir      = "/var/lib/onboarding-endpoint/repository"
-	DefaultRootNamespace      = "istio-system"
-	DefaultXDSDebounce        = 100 * time.Millisecond
-	minXDSDebounce            = time.Millisecond
-	maxXDSDebounce            = 10 * time.Second
-	minTokenExpiration        = time.Minute
-	maxTokenExpiration        = 24 * time.Hour
-	minGracePeriod            = time.Second
-	defaultWriteQPS           = 50
-	defaultWriteBurst         = 100
-	defaultSweepRatePerSecond = 20
+	DefaultListenAddress     = ":15443"
+	DefaultXDSListenAddress  = ":15012"
+	DefaultMetricsAddress    = ":15014"
+	DefaultRepositoryAddress = ":8443"
+	DefaultTokenExpiration   = time.Hour
+	DefaultGracePeriod       = 5 * time.Minute
+	DefaultPropagationDelay  = 5 * time.Second
+	DefaultHealthDamping     = 10 * time.Second
+	DefaultNamespace         = "istio-system"
+	DefaultSigningKeySecret  = "onboarding-token-signing-key"
+	DefaultClusterID         = "Kubernetes"
+	DefaultTrustDomain       = "cluster.local"
+	DefaultRepositoryDir     = "/var/lib/onboarding-endpoint/repository"
+	DefaultRootNamespace     = "istio-system"
+	DefaultXDSDebounce       = 100 * time.Millisecond
+	minXDSDebounce           = time.Millisecond
+	maxXDSDebounce           = 10 * time.Second
+	minTokenExpiration       = time.Minute
+	maxTokenExpiration       = 24 * time.Hour
+	minGracePeriod           = time.Second
 )
 
 // Configuration is the onboarding endpoint's configuration file.
@@ -310,10 +307,14 @@ type Registration struct {
 	NeverConnectedAfter *metav1.Duration `json:"neverConnectedAfter,omitempty"`
 	// PropagationDelay the agent waits after unregistering. Default 5s.
 	PropagationDelay *metav1.Duration `json:"propagationDelay,omitempty"`
-	// WriteQPS and WriteBurst limit API writes of one replica. Default 50/100.
+	// WriteQPS and WriteBurst are the write budget of one replica: every
+	// API write of every registry component (registrations, WorkloadEntries,
+	// Secrets, status) counts against one limiter (registry/write). Zero or
+	// unset: 50/100 (write.DefaultQPS, write.DefaultBurst).
 	WriteQPS   float64 `json:"writeQPS,omitempty"`
 	WriteBurst int     `json:"writeBurst,omitempty"`
-	// SweepRatePerSecond limits grace-period deletions. Default 20.
+	// SweepRatePerSecond limits grace-period deletions (within the write
+	// budget). Zero or unset: 20.
 	SweepRatePerSecond float64 `json:"sweepRatePerSecond,omitempty"`
 	// HealthDamping is the window of the health flapping rule
 	// (docs/health.md): a flip of a workload whose probe changed status less
@@ -321,7 +322,7 @@ type Registration struct {
 	// disables damping. Default 10s.
 	HealthDamping *metav1.Duration `json:"healthDamping,omitempty"`
 	// SweepBurst is how many grace-period deletions may happen at once
-	// before SweepRatePerSecond applies. Default 1.
+	// before SweepRatePerSecond applies. Zero or unset: 1.
 	SweepBurst int `json:"sweepBurst,omitempty"`
 	// ServiceCIDRs are the cluster's Service ranges (e.g. 10.96.0.0/12): a
 	// workload address inside one is refused. Default: none.
@@ -489,18 +490,10 @@ func (c *Configuration) SetDefaults() {
 	if r.HealthDamping == nil {
 		r.HealthDamping = &metav1.Duration{Duration: DefaultHealthDamping}
 	}
-	if r.WriteQPS == 0 {
-		r.WriteQPS = defaultWriteQPS
-	}
-	if r.WriteBurst == 0 {
-		r.WriteBurst = defaultWriteBurst
-	}
-	if r.SweepRatePerSecond == 0 {
-		r.SweepRatePerSecond = defaultSweepRatePerSecond
-	}
-	if r.SweepBurst == 0 {
-		r.SweepBurst = 1
-	}
+	// writeQPS, writeBurst, sweepRatePerSecond and sweepBurst stay zero
+	// when unset: their defaults are defined once, by the registry
+	// (write.DefaultQPS, write.DefaultBurst, lifecycle.DefaultRemovalQPS,
+	// removal burst 1), where zero means "default".
 }
 
 // Validate checks a defaulted configuration.

@@ -220,7 +220,7 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 	if err := s.confirmProfile(ctx, id); err != nil {
 		return nil, err
 	}
-	name := registry.RegistrationName(group, registry.IdentityName(apiID), 0)
+	name := registry.Name(group, apiID)
 	raw, claims, err := s.opts.Tokens.Issue(token.Request{
 		Namespace:        ns,
 		Name:             name,

@@ -27,6 +27,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/lifecycle"
 )
 
 // Defaults of Options and of a WorkloadGroupRollout's spec.
@@ -215,7 +216,7 @@ type workloadState struct {
 func judge(war *runtimev1alpha1.WorkloadAutoRegistration, group *istionetworkingv1.WorkloadGroup) workloadState {
 	st := workloadState{war: war}
 	if snap, err := registry.GroupSpec(war.Spec.WorkloadGroup); err == nil {
-		st.upToDate = len(registry.SpecDiff(snap, &group.Spec)) == 0
+		st.upToDate = len(lifecycle.SpecDiff(snap, &group.Spec)) == 0
 	}
 	st.connected = meta.IsStatusConditionTrue(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
 	st.ready = st.connected && (group.Spec.Probe == nil || meta.IsStatusConditionTrue(war.Status.Conditions, runtimev1alpha1.ConditionHealthy))

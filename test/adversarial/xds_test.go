@@ -33,6 +33,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds"
 )
@@ -55,7 +56,7 @@ func startXDS(t *testing.T, opts limits.Options) *xdsPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conns, err := registry.NewConnections(ctx, registry.ConnectionOptions{Client: env.Client, Replica: "adversarial", Logger: slog.New(slog.DiscardHandler)})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "adversarial", Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -169,7 +170,7 @@ func TestUnhealthyWorkloadLeavesTheEDSOfOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reviews := registry.Workload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: "reviews"}
+	reviews := presence.Workload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: "reviews"}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "reviews", Namespace: ns}}
 	svc.Spec.Selector = map[string]string{"app": "reviews"}
 	svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 8080}}
@@ -179,11 +180,11 @@ func TestUnhealthyWorkloadLeavesTheEDSOfOthers(t *testing.T) {
 
 	// The reviews VM's sidecar is connected to this replica ("replica-a").
 	mctx, stop := context.WithCancel(context.Background())
-	conns, err := registry.NewConnections(mctx, registry.ConnectionOptions{Client: env.Client, Replica: "replica-a"})
+	conns, err := presence.NewConnections(mctx, presence.ConnectionOptions{Client: env.Client, Replica: "replica-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mirror, err := registry.NewHealthMirror(mctx, registry.HealthOptions{Client: env.Client, Connections: conns, Damping: -1})
+	mirror, err := presence.NewHealthMirror(mctx, presence.HealthOptions{Client: env.Client, Connections: conns, Damping: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,9 +196,9 @@ func TestUnhealthyWorkloadLeavesTheEDSOfOthers(t *testing.T) {
 	// Registered with a probe, no report yet: unhealthy, no endpoint.
 	s.waitEndpoints(t, "before the first probe", cluster, func(eps []string) bool { return len(eps) == 0 })
 
-	mirror.ReportHealth(ctx, reviews, registry.Health{Healthy: true, At: time.Now()})
+	mirror.ReportHealth(ctx, reviews, presence.Health{Healthy: true, At: time.Now()})
 	s.waitEndpoints(t, "after the first passing probe", cluster, func(eps []string) bool { return slices.Equal(eps, []string{"10.0.0.30"}) })
 
-	mirror.ReportHealth(ctx, reviews, registry.Health{Healthy: false, Message: "HTTP probe failed with statuscode: 503", At: time.Now()})
+	mirror.ReportHealth(ctx, reviews, presence.Health{Healthy: false, Message: "HTTP probe failed with statuscode: 503", At: time.Now()})
 	s.waitEndpoints(t, "after the probe failed", cluster, func(eps []string) bool { return len(eps) == 0 })
 }

@@ -38,7 +38,10 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/lifecycle"
+	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/registry/rollout"
+	"github.com/embark-mesh/embark/registry/write"
 	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/configsource"
@@ -52,6 +55,7 @@ type build struct {
 	cfg     *config.Configuration
 	log     *slog.Logger
 	restCfg *rest.Config
+	writer  *write.Writer // the replica's one write budget
 	undos   []func()
 
 	// kubernetes
@@ -71,11 +75,11 @@ type build struct {
 	server *endpoint.Server
 
 	// registry
-	conns        *registry.Connections
+	conns        *presence.Connections
 	stopTracker  context.CancelFunc
-	lifecycle    *registry.Lifecycle
+	lifecycle    *lifecycle.Lifecycle
 	lifecycleErr chan error
-	healthMirror *registry.HealthMirror
+	healthMirror *presence.HealthMirror
 
 	// xds
 	istiodConn   *grpc.ClientConn
@@ -105,13 +109,15 @@ func newBuild(opts Options) (*build, error) {
 	if b.restCfg, err = restConfig(opts.Kubeconfig); err != nil {
 		return nil, err
 	}
+	b.writer = newWriter(b.cfg)
 	if b.restCfg.QPS == 0 {
 		// client-go's default (5 QPS, burst 10 per client) would throttle
 		// far below registration.writeQPS: the soak (test/soak) showed
 		// connection bookkeeping falling minutes behind at 2 onboardings/s.
 		// Every write is read first, so allow twice the write budget.
-		b.restCfg.QPS = float32(2 * b.cfg.Registration.WriteQPS)
-		b.restCfg.Burst = 2 * b.cfg.Registration.WriteBurst
+		budget := b.writer.Options()
+		b.restCfg.QPS = float32(2 * budget.QPS)
+		b.restCfg.Burst = 2 * budget.Burst
 	}
 	if b.opts.DebugXDS == "" {
 		b.opts.DebugXDS = DefaultDebugXDS
@@ -135,11 +141,11 @@ func (b *build) undo() {
 	b.undos = nil
 }
 
-// writeOptions is the one place the registry's write options are made from
-// the configuration: every registry component writes within the replica's
-// budget (registration.writeQPS, writeBurst).
-func writeOptions(cfg *config.Configuration) registry.WriteOptions {
-	return registry.WriteOptions{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst}
+// newWriter builds the replica's one write budget (registration.writeQPS and
+// writeBurst; zero: write.DefaultQPS and write.DefaultBurst), shared by every
+// component that writes registrations, WorkloadEntries and Secrets.
+func newWriter(cfg *config.Configuration) *write.Writer {
+	return write.New(write.Options{QPS: cfg.Registration.WriteQPS, Burst: cfg.Registration.WriteBurst})
 }
 
 // kubernetes is the phase of the Kubernetes clients and the informer cache,
@@ -274,7 +280,7 @@ func (b *build) onboarding(ctx context.Context) error {
 	go func() { defer close(statusDone); _ = policyStatus.Run(statusCtx) }()
 	b.deferUndo(func() { stopStatus(); <-statusDone })
 	registrar, err := registry.NewRegistrar(registry.Options{
-		Client: b.kc, Cache: b.informers, Recorder: b.recorder, Logger: log, Writes: writeOptions(cfg),
+		Client: b.kc, Cache: b.informers, Recorder: b.recorder, Logger: log, Writer: b.writer,
 	})
 	if err != nil {
 		return err
@@ -317,16 +323,23 @@ func (b *build) registry(ctx context.Context) error {
 	trackerCtx, stopTracker := context.WithCancel(context.WithoutCancel(ctx))
 	b.stopTracker = stopTracker
 	b.deferUndo(stopTracker)
-	connMetrics, err := registry.NewConnectionMetrics(b.reg)
+	connMetrics, err := presence.NewConnectionMetrics(b.reg)
 	if err != nil {
 		return err
 	}
-	if b.conns, err = registry.NewConnections(trackerCtx, registry.ConnectionOptions{
-		Client: b.apiReader, Replica: b.opts.Replica, Logger: log, Metrics: connMetrics, Writes: writeOptions(cfg),
+	if b.conns, err = presence.NewConnections(trackerCtx, presence.ConnectionOptions{
+		Client: b.apiReader, Replica: b.opts.Replica, Logger: log, Metrics: connMetrics, Writer: b.writer,
 	}); err != nil {
 		return err
 	}
-	lifecycleMetrics, err := registry.NewLifecycleMetrics(b.reg)
+	// The stored connection state follows this replica's streams: a status
+	// marked disconnected while they stay open is written connected again.
+	go func() {
+		if err := b.conns.Watch(ctx, b.informers); err != nil && ctx.Err() == nil {
+			log.Error("connection reassertion watch stopped", "error", err)
+		}
+	}()
+	lifecycleMetrics, err := lifecycle.NewLifecycleMetrics(b.reg)
 	if err != nil {
 		return err
 	}
@@ -334,12 +347,12 @@ func (b *build) registry(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if b.lifecycle, err = registry.NewLifecycle(registry.LifecycleOptions{
+	if b.lifecycle, err = lifecycle.NewLifecycle(lifecycle.LifecycleOptions{
 		Client: b.kc, APIReader: b.apiReader, Cache: b.informers, Kube: b.cs,
 		Replica: b.opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,
 		RemovalBurst: cfg.Registration.SweepBurst, NeverConnectedAfter: cfg.Registration.NeverConnectedAfter.Duration,
-		Writes: writeOptions(cfg), Recorder: b.recorder, Metrics: lifecycleMetrics, Logger: log,
+		Writer: b.writer, Recorder: b.recorder, Metrics: lifecycleMetrics, Logger: log,
 		Leading: []func(context.Context) error{rollouts.Run},
 	}); err != nil {
 		return err
@@ -354,7 +367,7 @@ func (b *build) registry(ctx context.Context) error {
 		return ctx.Err()
 	}
 
-	healthMetrics, err := registry.NewHealthMetrics(b.reg, b.informers, registry.FleetFromLeader(b.lifecycle.IsLeader))
+	healthMetrics, err := presence.NewHealthMetrics(b.reg, b.informers, presence.FleetFromLeader(b.lifecycle.IsLeader))
 	if err != nil {
 		return err
 	}
@@ -362,8 +375,8 @@ func (b *build) registry(ctx context.Context) error {
 	if damping == 0 {
 		damping = -1 // 0 in the file disables damping
 	}
-	if b.healthMirror, err = registry.NewHealthMirror(trackerCtx, registry.HealthOptions{
-		Client: b.apiReader, Connections: b.conns, Damping: damping, Metrics: healthMetrics, Logger: log, Writes: writeOptions(cfg),
+	if b.healthMirror, err = presence.NewHealthMirror(trackerCtx, presence.HealthOptions{
+		Client: b.apiReader, Connections: b.conns, Damping: damping, Metrics: healthMetrics, Logger: log, Writer: b.writer,
 	}); err != nil {
 		return err
 	}
@@ -397,7 +410,7 @@ func (b *build) xds(ctx context.Context) error {
 		// ConfigurationEnforced conditions of registrations whose workload is
 		// selected by a policy standalone translation does not enforce.
 		if b.enforcement, err = registry.NewEnforcement(registry.EnforcementOptions{
-			Client: b.apiReader, Reader: b.informers, Logger: log, Writes: writeOptions(cfg),
+			Client: b.apiReader, Reader: b.informers, Logger: log, Writer: b.writer,
 		}); err != nil {
 			return err
 		}

@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -26,6 +26,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Reasons the lifecycle writes (conditions) and records (Events).
@@ -117,8 +119,10 @@ type LifecycleOptions struct {
 	// Workers is how many registrations the sweeper, the drift reconciler
 	// and the entry reconciler each handle at once. Default: 2.
 	Workers int
-	// Writes limits and retries status writes. Default: DefaultWriteOptions.
-	Writes WriteOptions
+	// Writer is the replica's write budget, shared with every component
+	// that writes (write.Writer). Default: a Writer of its own with
+	// write.Options' defaults.
+	Writer *write.Writer
 	// Recorder records Events on registrations. Default: none recorded.
 	Recorder record.EventRecorder
 	// Metrics. Default: none recorded.
@@ -233,14 +237,14 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 		return nil, err
 	}
 	log := opts.Logger.With("replica", opts.Replica)
-	writes := newWriter(opts.Writes)
+	writes := write.OrDefault(opts.Writer)
 	l := &Lifecycle{
 		opts:   opts,
 		leases: NewReplicaLeases(opts.Kube, opts.LeaseNamespace, opts.Clock, log),
 		// The heartbeat has a writer of its own so that a burst of status
 		// writes never delays a renewal.
 		heartbeat: newReplicaHeartbeat(opts.Kube.CoordinationV1(), opts.LeaseNamespace, opts.Replica,
-			opts.ReplicaLeaseDuration, opts.ReplicaRenewInterval, opts.Clock, log, newWriter(WriteOptions{})),
+			opts.ReplicaLeaseDuration, opts.ReplicaRenewInterval, opts.Clock, log, write.New(write.Options{})),
 		leadCh: make(chan context.Context),
 		ready:  make(chan struct{}),
 	}
@@ -492,7 +496,7 @@ type sweeper struct {
 	resync   time.Duration
 	workers  int
 	removals *rate.Limiter
-	writer   *writer
+	writer   *write.Writer
 	recorder record.EventRecorder
 	metrics  *LifecycleMetrics
 	log      *slog.Logger
@@ -541,7 +545,7 @@ func (s *sweeper) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range s.workers {
 		wg.Go(func() {
-			for processNext(ctx, s.queue, s.process, s.log, "sweep") {
+			for registry.ProcessNext(ctx, s.queue, s.process, s.log, "sweep") {
 			}
 		})
 	}
@@ -655,7 +659,7 @@ func (s *sweeper) markGone(ctx context.Context, cached *runtimev1alpha1.Workload
 		return s.replicaState(s.leases.Lookup(r))
 	}
 	var why string
-	written, err := updateRegistrationStatus(ctx, s.writer, s.client, s.reader, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	written, err := registry.UpdateRegistrationStatus(ctx, s.writer, s.client, s.reader, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
 		if cur.Status.Connection != nil && cur.Status.Connection.Replica != replica {
 			return false // changed hands: judged again from the queue
 		}
@@ -702,7 +706,7 @@ func (s *sweeper) markGone(ctx context.Context, cached *runtimev1alpha1.Workload
 func (s *sweeper) remove(ctx context.Context, key types.NamespacedName) error {
 	var removed *runtimev1alpha1.WorkloadAutoRegistration
 	var live decision
-	err := s.writer.do(ctx, func(ctx context.Context) error {
+	err := s.writer.Do(ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := s.reader.Get(ctx, key, cur); err != nil {
 			return err
@@ -742,60 +746,11 @@ func (s *sweeper) remove(ctx context.Context, key types.NamespacedName) error {
 	return nil
 }
 
-// updateRegistrationStatus writes a registration's status when mutate changes
-// it, with optimistic concurrency. The first attempt starts from a deep copy
-// of the cached object; after a conflict it starts from a fresh read. mutate
-// returns false when nothing needs writing.
-func updateRegistrationStatus(ctx context.Context, w *writer, c client.Client, reader client.Reader, cached *runtimev1alpha1.WorkloadAutoRegistration, mutate func(*runtimev1alpha1.WorkloadAutoRegistration) bool) (bool, error) {
-	key := client.ObjectKeyFromObject(cached)
-	first, written := true, false
-	err := w.do(ctx, func(ctx context.Context) error {
-		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
-		if first {
-			cached.DeepCopyInto(cur)
-			first = false
-		} else if err := reader.Get(ctx, key, cur); err != nil {
-			return err
-		}
-		if cur.DeletionTimestamp != nil || !mutate(cur) {
-			return nil
-		}
-		if err := c.Status().Update(ctx, cur); err != nil {
-			return err
-		}
-		written = true
-		return nil
-	})
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	return written, err
-}
-
 // enqueueObject queues the key of an informer object.
 func enqueueObject(queue workqueue.TypedInterface[types.NamespacedName], obj any) {
 	if o, ok := obj.(client.Object); ok {
 		queue.Add(client.ObjectKeyFromObject(o))
 	}
-}
-
-// processNext handles one queued key; false when the queue shut down. A
-// failure is retried with bounded exponential backoff (100ms to 1m).
-func processNext(ctx context.Context, queue workqueue.TypedRateLimitingInterface[types.NamespacedName], fn func(context.Context, types.NamespacedName) error, log *slog.Logger, what string) bool {
-	key, shutdown := queue.Get()
-	if shutdown {
-		return false
-	}
-	defer queue.Done(key)
-	if err := fn(ctx, key); err != nil {
-		if ctx.Err() == nil {
-			log.Error(what+" failed; retrying", "registration", key.String(), "error", err)
-			queue.AddRateLimited(key)
-		}
-		return true
-	}
-	queue.Forget(key)
-	return true
 }
 
 // resyncAll queues every registration now and every period until ctx ends.

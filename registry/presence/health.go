@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -21,18 +21,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-)
-
-// Health condition of a WorkloadEntry, as istiod reads it.
-const (
-	// AnnotationHealthChecksEnabled on a WorkloadEntry makes istiod route to
-	// it only while its Healthy condition is True (no condition: unhealthy).
-	// Registration sets it when the WorkloadGroup has a probe, as istiod's
-	// own auto-registration does.
-	AnnotationHealthChecksEnabled = "proxy.istio.io/health-checks-enabled"
-	// ConditionHealthy is the WorkloadEntry (and registration) condition
-	// that mirrors the workload's readiness probe.
-	ConditionHealthy = runtimev1alpha1.ConditionHealthy
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Health is one health report of a workload, as its sidecar sent it (an
@@ -61,8 +51,10 @@ type HealthOptions struct {
 	// held until it has lasted Damping. Default DefaultHealthDamping; a
 	// negative value disables damping.
 	Damping time.Duration
-	// Writes limits and retries each API write. Default DefaultWriteOptions.
-	Writes WriteOptions
+	// Writer is the replica's write budget, shared with every component
+	// that writes (write.Writer). Default: a Writer of its own with
+	// write.Options' defaults.
+	Writer *write.Writer
 	// Retry is the backoff between attempts of a report that could not be
 	// stored; it is retried until stored, superseded by a newer report, or
 	// the mirror stops. Default: 100ms doubling, capped at 10s.
@@ -89,7 +81,7 @@ type HealthMirror struct {
 	ctx     context.Context
 	client  client.Client
 	conns   *Connections
-	writer  *writer
+	writer  *write.Writer
 	retry   wait.Backoff
 	damping time.Duration
 	metrics *HealthMetrics
@@ -132,7 +124,7 @@ func NewHealthMirror(ctx context.Context, opts HealthOptions) (*HealthMirror, er
 		opts.Clock = time.Now
 	}
 	m := &HealthMirror{
-		ctx: ctx, client: opts.Client, conns: opts.Connections, writer: newWriter(opts.Writes),
+		ctx: ctx, client: opts.Client, conns: opts.Connections, writer: write.OrDefault(opts.Writer),
 		retry: opts.Retry, damping: opts.Damping, metrics: opts.Metrics, log: opts.Logger, now: opts.Clock,
 		entries: map[types.NamespacedName]*healthEntry{},
 	}
@@ -198,7 +190,7 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 // Flush waits until every report is stored or dropped (a report held by
 // damping is still pending), or ctx ends.
 func (m *HealthMirror) Flush(ctx context.Context) error {
-	return waitIdle(ctx, "health reports", func() int {
+	return write.WaitIdle(ctx, "health reports", func() int {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		return m.active
@@ -332,7 +324,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 	var transitioned bool
 	var prev *istiometa.IstioCondition
 	var stored *istiometa.IstioCondition
-	err := m.writer.do(m.ctx, func(ctx context.Context) error {
+	err := m.writer.Do(m.ctx, func(ctx context.Context) error {
 		we := &istionetworkingv1.WorkloadEntry{}
 		if err := m.client.Get(ctx, w.Key, we); err != nil {
 			if apierrors.IsNotFound(err) {
@@ -340,10 +332,10 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 			}
 			return err
 		}
-		if ref, ok := ownedBy(we.OwnerReferences, w.Key.Name); !ok || (w.UID != "" && ref.UID != w.UID) {
+		if ref, ok := registry.OwnedBy(we.OwnerReferences, w.Key.Name); !ok || (w.UID != "" && ref.UID != w.UID) {
 			return errNoEntry
 		}
-		prev = findIstioCondition(we.Status.Conditions, ConditionHealthy)
+		prev = registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy)
 		m.mu.Lock()
 		due := e.damp.due(prev != nil, prev != nil && prev.GetStatus() == string(metav1.ConditionTrue))
 		m.mu.Unlock()
@@ -357,7 +349,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 			prev.GetReason() == want.GetReason() && !prev.GetLastProbeTime().AsTime().Before(h.At) {
 			return nil // already stored (a retry), or a newer report was
 		}
-		we.Status.Conditions = setIstioCondition(we.Status.Conditions, want)
+		we.Status.Conditions = registry.SetIstioCondition(we.Status.Conditions, want)
 		return m.client.Status().Update(ctx, we)
 	})
 	if err != nil {
@@ -389,7 +381,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 // storeRegistration writes the registration's Healthy condition to match
 // the WorkloadEntry's.
 func (m *HealthMirror) storeRegistration(w Workload, we *istiometa.IstioCondition) error {
-	err := m.writer.do(m.ctx, func(ctx context.Context) error {
+	err := m.writer.Do(m.ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := m.client.Get(ctx, w.Key, cur); err != nil {
 			return err
@@ -398,7 +390,7 @@ func (m *HealthMirror) storeRegistration(w Workload, we *istiometa.IstioConditio
 			return errRegistrationReplaced
 		}
 		cond := metav1.Condition{
-			Type: ConditionHealthy, Status: metav1.ConditionStatus(we.GetStatus()), Reason: we.GetReason(),
+			Type: registry.ConditionHealthy, Status: metav1.ConditionStatus(we.GetStatus()), Reason: we.GetReason(),
 			Message:            registrationHealthMessage(we),
 			LastTransitionTime: metav1.NewTime(we.GetLastTransitionTime().AsTime()), ObservedGeneration: cur.Generation,
 		}
@@ -431,7 +423,7 @@ func registrationHealthMessage(c *istiometa.IstioCondition) string {
 // flips.
 func healthCondition(prev *istiometa.IstioCondition, h *Health) *istiometa.IstioCondition {
 	c := &istiometa.IstioCondition{
-		Type:          ConditionHealthy,
+		Type:          registry.ConditionHealthy,
 		Status:        string(metav1.ConditionFalse),
 		Reason:        runtimev1alpha1.ReasonProbeFailed,
 		Message:       h.Message,
@@ -463,23 +455,4 @@ func healthMessage(msg string) string {
 		cut--
 	}
 	return msg[:cut] + "..."
-}
-
-func findIstioCondition(conds []*istiometa.IstioCondition, typ string) *istiometa.IstioCondition {
-	for _, c := range conds {
-		if c.GetType() == typ {
-			return c
-		}
-	}
-	return nil
-}
-
-func setIstioCondition(conds []*istiometa.IstioCondition, c *istiometa.IstioCondition) []*istiometa.IstioCondition {
-	out := make([]*istiometa.IstioCondition, 0, len(conds)+1)
-	for _, old := range conds {
-		if old.GetType() != c.GetType() {
-			out = append(out, old)
-		}
-	}
-	return append(out, c)
 }

@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/embark-mesh/embark/registry"
 )
 
 // Values of the health label of embark_registry_workloads.
@@ -29,7 +31,7 @@ const WorkloadNamespaceLabel = "workload_namespace"
 type HealthMetricsOption func(*workloadCollector)
 
 // FleetFromLeader reports embark_registry_workloads only while leading()
-// is true (the sweeper leader, registry.Lifecycle.IsLeader): every replica
+// is true (the sweeper leader, lifecycle.Lifecycle.IsLeader): every replica
 // reads the same WorkloadEntries, so a fleet count from each would be
 // multiplied by the number of replicas in a sum.
 func FleetFromLeader(leading func() bool) HealthMetricsOption {
@@ -138,10 +140,10 @@ func (c *workloadCollector) Collect(ch chan<- prometheus.Metric) {
 	type key struct{ ns, group, health string }
 	counts := map[key]int{}
 	for _, we := range list.Items {
-		if _, ok := ownedBy(we.OwnerReferences, ""); !ok {
+		if _, ok := registry.OwnedBy(we.OwnerReferences, ""); !ok {
 			continue
 		}
-		counts[key{we.Namespace, we.Annotations[AnnotationWorkloadGroup], WorkloadEntryHealth(we)}]++
+		counts[key{we.Namespace, we.Annotations[registry.AnnotationWorkloadGroup], WorkloadEntryHealth(we)}]++
 	}
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), k.ns, k.group, k.health)
@@ -152,11 +154,11 @@ func (c *workloadCollector) Collect(ch chan<- prometheus.Metric) {
 // (Healthy condition True), "unhealthy" (health checks enabled and no True
 // condition) or "unchecked" (health checks not enabled).
 func WorkloadEntryHealth(we *istionetworkingv1.WorkloadEntry) string {
-	cond := findIstioCondition(we.Status.Conditions, ConditionHealthy)
+	cond := registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy)
 	switch {
 	case cond != nil && cond.GetStatus() == string(metav1.ConditionTrue):
 		return healthHealthy
-	case cond != nil || we.Annotations[AnnotationHealthChecksEnabled] == "true":
+	case cond != nil || we.Annotations[registry.AnnotationHealthChecksEnabled] == "true":
 		return healthUnhealthy
 	default:
 		return healthUnchecked
@@ -169,9 +171,9 @@ func WorkloadEntryHealth(we *istionetworkingv1.WorkloadEntry) string {
 // condition is True; otherwise always. Translations that build endpoints
 // from WorkloadEntries use the same rule.
 func ReceivesTraffic(we *istionetworkingv1.WorkloadEntry) bool {
-	if we.Annotations[AnnotationHealthChecksEnabled] != "true" {
+	if we.Annotations[registry.AnnotationHealthChecksEnabled] != "true" {
 		return true
 	}
-	cond := findIstioCondition(we.Status.Conditions, ConditionHealthy)
+	cond := registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy)
 	return cond != nil && cond.GetStatus() == string(metav1.ConditionTrue)
 }

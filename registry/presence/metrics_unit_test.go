@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 )
 
 // A group's connection series go when its last workload disconnects: the
@@ -104,7 +105,7 @@ func (oneEntryReader) List(_ context.Context, list client.ObjectList, _ ...clien
 	}
 	l.Items = []*istionetworkingv1.WorkloadEntry{{ObjectMeta: metav1.ObjectMeta{
 		Namespace: "bookinfo", Name: "ratings-1",
-		Annotations: map[string]string{AnnotationWorkloadGroup: "ratings"},
+		Annotations: map[string]string{registry.AnnotationWorkloadGroup: "ratings"},
 		OwnerReferences: []metav1.OwnerReference{{
 			APIVersion: runtimev1alpha1.SchemeGroupVersion.String(), Kind: "WorkloadAutoRegistration",
 			Name: "ratings-1", Controller: ptr.To(true),

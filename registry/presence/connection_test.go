@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -12,10 +12,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/lifecycle"
 )
 
 func newConnections(t *testing.T, ctx context.Context, replica string, clock func() time.Time) *Connections {
@@ -54,8 +57,8 @@ func observe(t *testing.T, key types.NamespacedName) observed {
 	if conn := war.Status.Connection; conn != nil {
 		o.replica, o.disconnected = conn.Replica, conn.DisconnectedAt != nil
 	}
-	o.weController = we.Annotations[AnnotationConnectedReplica]
-	o.weDisconnected = we.Annotations[AnnotationDisconnectedAt] != ""
+	o.weController = we.Annotations[registry.AnnotationConnectedReplica]
+	o.weDisconnected = we.Annotations[registry.AnnotationDisconnectedAt] != ""
 	return o
 }
 
@@ -80,14 +83,14 @@ var (
 	}
 )
 
-func registerForConnections(t *testing.T) (Workload, *Result) {
+func registerForConnections(t *testing.T) (Workload, *registry.Result) {
 	t.Helper()
 	return registerNthForConnections(t, 0)
 }
 
 // registerNthForConnections registers workload n (0-255) of its own
 // namespace, with an instance ID and address of its own.
-func registerNthForConnections(t *testing.T, n int) (Workload, *Result) {
+func registerNthForConnections(t *testing.T, n int) (Workload, *registry.Result) {
 	t.Helper()
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
@@ -95,7 +98,7 @@ func registerNthForConnections(t *testing.T, n int) (Workload, *Result) {
 	if n > 0 {
 		id, ip = fmt.Sprintf("i-00000000000000%03d", n), fmt.Sprintf("172.31.6.%d", n)
 	}
-	res, err := newRegistrar(t, nil).Register(t.Context(), Request{Group: wg, Identity: ec2Identity(id), Registration: registration(ip)})
+	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: ec2Identity(id), Registration: registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +123,8 @@ func TestConnectDisconnectReconnect(t *testing.T) {
 	if err := env.Client.Get(ctx, w.Key, we); err != nil {
 		t.Fatal(err)
 	}
-	if war.Status.Connection.ConnectedAt == nil || we.Annotations[AnnotationConnectedAt] == "" {
-		t.Errorf("connectedAt: status %v, annotation %q", war.Status.Connection.ConnectedAt, we.Annotations[AnnotationConnectedAt])
+	if war.Status.Connection.ConnectedAt == nil || we.Annotations[registry.AnnotationConnectedAt] == "" {
+		t.Errorf("connectedAt: status %v, annotation %q", war.Status.Connection.ConnectedAt, we.Annotations[registry.AnnotationConnectedAt])
 	}
 	c.Closed(w, 1)
 	if err := c.Flush(ctx); err != nil {
@@ -140,7 +143,7 @@ func TestConnectDisconnectReconnect(t *testing.T) {
 
 	c.Opened(w, 3)
 	waitObserved(t, w.Key, connectedTo("replica-a"))
-	if err := env.Client.Get(ctx, w.Key, we); err != nil || we.Annotations[AnnotationDisconnectedAt] != "" {
+	if err := env.Client.Get(ctx, w.Key, we); err != nil || we.Annotations[registry.AnnotationDisconnectedAt] != "" {
 		t.Errorf("reconnect kept disconnectedAt: %v (%v)", we.Annotations, err)
 	}
 	c.Closed(w, 3)
@@ -197,12 +200,26 @@ func TestEventsOfADeletedRegistrationAreDropped(t *testing.T) {
 
 // A replica holding live streams writes the workload connected again when
 // the stored status lost it (the sweeper marked it ReplicaGone after this
-// replica's Lease lapsed), and does nothing for workloads it holds no stream of.
+// replica's Lease lapsed), driven by its own watch of registrations, and does
+// nothing for workloads it holds no stream of.
 func TestReassertRestoresALiveConnection(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	w, _ := registerForConnections(t)
 	c := newConnections(t, ctx, "replica-a", nil)
+	informers, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, DefaultNamespaces: map[string]cache.Config{w.Key.Namespace: {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer cancel()
+	bg.Go(func() { _ = informers.Start(ctx) })
+	if !informers.WaitForCacheSync(ctx) {
+		t.Fatal("cache did not sync")
+	}
+	watchErr := make(chan error, 1)
+	bg.Go(func() { watchErr <- c.Watch(ctx, informers) })
 	c.Opened(w, 1)
 	waitObserved(t, w.Key, connectedTo("replica-a"))
 
@@ -212,7 +229,7 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 		if err := env.Client.Get(ctx, w.Key, war); err != nil {
 			t.Fatal(err)
 		}
-		meta.SetStatusCondition(&war.Status.Conditions, metav1.Condition{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: ReasonReplicaGone})
+		meta.SetStatusCondition(&war.Status.Conditions, metav1.Condition{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: lifecycle.ReasonReplicaGone})
 		now := metav1.Now()
 		war.Status.Connection.DisconnectedAt = &now
 		if err := env.Client.Status().Update(ctx, war); err != nil {
@@ -220,7 +237,7 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 		}
 		return war
 	}
-	c.Reassert(markGone())
+	markGone() // the watch sees the update and reasserts
 	waitObserved(t, w.Key, connectedTo("replica-a"))
 
 	// No stream here any more: a lost connection is not reasserted.
@@ -248,6 +265,10 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 	}
 	cancel()
 	c.Wait()
+	bg.Wait()
+	if err := <-watchErr; err != nil {
+		t.Errorf("Watch() = %v", err)
+	}
 }
 
 // countingClient counts the writes a tracker makes to the API server, by

@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -23,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Reasons of the WorkloadGroupOutOfDate condition.
@@ -97,7 +99,7 @@ func messagesEqual(a, b protoreflect.Message) bool {
 // WorkloadGroup group (the one it was snapshotted from).
 func driftCondition(war *runtimev1alpha1.WorkloadAutoRegistration, group *istionetworkingv1.WorkloadGroup) metav1.Condition {
 	cond := metav1.Condition{Type: runtimev1alpha1.ConditionWorkloadGroupOutOfDate, ObservedGeneration: war.Generation}
-	snap, err := GroupSpec(war.Spec.WorkloadGroup)
+	snap, err := registry.GroupSpec(war.Spec.WorkloadGroup)
 	if err != nil {
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionUnknown, ReasonSnapshotUnreadable, err.Error()
 		return cond
@@ -124,7 +126,7 @@ type driftReconciler struct {
 	client  client.Client
 	reader  client.Reader
 	cache   cache.Cache
-	writer  *writer
+	writer  *write.Writer
 	log     *slog.Logger
 	metrics *LifecycleMetrics
 	resync  time.Duration
@@ -168,7 +170,7 @@ func (d *driftReconciler) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range d.workers {
 		wg.Go(func() {
-			for processNext(ctx, queue, d.reconcile, d.log, "drift") {
+			for registry.ProcessNext(ctx, queue, d.reconcile, d.log, "drift") {
 			}
 		})
 	}
@@ -220,7 +222,7 @@ func (d *driftReconciler) reconcile(ctx context.Context, key types.NamespacedNam
 		return nil
 	}
 	var written metav1.Condition
-	ok, err := updateRegistrationStatus(ctx, d.writer, d.client, d.reader, war, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	ok, err := registry.UpdateRegistrationStatus(ctx, d.writer, d.client, d.reader, war, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
 		cond := driftCondition(cur, group)
 		if !conditionDiffers(cur.Status.Conditions, cond) {
 			return false

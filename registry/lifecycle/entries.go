@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -23,6 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Reasons of the Events the entry reconciler records on registrations.
@@ -52,7 +54,7 @@ type entryReconciler struct {
 	client   client.Client
 	reader   client.Reader
 	cache    cache.Cache
-	writer   *writer
+	writer   *write.Writer
 	recorder record.EventRecorder
 	limit    *rate.Limiter
 	log      *slog.Logger
@@ -89,7 +91,7 @@ func (e *entryReconciler) run(ctx context.Context) error {
 			obj = d.Obj
 		}
 		if we, ok := obj.(*istionetworkingv1.WorkloadEntry); ok {
-			if _, managed := ownedBy(we.OwnerReferences, we.Name); managed {
+			if _, managed := registry.OwnedBy(we.OwnerReferences, we.Name); managed {
 				queue.Add(client.ObjectKeyFromObject(we))
 			}
 		}
@@ -110,7 +112,7 @@ func (e *entryReconciler) run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for range e.workers {
 		wg.Go(func() {
-			for processNext(ctx, queue, e.reconcile, e.log, "keep WorkloadEntry") {
+			for registry.ProcessNext(ctx, queue, e.reconcile, e.log, "keep WorkloadEntry") {
 			}
 		})
 	}
@@ -170,7 +172,7 @@ const registerWindow = 10 * time.Second
 // connection state and Healthy condition.
 func (e *entryReconciler) recreate(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration) error {
 	key := client.ObjectKeyFromObject(war)
-	want, err := BuildWorkloadEntry(war)
+	want, err := registry.BuildWorkloadEntry(war)
 	if err != nil {
 		return nil //nolint:nilerr // an undecodable snapshot was refused at registration; nothing to retry
 	}
@@ -185,20 +187,20 @@ func (e *entryReconciler) recreate(ctx context.Context, war *runtimev1alpha1.Wor
 	}
 	if conn := war.Status.Connection; conn != nil {
 		if conn.ConnectedAt != nil {
-			want.Annotations[AnnotationConnectedAt] = conn.ConnectedAt.UTC().Format(time.RFC3339Nano)
+			want.Annotations[registry.AnnotationConnectedAt] = conn.ConnectedAt.UTC().Format(time.RFC3339Nano)
 		}
 		if conn.DisconnectedAt != nil {
-			want.Annotations[AnnotationDisconnectedAt] = conn.DisconnectedAt.UTC().Format(time.RFC3339Nano)
+			want.Annotations[registry.AnnotationDisconnectedAt] = conn.DisconnectedAt.UTC().Format(time.RFC3339Nano)
 		}
 		if conn.Replica != "" {
-			want.Annotations[AnnotationConnectedReplica] = conn.Replica
+			want.Annotations[registry.AnnotationConnectedReplica] = conn.Replica
 		}
 	}
 	if err := e.limit.Wait(ctx); err != nil {
 		return fmt.Errorf("re-create WorkloadEntry %s: %w", key, err)
 	}
 	created := want.DeepCopy()
-	err = e.writer.do(ctx, func(ctx context.Context) error { return e.client.Create(ctx, created) })
+	err = e.writer.Do(ctx, func(ctx context.Context) error { return e.client.Create(ctx, created) })
 	if apierrors.IsAlreadyExists(err) {
 		return nil // written meanwhile (Register, another round)
 	}
@@ -209,16 +211,16 @@ func (e *entryReconciler) recreate(ctx context.Context, war *runtimev1alpha1.Wor
 	e.recorder.Eventf(war, corev1.EventTypeWarning, ReasonWorkloadEntryRecreated,
 		"WorkloadEntry %s was deleted while its registration lives; created again", key.Name)
 	e.metrics.recreated()
-	if cond := healthFromRegistration(war); cond != nil && want.Annotations[AnnotationHealthChecksEnabled] == "true" {
-		err := e.writer.do(ctx, func(ctx context.Context) error {
+	if cond := healthFromRegistration(war); cond != nil && want.Annotations[registry.AnnotationHealthChecksEnabled] == "true" {
+		err := e.writer.Do(ctx, func(ctx context.Context) error {
 			cur := &istionetworkingv1.WorkloadEntry{}
 			if err := e.client.Get(ctx, key, cur); err != nil {
 				return err
 			}
-			if cur.UID != created.UID || findIstioCondition(cur.Status.Conditions, ConditionHealthy) != nil {
+			if cur.UID != created.UID || registry.IstioCondition(cur.Status.Conditions, registry.ConditionHealthy) != nil {
 				return nil // a newer report was stored meanwhile
 			}
-			cur.Status.Conditions = setIstioCondition(cur.Status.Conditions, cond)
+			cur.Status.Conditions = registry.SetIstioCondition(cur.Status.Conditions, cond)
 			return e.client.Status().Update(ctx, cur)
 		})
 		if err != nil {
@@ -231,13 +233,13 @@ func (e *entryReconciler) recreate(ctx context.Context, war *runtimev1alpha1.Wor
 // healthFromRegistration is the WorkloadEntry Healthy condition the
 // registration's mirror of it says, or nil.
 func healthFromRegistration(war *runtimev1alpha1.WorkloadAutoRegistration) *istiometa.IstioCondition {
-	c := meta.FindStatusCondition(war.Status.Conditions, ConditionHealthy)
+	c := meta.FindStatusCondition(war.Status.Conditions, registry.ConditionHealthy)
 	if c == nil {
 		return nil
 	}
 	at := timestamppb.New(c.LastTransitionTime.Time)
 	out := &istiometa.IstioCondition{
-		Type: ConditionHealthy, Status: string(c.Status), Reason: c.Reason,
+		Type: registry.ConditionHealthy, Status: string(c.Status), Reason: c.Reason,
 		LastProbeTime: at, LastTransitionTime: at,
 	}
 	if c.Status != metav1.ConditionTrue {
@@ -250,7 +252,7 @@ func healthFromRegistration(war *runtimev1alpha1.WorkloadAutoRegistration) *isti
 // want's address on want's network, if any.
 func (e *entryReconciler) addressHolder(ctx context.Context, want *istionetworkingv1.WorkloadEntry) (string, error) {
 	list := &istionetworkingv1.WorkloadEntryList{}
-	if err := e.cache.List(ctx, list, client.MatchingFields{addressIndex: addressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
+	if err := e.cache.List(ctx, list, client.MatchingFields{registry.AddressIndex: registry.AddressKey(want.Spec.Network, want.Spec.Address)}); err != nil {
 		// No address index on this cache: look at every entry.
 		list = &istionetworkingv1.WorkloadEntryList{}
 		if err := e.cache.List(ctx, list); err != nil {
@@ -270,19 +272,19 @@ func (e *entryReconciler) addressHolder(ctx context.Context, want *istionetworki
 // migrate removes istiod's auto-registration annotations from the
 // registration's entry.
 func (e *entryReconciler) migrate(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, cached *istionetworkingv1.WorkloadEntry) error {
-	if ref, ok := ownedBy(cached.OwnerReferences, war.Name); !ok || ref.UID != war.UID || !hasIstiodAnnotations(cached.Annotations) {
+	if ref, ok := registry.OwnedBy(cached.OwnerReferences, war.Name); !ok || ref.UID != war.UID || !registry.HasIstiodAnnotations(cached.Annotations) {
 		return nil
 	}
 	key := client.ObjectKeyFromObject(cached)
-	err := e.writer.do(ctx, func(ctx context.Context) error {
+	err := e.writer.Do(ctx, func(ctx context.Context) error {
 		cur := &istionetworkingv1.WorkloadEntry{}
 		if err := e.client.Get(ctx, key, cur); err != nil {
 			return err
 		}
-		if cur.UID != cached.UID || !hasIstiodAnnotations(cur.Annotations) {
+		if cur.UID != cached.UID || !registry.HasIstiodAnnotations(cur.Annotations) {
 			return nil
 		}
-		cur.Annotations = withoutIstiodAnnotations(cur.Annotations)
+		cur.Annotations = registry.WithoutIstiodAnnotations(cur.Annotations)
 		return e.client.Update(ctx, cur)
 	})
 	if err != nil {

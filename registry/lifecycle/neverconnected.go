@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 )
 
 // DefaultNeverConnectedAfter is how long after registering a workload whose
@@ -43,7 +44,7 @@ func neverConnectedDue(war *runtimev1alpha1.WorkloadAutoRegistration, now time.T
 // resourceVersion and the check is made again on the live object.
 func (s *sweeper) markNeverConnected(ctx context.Context, cached *runtimev1alpha1.WorkloadAutoRegistration) error {
 	var msg string
-	written, err := updateRegistrationStatus(ctx, s.writer, s.client, s.reader, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	written, err := registry.UpdateRegistrationStatus(ctx, s.writer, s.client, s.reader, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
 		now := s.now()
 		if due, _ := neverConnectedDue(cur, now, s.neverConnectedAfter); !due {
 			return false

@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 )
 
 // healthHarness is a registered workload of a group with a probe, connected
@@ -47,7 +48,7 @@ func startHealth(t *testing.T, damping time.Duration) *healthHarness {
 	if err := env.Client.Update(t.Context(), wg); err != nil {
 		t.Fatal(err)
 	}
-	res, err := newRegistrar(t, nil).Register(t.Context(), Request{Group: wg, Identity: ec2Identity("i-0000000000000000b"), Registration: registration(ip)})
+	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: ec2Identity("i-0000000000000000b"), Registration: registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,7 @@ func healthOf(t *testing.T, key types.NamespacedName) (*istiometa.IstioCondition
 	if err := env.Client.Get(t.Context(), key, war); err != nil {
 		t.Fatal(err)
 	}
-	return findIstioCondition(we.Status.Conditions, ConditionHealthy), meta.FindStatusCondition(war.Status.Conditions, ConditionHealthy)
+	return registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy), meta.FindStatusCondition(war.Status.Conditions, registry.ConditionHealthy)
 }
 
 // waitHealth waits until the WorkloadEntry's condition has probe time at
@@ -130,8 +131,8 @@ func TestHealthConditionFollowsReports(t *testing.T) {
 	if err := env.Client.Get(t.Context(), h.w.Key, we); err != nil {
 		t.Fatal(err)
 	}
-	if got := we.Annotations[AnnotationHealthChecksEnabled]; got != "true" {
-		t.Errorf("annotation %s = %q, want true for a group with a probe", AnnotationHealthChecksEnabled, got)
+	if got := we.Annotations[registry.AnnotationHealthChecksEnabled]; got != "true" {
+		t.Errorf("annotation %s = %q, want true for a group with a probe", registry.AnnotationHealthChecksEnabled, got)
 	}
 	if got := WorkloadEntryHealth(we); got != healthUnhealthy {
 		t.Errorf("health before any report = %s, want unhealthy", got)

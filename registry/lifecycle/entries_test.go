@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 )
 
 // setRegistrationStatus changes a registration's status.
@@ -63,7 +64,7 @@ func TestDeletedWorkloadEntryIsRecreated(t *testing.T) {
 	setConnection(t, live, "replica-a", true, connectedAt)
 	setRegistrationStatus(t, live, func(w *runtimev1alpha1.WorkloadAutoRegistration) {
 		meta.SetStatusCondition(&w.Status.Conditions, metav1.Condition{
-			Type: ConditionHealthy, Status: metav1.ConditionTrue, Reason: runtimev1alpha1.ReasonProbeSucceeded,
+			Type: registry.ConditionHealthy, Status: metav1.ConditionTrue, Reason: runtimev1alpha1.ReasonProbeSucceeded,
 			Message: "the readiness probe passes", LastTransitionTime: metav1.NewTime(connectedAt),
 		})
 	})
@@ -82,26 +83,26 @@ func TestDeletedWorkloadEntryIsRecreated(t *testing.T) {
 	}
 
 	we := waitEntry(t, live, "re-created", func(we *istionetworkingv1.WorkloadEntry) bool {
-		return we.UID != liveEntry.UID && findIstioCondition(we.Status.Conditions, ConditionHealthy) != nil
+		return we.UID != liveEntry.UID && registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy) != nil
 	})
 	wantAnn := map[string]string{
-		AnnotationWorkloadGroup:       "ratings",
-		AnnotationConnectedReplica:    "replica-a",
-		AnnotationConnectedAt:         connectedAt.UTC().Format(time.RFC3339Nano),
-		AnnotationHealthChecksEnabled: "true",
+		registry.AnnotationWorkloadGroup:       "ratings",
+		registry.AnnotationConnectedReplica:    "replica-a",
+		registry.AnnotationConnectedAt:         connectedAt.UTC().Format(time.RFC3339Nano),
+		registry.AnnotationHealthChecksEnabled: "true",
 	}
 	for k, v := range wantAnn {
 		if we.Annotations[k] != v {
 			t.Errorf("re-created entry: annotation %s = %q, want %q", k, we.Annotations[k], v)
 		}
 	}
-	if hasIstiodAnnotations(we.Annotations) {
+	if registry.HasIstiodAnnotations(we.Annotations) {
 		t.Errorf("re-created entry carries istiod's annotations: %v", we.Annotations)
 	}
-	if ref, ok := ownedBy(we.OwnerReferences, live.Name); !ok || ref.UID != live.UID {
+	if ref, ok := registry.OwnedBy(we.OwnerReferences, live.Name); !ok || ref.UID != live.UID {
 		t.Errorf("re-created entry not owned by its registration: %+v", we.OwnerReferences)
 	}
-	if c := findIstioCondition(we.Status.Conditions, ConditionHealthy); c.GetStatus() != "True" {
+	if c := registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy); c.GetStatus() != "True" {
 		t.Errorf("re-created entry: Healthy = %+v, want True from the registration", c)
 	}
 	if we.Spec.Address != liveEntry.Spec.Address {
@@ -128,7 +129,7 @@ func TestIstiodAnnotationsAreRemoved(t *testing.T) {
 		if err := env.Client.Get(t.Context(), client.ObjectKeyFromObject(we), cur); err != nil {
 			return err
 		}
-		for _, k := range IstiodAnnotations {
+		for _, k := range registry.IstiodAnnotations {
 			cur.Annotations[k] = "2026-11-24T00:00:00Z"
 		}
 		cur.Annotations["example.com/kept"] = "yes"
@@ -139,9 +140,9 @@ func TestIstiodAnnotationsAreRemoved(t *testing.T) {
 	}
 	startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = time.Hour })
 	got := waitEntry(t, war, "lost istiod's annotations", func(we *istionetworkingv1.WorkloadEntry) bool {
-		return !hasIstiodAnnotations(we.Annotations)
+		return !registry.HasIstiodAnnotations(we.Annotations)
 	})
-	if got.UID != we.UID || got.Annotations["example.com/kept"] != "yes" || got.Annotations[AnnotationWorkloadGroup] != "ratings" {
+	if got.UID != we.UID || got.Annotations["example.com/kept"] != "yes" || got.Annotations[registry.AnnotationWorkloadGroup] != "ratings" {
 		t.Errorf("migrated entry: uid %s (was %s), annotations %v", got.UID, we.UID, got.Annotations)
 	}
 }

@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"strings"
@@ -7,12 +7,14 @@ import (
 
 	istiometa "istio.io/api/meta/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	"github.com/embark-mesh/embark/registry"
 )
 
 func TestWorkloadEntryHealthAndTraffic(t *testing.T) {
-	enabled := map[string]string{AnnotationHealthChecksEnabled: "true"}
+	enabled := map[string]string{registry.AnnotationHealthChecksEnabled: "true"}
 	cond := func(status string) []*istiometa.IstioCondition {
-		return []*istiometa.IstioCondition{{Type: "Other", Status: "False"}, {Type: ConditionHealthy, Status: status}}
+		return []*istiometa.IstioCondition{{Type: "Other", Status: "False"}, {Type: registry.ConditionHealthy, Status: status}}
 	}
 	tests := []struct {
 		name        string

@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 )
 
 // lifecycleHarness is one running Lifecycle (one endpoint replica).
@@ -171,14 +172,14 @@ func lifecycleGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
 func createRegistration(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) (*runtimev1alpha1.WorkloadAutoRegistration, *istionetworkingv1.WorkloadEntry) {
 	t.Helper()
 	ctx := t.Context()
-	snap, err := Snapshot(wg)
+	snap, err := registry.Snapshot(wg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := ec2Identity(fmt.Sprintf("i-%017x", n))
 	war := &runtimev1alpha1.WorkloadAutoRegistration{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: RegistrationName(wg.Name, IdentityName(id), 0), Namespace: wg.Namespace,
+			Name: registry.RegistrationName(wg.Name, registry.IdentityName(id), 0), Namespace: wg.Namespace,
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: istionetworkingv1.SchemeGroupVersion.String(), Kind: "WorkloadGroup",
 				Name: wg.Name, UID: wg.UID, Controller: ptr.To(true),
@@ -193,7 +194,7 @@ func createRegistration(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int
 	if err := env.Client.Create(ctx, war); err != nil {
 		t.Fatal(err)
 	}
-	we, err := BuildWorkloadEntry(war)
+	we, err := registry.BuildWorkloadEntry(war)
 	if err != nil {
 		t.Fatal(err)
 	}

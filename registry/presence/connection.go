@@ -1,4 +1,4 @@
-package registry
+package presence
 
 import (
 	"context"
@@ -17,9 +17,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Workload names the registration a sidecar's streams are bound to.
@@ -44,8 +48,10 @@ type ConnectionOptions struct {
 	Replica string
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
-	// Writes limits and retries each API write. Default DefaultWriteOptions.
-	Writes WriteOptions
+	// Writer is the replica's write budget, shared with every component
+	// that writes (write.Writer). Default: a Writer of its own with
+	// write.Options' defaults.
+	Writer *write.Writer
 	// Retry is the backoff between attempts of a state that could not be
 	// stored (its writes ran out of retries); a state is retried until it is
 	// stored, superseded by a newer one, or the tracker stops. Default: 100ms
@@ -89,7 +95,7 @@ type Connections struct {
 	client  client.Client
 	replica string
 	log     *slog.Logger
-	writer  *writer
+	writer  *write.Writer
 	retry   wait.Backoff
 	metrics *ConnectionMetrics
 	now     func() time.Time
@@ -152,7 +158,7 @@ func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, 
 	}
 	return &Connections{
 		ctx: ctx, client: opts.Client, replica: opts.Replica, log: opts.Logger,
-		writer: newWriter(opts.Writes), retry: opts.Retry, metrics: opts.Metrics, now: opts.Clock,
+		writer: write.OrDefault(opts.Writer), retry: opts.Retry, metrics: opts.Metrics, now: opts.Clock,
 		delay: opts.DisconnectDelay, started: opts.Clock(),
 		entries: map[types.NamespacedName]*connEntry{},
 	}, nil
@@ -264,6 +270,32 @@ func (c *Connections) Reassert(war *runtimev1alpha1.WorkloadAutoRegistration) {
 	c.enqueueLocked(e, &connState{workload: e.workload, connected: true, connectedAt: e.connectedAt})
 }
 
+// Watch keeps the stored connection state true to this replica's streams
+// until ctx ends: on every update of a registration in informers it calls
+// Reassert, so a status another component marked disconnected (the sweeper,
+// after this replica's Lease lapsed) while the streams stayed open is written
+// connected again. The endpoint runs it beside the xDS server, which only
+// reports stream opens and closes.
+func (c *Connections) Watch(ctx context.Context, informers cache.Informers) error {
+	inf, err := informers.GetInformer(ctx, &runtimev1alpha1.WorkloadAutoRegistration{})
+	if err != nil {
+		return fmt.Errorf("watch WorkloadAutoRegistrations: %w", err)
+	}
+	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(_, obj any) {
+			if war, ok := obj.(*runtimev1alpha1.WorkloadAutoRegistration); ok {
+				c.Reassert(war)
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watch WorkloadAutoRegistrations: %w", err)
+	}
+	defer func() { _ = inf.RemoveEventHandler(reg) }()
+	<-ctx.Done()
+	return nil
+}
+
 // Streams returns how many streams of the workload are open on this replica.
 func (c *Connections) Streams(key types.NamespacedName) int {
 	c.mu.Lock()
@@ -288,7 +320,7 @@ func (c *Connections) Flush(ctx context.Context) error {
 		c.flushing--
 		c.mu.Unlock()
 	}()
-	return waitIdle(ctx, "connection states", func() int {
+	return write.WaitIdle(ctx, "connection states", func() int {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.active
@@ -409,7 +441,7 @@ func (c *Connections) store(st *connState) error {
 // It reports whether the registration shows st afterwards.
 func (c *Connections) storeRegistration(st *connState) (bool, error) {
 	shows := false
-	err := c.writer.do(c.ctx, func(ctx context.Context) error {
+	err := c.writer.Do(c.ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := c.client.Get(ctx, st.workload.Key, cur); err != nil {
 			return err
@@ -502,34 +534,34 @@ func equalConnection(a, b *runtimev1alpha1.ConnectionStatus) bool {
 // storeWorkloadEntry writes the connection annotations of the registration's
 // WorkloadEntry. A missing entry (fenced, or not written yet) is skipped.
 func (c *Connections) storeWorkloadEntry(st *connState) error {
-	err := c.writer.do(c.ctx, func(ctx context.Context) error {
+	err := c.writer.Do(c.ctx, func(ctx context.Context) error {
 		we := &istionetworkingv1.WorkloadEntry{}
 		if err := c.client.Get(ctx, st.workload.Key, we); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-		if ref, ok := ownedBy(we.OwnerReferences, st.workload.Key.Name); !ok || (st.workload.UID != "" && ref.UID != st.workload.UID) {
+		if ref, ok := registry.OwnedBy(we.OwnerReferences, st.workload.Key.Name); !ok || (st.workload.UID != "" && ref.UID != st.workload.UID) {
 			return nil
 		}
 		ann := we.Annotations
-		holder := ann[AnnotationConnectedReplica]
-		heldSince, _ := time.Parse(time.RFC3339Nano, ann[AnnotationConnectedAt])
-		want := withoutIstiodAnnotations(ann)
+		holder := ann[registry.AnnotationConnectedReplica]
+		heldSince, _ := time.Parse(time.RFC3339Nano, ann[registry.AnnotationConnectedAt])
+		want := registry.WithoutIstiodAnnotations(ann)
 		if want == nil {
 			want = map[string]string{}
 		}
 		if st.connected {
 			switch {
-			case holder != "" && holder != c.replica && ann[AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt):
+			case holder != "" && holder != c.replica && ann[registry.AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt):
 				// a newer connection held by another replica
-			case holder == c.replica && ann[AnnotationDisconnectedAt] == "" && !heldSince.Before(c.started.Truncate(time.Second)):
+			case holder == c.replica && ann[registry.AnnotationDisconnectedAt] == "" && !heldSince.Before(c.started.Truncate(time.Second)):
 				// already shows this connection
 			default:
-				want[AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
-				want[AnnotationConnectedReplica] = c.replica
-				delete(want, AnnotationDisconnectedAt)
+				want[registry.AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
+				want[registry.AnnotationConnectedReplica] = c.replica
+				delete(want, registry.AnnotationDisconnectedAt)
 			}
-		} else if holder == c.replica && ann[AnnotationDisconnectedAt] == "" && !heldSince.After(st.connectedAt) {
-			want[AnnotationDisconnectedAt] = st.disconnectedAt.UTC().Format(time.RFC3339Nano)
+		} else if holder == c.replica && ann[registry.AnnotationDisconnectedAt] == "" && !heldSince.After(st.connectedAt) {
+			want[registry.AnnotationDisconnectedAt] = st.disconnectedAt.UTC().Format(time.RFC3339Nano)
 		}
 		if equalStrings(ann, want) { // (an entry with istiod's annotations always differs)
 			return nil

@@ -1,4 +1,4 @@
-package registry
+package lifecycle
 
 import (
 	"context"
@@ -21,6 +21,9 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
+
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/write"
 )
 
 // Replica Leases: every onboarding endpoint replica keeps a
@@ -42,7 +45,7 @@ const (
 // ReplicaLeaseName returns the name of the Lease of an endpoint replica:
 // embark-replica-<replica>, made a valid object name deterministically.
 func ReplicaLeaseName(replica string) string {
-	return shorten(replicaLeasePrefix+replica, validation.DNS1123SubdomainMaxLength)
+	return registry.Shorten(replicaLeasePrefix+replica, validation.DNS1123SubdomainMaxLength)
 }
 
 // replicaHeartbeat keeps this replica's Lease: created (or taken over, as a
@@ -56,7 +59,7 @@ type replicaHeartbeat struct {
 	interval  time.Duration
 	now       func() time.Time
 	log       *slog.Logger
-	writer    *writer
+	writer    *write.Writer
 
 	// started is this incarnation's start, written as the Lease's
 	// acquireTime: a connection established before it was held by an
@@ -66,7 +69,7 @@ type replicaHeartbeat struct {
 	uid types.UID
 }
 
-func newReplicaHeartbeat(leases coordinationv1client.LeasesGetter, namespace, replica string, duration, interval time.Duration, now func() time.Time, log *slog.Logger, w *writer) *replicaHeartbeat {
+func newReplicaHeartbeat(leases coordinationv1client.LeasesGetter, namespace, replica string, duration, interval time.Duration, now func() time.Time, log *slog.Logger, w *write.Writer) *replicaHeartbeat {
 	return &replicaHeartbeat{
 		leases: leases, namespace: namespace, replica: replica, name: ReplicaLeaseName(replica),
 		duration: duration, interval: interval, now: now, log: log.With("lease", namespace+"/"+ReplicaLeaseName(replica)), writer: w,
@@ -80,7 +83,7 @@ func (h *replicaHeartbeat) renew(ctx context.Context) error {
 		h.started = now
 	}
 	seconds := int32(max(1, h.duration.Round(time.Second)/time.Second))
-	err := h.writer.do(ctx, func(ctx context.Context) error {
+	err := h.writer.Do(ctx, func(ctx context.Context) error {
 		cur, err := h.leases.Leases(h.namespace).Get(ctx, h.name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			lease := &coordinationv1.Lease{

@@ -1,0 +1,22 @@
+// Package lifecycle is the registry's background work on an endpoint
+// replica (Lifecycle, sweeper.go):
+//
+//   - replica liveness: each replica keeps a Lease of its own
+//     (embark-replica-<replica>, replica.go); ReplicaLeases tells the others
+//     whether a replica is alive;
+//   - election: one replica, elected through the embark-sweeper Lease, runs
+//     the level-based reconcilers below and the work it is given to lead
+//     (the endpoint adds registry/rollout);
+//   - the sweeper: marks the workloads of a gone replica disconnected
+//     (ReplicaGone), removes registrations whose workload had no ADS stream
+//     for the grace period, and shows AgentNeverConnected
+//     (sweeper.go, neverconnected.go);
+//   - drift: the WorkloadGroupOutOfDate condition (drift.go);
+//   - entries: a WorkloadEntry deleted while its registration lives is
+//     created again (entries.go).
+//
+// Every status write goes through registry.UpdateRegistrationStatus and the
+// replica's one write.Writer; deletions are paced by RemovalQPS within that
+// budget. The replica Lease's renewal alone has a writer of its own, so a
+// saturated write budget never lets it lapse.
+package lifecycle
