@@ -57,25 +57,44 @@ func TestVerifierPackage(t *testing.T) {
 	}
 }
 
+// goListDeps returns the import paths of pkg and its dependencies, as
+// `go list -deps` lists them.
+func goListDeps(t *testing.T, pkg string) []string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go tool is needed to list dependencies: %v", err)
+	}
+	out, err := exec.CommandContext(t.Context(), goTool, "list", "-deps", "-f", "{{.ImportPath}}", pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	deps := strings.Fields(string(out))
+	// Both sides hold the AWS credential's wire package: a list without it
+	// is not the one this test means.
+	if !slices.Contains(deps, module+"/onboarding/identity/aws/awswire") {
+		t.Fatalf("go list -deps %s did not list %s/onboarding/identity/aws/awswire; got %d packages", pkg, module, len(deps))
+	}
+	return deps
+}
+
 // TestAgentLinksNoVerifier lists the agent binary's dependencies with
 // `go list -deps` and fails on any verifier package.
 func TestAgentLinksNoVerifier(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go tool is needed to list the agent's dependencies: %v", err)
-	}
-	out, err := exec.CommandContext(t.Context(), goTool, "list", "-deps", "-f", "{{.ImportPath}}", ".").Output()
-	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
-	}
-	deps := strings.Fields(string(out))
-	// The list is the agent's: it holds the AWS credential's wire package.
-	if !slices.Contains(deps, module+"/onboarding/identity/aws/awswire") {
-		t.Fatalf("go list -deps did not list %s/onboarding/identity/aws/awswire; got %d packages", module, len(deps))
-	}
-	for _, pkg := range deps {
+	for _, pkg := range goListDeps(t, ".") {
 		if why := verifierPackage(pkg); why != "" {
 			t.Errorf("the agent binary links %s (%s); build the credential with awswire and keep verification in the endpoint", pkg, why)
+		}
+	}
+}
+
+// TestEndpointLinksNoAgentCode: the onboarding endpoint converts an AWS
+// credential with awswire; it does not link the agent's IMDS and STS
+// signing client, nor any other agent package.
+func TestEndpointLinksNoAgentCode(t *testing.T) {
+	for _, pkg := range goListDeps(t, module+"/onboarding/endpoint") {
+		if pkg == module+"/onboarding/identity/aws/client" || strings.HasPrefix(pkg, module+"/onboarding/agent") {
+			t.Errorf("the onboarding endpoint links agent-side package %s", pkg)
 		}
 	}
 }
