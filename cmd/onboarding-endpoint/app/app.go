@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -47,6 +46,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/policystatus"
 	"github.com/embark-mesh/embark/onboarding/servingcert"
@@ -453,16 +453,16 @@ func Run(ctx context.Context, opts Options) error {
 		if err != nil {
 			return err
 		}
-		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
-		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		grpcOpts = append(grpcOpts, limits.TLSServerOptions(src.TLSConfig())...)
+		xdsOpts = append(xdsOpts, limits.TLSServerOptions(src.TLSConfig())...)
 		servingTLS = src.TLSConfig()
 	default:
 		src, err := servingcert.FromFiles(ctx, cfg.Endpoint.CertFile, cfg.Endpoint.KeyFile, 0, log)
 		if err != nil {
 			return err
 		}
-		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
-		xdsOpts = append(xdsOpts, grpc.Creds(credentials.NewTLS(src.TLSConfig())))
+		grpcOpts = append(grpcOpts, limits.TLSServerOptions(src.TLSConfig())...)
+		xdsOpts = append(xdsOpts, limits.TLSServerOptions(src.TLSConfig())...)
 		servingTLS = src.TLSConfig()
 	}
 	xg := grpc.NewServer(xdsOpts...)
