@@ -9,6 +9,7 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -31,22 +32,28 @@ const (
 	relayedStream
 )
 
-// OnStreamOpen binds go-control-plane's SotW stream ID to the server's
-// stream and tells the registry that a workload's stream opened.
-func (s *Server) OnStreamOpen(ctx context.Context, id int64, _ string) error {
-	return s.bind(ctx, sotwStream, id)
+// callbacks are the server's hooks into go-control-plane (standalone mode
+// and debug streams): none of them is part of the server's API.
+func (s *Server) callbacks() serverv3.CallbackFuncs {
+	return serverv3.CallbackFuncs{
+		StreamOpenFunc:        func(ctx context.Context, id int64, _ string) error { return s.bind(ctx, sotwStream, id) },
+		StreamClosedFunc:      func(id int64, _ *core.Node) { s.unbind(streamRef{sotwStream, id}) },
+		DeltaStreamOpenFunc:   func(ctx context.Context, id int64, _ string) error { return s.bind(ctx, deltaStream, id) },
+		DeltaStreamClosedFunc: func(id int64, _ *core.Node) { s.unbind(streamRef{deltaStream, id}) },
+		StreamRequestFunc:     func(id int64, req *discovery.DiscoveryRequest) error { return onRequest(s, sotw, id, req) },
+		StreamResponseFunc: func(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+			onResponse(s, sotw, id, resp)
+		},
+		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error { return onRequest(s, delta, id, req) },
+		StreamDeltaResponseFunc: func(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+			onResponse(s, delta, id, resp)
+		},
+		// Only streams are served.
+		FetchRequestFunc: func(context.Context, *discovery.DiscoveryRequest) error {
+			return status.Error(codes.Unimplemented, "REST fetch is not served")
+		},
+	}
 }
-
-// OnStreamClosed tells the registry that a workload's SotW stream closed.
-func (s *Server) OnStreamClosed(id int64, _ *core.Node) { s.unbind(streamRef{sotwStream, id}) }
-
-// OnDeltaStreamOpen is OnStreamOpen for Delta streams.
-func (s *Server) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) error {
-	return s.bind(ctx, deltaStream, id)
-}
-
-// OnDeltaStreamClosed is OnStreamClosed for Delta streams.
-func (s *Server) OnDeltaStreamClosed(id int64, _ *core.Node) { s.unbind(streamRef{deltaStream, id}) }
 
 // bind makes the stream of ctx known by go-control-plane's ID of kind.
 func (s *Server) bind(ctx context.Context, kind streamKind, id int64) error {
@@ -117,60 +124,36 @@ func (s *Server) checkType(st *stream, typeURL string, errorDetail *rpcstatus.St
 	}
 }
 
-// OnStreamRequest tracks ACKs and handles health reports and debug types.
+// request handles a request of st: it ends the stream (error), passes on a
+// health report or debug request (track false), or records an ACK or a
+// NACK (track true).
 //
-// A NACK of the latest response holds the configuration: the request's
-// version_info (the last version the proxy accepted) is replaced by the
-// rejected version before go-control-plane's cache sees it, so the cache
-// answers when the type's version changes rather than at once with the same
-// rejected resources again (which would loop).
-func (s *Server) OnStreamRequest(id int64, req *discovery.DiscoveryRequest) error {
-	st := s.stream(streamRef{sotwStream, id})
-	track, err := s.checkType(st, req.GetTypeUrl(), req.GetErrorDetail())
+// A NACK of the latest response holds the configuration: hold, when given
+// (SotW under go-control-plane), replaces the request's version_info (the
+// last version the proxy accepted) by the rejected version before
+// go-control-plane's cache sees it, so the cache answers when the type's
+// version changes rather than at once with the same rejected resources
+// again (which would loop).
+func (s *Server) request(st *stream, ri requestInfo, hold func(version string)) (track bool, err error) {
+	track, err = s.checkType(st, ri.typeURL, ri.errorDetail)
 	if err != nil || !track {
-		return err
+		return false, err
 	}
-	if version, nack := st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, s.opts.Clock()); nack {
-		s.nacked(st, req.GetTypeUrl(), version, req.GetErrorDetail())
-		req.VersionInfo = version
+	if version, nack := st.requested(ri.typeURL, ri.nonce, ri.errorDetail != nil, s.opts.Clock()); nack {
+		s.nacked(st, ri.typeURL, version, ri.errorDetail)
+		if hold != nil {
+			hold(version)
+		}
 	}
-	return nil
+	return true, nil
 }
 
-// OnStreamResponse records what was sent.
-func (s *Server) OnStreamResponse(_ context.Context, id int64, req *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-	if st := s.stream(streamRef{sotwStream, id}); st != nil && !st.debug {
-		st.sent(resp.GetTypeUrl(), resp.GetNonce(), resp.GetVersionInfo(), s.opts.Clock())
+// responded records what was sent on st.
+func (s *Server) responded(st *stream, ri responseInfo) {
+	if st != nil && !st.debug {
+		st.sent(ri.typeURL, ri.nonce, ri.version, s.opts.Clock())
 	}
 }
-
-// OnStreamDeltaRequest is OnStreamRequest for Delta streams.
-func (s *Server) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
-	st := s.stream(streamRef{deltaStream, id})
-	track, err := s.checkType(st, req.GetTypeUrl(), req.GetErrorDetail())
-	if err != nil || !track {
-		return err
-	}
-	if version, nack := st.requested(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail() != nil, s.opts.Clock()); nack {
-		s.nacked(st, req.GetTypeUrl(), version, req.GetErrorDetail())
-	}
-	return nil
-}
-
-// OnStreamDeltaResponse is OnStreamResponse for Delta streams.
-func (s *Server) OnStreamDeltaResponse(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-	if st := s.stream(streamRef{deltaStream, id}); st != nil && !st.debug {
-		st.sent(resp.GetTypeUrl(), resp.GetNonce(), resp.GetSystemVersionInfo(), s.opts.Clock())
-	}
-}
-
-// OnFetchRequest refuses REST fetches: only streams are served.
-func (s *Server) OnFetchRequest(context.Context, *discovery.DiscoveryRequest) error {
-	return status.Error(codes.Unimplemented, "REST fetch is not served")
-}
-
-// OnFetchResponse implements serverv3.Callbacks.
-func (s *Server) OnFetchResponse(*discovery.DiscoveryRequest, *discovery.DiscoveryResponse) {}
 
 // watcher routes go-control-plane's watches: syncz is answered from the
 // server's streams, health reports open no watch, the rest comes from the

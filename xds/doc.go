@@ -3,12 +3,13 @@
 // service-account token (TokenReview, then the token's bound Secret must be
 // the registration's, and the node ID must name that same registration),
 // binds streams to their WorkloadAutoRegistration, reports connects and
-// disconnects to the registry's Connections tracker, passes health reports
+// disconnects to a ConnectionTracker (the registry's Connections), passes health reports
 // (istio.v1.HealthInformation) to a HealthSink, closes a workload's streams
 // when its registration is deleted, and answers istio.io/debug/syncz for
 // `istioctl proxy-status` on a separate loopback-only debug listener.
 //
 // What a workload is served comes from a ConfigSource, one snapshot per node;
 // until the translation of Sidecar resources plugs in, every workload gets an
-// empty but valid configuration.
+// empty but valid configuration. go-control-plane's snapshot cache logs
+// through the server's injected logger (component=snapshot-cache).
 package xds

@@ -15,7 +15,6 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -46,9 +45,9 @@ type Informers interface {
 // Options configures a Server. Every field documents its default.
 type Options struct {
 	// Connections receives stream opens and closes and writes them to the
-	// registrations; its replica name is the control-plane ID syncz reports.
-	// Required.
-	Connections *presence.Connections
+	// registrations (the registry's Connections); its replica name is the
+	// control-plane ID syncz reports. Required.
+	Connections ConnectionTracker
 	// TokenReviews reviews sidecar tokens. Required.
 	TokenReviews TokenReviewer
 	// Reader reads WorkloadAutoRegistrations and the sidecar credential
@@ -135,6 +134,21 @@ func (o *Options) setDefaults() error {
 	return nil
 }
 
+// ConnectionTracker is told which workload streams are open. The
+// registry's *presence.Connections implements it.
+type ConnectionTracker interface {
+	// NewStreamID returns a stream ID unique in the tracker.
+	NewStreamID() int64
+	// Opened tells that stream id of workload w opened.
+	Opened(w presence.Workload, id int64)
+	// Closed tells that stream id of workload w closed.
+	Closed(w presence.Workload, id int64)
+	// Replica is this replica's name, the control-plane ID syncz reports.
+	Replica() string
+}
+
+var _ ConnectionTracker = (*presence.Connections)(nil)
+
 // Server is the ADS server. Register it on a gRPC server with Register, and
 // its debug service (syncz) on a loopback-only one with RegisterDebug; Run
 // watches for deleted registrations.
@@ -155,7 +169,7 @@ type Server struct {
 }
 
 var (
-	_ serverv3.Callbacks                         = (*Server)(nil)
+	_ serverv3.Callbacks                         = serverv3.CallbackFuncs{}
 	_ discovery.AggregatedDiscoveryServiceServer = (*adsService)(nil)
 	_ discovery.AggregatedDiscoveryServiceServer = (*debugService)(nil)
 	_ cache.Cache                                = (*watcher)(nil)
@@ -169,12 +183,12 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 	s := &Server{
 		opts: opts, log: opts.Logger, ctx: ctx,
 		auth:       newAuthenticator(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
-		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, nil),
+		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, cacheLogger{ctx, opts.Logger.With("component", "snapshot-cache")}),
 		streams:    map[streamRef]*stream{},
 		byWorkload: map[types.NamespacedName][]*stream{},
 		nodes:      map[string]int{},
 	}
-	s.xds = serverv3.NewServer(ctx, &watcher{s: s}, s)
+	s.xds = serverv3.NewServer(ctx, &watcher{s: s}, s.callbacks())
 	return s, nil
 }
 
@@ -622,34 +636,19 @@ type adsService struct {
 
 // StreamAggregatedResources serves a SotW ADS stream.
 func (a *adsService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	s := a.s
-	if _, err := bearerToken(ss.Context()); err != nil {
-		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
-	}
-	first, err := recvFirst(s, ss)
-	if err != nil {
-		return err
-	}
-	st, err := s.admit(ss.Context(), first.GetNode())
-	if err != nil {
-		return s.opts.Metrics.refusedStream(err)
-	}
-	if err := s.attach(ss.Context(), st); err != nil {
-		s.detach(st)
-		return err
-	}
-	defer s.detach(st)
-	return serveStream(s, ss, st, first, s.opts.Relay != nil, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-		if s.opts.Relay != nil {
-			return s.relaySotW(bs, st)
-		}
-		return s.xds.StreamHandler(bs, resource.AnyType)
-	})
+	return serveADS(a.s, sotw, ss)
 }
 
 // DeltaAggregatedResources serves a Delta ADS stream.
 func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
-	s := a.s
+	return serveADS(a.s, delta, ss)
+}
+
+// serveADS serves an authenticated workload stream of protocol p: the
+// first request names the node, admission binds the stream to its
+// registration, then go-control-plane (standalone mode) or the relay
+// (istiod mode) serves it.
+func serveADS[Req, Resp any](s *Server, p *protocol[Req, Resp], ss grpc.BidiStreamingServer[Req, Resp]) error {
 	if _, err := bearerToken(ss.Context()); err != nil {
 		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
 	}
@@ -657,7 +656,7 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 	if err != nil {
 		return err
 	}
-	st, err := s.admit(ss.Context(), first.GetNode())
+	st, err := s.admit(ss.Context(), p.request(first).node)
 	if err != nil {
 		return s.opts.Metrics.refusedStream(err)
 	}
@@ -666,11 +665,11 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 		return err
 	}
 	defer s.detach(st)
-	return serveStream(s, ss, st, first, s.opts.Relay != nil, func(bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+	return serveStream(s, ss, st, first, s.opts.Relay != nil, func(bs *boundStream[Req, Resp]) error {
 		if s.opts.Relay != nil {
-			return s.relayDelta(bs, st)
+			return relayed(s, p, bs, st)
 		}
-		return s.xds.DeltaStreamHandler(bs, resource.AnyType)
+		return p.serve(s.xds, bs)
 	})
 }
 
@@ -685,7 +684,7 @@ func (d *debugService) StreamAggregatedResources(ss discovery.AggregatedDiscover
 	st := newStream()
 	st.debug = true
 	return serveStream(d.s, ss, st, nil, false, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-		return d.s.xds.StreamHandler(bs, resource.AnyType)
+		return sotw.serve(d.s.xds, bs)
 	})
 }
 

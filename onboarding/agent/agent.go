@@ -17,7 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
@@ -194,7 +195,7 @@ func (a *Agent) onboard(ctx context.Context) error {
 		} else if ctx.Err() == nil {
 			a.logRefusal("onboarding", err)
 		}
-		if !b.wait(ctx) {
+		if !sleep(ctx, b) {
 			return ctx.Err()
 		}
 	}
@@ -333,7 +334,7 @@ func (a *Agent) restartSidecar(ctx context.Context) {
 			return
 		}
 		a.log.Error("cannot restart the sidecar; retrying", "error", err.Error())
-		if !b.wait(ctx) {
+		if !sleep(ctx, b) {
 			return
 		}
 	}
@@ -377,25 +378,16 @@ func withSession(ctx context.Context, key string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "embark-session-key", key)
 }
 
-// backoff is capped, jittered exponential backoff.
-type backoff struct {
-	next, max time.Duration
+// backoff is capped, jittered exponential backoff: each delay is uniformly
+// in [d/2, d), d doubling from MinBackoff up to MaxBackoff (apimachinery's
+// jitter adds up to one more base duration to a base of d/2).
+func (a *Agent) backoff() *wait.Backoff {
+	return &wait.Backoff{Duration: a.opts.MinBackoff / 2, Factor: 2, Jitter: 1, Steps: math.MaxInt32, Cap: a.opts.MaxBackoff / 2}
 }
 
-func (a *Agent) backoff() *backoff {
-	return &backoff{next: a.opts.MinBackoff, max: a.opts.MaxBackoff}
-}
-
-// delay returns the next delay: uniformly in [d/2, d), d doubling up to max.
-func (b *backoff) delay() time.Duration {
-	d := b.next
-	b.next = min(b.next*2, b.max)
-	return d/2 + rand.N(d/2+1)
-}
-
-// wait sleeps the next delay; false when ctx ended first.
-func (b *backoff) wait(ctx context.Context) bool {
-	t := time.NewTimer(b.delay())
+// sleep waits b's next delay; false when ctx ended first.
+func sleep(ctx context.Context, b *wait.Backoff) bool {
+	t := time.NewTimer(b.Step())
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -51,7 +51,7 @@ func (a *Agent) maintain(ctx context.Context) {
 		if !tokenNext.After(now) {
 			if err := a.renewToken(ctx); err != nil {
 				a.logRefusal("onboarding token renewal", err)
-				tokenNext = now.Add(tokenBackoff.delay())
+				tokenNext = now.Add(tokenBackoff.Step())
 			} else {
 				tokenBackoff = a.backoff()
 				s = a.current()
@@ -66,7 +66,7 @@ func (a *Agent) maintain(ctx context.Context) {
 				return
 			case err != nil:
 				a.logRefusal("sidecar token renewal", err)
-				sidecarNext = now.Add(sidecarBackoff.delay())
+				sidecarNext = now.Add(sidecarBackoff.Step())
 			default:
 				sidecarBackoff = a.backoff()
 				s = a.current()
@@ -147,7 +147,7 @@ func (a *Agent) watch(ctx context.Context, gone chan<- string) {
 			return
 		}
 		a.log.Info("registration watch interrupted; reconnecting", "error", err.Error())
-		if !b.wait(ctx) {
+		if !sleep(ctx, b) {
 			return
 		}
 	}

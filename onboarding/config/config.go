@@ -156,7 +156,8 @@ type Endpoint struct {
 	// endpoint's serving certificate. Required unless CertFile/KeyFile are set.
 	SecretName string `json:"secretName,omitempty"`
 	// CertFile and KeyFile are a PEM serving certificate and key, reloaded when
-	// they change; an alternative to SecretName.
+	// they change (controller-runtime's certwatcher: file events, and a poll
+	// every 10s); an alternative to SecretName.
 	CertFile string `json:"certFile,omitempty"`
 	KeyFile  string `json:"keyFile,omitempty"`
 	// Plaintext serves without TLS. Only for tests: the onboarding, xDS and

@@ -31,6 +31,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
@@ -253,7 +254,7 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 		if s.opts.AWS == nil {
 			return nil, errors.New("this endpoint does not accept AWS credentials")
 		}
-		cred := awsCredentialFromProto(c.Aws)
+		cred := awswire.FromProto(c.Aws)
 		if cred.STS == nil {
 			return s.opts.AWS.Verify(ctx, cred)
 		}

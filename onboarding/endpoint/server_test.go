@@ -39,6 +39,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
@@ -201,7 +202,7 @@ func (h *harness) credential(m *awstest.IMDS) *onboardingv1alpha1.AuthorizeReque
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	out := AWSCredentialToProto(cred)
+	out := awswire.ToProto(cred)
 	return &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: out}
 }
 

@@ -1,8 +1,8 @@
 // Package servingcert keeps the onboarding endpoint's TLS serving certificate
-// current: from PEM files (polled for changes) or from a Kubernetes TLS Secret
-// (watched), swapped atomically so that new handshakes use the new
-// certificate without a restart. A bad new certificate is logged and the last
-// good one stays in use.
+// current: from PEM files (controller-runtime's certwatcher: file events and
+// a poll) or from a Kubernetes TLS Secret (watched), swapped atomically so
+// that new handshakes use the new certificate without a restart. A bad new
+// certificate is logged and the last good one stays in use.
 package servingcert
 
 import (
@@ -12,7 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
+	"math/big"
 	"sync/atomic"
 	"time"
 
@@ -20,17 +20,27 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/certwatcher"
 )
 
 // Source holds the current certificate.
 type Source struct {
-	cert atomic.Pointer[tls.Certificate]
-	log  *slog.Logger
+	cert  atomic.Pointer[tls.Certificate] // from a Secret
+	files *certwatcher.CertWatcher        // from files
+	log   *slog.Logger
+}
+
+func (s *Source) load() *tls.Certificate {
+	if s.files != nil {
+		c, _ := s.files.GetCertificate(nil) // never fails
+		return c
+	}
+	return s.cert.Load()
 }
 
 // GetCertificate is tls.Config.GetCertificate.
 func (s *Source) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	c := s.cert.Load()
+	c := s.load()
 	if c == nil {
 		return nil, errors.New("no serving certificate loaded yet")
 	}
@@ -45,7 +55,7 @@ func (s *Source) TLSConfig() *tls.Config {
 
 // Current returns the current certificate's leaf, or nil.
 func (s *Source) Current() *x509.Certificate {
-	if c := s.cert.Load(); c != nil {
+	if c := s.load(); c != nil {
 		return c.Leaf
 	}
 	return nil
@@ -68,8 +78,12 @@ func (s *Source) set(certPEM, keyPEM []byte, from string) error {
 	return nil
 }
 
-// FromFiles loads certFile and keyFile and reloads them every interval while
-// ctx lives (default interval 10s). It fails when the first load fails.
+// FromFiles loads certFile and keyFile and reloads them while ctx lives,
+// through controller-runtime's certwatcher: on file events, and every
+// interval in case an event was missed (default interval 10s). It fails
+// when the first load fails. A pair that does not load is logged (by
+// certwatcher, through controller-runtime's logger) and the previous one
+// stays in use.
 func FromFiles(ctx context.Context, certFile, keyFile string, interval time.Duration, log *slog.Logger) (*Source, error) {
 	if log == nil {
 		log = slog.Default()
@@ -77,54 +91,24 @@ func FromFiles(ctx context.Context, certFile, keyFile string, interval time.Dura
 	if interval <= 0 {
 		interval = 10 * time.Second
 	}
-	s := &Source{log: log}
-	load := func() (time.Time, error) {
-		ci, err := os.Stat(certFile)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("stat %s: %w", certFile, err)
-		}
-		ki, err := os.Stat(keyFile)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("stat %s: %w", keyFile, err)
-		}
-		mod := ci.ModTime()
-		if ki.ModTime().After(mod) {
-			mod = ki.ModTime()
-		}
-		certPEM, err := os.ReadFile(certFile)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("read %s: %w", certFile, err)
-		}
-		keyPEM, err := os.ReadFile(keyFile)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("read %s: %w", keyFile, err)
-		}
-		return mod, s.set(certPEM, keyPEM, certFile)
-	}
-	last, err := load()
+	cw, err := certwatcher.New(certFile, keyFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("load serving certificate from %s: %w", certFile, err)
 	}
+	s := &Source{files: cw.WithWatchInterval(interval), log: log}
+	var serial atomic.Pointer[big.Int]
+	logLoaded := func(c tls.Certificate) {
+		if c.Leaf == nil {
+			return
+		}
+		if prev := serial.Swap(c.Leaf.SerialNumber); prev == nil || prev.Cmp(c.Leaf.SerialNumber) != 0 {
+			log.Info("serving certificate loaded", "from", certFile, "subject", c.Leaf.Subject.String(), "notAfter", c.Leaf.NotAfter)
+		}
+	}
+	cw.RegisterCallback(logLoaded) // called at once with the first pair
 	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			ci, err1 := os.Stat(certFile)
-			ki, err2 := os.Stat(keyFile)
-			if err1 != nil || err2 != nil || (!ci.ModTime().After(last) && !ki.ModTime().After(last)) {
-				continue
-			}
-			mod, err := load()
-			if err != nil {
-				log.Error("reload serving certificate; keeping the previous one", "error", err)
-				continue
-			}
-			last = mod
+		if err := cw.Start(ctx); err != nil {
+			log.Error("watch the serving certificate files; they are no longer reloaded", "cert", certFile, "key", keyFile, "error", err)
 		}
 	}()
 	return s, nil

@@ -43,6 +43,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/endpoint"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/policy"
@@ -280,7 +281,7 @@ func (h *onboarding) awsCredential(m *awstest.IMDS, withSTS bool) *onboardingv1a
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	return &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: endpoint.AWSCredentialToProto(cred)}
+	return &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: awswire.ToProto(cred)}
 }
 
 func (h *onboarding) authorizeAWS(group string, m *awstest.IMDS, withSTS bool) (*onboardingv1alpha1.AuthorizeResponse, error) {

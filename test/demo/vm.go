@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
-	"github.com/embark-mesh/embark/onboarding/endpoint"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/vmsim"
@@ -81,7 +81,7 @@ func (v *vm) onboard(ctx context.Context, api onboardingv1alpha1.OnboardingServi
 	}
 	auth, err := api.Authorize(ctx, &onboardingv1alpha1.AuthorizeRequest{
 		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: "bookinfo", Name: "ratings"},
-		Credential:    &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: endpoint.AWSCredentialToProto(cred)},
+		Credential:    &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: awswire.ToProto(cred)},
 	})
 	if err != nil {
 		return nil, err

@@ -9,7 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
 	"github.com/embark-mesh/embark/onboarding/agent/config"
-	awsid "github.com/embark-mesh/embark/onboarding/identity/aws"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 )
 
@@ -51,11 +51,11 @@ func (a *AWS) Credential(ctx context.Context) (*Credential, error) {
 	if err != nil {
 		return nil, fmt.Errorf("aws: %w", err)
 	}
-	parsed, err := awsid.ParseDocument(doc)
+	parsed, err := awswire.ParseDocument(doc)
 	if err != nil {
 		return nil, fmt.Errorf("aws: the instance identity document from IMDS: %w", err)
 	}
-	cred := &awsid.Credential{Document: doc, Signature: sig}
+	cred := &awswire.Credential{Document: doc, Signature: sig}
 	if !a.cfg.DisableSTSProof {
 		if _, err := readMetadata(ctx, a.imds, "iam/info"); err != nil {
 			a.log.Debug("aws: the instance has no IAM role; sending no STS proof", "error", err.Error())
@@ -73,7 +73,7 @@ func (a *AWS) Credential(ctx context.Context) (*Credential, error) {
 			cred.STS = req
 		}
 	}
-	out := &Credential{AWS: awsclient.ToProto(cred)}
+	out := &Credential{AWS: awswire.ToProto(cred)}
 	if parsed.PrivateIP != "" {
 		out.Address = &Address{IP: parsed.PrivateIP, Type: "VPC"}
 	}

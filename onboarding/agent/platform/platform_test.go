@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/embark-mesh/embark/onboarding/agent/config"
-	awsid "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 )
 
 const sampleJWT = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJ2bS0xIn0.c2ln"
@@ -48,7 +48,7 @@ func TestDetectAWSAndCredential(t *testing.T) {
 	}
 	var audience string
 	for _, h := range stsReq.GetHeaders() {
-		if strings.EqualFold(h.GetName(), awsid.AudienceHeader) {
+		if strings.EqualFold(h.GetName(), awswire.AudienceHeader) {
 			audience = h.GetValue()
 		}
 	}

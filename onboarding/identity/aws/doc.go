@@ -8,8 +8,9 @@
 // /latest/dynamic/instance-identity/document and .../rsa2048, and
 // optionally an [STSRequest]: a sts:GetCallerIdentity request signed
 // (SigV4) with the instance profile's role credentials and carrying the
-// onboarding endpoint's audience in the signed [AudienceHeader]. Package
-// client produces both on the instance through aws-sdk-go-v2.
+// onboarding endpoint's audience in the signed [AudienceHeader]. These types
+// are package awswire's, which the agent shares; package client produces
+// both on the instance through aws-sdk-go-v2.
 //
 // # What is trusted, and why
 //

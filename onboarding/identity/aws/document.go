@@ -1,112 +1,25 @@
 package aws
 
 import (
-	"encoding/json"
-	"fmt"
-	"regexp"
-	"strings"
-	"time"
-
 	"github.com/embark-mesh/embark/onboarding/identity"
-	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 )
 
-// MaxDocumentSize bounds the instance identity document a verifier accepts;
-// real documents are about 500 bytes.
-const MaxDocumentSize = 16 << 10
+// MaxDocumentSize bounds the instance identity document a verifier accepts.
+const MaxDocumentSize = awswire.MaxDocumentSize
 
-// Document is the part of an EC2 instance identity document that Embark
-// uses. Only a document whose signature verified may be believed.
-type Document struct {
-	AccountID        string `json:"accountId"`
-	Architecture     string `json:"architecture"`
-	AvailabilityZone string `json:"availabilityZone"`
-	ImageID          string `json:"imageId"`
-	InstanceID       string `json:"instanceId"`
-	InstanceType     string `json:"instanceType"`
-	PendingTime      string `json:"pendingTime"`
-	PrivateIP        string `json:"privateIp"`
-	Region           string `json:"region"`
-	Version          string `json:"version"`
-}
+// Document is the wire type [awswire.Document]: the part of an EC2 instance
+// identity document that Embark uses. Only a document whose signature
+// verified may be believed.
+type Document = awswire.Document
 
-var (
-	accountPattern  = regexp.MustCompile(`^[0-9]{12}$`)
-	instancePattern = regexp.MustCompile(`^i-[0-9a-f]{8,17}$`)
-	zoneSuffix      = regexp.MustCompile(`^[a-z0-9-]{1,32}$`)
-)
-
-// ParseDocument parses an instance identity document and checks that the
-// fields Embark relies on are present and well-formed: a 12-digit account,
-// an instance ID i-<8 to 17 hex digits>, a region name, and an availability zone of
-// that region (the zone and instance end up in resource names). It does not
-// verify anything: see [Verifier.Verify]. Errors are *identity.VerificationError
-// with ReasonMalformed.
+// ParseDocument is [awswire.ParseDocument] with its refusal as an
+// *identity.VerificationError with ReasonMalformed. It does not verify
+// anything: see [Verifier.Verify].
 func ParseDocument(data []byte) (*Document, error) {
-	if len(data) == 0 {
-		return nil, identity.Refuse(identity.ReasonMalformed, "instance identity document is empty")
-	}
-	if len(data) > MaxDocumentSize {
-		return nil, identity.Refuse(identity.ReasonMalformed, "instance identity document is %d bytes, more than %d", len(data), MaxDocumentSize)
-	}
-	var doc Document
-	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "instance identity document is not a JSON object of the expected shape")
-	}
-	if !accountPattern.MatchString(doc.AccountID) {
-		return nil, identity.Refuse(identity.ReasonMalformed, "instance identity document: accountId %q is not a 12-digit AWS account ID", doc.AccountID)
-	}
-	if !instancePattern.MatchString(doc.InstanceID) {
-		return nil, identity.Refuse(identity.ReasonMalformed, "instance identity document: instanceId %q is not an EC2 instance ID", doc.InstanceID)
-	}
-	if !certs.IsRegionName(doc.Region) {
-		return nil, identity.Refuse(identity.ReasonMalformed, "instance identity document: region %q is not an AWS region name", doc.Region)
-	}
-	suffix, ok := strings.CutPrefix(doc.AvailabilityZone, doc.Region)
-	if !ok || !zoneSuffix.MatchString(suffix) {
-		return nil, identity.Refuse(identity.ReasonMalformed, "instance identity document: availabilityZone %q is not a zone of region %s", doc.AvailabilityZone, doc.Region)
-	}
-	return &doc, nil
-}
-
-// Partition returns the AWS partition of the document's region.
-func (d *Document) Partition() string { return PartitionForRegion(d.Region) }
-
-// pendingTime parses PendingTime, informational only: the zero time if it is
-// absent or not RFC 3339. A document's age is not a reason to refuse it.
-func (d *Document) pendingTime() time.Time {
-	t, err := time.Parse(time.RFC3339, d.PendingTime)
+	doc, err := awswire.ParseDocument(data)
 	if err != nil {
-		return time.Time{}
+		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "instance identity document")
 	}
-	return t
-}
-
-// PartitionForRegion derives the AWS partition from a region name: aws-cn
-// for cn-*, aws-us-gov for us-gov-*, aws-eusc for eusc-*, aws-iso for
-// us-iso-*, aws-iso-b for us-isob-*, aws-iso-e for eu-isoe-*, aws-iso-f for
-// us-isof-*, and aws for every other region.
-func PartitionForRegion(region string) string {
-	switch {
-	case strings.HasPrefix(region, "cn-"):
-		return "aws-cn"
-	case strings.HasPrefix(region, "us-gov-"):
-		return "aws-us-gov"
-	case strings.HasPrefix(region, "eusc-"):
-		return "aws-eusc"
-	case strings.HasPrefix(region, "us-isob-"):
-		return "aws-iso-b"
-	case strings.HasPrefix(region, "us-isof-"):
-		return "aws-iso-f"
-	case strings.HasPrefix(region, "eu-isoe-"):
-		return "aws-iso-e"
-	case strings.HasPrefix(region, "us-iso-"):
-		return "aws-iso"
-	default:
-		return "aws"
-	}
-}
-
-func (d *Document) String() string {
-	return fmt.Sprintf("instance %s of account %s in %s", d.InstanceID, d.AccountID, d.AvailabilityZone)
+	return doc, nil
 }

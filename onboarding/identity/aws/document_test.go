@@ -48,34 +48,6 @@ func TestParseDocument(t *testing.T) {
 	}
 }
 
-func TestPartitionForRegion(t *testing.T) {
-	tests := []struct {
-		region string
-		want   string
-	}{
-		{"us-east-1", "aws"},
-		{"us-east-2", "aws"},
-		{"ap-southeast-7", "aws"},
-		{"il-central-1", "aws"},
-		{"cn-north-1", "aws-cn"},
-		{"cn-northwest-1", "aws-cn"},
-		{"us-gov-west-1", "aws-us-gov"},
-		{"us-gov-east-1", "aws-us-gov"},
-		{"eusc-de-east-1", "aws-eusc"},
-		{"us-iso-east-1", "aws-iso"},
-		{"us-isob-east-1", "aws-iso-b"},
-		{"eu-isoe-west-1", "aws-iso-e"},
-		{"us-isof-south-1", "aws-iso-f"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.region, func(t *testing.T) {
-			if got := awsid.PartitionForRegion(tt.region); got != tt.want {
-				t.Errorf("PartitionForRegion(%s) = %s, want %s", tt.region, got, tt.want)
-			}
-		})
-	}
-}
-
 func TestParseAssumedRoleARN(t *testing.T) {
 	tests := []struct {
 		name       string

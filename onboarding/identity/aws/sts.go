@@ -14,15 +14,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws/arn"
+
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 )
 
-// AudienceHeader is the HTTP header that binds a signed
-// sts:GetCallerIdentity request to one onboarding plane. The agent sets it
-// to the endpoint's audience before signing, so it is part of SigV4's
-// SignedHeaders; a request signed for another audience, or with the header
-// added after signing, is refused.
-const AudienceHeader = "X-Embark-Onboarding-Audience"
+// AudienceHeader is [awswire.AudienceHeader], the signed header that binds
+// an STS proof to one onboarding plane.
+const AudienceHeader = awswire.AudienceHeader
 
 // STS request and answer limits.
 const (
@@ -35,16 +35,9 @@ const (
 	sigV4Algorithm     = "AWS4-HMAC-SHA256"
 )
 
-// STSRequest is a signed sts:GetCallerIdentity HTTP request produced by the
-// agent with the instance's role credentials. The verifier does not send it
-// where URL says: it checks that URL names the STS endpoint the verifier is
-// configured with for the document's region and sends it there.
-type STSRequest struct {
-	Method  string      `json:"method"`
-	URL     string      `json:"url"`
-	Headers http.Header `json:"headers"`
-	Body    []byte      `json:"body"`
-}
+// STSRequest is the wire type [awswire.STSRequest]: a signed
+// sts:GetCallerIdentity request made with the instance's role credentials.
+type STSRequest = awswire.STSRequest
 
 // sigV4Authorization is the parsed Authorization header of a SigV4 request.
 type sigV4Authorization struct {
@@ -311,26 +304,26 @@ type AssumedRoleARN struct {
 
 // ParseAssumedRoleARN parses an STS assumed-role ARN. Any other kind of ARN
 // (IAM user, federated user, root) is refused with ReasonNotAssumedRole.
-func ParseAssumedRoleARN(arn string) (*AssumedRoleARN, error) {
-	parts := strings.SplitN(arn, ":", 6)
-	if len(parts) != 6 || parts[0] != "arn" || parts[1] == "" {
-		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %q is not an ARN", truncate(arn, 200))
+func ParseAssumedRoleARN(caller string) (*AssumedRoleARN, error) {
+	a, err := arn.Parse(caller)
+	if err != nil || a.Partition == "" {
+		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %q is not an ARN", truncate(caller, 200))
 	}
-	if parts[2] != "sts" || parts[3] != "" {
-		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %s is not an STS assumed-role session", arn)
+	if a.Service != "sts" || a.Region != "" {
+		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %s is not an STS assumed-role session", caller)
 	}
-	resource, ok := strings.CutPrefix(parts[5], "assumed-role/")
+	resource, ok := strings.CutPrefix(a.Resource, "assumed-role/")
 	if !ok {
-		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %s is not an STS assumed-role session (an EC2 instance profile session is arn:<partition>:sts::<account>:assumed-role/<role>/<instance-id>)", arn)
+		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %s is not an STS assumed-role session (an EC2 instance profile session is arn:<partition>:sts::<account>:assumed-role/<role>/<instance-id>)", caller)
 	}
 	role, session, ok := strings.Cut(resource, "/")
 	if !ok || role == "" || session == "" || strings.Contains(session, "/") {
-		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %s is not of the form assumed-role/<role>/<session>", arn)
+		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %s is not of the form assumed-role/<role>/<session>", caller)
 	}
-	if !accountPattern.MatchString(parts[4]) {
-		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %s has no 12-digit account", arn)
+	if !awswire.IsAccountID(a.AccountID) {
+		return nil, identity.Refuse(identity.ReasonNotAssumedRole, "caller %s has no 12-digit account", caller)
 	}
-	return &AssumedRoleARN{Partition: parts[1], Account: parts[4], RoleName: role, SessionName: session}, nil
+	return &AssumedRoleARN{Partition: a.Partition, Account: a.AccountID, RoleName: role, SessionName: session}, nil
 }
 
 // matchCaller checks that the STS caller is the document's instance.

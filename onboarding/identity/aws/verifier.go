@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 )
@@ -35,19 +36,9 @@ const (
 	DefaultReplayCacheSize = 100_000
 )
 
-// Credential is what an EC2 instance presents.
-type Credential struct {
-	// Document is the instance identity document exactly as IMDS serves it
-	// at /latest/dynamic/instance-identity/document.
-	Document []byte `json:"document"`
-	// Signature is the RSA-2048 PKCS#7 signature exactly as IMDS serves it
-	// at /latest/dynamic/instance-identity/rsa2048 (base64).
-	Signature []byte `json:"signature"`
-	// STS is an optional signed sts:GetCallerIdentity request made with the
-	// instance's role credentials; it proves the IAM role. Policies that name
-	// ec2.iamRoleNames require it.
-	STS *STSRequest `json:"sts,omitempty"`
-}
+// Credential is the wire type [awswire.Credential]: what an EC2 instance
+// presents.
+type Credential = awswire.Credential
 
 // Verifier verifies EC2 instance identities. It is safe for concurrent use.
 type Verifier struct {
@@ -190,7 +181,7 @@ func (o *options) setDefaults() error {
 		if cert == nil {
 			return fmt.Errorf("trust set: nil certificate for region %s", region)
 		}
-		if !certs.IsRegionName(region) {
+		if !awswire.IsRegionName(region) {
 			return fmt.Errorf("trust set: %q is not an AWS region name", region)
 		}
 	}
@@ -283,7 +274,7 @@ func (v *Verifier) Verify(ctx context.Context, cred Credential) (*identity.Ident
 			InstanceType: doc.InstanceType,
 			ImageID:      doc.ImageID,
 			PrivateIP:    doc.PrivateIP,
-			PendingTime:  doc.pendingTime(),
+			PendingTime:  doc.PendingTimeOrZero(),
 		},
 	}
 	if cred.STS == nil {

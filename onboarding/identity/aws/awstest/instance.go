@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 )
 
 // Instance describes a fake EC2 instance.
@@ -51,17 +53,7 @@ func (i Instance) withDefaults() Instance {
 
 // Partition is the AWS partition of the instance's region.
 func (i Instance) Partition() string {
-	r := i.withDefaults().Region
-	switch {
-	case strings.HasPrefix(r, "cn-"):
-		return "aws-cn"
-	case strings.HasPrefix(r, "us-gov-"):
-		return "aws-us-gov"
-	case strings.HasPrefix(r, "eusc-"):
-		return "aws-eusc"
-	default:
-		return "aws"
-	}
+	return awswire.PartitionForRegion(i.withDefaults().Region)
 }
 
 // RoleARN is the ARN STS answers for the instance profile's role session:

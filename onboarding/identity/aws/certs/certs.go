@@ -20,20 +20,14 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 )
 
 //go:embed *.pem INDEX.tsv
 var embedded embed.FS
-
-// regionPattern matches AWS region names (us-east-1, cn-north-1,
-// us-gov-west-1, eusc-de-east-1, us-isob-east-1, ...).
-var regionPattern = regexp.MustCompile(`^[a-z]{2,5}(-[a-z]+)+-[0-9]{1,2}$`)
-
-// IsRegionName reports whether s has the shape of an AWS region name.
-func IsRegionName(s string) bool { return regionPattern.MatchString(s) }
 
 // FS returns the embedded data: one <region>.pem per region and INDEX.tsv.
 func FS() fs.FS { return embedded }
@@ -71,7 +65,7 @@ func LoadDir(fsys fs.FS) (map[string]*x509.Certificate, error) {
 			continue
 		}
 		region := strings.TrimSuffix(name, ".pem")
-		if !IsRegionName(region) {
+		if !awswire.IsRegionName(region) {
 			return nil, fmt.Errorf("certificate file %s: %q is not an AWS region name", name, region)
 		}
 		data, err := fs.ReadFile(fsys, name)

@@ -136,21 +136,3 @@ func TestLoadDirPath(t *testing.T) {
 		t.Fatal("LoadDirPath on a missing directory succeeded")
 	}
 }
-
-func TestIsRegionName(t *testing.T) {
-	tests := []struct {
-		in   string
-		want bool
-	}{
-		{"us-east-1", true}, {"us-gov-west-1", true}, {"eusc-de-east-1", true}, {"ap-southeast-7", true},
-		{"us-isob-east-1", true}, {"cn-northwest-1", true},
-		{"", false}, {"US-EAST-1", false}, {"us-east", false}, {"us-east-1a", false}, {"../etc", false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			if got := IsRegionName(tt.in); got != tt.want {
-				t.Errorf("IsRegionName(%q) = %v, want %v", tt.in, got, tt.want)
-			}
-		})
-	}
-}

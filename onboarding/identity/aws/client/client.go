@@ -24,7 +24,7 @@ import (
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	awsid "github.com/embark-mesh/embark/onboarding/identity/aws"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 )
 
 // IMDS paths under /latest/dynamic of the document and its signature.
@@ -97,7 +97,7 @@ var errCaptured = errors.New("signed request captured, not sent")
 // captureSigned is the last Finalize middleware: it sees the request after
 // SigV4 signing, records it and stops the operation before it is sent.
 type captureSigned struct {
-	out *awsid.STSRequest
+	out *awswire.STSRequest
 }
 
 func (*captureSigned) ID() string { return "EmbarkCaptureSignedRequest" }
@@ -126,7 +126,7 @@ func (m *captureSigned) HandleFinalize(ctx context.Context, in middleware.Finali
 	if header.Get("Content-Length") == "" && len(body) > 0 {
 		header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	*m.out = awsid.STSRequest{Method: req.Method, URL: u.String(), Headers: header, Body: bytes.Clone(body)}
+	*m.out = awswire.STSRequest{Method: req.Method, URL: u.String(), Headers: header, Body: bytes.Clone(body)}
 	return middleware.FinalizeOutput{}, middleware.Metadata{}, errCaptured
 }
 
@@ -134,16 +134,16 @@ func (m *captureSigned) HandleFinalize(ctx context.Context, in middleware.Finali
 // request carrying AudienceHeader = audience among its signed headers, and
 // returns it unsent. c's region, endpoint and credentials decide where the
 // request is for and who it proves.
-func SignGetCallerIdentity(ctx context.Context, c CallerIdentityAPI, audience string) (*awsid.STSRequest, error) {
+func SignGetCallerIdentity(ctx context.Context, c CallerIdentityAPI, audience string) (*awswire.STSRequest, error) {
 	if audience == "" {
 		return nil, errors.New("sign sts:GetCallerIdentity: audience must not be empty")
 	}
-	var captured awsid.STSRequest
+	var captured awswire.STSRequest
 	capture := &captureSigned{out: &captured}
 	_, err := c.GetCallerIdentity(ctx, &sts.GetCallerIdentityInput{}, func(o *sts.Options) {
 		o.Retryer = sdkaws.NopRetryer{}
 		o.APIOptions = append(o.APIOptions,
-			smithyhttp.SetHeaderValue(awsid.AudienceHeader, audience),
+			smithyhttp.SetHeaderValue(awswire.AudienceHeader, audience),
 			func(stack *middleware.Stack) error {
 				return stack.Finalize.Add(capture, middleware.After)
 			},
@@ -164,12 +164,12 @@ func SignGetCallerIdentity(ctx context.Context, c CallerIdentityAPI, audience st
 // Credential gathers what an EC2 instance presents to the onboarding
 // endpoint: the document and signature from imdsClient and, if stsClient is
 // not nil, a signed sts:GetCallerIdentity request bound to audience.
-func Credential(ctx context.Context, imdsClient DynamicDataAPI, stsClient CallerIdentityAPI, audience string) (*awsid.Credential, error) {
+func Credential(ctx context.Context, imdsClient DynamicDataAPI, stsClient CallerIdentityAPI, audience string) (*awswire.Credential, error) {
 	doc, sig, err := FetchInstanceIdentity(ctx, imdsClient)
 	if err != nil {
 		return nil, err
 	}
-	cred := &awsid.Credential{Document: doc, Signature: sig}
+	cred := &awswire.Credential{Document: doc, Signature: sig}
 	if stsClient != nil {
 		req, err := SignGetCallerIdentity(ctx, stsClient, audience)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	awsid "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/client"
 )
 
@@ -79,7 +80,7 @@ func TestSignGetCallerIdentity(t *testing.T) {
 	if want, _ := url.Parse(env.STS.URL); u.Host != want.Host {
 		t.Errorf("signed for host %s, want %s", u.Host, want.Host)
 	}
-	if got := req.Headers.Get(awsid.AudienceHeader); got != audience {
+	if got := req.Headers.Get(awswire.AudienceHeader); got != audience {
 		t.Errorf("audience header %q, want %q", got, audience)
 	}
 	authz := req.Headers.Get("Authorization")

@@ -13,6 +13,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
+
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 )
 
 // ClientOptions configures NewClients.
@@ -60,7 +62,7 @@ func NewClients(ctx context.Context, opts ClientOptions) (Clients, error) {
 		cfg := base.Copy()
 		cfg.Region = region
 		if opts.RoleARN != "" {
-			arn := strings.NewReplacer("{account}", account, "{partition}", partitionOf(region)).Replace(opts.RoleARN)
+			arn := strings.NewReplacer("{account}", account, "{partition}", awswire.PartitionForRegion(region)).Replace(opts.RoleARN)
 			stsc := sts.NewFromConfig(cfg, func(o *sts.Options) {
 				if opts.STSEndpoint != "" {
 					o.BaseEndpoint = aws.String(opts.STSEndpoint)
@@ -85,18 +87,4 @@ func NewClients(ctx context.Context, opts ClientOptions) (Clients, error) {
 		made[key] = p
 		return p.ec2, p.iam, nil
 	}, nil
-}
-
-// partitionOf is the AWS partition of a region.
-func partitionOf(region string) string {
-	switch {
-	case strings.HasPrefix(region, "cn-"):
-		return "aws-cn"
-	case strings.HasPrefix(region, "us-gov-"):
-		return "aws-us-gov"
-	case strings.HasPrefix(region, "eusc-"):
-		return "aws-eusc"
-	default:
-		return "aws"
-	}
 }

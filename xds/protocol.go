@@ -1,0 +1,90 @@
+package xds
+
+import (
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+
+	"github.com/embark-mesh/embark/xds/relay"
+)
+
+// protocol is what differs between the two xDS variants, SotW and Delta:
+// how the server reads their requests and responses, and which handler of
+// go-control-plane and of the relay serves them. Everything else (admission,
+// binding, ACK and NACK bookkeeping, health reports, liveness) is one
+// generic path over it.
+type protocol[Req, Resp any] struct {
+	kind     streamKind
+	request  func(*Req) requestInfo
+	response func(*Resp) responseInfo
+	// hold replaces a SotW request's version_info by the version the proxy
+	// rejected (see Server.request); nil for Delta.
+	hold func(req *Req, version string)
+	// serve is go-control-plane's handler (standalone mode and debug).
+	serve func(x serverv3.Server, bs *boundStream[Req, Resp]) error
+	// relay is the relay's handler (istiod mode).
+	relay func(r *relay.Relay, bs *boundStream[Req, Resp], authorization string, h relay.Hooks[Req, Resp]) error
+}
+
+// requestInfo is what the server reads of a request, SotW or Delta.
+type requestInfo struct {
+	node        *core.Node
+	typeURL     string
+	nonce       string
+	errorDetail *rpcstatus.Status
+}
+
+// responseInfo is what the server records of a response, SotW or Delta.
+type responseInfo struct {
+	typeURL, nonce, version string
+}
+
+var sotw = &protocol[discovery.DiscoveryRequest, discovery.DiscoveryResponse]{
+	kind: sotwStream,
+	request: func(r *discovery.DiscoveryRequest) requestInfo {
+		return requestInfo{r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail()}
+	},
+	response: func(r *discovery.DiscoveryResponse) responseInfo {
+		return responseInfo{r.GetTypeUrl(), r.GetNonce(), r.GetVersionInfo()}
+	},
+	hold: func(r *discovery.DiscoveryRequest, version string) { r.VersionInfo = version },
+	serve: func(x serverv3.Server, bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		return x.StreamHandler(bs, resource.AnyType)
+	},
+	relay: func(r *relay.Relay, bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], authorization string, h relay.Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		return r.SotW(bs.ctx, bs, authorization, h)
+	},
+}
+
+var delta = &protocol[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]{
+	kind: deltaStream,
+	request: func(r *discovery.DeltaDiscoveryRequest) requestInfo {
+		return requestInfo{r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail()}
+	},
+	response: func(r *discovery.DeltaDiscoveryResponse) responseInfo {
+		return responseInfo{r.GetTypeUrl(), r.GetNonce(), r.GetSystemVersionInfo()}
+	},
+	serve: func(x serverv3.Server, bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+		return x.DeltaStreamHandler(bs, resource.AnyType)
+	},
+	relay: func(r *relay.Relay, bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], authorization string, h relay.Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+		return r.Delta(bs.ctx, bs, authorization, h)
+	},
+}
+
+// onRequest is go-control-plane's request callback of protocol p.
+func onRequest[Req, Resp any](s *Server, p *protocol[Req, Resp], id int64, req *Req) error {
+	var hold func(string)
+	if p.hold != nil {
+		hold = func(version string) { p.hold(req, version) }
+	}
+	_, err := s.request(s.stream(streamRef{p.kind, id}), p.request(req), hold)
+	return err
+}
+
+// onResponse is go-control-plane's response callback of protocol p.
+func onResponse[Req, Resp any](s *Server, p *protocol[Req, Resp], id int64, resp *Resp) {
+	s.responded(s.stream(streamRef{p.kind, id}), p.response(resp))
+}
