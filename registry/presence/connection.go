@@ -271,9 +271,10 @@ func (c *Connections) Reassert(war *runtimev1alpha1.WorkloadAutoRegistration) {
 }
 
 // Watch keeps the stored connection state true to this replica's streams
-// until ctx ends: on every update of a registration in informers it calls
-// Reassert, so a status another component marked disconnected (the sweeper,
-// after this replica's Lease lapsed) while the streams stayed open is written
+// until ctx ends: on every add (including the replay when the watch
+// begins) and update of a registration in informers it calls Reassert, so
+// a status another component marked disconnected (the sweeper, after this
+// replica's Lease lapsed) while the streams stayed open is written
 // connected again. The endpoint runs it beside the xDS server, which only
 // reports stream opens and closes.
 func (c *Connections) Watch(ctx context.Context, informers cache.Informers) error {
@@ -281,12 +282,18 @@ func (c *Connections) Watch(ctx context.Context, informers cache.Informers) erro
 	if err != nil {
 		return fmt.Errorf("watch WorkloadAutoRegistrations: %w", err)
 	}
+	reassert := func(obj any) {
+		if war, ok := obj.(*runtimev1alpha1.WorkloadAutoRegistration); ok {
+			c.Reassert(war)
+		}
+	}
+	// Adds too: the informer replays what it holds when the handler is
+	// added, so a status marked disconnected before the watch began (the
+	// informer may still be syncing when streams open) is reasserted as
+	// well; level-based, not edge-based.
 	reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		UpdateFunc: func(_, obj any) {
-			if war, ok := obj.(*runtimev1alpha1.WorkloadAutoRegistration); ok {
-				c.Reassert(war)
-			}
-		},
+		AddFunc:    reassert,
+		UpdateFunc: func(_, obj any) { reassert(obj) },
 	})
 	if err != nil {
 		return fmt.Errorf("watch WorkloadAutoRegistrations: %w", err)
