@@ -74,7 +74,7 @@ generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate
 		$(PROTO_FILES)
 
 .PHONY: verify
-verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet complains, or git tracks a binary or a file over 2 MiB.
+verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet complains, a go.mod is not tidy, or git tracks a binary or a file over 2 MiB.
 	@before=$$($(GENERATED_SUM)); \
 		$(MAKE) --no-print-directory generate >/dev/null; \
 		after=$$($(GENERATED_SUM)); \
@@ -85,6 +85,9 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet 
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
 	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go vet ./...;)
+	@# go.mod and go.sum tidy in every module (a test module replaces the main
+	@# one: a change of the main go.mod needs its go.mod updated too).
+	$(foreach m,. $(TEST_MODULES),cd $(ROOT)/$(m) && go mod tidy -diff >/dev/null || { echo "go.mod of $(m) is not tidy: run 'go mod tidy' there and commit" >&2; exit 1; };)
 	@test/tools/check-tracked-files.sh
 
 # Sets the version in every place that names it (VERSION, the chart's
