@@ -72,7 +72,7 @@ type endpointAddrs struct{ onboarding, metrics, xds string }
 
 func newEndpointAddrs(t *testing.T) endpointAddrs {
 	t.Helper()
-	return endpointAddrs{onboarding: freeAddr(t), metrics: freeAddr(t), xds: freeAddr(t)}
+	return endpointAddrs{onboarding: fixtures.FreeAddr(t), metrics: fixtures.FreeAddr(t), xds: fixtures.FreeAddr(t)}
 }
 
 // writeEndpointConfig writes a configuration for an endpoint in namespace

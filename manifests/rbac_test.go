@@ -2,16 +2,7 @@ package manifests
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,6 +27,7 @@ import (
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 const serviceAccountUser = "system:serviceaccount:istio-system:onboarding-endpoint"
@@ -269,37 +261,6 @@ func impersonatingKubeconfig(t *testing.T) string {
 	return path
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// selfSignedRoot writes a PEM root to dir: the roots of an istiod that is not
-// there (istiod mode starts without it; nothing here asks it).
-func selfSignedRoot(t *testing.T, dir string) string {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "absent istiod"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, "istiod-root.pem")
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // The real endpoint, running as the manifests' ServiceAccount with exactly
 // the manifests' RBAC (the base, the workload namespace's RoleBinding and,
 // in standalone mode, standalone/), starts (informers scoped to the
@@ -328,7 +289,7 @@ func onboardWithManifestRBAC(t *testing.T, mode string) {
 	// here asks it); standalone: none, and standalone/'s binding.
 	var istiod string
 	if mode == "istiod" {
-		istiod = fmt.Sprintf("istiod: {address: %s, serverName: %s, rootCertFile: %s}\n", freeAddr(t), cfg.Istiod.ServerName, selfSignedRoot(t, t.TempDir()))
+		istiod = fmt.Sprintf("istiod: {address: %s, serverName: %s, rootCertFile: %s}\n", fixtures.FreeAddr(t), cfg.Istiod.ServerName, fixtures.RootFile(t, t.TempDir(), "istiod-root.pem", "absent istiod"))
 	} else {
 		_, sa := build(t, "standalone")
 		applyObjects(t, sa)

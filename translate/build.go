@@ -14,13 +14,14 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
-	"google.golang.org/protobuf/types/known/durationpb"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/embark-mesh/embark/translate/endpoints"
+	"github.com/embark-mesh/embark/translate/internal/envoyconf"
+	"github.com/embark-mesh/embark/translate/selection"
 )
 
 // DefaultEgressBind is where egress listeners bind when a Sidecar egress
@@ -73,10 +74,8 @@ type builder struct {
 	bound map[string]string
 	// record, when set, gets every claim in order (Prepare).
 	record *[]claimed
-	// podSA maps "<namespace>/<pod>" to the pod's service account.
-	podSA map[string]string
-	// slices maps "<namespace>/<service>" to the Service's EndpointSlices.
-	slices map[string][]*discoveryv1.EndpointSlice
+	// eps are the endpoints of the destinations egress selects.
+	eps *endpoints.Index
 }
 
 func newBuilder(in *Inputs) *builder {
@@ -90,14 +89,7 @@ func newBuilder(in *Inputs) *builder {
 		clusters:  map[string]*clusterv3.Cluster{},
 		endpoints: map[string]*endpointv3.ClusterLoadAssignment{},
 		bound:     map[string]string{},
-		podSA:     map[string]string{},
-		slices:    map[string][]*discoveryv1.EndpointSlice{},
-	}
-	for _, es := range in.EndpointSlices {
-		if es != nil && es.Labels[discoveryv1.LabelServiceName] != "" {
-			key := es.Namespace + "/" + es.Labels[discoveryv1.LabelServiceName]
-			b.slices[key] = append(b.slices[key], es)
-		}
+		eps:       endpoints.NewIndex(in.EndpointSlices, in.Pods, in.WorkloadEntries),
 	}
 	if b.root == "" {
 		b.root = DefaultRootNamespace
@@ -109,15 +101,6 @@ func newBuilder(in *Inputs) *builder {
 		b.suffix = "cluster.local"
 	}
 	b.authz = newAuthz(in, b.root)
-	for _, p := range in.Pods {
-		if p != nil {
-			sa := p.Spec.ServiceAccountName
-			if sa == "" {
-				sa = "default"
-			}
-			b.podSA[p.Namespace+"/"+p.Name] = sa
-		}
-	}
 	return b
 }
 
@@ -210,27 +193,27 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 		if _, dup := b.clusters[clusterName]; dup {
 			return b.fail(field+".port.number", "port %d is declared by two ingress listeners", port.GetNumber())
 		}
-		c := baseCluster(clusterName, clusterv3.Cluster_STATIC)
+		c := envoyconf.BaseCluster(clusterName, clusterv3.Cluster_STATIC)
 		c.LoadAssignment = &endpointv3.ClusterLoadAssignment{
 			ClusterName: clusterName,
-			Endpoints:   []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{lbEndpoint(upstream, 0)}}},
+			Endpoints:   []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{envoyconf.LBEndpoint(upstream, 0)}}},
 		}
 		if proto.isHTTP2() {
-			c.TypedExtensionProtocolOptions = http2Options()
+			c.TypedExtensionProtocolOptions = envoyconf.HTTP2Options()
 		}
 		b.clusters[clusterName] = c
 
-		mode := peerAuthMode(b.in.PeerAuthentications, b.in.Workload, b.root, port.GetNumber())
+		mode := selection.PeerAuthMode(b.in.PeerAuthentications, b.in.Workload.Namespace, b.in.Workload.Labels, b.root, port.GetNumber())
 		var chains []*listenerv3.FilterChain
 		if mode != MTLSDisable {
 			chains = append(chains, &listenerv3.FilterChain{
 				Name: fmt.Sprintf("inbound|%d|mtls", port.GetNumber()),
 				FilterChainMatch: &listenerv3.FilterChainMatch{
 					TransportProtocol:    "tls",
-					ApplicationProtocols: istioInboundALPNs,
+					ApplicationProtocols: envoyconf.IstioInboundALPNs,
 				},
 				Filters:         b.inboundFilters(proto, port.GetNumber(), clusterName),
-				TransportSocket: inboundTLS(proto.isHTTP()),
+				TransportSocket: envoyconf.InboundTLS(proto.isHTTP()),
 			})
 		}
 		if mode != MTLSStrict {
@@ -241,12 +224,12 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 		}
 		l := &listenerv3.Listener{
 			Name:             listenerName(bind, port.GetNumber()),
-			Address:          socketAddress(bind, port.GetNumber()),
+			Address:          envoyconf.SocketAddress(bind, port.GetNumber()),
 			TrafficDirection: corev3.TrafficDirection_INBOUND,
 			FilterChains:     chains,
 		}
 		if mode != MTLSDisable {
-			l.ListenerFilters = []*listenerv3.ListenerFilter{tlsInspector()}
+			l.ListenerFilters = []*listenerv3.ListenerFilter{envoyconf.TLSInspector()}
 		}
 		b.listeners[l.Name] = l
 	}
@@ -264,7 +247,7 @@ func (b *builder) defaultEndpoint(s string) (*corev3.Address, error) {
 		if !strings.HasPrefix(path, "/") && !strings.HasPrefix(path, "@") {
 			return nil, fmt.Errorf("%q: the unix socket path must be absolute or abstract (@name)", s)
 		}
-		return pipeAddress(path), nil
+		return envoyconf.PipeAddress(path), nil
 	}
 	host, portStr, err := net.SplitHostPort(s)
 	if err != nil {
@@ -282,7 +265,7 @@ func (b *builder) defaultEndpoint(s string) (*corev3.Address, error) {
 	if ip.IsUnspecified() {
 		addr = b.in.Workload.Address
 	}
-	return socketAddress(addr, uint32(port)), nil
+	return envoyconf.SocketAddress(addr, uint32(port)), nil
 }
 
 // inboundFilters are an ingress chain's filters: the inbound authorization
@@ -290,9 +273,9 @@ func (b *builder) defaultEndpoint(s string) (*corev3.Address, error) {
 // then the HTTP connection manager or TCP proxy to the application.
 func (b *builder) inboundFilters(proto protocol, port uint32, cluster string) []*listenerv3.Filter {
 	if !proto.isHTTP() {
-		return append(b.authz.networkFilters(port), tcpProxy(fmt.Sprintf("inbound|%d||", port), cluster))
+		return append(b.authz.rules.NetworkFilters(port), envoyconf.TCPProxy(fmt.Sprintf("inbound|%d||", port), cluster))
 	}
-	return []*listenerv3.Filter{inboundHTTP(proto, port, cluster, b.authz.httpFilters())}
+	return []*listenerv3.Filter{inboundHTTP(proto, port, cluster, b.authz.rules.HTTPFilters())}
 }
 
 func inboundHTTP(proto protocol, port uint32, cluster string, authzFilters []*hcmv3.HttpFilter) *listenerv3.Filter {
@@ -308,33 +291,12 @@ func inboundHTTP(proto protocol, port uint32, cluster string, authzFilters []*hc
 			VirtualHosts: []*routev3.VirtualHost{{
 				Name:    fmt.Sprintf("inbound|http|%d", port),
 				Domains: []string{"*"},
-				Routes:  []*routev3.Route{routeTo(cluster)},
+				Routes:  []*routev3.Route{envoyconf.RouteTo(cluster)},
 			}},
 		}},
-		HttpFilters: append(authzFilters, routerFilter()),
+		HttpFilters: append(authzFilters, envoyconf.RouterFilter()),
 	}
-	return &listenerv3.Filter{Name: wellknown.HTTPConnectionManager, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(m)}}
-}
-
-func tcpProxy(stat, cluster string) *listenerv3.Filter {
-	return &listenerv3.Filter{
-		Name: wellknown.TCPProxy,
-		ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&tcpproxyv3.TcpProxy{
-			StatPrefix:       stat,
-			ClusterSpecifier: &tcpproxyv3.TcpProxy_Cluster{Cluster: cluster},
-		})},
-	}
-}
-
-func routeTo(cluster string) *routev3.Route {
-	return &routev3.Route{
-		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
-			// Istio disables the route timeout by default.
-			Timeout: durationpb.New(0),
-		}},
-	}
+	return &listenerv3.Filter{Name: wellknown.HTTPConnectionManager, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: envoyconf.MustAny(m)}}
 }
 
 func (b *builder) finish(res *Result) {

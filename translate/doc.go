@@ -8,4 +8,12 @@
 // where VMs and pods load-balance together. No I/O, no clocks, every list
 // sorted; golden-file tested. docs/translate.md describes what is
 // translated and the defaults.
+//
+// Its parts by concept: package selection decides which objects apply to
+// the workload (Sidecar, PeerAuthentication mode, egress host forms,
+// exportTo), package endpoints lists a destination's endpoints, package
+// rbac turns AuthorizationPolicies into Envoy RBAC filters, and
+// internal/envoyconf builds the Envoy messages of Istio's shapes. This
+// package assembles them into listeners, routes, clusters and endpoints;
+// none of them imports anything else of Embark.
 package translate

@@ -13,6 +13,9 @@ import (
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/embark-mesh/embark/translate/internal/envoyconf"
+	"github.com/embark-mesh/embark/translate/selection"
 )
 
 // ExportToAnnotation is Istio's Service annotation restricting which
@@ -56,7 +59,7 @@ func (b *builder) destinations(forms []HostForm, port uint32) []destination {
 	wlNS := b.in.Workload.Namespace
 	selected := func(host, ns string) bool {
 		for _, f := range forms {
-			if f.matches(host, ns, wlNS) {
+			if f.Matches(host, ns, wlNS) {
 				return true
 			}
 		}
@@ -71,7 +74,7 @@ func (b *builder) destinations(forms []HostForm, port uint32) []destination {
 		if a := svc.Annotations[ExportToAnnotation]; a != "" {
 			exportTo = strings.Split(a, ",")
 		}
-		if !exportedTo(exportTo, svc.Namespace, wlNS) {
+		if !selection.ExportedTo(exportTo, svc.Namespace, wlNS) {
 			continue
 		}
 		host := fmt.Sprintf("%s.%s.svc.%s", svc.Name, svc.Namespace, b.suffix)
@@ -89,7 +92,7 @@ func (b *builder) destinations(forms []HostForm, port uint32) []destination {
 		}
 	}
 	for _, se := range b.in.ServiceEntries {
-		if se == nil || !exportedTo(se.Spec.GetExportTo(), se.Namespace, wlNS) {
+		if se == nil || !selection.ExportedTo(se.Spec.GetExportTo(), se.Namespace, wlNS) {
 			continue
 		}
 		for _, host := range se.Spec.GetHosts() {
@@ -249,7 +252,7 @@ func (b *builder) egressListener(field, bind string, port uint32, proto protocol
 			if cluster == "" {
 				continue
 			}
-			vh.Routes = []*routev3.Route{routeTo(cluster)}
+			vh.Routes = []*routev3.Route{envoyconf.RouteTo(cluster)}
 			rc.VirtualHosts = append(rc.VirtualHosts, vh)
 		}
 		b.routes[name] = rc
@@ -257,12 +260,12 @@ func (b *builder) egressListener(field, bind string, port uint32, proto protocol
 			StatPrefix: "outbound_" + name,
 			CodecType:  hcmv3.HttpConnectionManager_AUTO,
 			RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
-				ConfigSource:    adsSource(),
+				ConfigSource:    envoyconf.ADSSource(),
 				RouteConfigName: name,
 			}},
-			HttpFilters: []*hcmv3.HttpFilter{routerFilter()},
+			HttpFilters: []*hcmv3.HttpFilter{envoyconf.RouterFilter()},
 		}
-		filter = &listenerv3.Filter{Name: wellknown.HTTPConnectionManager, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(m)}}
+		filter = &listenerv3.Filter{Name: wellknown.HTTPConnectionManager, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: envoyconf.MustAny(m)}}
 	} else {
 		switch len(dests) {
 		case 1:
@@ -270,7 +273,7 @@ func (b *builder) egressListener(field, bind string, port uint32, proto protocol
 			if cluster == "" {
 				return
 			}
-			filter = tcpProxy("outbound|"+name, cluster)
+			filter = envoyconf.TCPProxy("outbound|"+name, cluster)
 		case 0:
 			b.warn("%s: no Service or ServiceEntry selected by its hosts has port %d; no listener on %s", field, port, name)
 			return
@@ -289,7 +292,7 @@ func (b *builder) egressListener(field, bind string, port uint32, proto protocol
 	}
 	b.listeners[name] = &listenerv3.Listener{
 		Name:             name,
-		Address:          socketAddress(bind, port),
+		Address:          envoyconf.SocketAddress(bind, port),
 		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
 		FilterChains:     []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{filter}}},
 	}
@@ -349,7 +352,7 @@ func (b *builder) sniListener(field, bind string, port uint32, dests []destinati
 		chains = append(chains, &listenerv3.FilterChain{
 			Name:             cluster,
 			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: names},
-			Filters:          []*listenerv3.Filter{tcpProxy("outbound|"+name, cluster)},
+			Filters:          []*listenerv3.Filter{envoyconf.TCPProxy("outbound|"+name, cluster)},
 		})
 	}
 	if len(chains) == 0 {
@@ -358,9 +361,9 @@ func (b *builder) sniListener(field, bind string, port uint32, dests []destinati
 	}
 	b.listeners[name] = &listenerv3.Listener{
 		Name:             name,
-		Address:          socketAddress(bind, port),
+		Address:          envoyconf.SocketAddress(bind, port),
 		TrafficDirection: corev3.TrafficDirection_OUTBOUND,
-		ListenerFilters:  []*listenerv3.ListenerFilter{tlsInspector()},
+		ListenerFilters:  []*listenerv3.ListenerFilter{envoyconf.TLSInspector()},
 		FilterChains:     chains,
 	}
 }

@@ -8,8 +8,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"sigs.k8s.io/yaml"
 
-	metav1alpha1 "istio.io/api/meta/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	"github.com/embark-mesh/embark/translate/internal/envoyconf"
 )
 
 func sidecarYAML(t *testing.T, spec string) *istionetworkingv1.Sidecar {
@@ -82,85 +83,6 @@ func TestSidecarErrors(t *testing.T) {
 	}
 }
 
-func TestParseHostForm(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    HostForm
-		wantErr bool
-	}{
-		{in: "./*", want: HostForm{".", "*"}},
-		{in: "bookinfo/*", want: HostForm{"bookinfo", "*"}},
-		{in: "*/details.bookinfo.svc.cluster.local", want: HostForm{"*", "details.bookinfo.svc.cluster.local"}},
-		{in: "~/*", want: HostForm{"~", "*"}},
-		{in: "*/*", want: HostForm{"*", "*"}},
-		{in: "./Example.ORG", want: HostForm{".", "example.org"}},
-		{in: "*/*.example.com", want: HostForm{"*", "*.example.com"}},
-		{in: "details", wantErr: true},
-		{in: "/*", wantErr: true},
-		{in: "./", wantErr: true},
-		{in: "Bad_NS/*", wantErr: true},
-		{in: "./a*b.com", wantErr: true},
-		{in: "./-bad.com", wantErr: true},
-		{in: "./*.*", wantErr: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			got, err := ParseHostForm(tt.in)
-			if (err != nil) != tt.wantErr {
-				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
-			}
-			if !tt.wantErr && got != tt.want {
-				t.Errorf("got %+v, want %+v", got, tt.want)
-			}
-		})
-	}
-}
-
-func TestHostFormMatches(t *testing.T) {
-	tests := []struct {
-		form, host, ns string
-		want           bool
-	}{
-		{"./*", "a.bookinfo.svc.cluster.local", "bookinfo", true},
-		{"./*", "a.shop.svc.cluster.local", "shop", false},
-		{"shop/*", "a.shop.svc.cluster.local", "shop", true},
-		{"~/*", "a.bookinfo.svc.cluster.local", "bookinfo", false},
-		{"*/example.org", "example.org", "any", true},
-		{"*/example.org", "www.example.org", "any", false},
-		{"*/*.example.org", "www.example.org", "any", true},
-		{"*/*.example.org", "example.org", "any", false},
-	}
-	for _, tt := range tests {
-		f, err := ParseHostForm(tt.form)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := f.matches(tt.host, tt.ns, "bookinfo"); got != tt.want {
-			t.Errorf("%s matches %s in %s = %v, want %v", tt.form, tt.host, tt.ns, got, tt.want)
-		}
-	}
-}
-
-func TestExportedTo(t *testing.T) {
-	tests := []struct {
-		exportTo    []string
-		objNS, wlNS string
-		want        bool
-	}{
-		{nil, "a", "b", true},
-		{[]string{"*"}, "a", "b", true},
-		{[]string{"."}, "a", "a", true},
-		{[]string{"."}, "a", "b", false},
-		{[]string{"~"}, "a", "a", false},
-		{[]string{"x", " b"}, "a", "b", true},
-	}
-	for _, tt := range tests {
-		if got := exportedTo(tt.exportTo, tt.objNS, tt.wlNS); got != tt.want {
-			t.Errorf("exportedTo(%v, %s, %s) = %v, want %v", tt.exportTo, tt.objNS, tt.wlNS, got, tt.want)
-		}
-	}
-}
-
 func TestByTypeAndValidate(t *testing.T) {
 	in := &Inputs{
 		Workload: Workload{Namespace: "shop", Address: "10.0.0.1"},
@@ -179,37 +101,8 @@ func TestByTypeAndValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A resource Envoy would reject fails Validate.
-	res.Clusters = append(res.Clusters, baseCluster("", 0))
+	res.Clusters = append(res.Clusters, envoyconf.BaseCluster("", 0))
 	if err := res.Validate(); err == nil || !strings.Contains(err.Error(), "Name") {
 		t.Errorf("Validate of a nameless cluster = %v, want a Name error", err)
-	}
-}
-
-func TestWorkloadEntryHealth(t *testing.T) {
-	tests := []struct {
-		name        string
-		annotations map[string]string
-		condition   string // "" means no Healthy condition
-		want        bool
-	}{
-		{name: "no condition", want: true},
-		{name: "healthy", condition: "True", want: true},
-		{name: "unhealthy", condition: "False", want: false},
-		{name: "checks enabled, not reported yet", annotations: map[string]string{HealthChecksAnnotation: "true"}, want: false},
-		{name: "checks enabled, healthy", annotations: map[string]string{HealthChecksAnnotation: "true"}, condition: "True", want: true},
-		{name: "checks enabled, unhealthy", annotations: map[string]string{HealthChecksAnnotation: "true"}, condition: "False", want: false},
-		{name: "checks disabled explicitly", annotations: map[string]string{HealthChecksAnnotation: "false"}, want: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			we := &istionetworkingv1.WorkloadEntry{}
-			we.Annotations = tt.annotations
-			if tt.condition != "" {
-				we.Status.Conditions = append(we.Status.Conditions, &metav1alpha1.IstioCondition{Type: HealthyCondition, Status: tt.condition})
-			}
-			if got := weHealthy(we); got != tt.want {
-				t.Errorf("weHealthy = %v, want %v", got, tt.want)
-			}
-		})
 	}
 }

@@ -23,7 +23,7 @@ func FuzzParseHostForm(f *testing.F) {
 		if err != nil || again != form {
 			t.Fatalf("%q parsed to %+v, which reparses to %+v, %v", s, form, again, err)
 		}
-		_ = form.matches("details.bookinfo.svc.cluster.local", "bookinfo", "bookinfo")
+		_ = form.Matches("details.bookinfo.svc.cluster.local", "bookinfo", "bookinfo")
 	})
 }
 

@@ -5,10 +5,7 @@ import (
 	"time"
 
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
-	securityv1beta1 "istio.io/api/security/v1beta1"
-	typev1beta1 "istio.io/api/type/v1beta1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -84,78 +81,6 @@ func TestSelectSidecar(t *testing.T) {
 			}
 			if (res.Sidecar == nil) != (tt.want == "") || (res.Sidecar != nil && res.Sidecar.Namespace+"/"+res.Sidecar.Name != tt.want) {
 				t.Errorf("Result.Sidecar = %v, want %q", res.Sidecar, tt.want)
-			}
-		})
-	}
-}
-
-func peerAuth(ns, name string, age int, sel map[string]string, mode securityv1beta1.PeerAuthentication_MutualTLS_Mode, ports map[uint32]securityv1beta1.PeerAuthentication_MutualTLS_Mode) *istiosecurityv1.PeerAuthentication {
-	pa := &istiosecurityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{
-		Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(t0.Add(time.Duration(age) * time.Minute)),
-	}}
-	pa.Spec.Mtls = &securityv1beta1.PeerAuthentication_MutualTLS{Mode: mode}
-	if sel != nil {
-		pa.Spec.Selector = &typev1beta1.WorkloadSelector{MatchLabels: sel}
-	}
-	for p, m := range ports {
-		if pa.Spec.PortLevelMtls == nil {
-			pa.Spec.PortLevelMtls = map[uint32]*securityv1beta1.PeerAuthentication_MutualTLS{}
-		}
-		pa.Spec.PortLevelMtls[p] = &securityv1beta1.PeerAuthentication_MutualTLS{Mode: m}
-	}
-	return pa
-}
-
-func TestPeerAuthMode(t *testing.T) {
-	const (
-		unset      = securityv1beta1.PeerAuthentication_MutualTLS_UNSET
-		strict     = securityv1beta1.PeerAuthentication_MutualTLS_STRICT
-		permissive = securityv1beta1.PeerAuthentication_MutualTLS_PERMISSIVE
-		disable    = securityv1beta1.PeerAuthentication_MutualTLS_DISABLE
-	)
-	w := Workload{Namespace: "shop", Labels: map[string]string{"app": "api"}}
-	sel := map[string]string{"app": "api"}
-	tests := []struct {
-		name string
-		pas  []*istiosecurityv1.PeerAuthentication
-		port uint32
-		want MTLSMode
-	}{
-		{name: "default permissive", want: MTLSPermissive},
-		{name: "mesh strict", pas: []*istiosecurityv1.PeerAuthentication{peerAuth("istio-system", "default", 0, nil, strict, nil)}, want: MTLSStrict},
-		{name: "namespace overrides mesh", pas: []*istiosecurityv1.PeerAuthentication{
-			peerAuth("istio-system", "default", 0, nil, strict, nil),
-			peerAuth("shop", "default", 0, nil, permissive, nil),
-		}, want: MTLSPermissive},
-		{name: "namespace unset inherits mesh", pas: []*istiosecurityv1.PeerAuthentication{
-			peerAuth("istio-system", "default", 0, nil, strict, nil),
-			peerAuth("shop", "default", 0, nil, unset, nil),
-		}, want: MTLSStrict},
-		{name: "selector overrides namespace", pas: []*istiosecurityv1.PeerAuthentication{
-			peerAuth("shop", "default", 0, nil, permissive, nil),
-			peerAuth("shop", "api", 0, sel, strict, nil),
-		}, want: MTLSStrict},
-		{name: "port level beats workload level", port: 7000, pas: []*istiosecurityv1.PeerAuthentication{
-			peerAuth("shop", "api", 0, sel, strict, map[uint32]securityv1beta1.PeerAuthentication_MutualTLS_Mode{7000: disable}),
-		}, want: MTLSDisable},
-		{name: "port level for another port", port: 8080, pas: []*istiosecurityv1.PeerAuthentication{
-			peerAuth("shop", "api", 0, sel, strict, map[uint32]securityv1beta1.PeerAuthentication_MutualTLS_Mode{7000: disable}),
-		}, want: MTLSStrict},
-		{name: "selector that does not match", pas: []*istiosecurityv1.PeerAuthentication{
-			peerAuth("shop", "web", 0, map[string]string{"app": "web"}, strict, nil),
-		}, want: MTLSPermissive},
-		{name: "selector in root namespace ignored", pas: []*istiosecurityv1.PeerAuthentication{
-			peerAuth("istio-system", "api", 0, sel, strict, nil),
-		}, want: MTLSPermissive},
-		{name: "oldest selector wins", pas: []*istiosecurityv1.PeerAuthentication{
-			peerAuth("shop", "new", 5, sel, strict, nil),
-			peerAuth("shop", "old", 1, sel, disable, nil),
-		}, want: MTLSDisable},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := peerAuthMode(tt.pas, w, DefaultRootNamespace, tt.port); got != tt.want {
-				t.Errorf("mode %s, want %s", got, tt.want)
 			}
 		})
 	}

@@ -3,6 +3,8 @@ package identity
 import (
 	"errors"
 	"fmt"
+
+	"github.com/embark-mesh/embark/onboarding/refusal"
 )
 
 // Reason names why a credential was refused. Every Reason is also an error
@@ -121,24 +123,10 @@ type VerificationError struct {
 var _ error = (*VerificationError)(nil)
 
 // Error formats the refusal as "<Reason>: <detail>: <cause>".
-func (e *VerificationError) Error() string {
-	msg := string(e.Reason)
-	if e.Detail != "" {
-		msg += ": " + e.Detail
-	}
-	if e.Err != nil {
-		msg += ": " + e.Err.Error()
-	}
-	return msg
-}
+func (e *VerificationError) Error() string { return refusal.Message(e.Reason, e.Detail, e.Err) }
 
 // Unwrap exposes both the Reason (for errors.Is) and the cause.
-func (e *VerificationError) Unwrap() []error {
-	if e.Err == nil {
-		return []error{e.Reason}
-	}
-	return []error{e.Reason, e.Err}
-}
+func (e *VerificationError) Unwrap() []error { return refusal.Unwrap(e.Reason, e.Err) }
 
 // Refuse returns a *VerificationError with the given reason and a detail
 // formatted like fmt.Sprintf. It does not wrap a cause; use [RefuseWrap] for

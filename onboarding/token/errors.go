@@ -3,6 +3,8 @@ package token
 import (
 	"errors"
 	"fmt"
+
+	"github.com/embark-mesh/embark/onboarding/refusal"
 )
 
 // Reason names why a token was refused. Every Reason is also an error value,
@@ -64,23 +66,11 @@ var (
 
 // Error formats the refusal as "onboarding token: <Reason>: <detail>: <cause>".
 func (e *Error) Error() string {
-	msg := "onboarding token: " + string(e.Reason)
-	if e.Detail != "" {
-		msg += ": " + e.Detail
-	}
-	if e.Err != nil {
-		msg += ": " + e.Err.Error()
-	}
-	return msg
+	return "onboarding token: " + refusal.Message(e.Reason, e.Detail, e.Err)
 }
 
 // Unwrap exposes both the Reason (for errors.Is) and the cause.
-func (e *Error) Unwrap() []error {
-	if e.Err == nil {
-		return []error{e.Reason}
-	}
-	return []error{e.Reason, e.Err}
-}
+func (e *Error) Unwrap() []error { return refusal.Unwrap(e.Reason, e.Err) }
 
 // ReasonOf returns the Reason of the first *Error in err's chain, or "" if
 // there is none.

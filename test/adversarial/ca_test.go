@@ -2,17 +2,9 @@ package adversarial
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -39,33 +31,23 @@ import (
 	"github.com/embark-mesh/embark/xds/ca"
 )
 
-func freeAddr(t *testing.T) string {
+// runEndpoint runs the endpoint (app.Run) with the configuration file as
+// replica until the test ends, and returns once it is ready.
+func runEndpoint(t *testing.T, file, replica string) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done, ready := make(chan error, 1), make(chan struct{})
+	go func() {
+		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: replica, DebugXDS: "off",
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("endpoint: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// selfSignedRoot writes a PEM root to dir (istiod's roots for a relay whose
-// istiod is not there: requests that pass Embark's checks then fail
-// Unavailable, which tells them apart from those Embark refused).
-func selfSignedRoot(t *testing.T, dir string) string {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "absent istiod"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, "istiod-root.pem")
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // startCARelay runs the endpoint for ns with an istiod configured at an
@@ -86,7 +68,7 @@ func startCARelay(t *testing.T, ns string) securityv1alpha1.IstioCertificateServ
 func startCARelayAddr(t *testing.T, ns string) string {
 	t.Helper()
 	dir := t.TempDir()
-	xdsAddr := freeAddr(t)
+	xdsAddr := fixtures.FreeAddr(t)
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
 namespace: %s
@@ -98,24 +80,12 @@ istiod:
   serverName: istiod.istio-system.svc
   rootCertFile: %s
 listen: {onboarding: %s, metrics: %s, xds: %s, repository: %s}
-`, ns, freeAddr(t), selfSignedRoot(t, dir), freeAddr(t), freeAddr(t), xdsAddr, freeAddr(t))
+`, ns, fixtures.FreeAddr(t), fixtures.RootFile(t, dir, "istiod-root.pem", "absent istiod"), fixtures.FreeAddr(t), fixtures.FreeAddr(t), xdsAddr, fixtures.FreeAddr(t))
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done, ready := make(chan error, 1), make(chan struct{})
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: "ca-" + ns, DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("endpoint: %v", err)
-	}
-	t.Cleanup(func() { cancel(); <-done })
+	runEndpoint(t, file, "ca-"+ns)
 	return xdsAddr
 }
 

@@ -2,14 +2,10 @@ package adversarial
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -18,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // repositoryPlane is the real endpoint (app.Run) serving its local
@@ -57,18 +53,16 @@ func startRepository(t *testing.T, limitsYAML string) *repositoryPlane {
 	_ = f.Close()
 
 	const host = "onboarding-endpoint.example.corp"
-	cert, pool := selfSigned(t, host)
-	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	ca, err := fixtures.NewCA("repository test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	for file, block := range map[string]*pem.Block{certFile: {Type: "CERTIFICATE", Bytes: cert.Certificate[0]}, keyFile: {Type: "PRIVATE KEY", Bytes: key}} {
-		if err := os.WriteFile(file, pem.EncodeToMemory(block), 0o600); err != nil {
-			t.Fatal(err)
-		}
+	certFile, keyFile, err := ca.ServingCert(dir, host)
+	if err != nil {
+		t.Fatal(err)
 	}
-	repoAddr := freeAddr(t)
+	pool := ca.Pool()
+	repoAddr := fixtures.FreeAddr(t)
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
 namespace: %s
@@ -85,24 +79,12 @@ localRepository:
 limits:
   repository: %s
 listen: {onboarding: %s, metrics: %s, xds: %s, repository: %s}
-`, ns, host, certFile, keyFile, freeAddr(t), selfSignedRoot(t, dir), repo, limitsYAML, freeAddr(t), freeAddr(t), freeAddr(t), repoAddr)
+`, ns, host, certFile, keyFile, fixtures.FreeAddr(t), fixtures.RootFile(t, dir, "istiod-root.pem", "absent istiod"), repo, limitsYAML, fixtures.FreeAddr(t), fixtures.FreeAddr(t), fixtures.FreeAddr(t), repoAddr)
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done, ready := make(chan error, 1), make(chan struct{})
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: "repo-" + ns, DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("endpoint: %v", err)
-	}
-	t.Cleanup(func() { cancel(); <-done })
+	runEndpoint(t, file, "repo-"+ns)
 	return &repositoryPlane{
 		addr: repoAddr, tls: &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12},
 		file: "/install/deb/amd64/onboarding-agent.deb", size: packageSize,

@@ -26,8 +26,13 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/demo/check"
+	"github.com/embark-mesh/embark/test/demo/istiodview"
+	"github.com/embark-mesh/embark/test/demo/step"
+	"github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 const (
@@ -50,12 +55,12 @@ type demo struct {
 	out         io.Writer
 	interactive bool
 	work        string
-	tb          *demoTB
+	tb          *step.TB
 
 	env          *testenv.Env
 	aws          *simulatedAWS
-	vms          []*vm
-	denied       *vm
+	vms          []*vm.VM
+	denied       *vm.VM
 	endpointDone chan error
 	stopEndpoint context.CancelFunc
 	serving      servingCert
@@ -64,9 +69,9 @@ type demo struct {
 	api          onboardingv1alpha1.OnboardingServiceClient
 	conn         *grpc.ClientConn
 
-	istiod     *testenv.Istiod // see istiod.go
-	istiodRoot string          // its CA root, as a file
-	pod        *podProxy       // productpage's proxy on istiod
+	istiod     *testenv.Istiod      // see istiod.go
+	istiodRoot string               // its CA root, as a file
+	pod        *istiodview.PodProxy // productpage's proxy on istiod
 }
 
 // run runs the demo and cleans up everything it started before returning.
@@ -81,7 +86,7 @@ func run(ctx context.Context, out io.Writer, interactive bool) error {
 		_ = os.RemoveAll(work)
 		return err
 	}
-	d.tb = newDemoTB(ctx, logFile, work)
+	d.tb = step.NewTB(ctx, logFile, work)
 	defer func() {
 		d.cleanup()
 		_ = logFile.Close()
@@ -89,7 +94,7 @@ func run(ctx context.Context, out io.Writer, interactive bool) error {
 	}()
 
 	fmt.Fprintln(out, "Embark demo: EC2 instances onboard into a local control plane and connect their Istio sidecars")
-	if err := runSteps(ctx, out, d.steps()); err != nil {
+	if err := step.Run(ctx, out, d.steps()); err != nil {
 		d.showLogsOnFailure()
 		return err
 	}
@@ -108,42 +113,42 @@ func run(ctx context.Context, out io.Writer, interactive bool) error {
 }
 
 // steps lists the demo's steps; their number is fixed before the first runs.
-func (d *demo) steps() []step {
-	d.vms = []*vm{{name: "ratings-1"}, {name: "ratings-2"}, {name: "ratings-3"}}
-	d.denied = &vm{name: "intruder-1"}
-	steps := []step{
-		{"start a local kube-apiserver + etcd + kube-controller-manager with Embark's and Istio's CRDs", d.startControlPlane},
-		{"create namespace bookinfo with the seed 004 WorkloadGroup, OnboardingPolicy and Sidecar", d.applySeeds},
-		{"start a real istiod (pilot-discovery, the mesh's control plane and CA), the ratings Service, and a productpage pod's proxy watching ratings' endpoints", d.startIstiod},
-		{"simulate AWS us-east-2: a demo region certificate, STS, and EC2 instances with IMDS", d.simulateAWS},
-		{fmt.Sprintf("start the onboarding endpoint in istiod mode (certificates and configuration relayed from istiod; grace period shortened to %v)", gracePeriod), d.startEndpoint},
+func (d *demo) steps() []step.Step {
+	d.vms = []*vm.VM{{Name: "ratings-1"}, {Name: "ratings-2"}, {Name: "ratings-3"}}
+	d.denied = &vm.VM{Name: "intruder-1"}
+	steps := []step.Step{
+		{Title: "start a local kube-apiserver + etcd + kube-controller-manager with Embark's and Istio's CRDs", Run: d.startControlPlane},
+		{Title: "create namespace bookinfo with the seed 004 WorkloadGroup, OnboardingPolicy and Sidecar", Run: d.applySeeds},
+		{Title: "start a real istiod (pilot-discovery, the mesh's control plane and CA), the ratings Service, and a productpage pod's proxy watching ratings' endpoints", Run: d.startIstiod},
+		{Title: "simulate AWS us-east-2: a demo region certificate, STS, and EC2 instances with IMDS", Run: d.simulateAWS},
+		{Title: fmt.Sprintf("start the onboarding endpoint in istiod mode (certificates and configuration relayed from istiod; grace period shortened to %v)", gracePeriod), Run: d.startEndpoint},
 	}
 	for _, v := range d.vms {
-		steps = append(steps, step{fmt.Sprintf("start simulated VM %s: its onboarding agent onboards and starts pilot-agent as the sidecar", v.name),
-			func(ctx context.Context, out io.Writer) error { return d.startVM(ctx, out, v) }})
+		steps = append(steps, step.Step{Title: fmt.Sprintf("start simulated VM %s: its onboarding agent onboards and starts pilot-agent as the sidecar", v.Name),
+			Run: func(ctx context.Context, out io.Writer) error { return d.startVM(ctx, out, v) }})
 	}
 	last := d.vms[len(d.vms)-1]
 	steps = append(steps,
-		step{"kubectl get war -A: every VM registered, its sidecar connected", d.listRegistrations},
-		step{"kubectl get workloadentries: one per VM, connected to this replica", d.listWorkloadEntries},
-		step{"kubectl describe war " + d.vms[0].name + "'s registration", d.describeRegistration},
-		step{"istioctl proxy-status against Embark's xDS server: the sidecars connected to Embark", d.proxyStatus},
-		step{"istioctl proxy-status against istiod (seed 000): every VM with CDS, LDS, EDS and RDS SYNCED", d.istiodProxyStatus},
-		step{"each VM's workload certificate: from istiod's CA through Embark, identity of the WorkloadGroup's service account", d.certificateIdentity},
-		step{"istiod serves every VM to a pod as an endpoint of the ratings Service", d.ratingsEndpoints},
-		step{"health flip: " + d.vms[0].name + "'s application fails its readiness probe, then recovers: WorkloadEntry Healthy follows",
-			func(ctx context.Context, out io.Writer) error { return d.healthFlip(ctx, out, d.vms[0]) }},
-		step{"an instance of an account no OnboardingPolicy allows is refused", d.refuse},
-		step{"kubectl delete war " + d.vms[1].name + "'s registration: its onboarding agent onboards again and restarts the sidecar",
-			func(ctx context.Context, out io.Writer) error { return d.deleteRegistration(ctx, out, d.vms[1]) }},
-		step{"WorkloadGroupRollout (maxUnavailable 1): the group changes, each VM onboards again in turn, all connected with the new spec",
-			d.rollingUpdate},
-		step{"power off " + last.name + " (onboarding agent killed, sidecar stopped): its registration shows the disconnect",
-			func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
-		step{fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.name, gracePeriod),
-			func(ctx context.Context, out io.Writer) error { return d.gracePeriodRemoval(ctx, out, last) }},
-		step{"an on-prem host (" + onPremHost + ") onboards with an OIDC JWT of the kube-apiserver's service-account issuer, next to the EC2 instances",
-			d.onPremOnboarding},
+		step.Step{Title: "kubectl get war -A: every VM registered, its sidecar connected", Run: d.listRegistrations},
+		step.Step{Title: "kubectl get workloadentries: one per VM, connected to this replica", Run: d.listWorkloadEntries},
+		step.Step{Title: "kubectl describe war " + d.vms[0].Name + "'s registration", Run: d.describeRegistration},
+		step.Step{Title: "istioctl proxy-status against Embark's xDS server: the sidecars connected to Embark", Run: d.proxyStatus},
+		step.Step{Title: "istioctl proxy-status against istiod (seed 000): every VM with CDS, LDS, EDS and RDS SYNCED", Run: d.istiodProxyStatus},
+		step.Step{Title: "each VM's workload certificate: from istiod's CA through Embark, identity of the WorkloadGroup's service account", Run: d.certificateIdentity},
+		step.Step{Title: "istiod serves every VM to a pod as an endpoint of the ratings Service", Run: d.ratingsEndpoints},
+		step.Step{Title: "health flip: " + d.vms[0].Name + "'s application fails its readiness probe, then recovers: WorkloadEntry Healthy follows",
+			Run: func(ctx context.Context, out io.Writer) error { return d.healthFlip(ctx, out, d.vms[0]) }},
+		step.Step{Title: "an instance of an account no OnboardingPolicy allows is refused", Run: d.refuse},
+		step.Step{Title: "kubectl delete war " + d.vms[1].Name + "'s registration: its onboarding agent onboards again and restarts the sidecar",
+			Run: func(ctx context.Context, out io.Writer) error { return d.deleteRegistration(ctx, out, d.vms[1]) }},
+		step.Step{Title: "WorkloadGroupRollout (maxUnavailable 1): the group changes, each VM onboards again in turn, all connected with the new spec",
+			Run: d.rollingUpdate},
+		step.Step{Title: "power off " + last.Name + " (onboarding agent killed, sidecar stopped): its registration shows the disconnect",
+			Run: func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
+		step.Step{Title: fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.Name, gracePeriod),
+			Run: func(ctx context.Context, out io.Writer) error { return d.gracePeriodRemoval(ctx, out, last) }},
+		step.Step{Title: "an on-prem host (" + onPremHost + ") onboards with an OIDC JWT of the kube-apiserver's service-account issuer, next to the EC2 instances",
+			Run: d.onPremOnboarding},
 	)
 	return steps
 }
@@ -203,18 +208,18 @@ func (d *demo) simulateAWS(ctx context.Context, out io.Writer) error {
 		if i > 0 {
 			inst.InstanceID = fmt.Sprintf("i-0de%014d", i)
 		}
-		if v.imds, err = d.aws.instance(inst); err != nil {
+		if v.IMDS, err = d.aws.instance(inst); err != nil {
 			return err
 		}
 	}
 	// An instance of an account no policy allows.
-	if d.denied.imds, err = d.aws.instance(awstest.Instance{Account: "999999999999", Role: "ratings-role", PrivateIP: "127.0.1.99", InstanceID: "i-0de99999999999999"}); err != nil {
+	if d.denied.IMDS, err = d.aws.instance(awstest.Instance{Account: "999999999999", Role: "ratings-role", PrivateIP: "127.0.1.99", InstanceID: "i-0de99999999999999"}); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "STS %s\n", d.aws.sts.URL)
 	for _, v := range append(d.vms, d.denied) {
-		in := v.imds.Instance()
-		fmt.Fprintf(out, "%-10s %s  account %s  zone %s  role %s  private IP %-12s IMDS %s\n", v.name, in.InstanceID, in.Account, in.Zone, in.Role, in.PrivateIP, v.imds.URL)
+		in := v.IMDS.Instance()
+		fmt.Fprintf(out, "%-10s %s  account %s  zone %s  role %s  private IP %-12s IMDS %s\n", v.Name, in.InstanceID, in.Account, in.Zone, in.Role, in.PrivateIP, v.IMDS.URL)
 	}
 	return nil
 }
@@ -303,25 +308,25 @@ listen:
 	return nil
 }
 
-func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm) error {
-	if err := v.startApp(d.appPort); err != nil {
+func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm.VM) error {
+	if err := v.StartApp(v.IMDS.Instance().PrivateIP, d.appPort); err != nil {
 		return err
 	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	v.root = filepath.Join(d.work, "vms", v.name)
-	if err := v.startAgent(d.tb, agentSettings{exe: exe, endpoint: d.addrs.onboarding, serverName: endpointHost,
-		caFile: d.serving.caFile, stsURL: d.aws.sts.URL}); err != nil {
+	v.Root = filepath.Join(d.work, "vms", v.Name)
+	if err := v.StartAgent(d.tb, vm.Settings{Exe: exe, Endpoint: d.addrs.onboarding, ServerName: endpointHost,
+		CAFile: d.serving.caFile, Host: v.AWSHost(d.aws.sts.URL)}); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "onboarding-agent started (root %s)\n", v.root)
+	fmt.Fprintf(out, "onboarding-agent started (root %s)\n", v.Root)
 	// The agent onboards, writes the sidecar's bootstrap and restarts the
 	// sidecar through its unit; the sidecar connects.
 	if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
-		if name, restarts := v.state(); restarts == 0 {
-			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.agentLog("level="))
+		if name, restarts := v.State(); restarts == 0 {
+			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.AgentLog("level="))
 		} else if name == "" {
 			return errors.New("the sidecar's cluster.env names no registration")
 		}
@@ -329,218 +334,187 @@ func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm) error {
 	}); err != nil {
 		return err
 	}
-	name, _ := v.state()
-	fmt.Fprintf(out, "%s\n", v.agentLog("onboarded", "sidecar (re)started"))
-	fmt.Fprintf(out, "sidecar files written by the agent: %s, %s, %s\n", vmClusterEnv, vmMeshConfig, vmToken)
+	name, _ := v.State()
+	fmt.Fprintf(out, "%s\n", v.AgentLog("onboarded", "sidecar (re)started"))
+	fmt.Fprintf(out, "sidecar files written by the agent: %s, %s, %s\n", vmsim.ClusterEnv, vmsim.MeshConfig, vmsim.Token)
 	fmt.Fprintf(out, "pilot-agent (DISABLE_ENVOY=true) started by the agent's restart command; registration bookinfo/%s: AgentConnected=True\n", name)
 	return nil
 }
 
 // checkConnected checks v's registration's AgentConnected condition.
-func (d *demo) checkConnected(ctx context.Context, v *vm, want metav1.ConditionStatus) error {
+func (d *demo) checkConnected(ctx context.Context, v *vm.VM, want metav1.ConditionStatus) error {
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := d.env.Client.Get(ctx, keyOf(v), war); err != nil {
 		return err
 	}
-	if v.uid != "" && war.UID == v.uid {
-		return fmt.Errorf("%s is still the registration %s", war.Name, v.uid)
+	if v.UID != "" && war.UID == v.UID {
+		return fmt.Errorf("%s is still the registration %s", war.Name, v.UID)
 	}
 	for _, c := range war.Status.Conditions {
 		if c.Type == runtimev1alpha1.ConditionAgentConnected {
 			if c.Status != want {
-				return fmt.Errorf("%s: AgentConnected=%s (%s), want %s", v.reg(), c.Status, c.Reason, want)
+				return fmt.Errorf("%s: AgentConnected=%s (%s), want %s", v.Reg(), c.Status, c.Reason, want)
 			}
 			return nil
 		}
 	}
-	return fmt.Errorf("%s: no AgentConnected condition yet", v.reg())
+	return fmt.Errorf("%s: no AgentConnected condition yet", v.Reg())
 }
 
 func (d *demo) listRegistrations(ctx context.Context, out io.Writer) error {
 	want := map[string]string{}
 	for _, v := range d.vms {
-		want["bookinfo/"+v.reg()] = "True"
+		want["bookinfo/"+v.Reg()] = "True"
 	}
-	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
+	return d.showChecked(ctx, out, func(s string) error { return check.WARs(s, want) }, "get", "war", "-A")
 }
 
 func (d *demo) listWorkloadEntries(ctx context.Context, out io.Writer) error {
 	cols := "NAME:.metadata.name,ADDRESS:.spec.address,NETWORK:.spec.network,LOCALITY:.spec.locality,REPLICA:.metadata.annotations.onboarding\\.tetrate\\.io/connected-replica,CONNECTED AT:.metadata.annotations.onboarding\\.tetrate\\.io/connected-at"
-	return d.showChecked(ctx, out, func(s string) error {
-		t, err := parseTable(s)
-		if err != nil {
-			return err
-		}
-		got, err := t.column("NAME", "REPLICA")
-		if err != nil {
-			return err
-		}
-		want := map[string]string{}
-		for _, v := range d.vms {
-			want[v.reg()] = replica
-		}
-		return compare("WorkloadEntry", "REPLICA", got, want)
-	}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols)
+	want := map[string]string{}
+	for _, v := range d.vms {
+		want[v.Reg()] = replica
+	}
+	return d.showChecked(ctx, out, func(s string) error { return check.Column(s, "WorkloadEntry", "NAME", "REPLICA", want) },
+		"get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols)
 }
 
 func (d *demo) describeRegistration(ctx context.Context, out io.Writer) error {
 	v := d.vms[0]
-	in := v.imds.Instance()
+	in := v.IMDS.Instance()
 	return d.showChecked(ctx, out, func(s string) error {
-		return checkContains(s, v.reg(), "Instance Id:", in.InstanceID, in.PrivateIP,
+		return check.Contains(s, v.Reg(), "Instance Id:", in.InstanceID, in.PrivateIP,
 			runtimev1alpha1.ConditionAgentConnected, runtimev1alpha1.ReasonAgentEstablishedConnection, replica)
-	}, "describe", "war", "-n", "bookinfo", v.reg())
+	}, "describe", "war", "-n", "bookinfo", v.Reg())
 }
 
 func (d *demo) proxyStatus(ctx context.Context, out io.Writer) error {
 	want := map[string]string{}
 	for _, v := range d.vms {
-		want[v.reg()+".bookinfo"] = replica
+		want[v.Reg()+".bookinfo"] = replica
 	}
 	args := []string{"proxy-status", "--xds-address", d.addrs.debugXDS, "--plaintext", "-r", "default"}
-	if err := d.istioctlChecked(ctx, out, func(s string) error { return checkProxyStatus(s, want) }, args...); err != nil {
+	if err := d.istioctlChecked(ctx, out, func(s string) error { return check.ProxyStatus(s, want) }, args...); err != nil {
 		return err
 	}
 	// Per type: the configuration Embark relays reached each sidecar
 	// (through pilot-agent, to the Envoy part the demo plays) and was ACKed.
 	return d.istioctlChecked(ctx, out, func(s string) error {
-		return checkSynced(s, len(want), "CDS", "LDS", "EDS", "RDS")
+		return check.Synced(s, len(want), "CDS", "LDS", "EDS", "RDS")
 	}, append(args, "-v", "1")...)
 }
 
-func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm) error {
+func (d *demo) healthFlip(ctx context.Context, out io.Writer, v *vm.VM) error {
 	cols := `NAME:.metadata.name,HEALTHY:.status.conditions[?(@.type=="Healthy")].status,REASON:.status.conditions[?(@.type=="Healthy")].reason,MESSAGE:.status.conditions[?(@.type=="Healthy")].message`
-	healthy := func(unhealthy *vm) map[string]string {
+	healthy := func(unhealthy *vm.VM) map[string]string {
 		want := map[string]string{}
 		for _, o := range d.vms {
-			want[o.reg()] = "True"
+			want[o.Reg()] = "True"
 		}
 		if unhealthy != nil {
-			want[unhealthy.reg()] = "False"
+			want[unhealthy.Reg()] = "False"
 		}
 		return want
 	}
-	show := func(want map[string]string, unhealthy *vm) error {
+	show := func(want map[string]string, unhealthy *vm.VM) error {
 		if err := d.showRatingsEndpoints(ctx, out, d.wantEndpoints(unhealthy, nil)); err != nil {
 			return err
 		}
-		if err := d.showChecked(ctx, out, func(s string) error {
-			t, err := parseTable(s)
-			if err != nil {
-				return err
-			}
-			got, err := t.column("NAME", "HEALTHY")
-			if err != nil {
-				return err
-			}
-			return compare("WorkloadEntry", "HEALTHY", got, want)
-		}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols); err != nil {
+		if err := d.showChecked(ctx, out, func(s string) error { return check.Column(s, "WorkloadEntry", "NAME", "HEALTHY", want) },
+			"get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols); err != nil {
 			return err
 		}
-		wars := map[string]string{}
-		for name, h := range want {
-			wars[name] = h
-		}
-		return d.showChecked(ctx, out, func(s string) error {
-			t, err := parseTable(s)
-			if err != nil {
-				return err
-			}
-			got, err := t.column("NAME", "HEALTHY")
-			if err != nil {
-				return err
-			}
-			return compare("registration", "HEALTHY", got, wars)
-		}, "get", "war", "-n", "bookinfo", "-o", "wide")
+		return d.showChecked(ctx, out, func(s string) error { return check.Column(s, "registration", "NAME", "HEALTHY", want) },
+			"get", "war", "-n", "bookinfo", "-o", "wide")
 	}
 	fmt.Fprintf(out, "every sidecar probes its application (GET /ready on port %d of its IP, every 1s):\n", d.appPort)
 	if err := show(healthy(nil), nil); err != nil {
 		return err
 	}
-	v.app.SetHealthy(false)
-	fmt.Fprintf(out, "\n%s's application now answers /ready with 503:\n", v.name)
+	v.App.SetHealthy(false)
+	fmt.Fprintf(out, "\n%s's application now answers /ready with 503:\n", v.Name)
 	if err := show(healthy(v), v); err != nil {
 		return err
 	}
-	v.app.SetHealthy(true)
-	fmt.Fprintf(out, "\n%s's application recovers:\n", v.name)
+	v.App.SetHealthy(true)
+	fmt.Fprintf(out, "\n%s's application recovers:\n", v.Name)
 	return show(healthy(nil), nil)
 }
 
 func (d *demo) refuse(ctx context.Context, out io.Writer) error {
 	v := d.denied
-	in := v.imds.Instance()
-	fmt.Fprintf(out, "%s (%s, account %s) onboards:\n", v.name, in.InstanceID, in.Account)
-	_, err := v.onboard(ctx, d.api, d.aws.sts.URL)
+	in := v.IMDS.Instance()
+	fmt.Fprintf(out, "%s (%s, account %s) onboards:\n", v.Name, in.InstanceID, in.Account)
+	_, err := v.Onboard(ctx, d.api, d.aws.sts.URL, endpointHost)
 	if err == nil {
 		return errors.New("the instance was onboarded, but no policy allows its account")
 	}
 	st := status.Convert(err)
 	fmt.Fprintf(out, "%s: %s\n", st.Code(), st.Message())
-	if err := checkContains(st.Code().String()+": "+st.Message(), "PermissionDenied", "account 999999999999 not in [123456789012]"); err != nil {
+	if err := check.Contains(st.Code().String()+": "+st.Message(), "PermissionDenied", "account 999999999999 not in [123456789012]"); err != nil {
 		return err
 	}
-	return d.showChecked(ctx, out, func(s string) error { return checkContains(s, "OnboardingDenied", "ratings") },
+	return d.showChecked(ctx, out, func(s string) error { return check.Contains(s, "OnboardingDenied", "ratings") },
 		"get", "events", "-n", "bookinfo", "--field-selector", "reason=OnboardingDenied", "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,COUNT:.count")
 }
 
-func (d *demo) disconnect(ctx context.Context, out io.Writer, v *vm) error {
-	if err := v.powerOff(); err != nil {
+func (d *demo) disconnect(ctx context.Context, out io.Writer, v *vm.VM) error {
+	if err := v.PowerOff(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s: onboarding-agent killed (it does not unregister), pilot-agent stopped\n", v.name)
+	fmt.Fprintf(out, "%s: onboarding-agent killed (it does not unregister), pilot-agent stopped\n", v.Name)
 	want := map[string]string{}
 	for _, o := range d.vms {
-		want["bookinfo/"+o.reg()] = "True"
+		want["bookinfo/"+o.Reg()] = "True"
 	}
-	want["bookinfo/"+v.reg()] = "False"
-	if err := d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A"); err != nil {
+	want["bookinfo/"+v.Reg()] = "False"
+	if err := d.showChecked(ctx, out, func(s string) error { return check.WARs(s, want) }, "get", "war", "-A"); err != nil {
 		return err
 	}
 	// Like istiod's own auto-registration, Embark keeps a disconnected
 	// workload's WorkloadEntry (and its Healthy condition) until the grace
 	// period ends: istiod still serves it; the next step shows it leave.
-	fmt.Fprintf(out, "%s's WorkloadEntry stays until the grace period ends, so istiod still serves it:\n", v.name)
+	fmt.Fprintf(out, "%s's WorkloadEntry stays until the grace period ends, so istiod still serves it:\n", v.Name)
 	return d.showRatingsEndpoints(ctx, out, d.wantEndpoints(nil, nil))
 }
 
-func (d *demo) deleteRegistration(ctx context.Context, out io.Writer, v *vm) error {
+func (d *demo) deleteRegistration(ctx context.Context, out io.Writer, v *vm.VM) error {
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := d.env.Client.Get(ctx, keyOf(v), war); err != nil {
 		return err
 	}
-	_, restarts := v.state()
-	if err := d.kubectl(ctx, out, "delete", "war", "-n", "bookinfo", v.reg()); err != nil {
+	_, restarts := v.State()
+	if err := d.kubectl(ctx, out, "delete", "war", "-n", "bookinfo", v.Reg()); err != nil {
 		return err
 	}
-	v.uid = war.UID
-	defer func() { v.uid = "" }()
+	v.UID = war.UID
+	defer func() { v.UID = "" }()
 	if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
-		if _, n := v.state(); n == restarts {
-			return fmt.Errorf("the onboarding agent has not restarted the sidecar; its log:\n%s", v.agentLog("level="))
+		if _, n := v.State(); n == restarts {
+			return fmt.Errorf("the onboarding agent has not restarted the sidecar; its log:\n%s", v.AgentLog("level="))
 		}
 		return d.checkConnected(ctx, v, metav1.ConditionTrue) // a registration with another UID
 	}); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s's onboarding agent:\n%s\n", v.name, v.agentLog("deleted", "onboarded", "sidecar (re)started"))
+	fmt.Fprintf(out, "%s's onboarding agent:\n%s\n", v.Name, v.AgentLog("deleted", "onboarded", "sidecar (re)started"))
 	want := map[string]string{}
 	for _, o := range d.vms {
-		want["bookinfo/"+o.reg()] = "True"
+		want["bookinfo/"+o.Reg()] = "True"
 	}
-	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
+	return d.showChecked(ctx, out, func(s string) error { return check.WARs(s, want) }, "get", "war", "-A")
 }
 
-func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm) error {
+func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm.VM) error {
 	fmt.Fprintf(out, "waiting for the grace period of %v to pass ...\n", gracePeriod)
 	gone := func() error {
 		war := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := d.env.Client.Get(ctx, keyOf(v), war); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("registration %s still exists (%v)", v.reg(), err)
+			return fmt.Errorf("registration %s still exists (%v)", v.Reg(), err)
 		}
 		we := &istionetworkingv1.WorkloadEntry{}
 		if err := d.env.Client.Get(ctx, keyOf(v), we); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("WorkloadEntry %s still exists (%v)", v.reg(), err)
+			return fmt.Errorf("WorkloadEntry %s still exists (%v)", v.Reg(), err)
 		}
 		return nil
 	}
@@ -550,15 +524,15 @@ func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm) err
 	want := map[string]string{}
 	for _, o := range d.vms {
 		if o != v {
-			want["bookinfo/"+o.reg()] = "True"
+			want["bookinfo/"+o.Reg()] = "True"
 		}
 	}
-	if err := d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A"); err != nil {
+	if err := d.showChecked(ctx, out, func(s string) error { return check.WARs(s, want) }, "get", "war", "-A"); err != nil {
 		return err
 	}
 	if err := d.showChecked(ctx, out, func(s string) error {
-		if strings.Contains(s, v.reg()) {
-			return fmt.Errorf("WorkloadEntry %s is still listed", v.reg())
+		if strings.Contains(s, v.Reg()) {
+			return fmt.Errorf("WorkloadEntry %s is still listed", v.Reg())
 		}
 		return nil
 	}, "get", "workloadentries", "-n", "bookinfo"); err != nil {
@@ -606,8 +580,8 @@ Embark is running. Try:
     curl -s http://%s/metrics | grep ^embark_
 Onboarding API https://%s (as %s), xDS %s, istiod %s; logs and files in %s (istiod's in %s).
 Press Ctrl-C to stop and clean up.
-`, kc, kc, d.vms[0].reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS,
-		filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.istiod.GRPCAddr, d.istiod.HTTPAddr, d.vms[0].reg(), d.addrs.metrics,
+`, kc, kc, d.vms[0].Reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS,
+		filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.istiod.GRPCAddr, d.istiod.HTTPAddr, d.vms[0].Reg(), d.addrs.metrics,
 		d.addrs.onboarding, endpointHost, d.addrs.xds, d.istiod.SecureGRPCAddr, d.work, d.istiod.LogPath)
 }
 
@@ -616,7 +590,7 @@ Press Ctrl-C to stop and clean up.
 func (d *demo) showLogsOnFailure() {
 	b, err := os.ReadFile(filepath.Join(d.work, "endpoint.log"))
 	if err == nil && len(b) > 0 {
-		fmt.Fprintf(d.out, "\nlast lines of the onboarding endpoint's log:\n%s", indent(tail(string(b), 20)))
+		fmt.Fprintf(d.out, "\nlast lines of the onboarding endpoint's log:\n%s", step.Indent(tail(string(b), 20)))
 	}
 }
 
@@ -628,13 +602,13 @@ func (d *demo) cleanup() {
 	var wg sync.WaitGroup
 	for _, v := range d.vms {
 		wg.Add(1)
-		go func() { defer wg.Done(); v.shutdownAgent() }()
+		go func() { defer wg.Done(); v.Shutdown() }()
 	}
 	wg.Wait()
 	d.tb.Close() // pilot-agents left
 	for _, v := range append(d.vms, d.denied) {
 		if v != nil {
-			v.close()
+			v.Close()
 		}
 	}
 	if d.conn != nil {

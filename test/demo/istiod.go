@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -11,22 +10,18 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/structpb"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/embark-mesh/embark/test/demo/check"
+	"github.com/embark-mesh/embark/test/demo/istiodview"
+	"github.com/embark-mesh/embark/test/demo/step"
+	"github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -40,12 +35,6 @@ import (
 // istiodPodName is istiod's POD_NAME (testenv.StartIstiod): what istioctl
 // prints in the ISTIOD column for proxies connected to it.
 const istiodPodName = "istiod-local"
-
-// vmOutputCerts is where each VM's pilot-agent writes the workload
-// certificate it got (OUTPUT_CERTS): with Envoy it would serve it over SDS
-// only; without Envoy (DISABLE_ENVOY=true) it serves no SDS socket, so the
-// demo reads the files.
-const vmOutputCerts = "etc/istio/output-certs"
 
 // ratingsPort is the port of the ratings Service and of its VMs' endpoints:
 // the port of the seed's Sidecar (ingress 8080 to the application on
@@ -68,7 +57,7 @@ func (d *demo) startIstiod(ctx context.Context, out io.Writer) error {
 	if err := os.WriteFile(d.istiodRoot, i.RootCert, 0o600); err != nil {
 		return err
 	}
-	root, err := firstCert(i.RootCert)
+	root, err := istiodview.FirstCert(i.RootCert)
 	if err != nil {
 		return err
 	}
@@ -95,7 +84,7 @@ func (d *demo) startIstiod(ctx context.Context, out io.Writer) error {
 // stopIstiod stops istiod and removes its files.
 func (d *demo) stopIstiod() {
 	if d.pod != nil {
-		d.pod.close()
+		d.pod.Close()
 	}
 	if d.istiod != nil {
 		_ = d.istiod.Close()
@@ -116,12 +105,6 @@ func (d *demo) istiodConfig() string {
 `, d.istiod.SecureGRPCAddr, testenv.IstiodServerName, d.istiodRoot)
 }
 
-// sidecarEnv is what the demo adds to the environment of each VM's
-// pilot-agent beyond the bootstrap's cluster.env.
-func sidecarEnv(root string) map[string]string {
-	return map[string]string{"OUTPUT_CERTS": filepath.Join(root, vmOutputCerts)}
-}
-
 // certificateIdentity shows the workload certificate each VM's sidecar got
 // from istiod's CA through the endpoint and checks its identity (the
 // WorkloadGroup's service account) and that it chains to istiod's root.
@@ -133,95 +116,24 @@ func (d *demo) certificateIdentity(ctx context.Context, out io.Writer) error {
 	want := "spiffe://cluster.local/ns/bookinfo/sa/" + wg.Spec.GetTemplate().GetServiceAccount()
 	fmt.Fprintf(out, "WorkloadGroup ratings: serviceAccount %s; istiod's CA root %s\n", wg.Spec.GetTemplate().GetServiceAccount(), d.istiodRoot)
 	for _, v := range d.vms {
-		dir := filepath.Join(v.root, vmOutputCerts)
+		dir := filepath.Join(v.Root, vm.OutputCerts)
 		var leaf *x509.Certificate
 		if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
 			var err error
-			leaf, err = d.checkWorkloadCert(dir, want)
+			leaf, err = istiodview.WorkloadCert(dir, want, d.istiod.RootPool(), d.istiod.RootCert)
 			return err
 		}); err != nil {
-			v.mu.Lock()
-			sidecar := v.sidecar
-			v.mu.Unlock()
 			var log string
-			if sidecar != nil {
-				log = tail(grepLines(sidecar.Logs(), "cert", "CA", "error"), 15)
+			if sidecar := v.Sidecar(); sidecar != nil {
+				log = tail(vm.GrepLines(sidecar.Logs(), "cert", "CA", "error"), 15)
 			}
-			return fmt.Errorf("%s: %w\npilot-agent's log about certificates (tail):\n%s", v.name, err, indent(log))
+			return fmt.Errorf("%s: %w\npilot-agent's log about certificates (tail):\n%s", v.Name, err, step.Indent(log))
 		}
-		fmt.Fprintf(out, "%s (%s) %s:\n", v.name, v.reg(), filepath.Join(dir, "cert-chain.pem"))
+		fmt.Fprintf(out, "%s (%s) %s:\n", v.Name, v.Reg(), filepath.Join(dir, "cert-chain.pem"))
 		fmt.Fprintf(out, "    subject  %s\n    URI SAN  %s\n    issuer   %s\n    valid    %s to %s\n    verified against istiod's root: ok; root-cert.pem is istiod's root\n",
-			subjectOf(leaf), leaf.URIs[0], leaf.Issuer, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
+			istiodview.SubjectOf(leaf), leaf.URIs[0], leaf.Issuer, leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
 	}
 	return nil
-}
-
-// checkWorkloadCert reads the certificate pilot-agent wrote in dir and
-// checks it: one URI SAN, want; chains to istiod's root; root-cert.pem is
-// istiod's root.
-func (d *demo) checkWorkloadCert(dir, want string) (*x509.Certificate, error) {
-	chainPEM, err := os.ReadFile(filepath.Join(dir, "cert-chain.pem"))
-	if err != nil {
-		return nil, fmt.Errorf("no workload certificate yet: %w", err)
-	}
-	chain, err := parseCerts(chainPEM)
-	if err != nil || len(chain) == 0 {
-		return nil, fmt.Errorf("cert-chain.pem: no certificate (%v)", err)
-	}
-	leaf := chain[0]
-	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != want {
-		return nil, fmt.Errorf("workload certificate URI SANs %v, want [%s]", leaf.URIs, want)
-	}
-	inter := x509.NewCertPool()
-	for _, c := range chain[1:] {
-		inter.AddCert(c)
-	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: d.istiod.RootPool(), Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-		return nil, fmt.Errorf("workload certificate does not chain to istiod's root: %w", err)
-	}
-	rootPEM, err := os.ReadFile(filepath.Join(dir, "root-cert.pem"))
-	if err != nil {
-		return nil, err
-	}
-	root, err := firstCert(rootPEM)
-	if err != nil {
-		return nil, fmt.Errorf("root-cert.pem: %w", err)
-	}
-	istiodRoot, err := firstCert(d.istiod.RootCert)
-	if err != nil {
-		return nil, err
-	}
-	if !root.Equal(istiodRoot) {
-		return nil, fmt.Errorf("root-cert.pem (%s) is not istiod's root (%s)", root.Subject, istiodRoot.Subject)
-	}
-	return leaf, nil
-}
-
-func parseCerts(data []byte) ([]*x509.Certificate, error) {
-	var out []*x509.Certificate
-	for {
-		var b *pem.Block
-		b, data = pem.Decode(data)
-		if b == nil {
-			return out, nil
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-}
-
-func firstCert(data []byte) (*x509.Certificate, error) {
-	certs, err := parseCerts(data)
-	if err != nil {
-		return nil, err
-	}
-	if len(certs) == 0 {
-		return nil, errors.New("no PEM certificate")
-	}
-	return certs[0], nil
 }
 
 // istiodProxyStatus runs seed 000's plain `istioctl proxy-status` against
@@ -230,17 +142,17 @@ func firstCert(data []byte) (*x509.Certificate, error) {
 func (d *demo) istiodProxyStatus(ctx context.Context, out io.Writer) error {
 	want := map[string]string{}
 	for _, v := range d.vms {
-		want[v.reg()+".bookinfo"] = istiodPodName
+		want[v.Reg()+".bookinfo"] = istiodPodName
 	}
 	args := []string{"proxy-status", "--xds-address", d.istiod.GRPCAddr, "--plaintext", "-r", "default"}
-	if err := d.istioctlChecked(ctx, out, func(s string) error { return checkProxyStatus(s, want) }, args...); err != nil {
+	if err := d.istioctlChecked(ctx, out, func(s string) error { return check.ProxyStatus(s, want) }, args...); err != nil {
 		return err
 	}
 	return d.istioctlChecked(ctx, out, func(s string) error {
-		if err := checkProxyStatus(s, want); err != nil {
+		if err := check.ProxyStatus(s, want); err != nil {
 			return err
 		}
-		return checkSynced(s, len(want), "CDS", "LDS", "EDS", "RDS")
+		return check.Synced(s, len(want), "CDS", "LDS", "EDS", "RDS")
 	}, append(args, "-v", "1")...)
 }
 
@@ -260,136 +172,39 @@ func (d *demo) istioctlChecked(ctx context.Context, out io.Writer, check func(st
 	return err
 }
 
-// podProxy is the proxy of a pod of another workload (productpage) as
-// istiod sees it: an ADS stream to istiod with a pod's node ID, subscribed
-// to the endpoints (EDS) of the ratings Service. It uses istiod's plaintext
-// port, which authenticates nobody (tests and demos only); istiod serves it
-// what it serves a pod.
-type podProxy struct {
-	nodeID  string
-	cluster string
-	conn    *grpc.ClientConn
-	cancel  context.CancelFunc
-
-	mu   sync.Mutex
-	last *endpointv3.ClusterLoadAssignment
-	err  error
-}
-
-// startPodProxy connects productpage's proxy to istiod.
+// startPodProxy connects productpage's proxy to istiod, watching the
+// endpoints of ratings.
 func (d *demo) startPodProxy(ctx context.Context, out io.Writer) error {
-	conn, err := grpc.NewClient(d.istiod.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	p, err := istiodview.StartPodProxy(ctx, d.istiod.GRPCAddr, fmt.Sprintf("outbound|%d||ratings.bookinfo.svc.cluster.local", ratingsPort))
 	if err != nil {
 		return err
 	}
-	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &podProxy{
-		nodeID:  "sidecar~10.244.0.9~productpage-v1-5d9c8b7f6-x2v4k.bookinfo~bookinfo.svc.cluster.local",
-		cluster: fmt.Sprintf("outbound|%d||ratings.bookinfo.svc.cluster.local", ratingsPort),
-		conn:    conn, cancel: cancel,
-	}
-	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(pctx)
-	if err != nil {
-		p.close()
-		return err
-	}
-	node := &core.Node{Id: p.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-		"CLUSTER_ID":    structpb.NewStringValue("Kubernetes"),
-		"NAMESPACE":     structpb.NewStringValue("bookinfo"),
-		"ISTIO_VERSION": structpb.NewStringValue("1.30.0"),
-		"LABELS":        structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"app": structpb.NewStringValue("productpage")}}),
-	}}}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: []string{p.cluster}}); err != nil {
-		p.close()
-		return err
-	}
-	go p.run(st)
 	d.pod = p
-	fmt.Fprintf(out, "productpage's proxy (node %s) subscribes to EDS %s on istiod\n", p.nodeID, p.cluster)
+	fmt.Fprintf(out, "productpage's proxy (node %s) subscribes to EDS %s on istiod\n", p.NodeID, p.Cluster)
 	return nil
-}
-
-func (p *podProxy) run(st discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
-	for {
-		resp, err := st.Recv()
-		if err == nil {
-			err = st.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(), ResourceNames: []string{p.cluster}})
-		}
-		if err != nil {
-			p.mu.Lock()
-			p.err = err
-			p.mu.Unlock()
-			return
-		}
-		for _, r := range resp.GetResources() {
-			cla := &endpointv3.ClusterLoadAssignment{}
-			if r.UnmarshalTo(cla) == nil && cla.GetClusterName() == p.cluster {
-				p.mu.Lock()
-				p.last = cla
-				p.mu.Unlock()
-			}
-		}
-	}
-}
-
-func (p *podProxy) close() {
-	p.cancel()
-	_ = p.conn.Close()
-}
-
-// servedEndpoint is one endpoint of ratings as istiod serves it to the pod.
-type servedEndpoint struct {
-	address, health, locality string
-}
-
-// endpoints returns the latest endpoints istiod served, by address.
-func (p *podProxy) endpoints() (map[string]servedEndpoint, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.err != nil {
-		return nil, fmt.Errorf("istiod closed productpage's stream: %w", p.err)
-	}
-	if p.last == nil {
-		return nil, errors.New("istiod has sent no endpoints of ratings yet")
-	}
-	out := map[string]servedEndpoint{}
-	for _, le := range p.last.GetEndpoints() {
-		loc := le.GetLocality()
-		for _, lb := range le.GetLbEndpoints() {
-			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-			addr := fmt.Sprintf("%s:%d", sa.GetAddress(), sa.GetPortValue())
-			out[sa.GetAddress()] = servedEndpoint{address: addr, health: lb.GetHealthStatus().String(), locality: loc.GetRegion() + "/" + loc.GetZone()}
-		}
-	}
-	return out, nil
-}
-
-// routable reports whether a pod's Envoy sends traffic to e.
-func (e servedEndpoint) routable() bool {
-	return e.health == core.HealthStatus_HEALTHY.String() || e.health == core.HealthStatus_UNKNOWN.String()
 }
 
 // showRatingsEndpoints waits until istiod serves the pod exactly the VMs
 // of want as routable endpoints of ratings (by IP; false: served
 // unhealthy or not at all), then shows them.
 func (d *demo) showRatingsEndpoints(ctx context.Context, out io.Writer, want map[string]bool) error {
-	var last map[string]servedEndpoint
+	var last map[string]istiodview.Endpoint
 	err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
-		got, err := d.pod.endpoints()
+		got, err := d.pod.Endpoints()
 		if err != nil {
 			return err
 		}
 		last = got
 		var problems []string
 		for _, ip := range sortedBoolKeys(want) {
-			if e, ok := got[ip]; want[ip] && (!ok || !e.routable()) {
+			if e, ok := got[ip]; want[ip] && (!ok || !e.Routable()) {
 				problems = append(problems, fmt.Sprintf("%s is not served as a routable endpoint (%+v)", ip, e))
-			} else if !want[ip] && ok && e.routable() {
+			} else if !want[ip] && ok && e.Routable() {
 				problems = append(problems, fmt.Sprintf("%s is still served as routable", ip))
 			}
 		}
 		for ip, e := range got {
-			if _, ok := want[ip]; !ok && e.routable() {
+			if _, ok := want[ip]; !ok && e.Routable() {
 				problems = append(problems, fmt.Sprintf("%s is served but belongs to no VM of the demo", ip))
 			}
 		}
@@ -398,7 +213,7 @@ func (d *demo) showRatingsEndpoints(ctx context.Context, out io.Writer, want map
 		}
 		return nil
 	})
-	fmt.Fprintf(out, "istiod's EDS for productpage's proxy, cluster %s:\n", d.pod.cluster)
+	fmt.Fprintf(out, "istiod's EDS for productpage's proxy, cluster %s:\n", d.pod.Cluster)
 	addrs := make([]string, 0, len(last))
 	for ip := range last {
 		addrs = append(addrs, ip)
@@ -410,7 +225,7 @@ func (d *demo) showRatingsEndpoints(ctx context.Context, out io.Writer, want map
 	}
 	for _, ip := range addrs {
 		e := last[ip]
-		fmt.Fprintf(out, "    %-18s %-10s %s\n", e.address, e.health, e.locality)
+		fmt.Fprintf(out, "    %-18s %-10s %s\n", e.Address, e.Health, e.Locality)
 	}
 	return err
 }
@@ -422,15 +237,15 @@ func (d *demo) ratingsEndpoints(ctx context.Context, out io.Writer) error {
 
 // wantEndpoints is every VM routable but unhealthy (not routable) and gone
 // (not served at all; nil: none).
-func (d *demo) wantEndpoints(unhealthy, gone *vm) map[string]bool {
+func (d *demo) wantEndpoints(unhealthy, gone *vm.VM) map[string]bool {
 	want := map[string]bool{}
 	for _, v := range d.vms {
 		if v != gone {
-			want[v.imds.Instance().PrivateIP] = v != unhealthy
+			want[v.IMDS.Instance().PrivateIP] = v != unhealthy
 		}
 	}
 	if gone != nil {
-		want[gone.imds.Instance().PrivateIP] = false
+		want[gone.IMDS.Instance().PrivateIP] = false
 	}
 	return want
 }
@@ -442,27 +257,4 @@ func sortedBoolKeys(m map[string]bool) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// grepLines returns the lines of s that contain any of words.
-func grepLines(s string, words ...string) string {
-	var out []string
-	for _, line := range strings.Split(s, "\n") {
-		for _, w := range words {
-			if strings.Contains(line, w) {
-				out = append(out, line)
-				break
-			}
-		}
-	}
-	return strings.Join(out, "\n")
-}
-
-// subjectOf returns c's subject; istiod's workload certificates have none
-// (the identity is the URI SAN).
-func subjectOf(c *x509.Certificate) string {
-	if s := c.Subject.String(); s != "" {
-		return s
-	}
-	return "(empty: the identity is the URI SAN)"
 }

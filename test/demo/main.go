@@ -29,17 +29,20 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/embark-mesh/embark/test/demo/step"
+	"github.com/embark-mesh/embark/test/demo/vm"
 )
 
 func main() {
 	// The simulated VMs' onboarding agents run the demo binary as their
-	// systemctl to restart and stop the sidecar (see sidecarUnit).
-	if len(os.Args) > 1 && os.Args[1] == systemctlArg {
-		os.Exit(systemctl(os.Args[2:]))
+	// systemctl to restart and stop the sidecar (see package vm),
+	if len(os.Args) > 1 && os.Args[1] == vm.SystemctlArg {
+		os.Exit(vm.Systemctl(os.Args[2:]))
 	}
 	// and run the demo binary as their onboarding agent.
-	if len(os.Args) > 1 && os.Args[1] == agentArg {
-		os.Exit(runOnboardingAgent(os.Args[2:]))
+	if len(os.Args) > 1 && os.Args[1] == vm.AgentArg {
+		os.Exit(vm.RunAgent(os.Args[2:]))
 	}
 	// Libraries that log through controller-runtime's logger or klog: keep
 	// them quiet (the endpoint logs to a file in the demo's directory).
@@ -49,7 +52,7 @@ func main() {
 	defer stop()
 	interactive := os.Getenv("CI") != "true" && isTerminal(os.Stdin)
 	if err := run(ctx, os.Stdout, interactive); err != nil {
-		var se *stepError
+		var se *step.Error
 		if errors.As(err, &se) {
 			fmt.Fprintf(os.Stderr, "\ndemo FAILED at %v\n", err)
 		} else {

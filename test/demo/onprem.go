@@ -12,14 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"k8s.io/client-go/kubernetes"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/test/demo/check"
+	"github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // The on-prem host: it proves itself with a JWT of an OIDC issuer, here the
@@ -109,7 +108,7 @@ func (d *demo) onPremOnboarding(ctx context.Context, out io.Writer) error {
 			return err
 		}
 	}
-	if err := d.showChecked(ctx, out, func(s string) error { return checkContains(s, `"issuer":"`+issuer+`"`, "jwks_uri") },
+	if err := d.showChecked(ctx, out, func(s string) error { return check.Contains(s, `"issuer":"`+issuer+`"`, "jwks_uri") },
 		"get", "--raw", "/.well-known/openid-configuration"); err != nil {
 		return err
 	}
@@ -136,17 +135,17 @@ spec:
 		return err
 	}
 
-	v := &vm{name: onPremHost, root: filepath.Join(d.work, "vms", onPremHost)}
+	v := &vm.VM{Name: onPremHost, Root: filepath.Join(d.work, "vms", onPremHost)}
 	d.vms = append(d.vms, v)
-	if err := v.startOnPremAgent(d, issuer); err != nil {
+	if err := d.startOnPremAgent(v, issuer); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\nonboarding-agent started on %s (host.platform jwt, host.jwt.command: kubectl create token %s -n %s --audience %s --duration 10m)\n",
 		onPremHost, onPremHost, onPremNamespace, endpointHost)
 	want := onPremRegistrationName("ratings", issuer, onPremHost)
 	if err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
-		if name, restarts := v.state(); restarts == 0 {
-			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.agentLog("level="))
+		if name, restarts := v.State(); restarts == 0 {
+			return fmt.Errorf("the onboarding agent has not started the sidecar yet; its log:\n%s", v.AgentLog("level="))
 		} else if name != want {
 			return fmt.Errorf("the host registered as %s, docs/identity.md promises %s", name, want)
 		}
@@ -154,14 +153,14 @@ spec:
 	}); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s\n", v.agentLog("onboarded", "sidecar (re)started"))
+	fmt.Fprintf(out, "%s\n", v.AgentLog("onboarded", "sidecar (re)started"))
 	fmt.Fprintf(out, "registration name as docs/identity.md promises: ratings-jwt-%s-%s-<first 16 hex digits of sha256(issuer NUL subject)> = %s\n\n", onPremShortName, onPremHost, want)
 	if err := d.showChecked(ctx, out, func(s string) error {
-		t, err := parseTable(s)
+		t, err := check.ParseTable(s)
 		if err != nil {
 			return err
 		}
-		got, err := t.column("NAME", "AGENT CONNECTED")
+		got, err := t.Column("NAME", "AGENT CONNECTED")
 		if err != nil {
 			return err
 		}
@@ -178,99 +177,31 @@ spec:
 		return err
 	}
 	return d.showChecked(ctx, out, func(s string) error {
-		return checkContains(s, want, "Jwt:", "Issuer:", issuer, "Short Name:", onPremShortName, "Subject:", onPremHost, onPremIP,
+		return check.Contains(s, want, "Jwt:", "Issuer:", issuer, "Short Name:", onPremShortName, "Subject:", onPremHost, onPremIP,
 			runtimev1alpha1.ConditionAgentConnected, runtimev1alpha1.ReasonAgentEstablishedConnection)
 	}, "describe", "war", "-n", "bookinfo", want)
 }
 
-// startOnPremAgent prepares the host's root directory, starts its
-// application and sidecar unit, and its onboarding agent (the demo binary
-// run as onboarding-agent, as for the EC2 instances) with a JWT credential.
-func (v *vm) startOnPremAgent(d *demo, issuer string) error {
+// startOnPremAgent starts the host's application and its onboarding agent
+// (the demo binary run as onboarding-agent, as for the EC2 instances) with
+// a JWT credential: kubectl create token, run by the agent before each
+// onboarding.
+func (d *demo) startOnPremAgent(v *vm.VM, issuer string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	v.settings = agentSettings{exe: exe, endpoint: d.addrs.onboarding, serverName: endpointHost, caFile: d.serving.caFile}
-	if v.app, err = vmsim.StartApp(onPremIP, d.appPort, "ratings on "+v.name); err != nil {
-		return fmt.Errorf("%s: %w", v.name, err)
+	if err := v.StartApp(onPremIP, d.appPort); err != nil {
+		return err
 	}
-
 	kubectl := filepath.Join(mustAssets(), "kubectl")
 	if _, err := os.Stat(kubectl); err != nil {
 		if kubectl, err = exec.LookPath("kubectl"); err != nil {
 			return fmt.Errorf("the host's credential plugin needs kubectl: %w", err)
 		}
 	}
-	p := func(rel string) string { return filepath.Join(v.root, rel) }
-	agentCfg := fmt.Sprintf(`apiVersion: %s
-kind: %s
-host:
-  platform: jwt
-  jwt:
-    command: [%q, --kubeconfig, %q, create, token, %s, -n, %s, --audience, %s, --duration, 10m]
-sidecar:
-  istio:
-    version: 1.31-dev
-  bootstrap:
-    clusterEnv: %s
-    meshConfig: %s
-    rootCert: %s
-    token: %s
-  restartCommand: [%q, %s, --socket, %q, restart]
-  stopCommand: [%q, %s, --socket, %q, stop]
-`, config.APIVersion, config.AgentKind, kubectl, d.env.KubeconfigPath, onPremHost, onPremNamespace, endpointHost,
-		p(vmClusterEnv), p(vmMeshConfig), p(vmRootCert), p(vmToken),
-		exe, systemctlArg, p(vmUnitSocket), exe, systemctlArg, p(vmUnitSocket))
-	onbCfg := fmt.Sprintf(`apiVersion: %s
-kind: %s
-onboardingEndpoint:
-  host: %s
-  tlsServerName: %s
-  caCertificates: %s
-workload:
-  namespace: bookinfo
-  name: ratings
-  addresses:
-  - ip: %s
-  labels:
-    version: v5
-`, config.APIVersion, config.OnboardingKind, d.addrs.onboarding, endpointHost, d.serving.caFile, onPremIP)
-	for _, f := range []struct{ path, data string }{{p(vmAgentConfig), agentCfg}, {p(vmOnbConfig), onbCfg}} {
-		if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(f.path, []byte(f.data), 0o644); err != nil {
-			return err
-		}
-	}
-	for _, dir := range []string{filepath.Dir(p(vmUnitSocket)), filepath.Dir(p(vmAgentLog))} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-	}
-	unit, err := vmsim.StartUnit(p(vmUnitSocket), func() error { return v.restartSidecar(d.tb) }, func() error { v.stopSidecar(); return nil })
-	if err != nil {
-		return err
-	}
-	v.unit = unit
-	logFile, err := os.Create(p(vmAgentLog))
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(exe, agentArg, "--agent-config", p(vmAgentConfig), "--onboarding-config", p(vmOnbConfig))
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		_ = logFile.Close()
-		return fmt.Errorf("start the onboarding agent: %w", err)
-	}
-	v.agent = cmd
-	v.agentDone = make(chan error, 1)
-	go func() {
-		err := cmd.Wait()
-		_ = logFile.Close()
-		v.agentDone <- err
-	}()
-	return nil
+	command := fmt.Sprintf("[%q, --kubeconfig, %q, create, token, %s, -n, %s, --audience, %s, --duration, 10m]",
+		kubectl, d.env.KubeconfigPath, onPremHost, onPremNamespace, endpointHost)
+	return v.StartAgent(d.tb, vm.Settings{Exe: exe, Endpoint: d.addrs.onboarding, ServerName: endpointHost, CAFile: d.serving.caFile,
+		Host: vm.JWTHost(command), Address: onPremIP})
 }

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/demo/check"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -55,7 +56,7 @@ spec:
 	}
 	want := map[string]string{}
 	for _, v := range d.vms {
-		want["bookinfo/"+v.reg()] = "True"
+		want["bookinfo/"+v.Reg()] = "True"
 	}
-	return d.showChecked(ctx, out, func(s string) error { return checkWARs(s, want) }, "get", "war", "-A")
+	return d.showChecked(ctx, out, func(s string) error { return check.WARs(s, want) }, "get", "war", "-A")
 }

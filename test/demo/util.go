@@ -2,24 +2,18 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	"github.com/embark-mesh/embark/test/demo/vm"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -27,55 +21,21 @@ import (
 type servingCert struct {
 	certFile, keyFile string
 	caFile            string // the CA's PEM, as the VMs trust it
-	caPEM             []byte
 	pool              *x509.CertPool
 }
 
-// writeServingCert writes a demo CA-signed serving certificate for host into
-// dir.
+// writeServingCert writes the endpoint's serving certificate for host,
+// signed by a demo CA, and the CA the VMs trust, into dir.
 func writeServingCert(dir, host string) (servingCert, error) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := fixtures.NewCA("Embark demo CA")
 	if err != nil {
 		return servingCert{}, err
 	}
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "Embark demo CA"}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
+	sc := servingCert{caFile: filepath.Join(dir, "demo-ca.pem"), pool: ca.Pool()}
+	if sc.certFile, sc.keyFile, err = ca.ServingCert(dir, host); err != nil {
 		return servingCert{}, err
 	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return servingCert{}, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return servingCert{}, err
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return servingCert{}, err
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return servingCert{}, err
-	}
-	sc := servingCert{certFile: filepath.Join(dir, "tls.crt"), keyFile: filepath.Join(dir, "tls.key"), caFile: filepath.Join(dir, "demo-ca.pem"),
-		caPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), pool: x509.NewCertPool()}
-	sc.pool.AddCert(ca)
-	if err := os.WriteFile(sc.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		return servingCert{}, err
-	}
-	if err := os.WriteFile(sc.caFile, sc.caPEM, 0o644); err != nil {
-		return servingCert{}, err
-	}
-	if err := os.WriteFile(sc.keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		return servingCert{}, err
-	}
-	return sc, nil
+	return sc, ca.WritePEM(sc.caFile)
 }
 
 // checkCreated checks that the seeds are stored in namespace ns.
@@ -93,8 +53,8 @@ func checkCreated(ctx context.Context, env *testenv.Env, ns string) error {
 	return nil
 }
 
-func keyOf(v *vm) types.NamespacedName {
-	return types.NamespacedName{Namespace: "bookinfo", Name: v.reg()}
+func keyOf(v *vm.VM) types.NamespacedName {
+	return types.NamespacedName{Namespace: "bookinfo", Name: v.Reg()}
 }
 
 // mustAssets is where `make testenv` put istioctl (for the hint printed at

@@ -2,15 +2,8 @@ package rollout
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -256,8 +249,8 @@ var endpointAddr string
 // app.Run) with a one-replica sweeper, so that it drives the rollout.
 func startEndpoint(t *testing.T, dir, ns, certFile, keyFile, caFile, certs, stsURL string) (stop func()) {
 	t.Helper()
-	endpointAddr = freeAddr(t)
-	xdsAddr := freeAddr(t)
+	endpointAddr = fixtures.FreeAddr(t)
+	xdsAddr := fixtures.FreeAddr(t)
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
 namespace: %s
@@ -281,7 +274,7 @@ listen:
   onboarding: %s
   metrics: %s
   xds: %s
-`, ns, endpointHost, certFile, keyFile, certs, stsURL, xdsAddr, caFile, endpointAddr, freeAddr(t), xdsAddr)
+`, ns, endpointHost, certFile, keyFile, certs, stsURL, xdsAddr, caFile, endpointAddr, fixtures.FreeAddr(t), xdsAddr)
 	cfgFile := filepath.Join(dir, "endpoint.yaml")
 	must(t, os.WriteFile(cfgFile, []byte(cfg), 0o600))
 	logs := &vmsim.SyncBuffer{}
@@ -657,14 +650,6 @@ func (w *watcher) waitAll(t *testing.T, what string, cond func(wstate) bool) {
 	})
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func freePort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -673,30 +658,15 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// writeServingCert writes a test CA and a serving certificate for
-// endpointHost signed by it.
+// writeServingCert writes a test CA (ca.crt) and a serving certificate
+// for endpointHost signed by it.
 func writeServingCert(t *testing.T, dir string) (certFile, keyFile, caFile string) {
 	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := fixtures.NewCA("rollout test CA")
 	must(t, err)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rollout test CA"}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	certFile, keyFile, err = ca.ServingCert(dir, endpointHost)
 	must(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	must(t, err)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	must(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: endpointHost}, DNSNames: []string{endpointHost},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	must(t, err)
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	must(t, err)
-	certFile, keyFile, caFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
-	must(t, os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644))
-	must(t, os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600))
-	must(t, os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644))
+	caFile = filepath.Join(dir, "ca.crt")
+	must(t, ca.WritePEM(caFile))
 	return certFile, keyFile, caFile
 }

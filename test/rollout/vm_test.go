@@ -12,12 +12,10 @@ import (
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
-	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/vmsim"
@@ -183,38 +181,11 @@ func (v *vm) restartSidecar() error {
 		v.app.SetHealthy(false)
 		v.note("%s: its application's new version fails /ready", v.name)
 	}
-	data, err := os.ReadFile(filepath.Join(v.root, vmClusterEnv))
+	opts, err := vmsim.SidecarOptions(v.root, endpointHost)
 	if err != nil {
 		return err
 	}
-	envVars, err := sidecar.ParseClusterEnv(data)
-	if err != nil {
-		return err
-	}
-	if data, err = os.ReadFile(filepath.Join(v.root, vmMeshConfig)); err != nil {
-		return err
-	}
-	pc, err := vmsim.ProxyConfig(data)
-	if err != nil {
-		return err
-	}
-	pc.ControlPlaneAuthPolicy = meshconfig.AuthenticationPolicy_MUTUAL_TLS
-	rootCA, err := os.ReadFile(filepath.Join(v.root, vmRootCert))
-	if err != nil {
-		return err
-	}
-	a := istioagent.Start(vmsim.FatalTB{TB: v.t}, istioagent.Options{
-		WorkDir:        v.root,
-		PodName:        envVars["POD_NAME"],
-		PodNamespace:   envVars["POD_NAMESPACE"],
-		InstanceIP:     envVars["INSTANCE_IP"],
-		ClusterID:      envVars["ISTIO_META_CLUSTER_ID"],
-		ServiceAccount: envVars["SERVICE_ACCOUNT"],
-		Env:            envVars,
-		ProxyConfig:    pc,
-		XDSRootCA:      rootCA,
-		IstiodSAN:      endpointHost,
-	})
+	a := istioagent.Start(vmsim.FatalTB{TB: v.t}, opts)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(v.t.Context()))
 	c, err := istioagent.Connect(ctx, a)
 	if err != nil {

@@ -270,13 +270,7 @@ func (i *Istiod) stopLocked() {
 	if i.cmd == nil {
 		return
 	}
-	_ = i.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-i.done:
-	case <-time.After(10 * time.Second):
-		_ = i.cmd.Process.Kill()
-		<-i.done
-	}
+	Terminate(i.cmd.Process, syscall.SIGTERM, i.done, 10*time.Second)
 	i.cmd = nil
 }
 

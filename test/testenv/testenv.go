@@ -152,13 +152,7 @@ func Start(opts Options) (*Env, error) {
 func (e *Env) Stop() error {
 	var errs []error
 	if e.kcm != nil && e.kcm.Process != nil {
-		_ = e.kcm.Process.Signal(os.Interrupt)
-		select {
-		case <-e.kcmDone:
-		case <-time.After(10 * time.Second):
-			_ = e.kcm.Process.Kill()
-			<-e.kcmDone
-		}
+		Terminate(e.kcm.Process, os.Interrupt, e.kcmDone, 10*time.Second)
 	}
 	if err := e.env.Stop(); err != nil {
 		errs = append(errs, fmt.Errorf("stop control plane: %w", err))

@@ -11,7 +11,8 @@
 //     commands reach it over a unix socket through a stand-in systemctl
 //     (Systemctl), and it runs them one at a time, as systemd does;
 //   - reading the ProxyConfig of the mesh config the agent wrote
-//     (ProxyConfig) to start pilot-agent with;
+//     (ProxyConfig), and all the files it wrote for the sidecar, as the
+//     options to start pilot-agent with (SidecarOptions);
 //   - a log sink read while it is written (SyncBuffer).
 //
 // The IMDS and STS of a simulated EC2 instance are awstest's; pilot-agent

@@ -1,9 +1,6 @@
-package main
+package check
 
 import (
-	"context"
-	"errors"
-	"io"
 	"strings"
 	"testing"
 )
@@ -40,7 +37,7 @@ func TestCheckWARs(t *testing.T) {
 		{name: "header only lists nothing", out: "NAMESPACE   NAME   AGENT CONNECTED   AGE\n", want: map[string]string{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkWARs(tc.out, tc.want)
+			err := WARs(tc.out, tc.want)
 			checkErr(t, err, tc.wantErr)
 		})
 	}
@@ -66,14 +63,14 @@ func TestCheckProxyStatus(t *testing.T) {
 		{name: "not a table of proxies", out: "NAME   AGE\nx      1s\n", want: map[string]string{}, wantErr: "columns NAME and ISTIOD expected"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			checkErr(t, checkProxyStatus(tc.out, tc.want), tc.wantErr)
+			checkErr(t, ProxyStatus(tc.out, tc.want), tc.wantErr)
 		})
 	}
 }
 
 func TestParseTableReadsCellsWithSpaces(t *testing.T) {
 	out := "NAME   LDS          CDS\nvm-1   NOT SENT     SYNCED (3s)\nvm-2                STALE\n"
-	tb, err := parseTable(out)
+	tb, err := ParseTable(out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,57 +78,19 @@ func TestParseTableReadsCellsWithSpaces(t *testing.T) {
 		"LDS": {"vm-1": "NOT SENT", "vm-2": ""},
 		"CDS": {"vm-1": "SYNCED (3s)", "vm-2": "STALE"},
 	} {
-		got, err := tb.column("NAME", name)
+		got, err := tb.Column("NAME", name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := compare("proxy", name, got, want); err != nil {
+		if err := Compare("proxy", name, got, want); err != nil {
 			t.Error(err)
 		}
 	}
 }
 
 func TestCheckContains(t *testing.T) {
-	checkErr(t, checkContains("Reason: AgentEstablishedConnection\nReplica: r-0", "AgentEstablishedConnection", "r-0"), "")
-	checkErr(t, checkContains("Reason: AgentDisconnected", "AgentEstablishedConnection", "r-0"), `lacks "AgentEstablishedConnection", "r-0"`)
-}
-
-// A failed step stops the run, is named with its number and reason, and its
-// output is still shown; a fatal error of the reused test helpers fails the
-// step instead of the process.
-func TestRunStepsNamesTheFailedStep(t *testing.T) {
-	ran := 0
-	steps := []step{
-		{"first", func(_ context.Context, out io.Writer) error {
-			ran++
-			_, err := io.WriteString(out, "shown\n")
-			return err
-		}},
-		{"second", func(_ context.Context, out io.Writer) error {
-			ran++
-			_, _ = io.WriteString(out, "partial output\n")
-			newDemoTB(context.Background(), io.Discard, t.TempDir()).Fatalf("pilot-agent exited: %s", "exit status 1")
-			return nil
-		}},
-		{"third", func(context.Context, io.Writer) error { ran++; return nil }},
-	}
-	var b strings.Builder
-	err := runSteps(context.Background(), &b, steps)
-	var se *stepError
-	if !errors.As(err, &se) || se.n != 2 || se.total != 3 || se.title != "second" {
-		t.Fatalf("error %v, want step 2/3 (second)", err)
-	}
-	if ran != 2 {
-		t.Errorf("%d steps ran, want 2", ran)
-	}
-	for _, want := range []string{"[1/3] first ... ok (", "    shown\n", "[2/3] second ... FAILED (", "    partial output\n"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, b.String())
-		}
-	}
-	if !strings.Contains(err.Error(), "step 2/3 (second): pilot-agent exited: exit status 1") {
-		t.Errorf("error %q does not say which step and why", err)
-	}
+	checkErr(t, Contains("Reason: AgentEstablishedConnection\nReplica: r-0", "AgentEstablishedConnection", "r-0"), "")
+	checkErr(t, Contains("Reason: AgentDisconnected", "AgentEstablishedConnection", "r-0"), `lacks "AgentEstablishedConnection", "r-0"`)
 }
 
 func checkErr(t *testing.T, err error, want string) {
@@ -151,8 +110,8 @@ func TestCheckSynced(t *testing.T) {
 vm-1.bookinfo         Kubernetes     SYNCED (2s)       SYNCED (2s)       NOT SENT     NOT SENT     NOT SENT     embark-demo-0     1.31-dev
 vm-2.bookinfo         Kubernetes     SYNCED (1s)       STALE (1s)        NOT SENT     NOT SENT     NOT SENT     embark-demo-0     1.31-dev
 `
-	checkErr(t, checkSynced(out, 2, "CDS"), "")
-	checkErr(t, checkSynced(out, 2, "CDS", "LDS"), `vm-2.bookinfo: LDS is "STALE (1s)", want SYNCED`)
-	checkErr(t, checkSynced(out, 3, "CDS"), "2 proxies listed, want 3")
-	checkErr(t, checkSynced(out, 2, "XDS"), "columns NAME and XDS expected")
+	checkErr(t, Synced(out, 2, "CDS"), "")
+	checkErr(t, Synced(out, 2, "CDS", "LDS"), `vm-2.bookinfo: LDS is "STALE (1s)", want SYNCED`)
+	checkErr(t, Synced(out, 3, "CDS"), "2 proxies listed, want 3")
+	checkErr(t, Synced(out, 2, "XDS"), "columns NAME and XDS expected")
 }

@@ -1,4 +1,4 @@
-package main
+package step
 
 import (
 	"context"
@@ -11,16 +11,16 @@ import (
 	"github.com/embark-mesh/embark/test/vmsim"
 )
 
-// demoTB lets the demo reuse test/istioagent, whose helpers take a
+// TB lets the demo reuse test/istioagent, whose helpers take a
 // testing.TB, outside a test. Only the methods those helpers call are
 // implemented; the embedded nil testing.TB supplies the unexported method
 // the interface requires (calling any other method panics, which would be a
 // bug in the demo).
 //
 // Fatalf panics with a fatal value that runStep turns into the step's
-// error; Errorf records an error that Err returns; cleanups run in reverse
+// error; Errorf records an error that Errs returns; cleanups run in reverse
 // order on Close, as in a test.
-type demoTB struct {
+type TB struct {
 	testing.TB
 	ctx  context.Context
 	log  io.Writer
@@ -32,21 +32,23 @@ type demoTB struct {
 	temps    int
 }
 
-// fatal is the panic value of demoTB.Fatalf: vmsim's, so that a sidecar
+// fatal is the panic value of TB.Fatalf: vmsim's, so that a sidecar
 // unit command fails with it rather than the demo.
 type fatal = vmsim.Fatal
 
-func newDemoTB(ctx context.Context, log io.Writer, tempDir string) *demoTB {
-	return &demoTB{ctx: ctx, log: log, temp: tempDir}
+// NewTB returns a TB that logs to log and makes its temporary directories
+// in tempDir.
+func NewTB(ctx context.Context, log io.Writer, tempDir string) *TB {
+	return &TB{ctx: ctx, log: log, temp: tempDir}
 }
 
-func (t *demoTB) Helper()                  {}
-func (t *demoTB) Context() context.Context { return t.ctx }
-func (t *demoTB) Name() string             { return "embark-demo" }
+func (t *TB) Helper()                  {}
+func (t *TB) Context() context.Context { return t.ctx }
+func (t *TB) Name() string             { return "embark-demo" }
 
-func (t *demoTB) Logf(format string, args ...any) { fmt.Fprintf(t.log, format+"\n", args...) }
+func (t *TB) Logf(format string, args ...any) { fmt.Fprintf(t.log, format+"\n", args...) }
 
-func (t *demoTB) Errorf(format string, args ...any) {
+func (t *TB) Errorf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	t.mu.Lock()
 	t.errs = append(t.errs, msg)
@@ -54,25 +56,25 @@ func (t *demoTB) Errorf(format string, args ...any) {
 	t.Logf("%s", msg)
 }
 
-func (t *demoTB) Fatalf(format string, args ...any) {
+func (t *TB) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	t.Logf("%s", msg)
 	panic(fatal(msg))
 }
 
-func (t *demoTB) Failed() bool {
+func (t *TB) Failed() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.errs) > 0
 }
 
-func (t *demoTB) Cleanup(fn func()) {
+func (t *TB) Cleanup(fn func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cleanups = append(t.cleanups, fn)
 }
 
-func (t *demoTB) TempDir() string {
+func (t *TB) TempDir() string {
 	t.mu.Lock()
 	t.temps++
 	n := t.temps
@@ -85,7 +87,7 @@ func (t *demoTB) TempDir() string {
 }
 
 // Close runs the cleanups, last registered first.
-func (t *demoTB) Close() {
+func (t *TB) Close() {
 	for {
 		t.mu.Lock()
 		if len(t.cleanups) == 0 {
@@ -107,7 +109,7 @@ func (t *demoTB) Close() {
 }
 
 // Errs returns the errors recorded by Errorf.
-func (t *demoTB) Errs() []string {
+func (t *TB) Errs() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return append([]string(nil), t.errs...)

@@ -1,4 +1,4 @@
-package translate
+package selection
 
 import (
 	"fmt"
@@ -43,9 +43,9 @@ func ParseHostForm(s string) (HostForm, error) {
 	return HostForm{Namespace: ns, Host: host}, nil
 }
 
-// matches reports whether a destination host in namespace ns is selected
+// Matches reports whether a destination host in namespace ns is selected
 // by the form, for a workload in namespace wlNS.
-func (f HostForm) matches(host, ns, wlNS string) bool {
+func (f HostForm) Matches(host, ns, wlNS string) bool {
 	switch f.Namespace {
 	case "~":
 		return false
@@ -70,10 +70,10 @@ func (f HostForm) matches(host, ns, wlNS string) bool {
 	}
 }
 
-// exportedTo reports whether an object of namespace objNS with the given
+// ExportedTo reports whether an object of namespace objNS with the given
 // exportTo list is visible in namespace wlNS. An empty list exports to
 // every namespace (Istio's default).
-func exportedTo(exportTo []string, objNS, wlNS string) bool {
+func ExportedTo(exportTo []string, objNS, wlNS string) bool {
 	if len(exportTo) == 0 {
 		return true
 	}

@@ -1,4 +1,9 @@
-package main
+// Package check reads what kubectl and istioctl print, in their column
+// layout, and checks it against what the demo expects: registrations and
+// their AGENT CONNECTED column (WARs), proxies and their ISTIOD
+// (ProxyStatus) and per-type sync state (Synced), any column by a key
+// column (Column), and plain text (Contains).
+package check
 
 import (
 	"fmt"
@@ -7,9 +12,9 @@ import (
 	"strings"
 )
 
-// table is command output in kubectl's or istioctl's column layout: a header
+// Table is command output in kubectl's or istioctl's column layout: a header
 // line of upper-case names, then rows, columns aligned under the header.
-type table struct {
+type Table struct {
 	header []string
 	rows   []map[string]string
 }
@@ -18,16 +23,16 @@ type table struct {
 // such as "AGENT CONNECTED").
 var columnStart = regexp.MustCompile(`\S+( \S+)*`)
 
-// parseTable reads aligned columns by the header's positions, so that empty
+// ParseTable reads aligned columns by the header's positions, so that empty
 // cells (kubectl prints nothing for a condition not yet set) and cells with
 // spaces ("NOT SENT") read correctly.
-func parseTable(out string) (table, error) {
+func ParseTable(out string) (Table, error) {
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	if len(lines) == 0 || strings.TrimSpace(lines[0]) == "" {
-		return table{}, fmt.Errorf("no table in output %q", out)
+		return Table{}, fmt.Errorf("no Table in output %q", out)
 	}
 	locs := columnStart.FindAllStringIndex(lines[0], -1)
-	var t table
+	var t Table
 	for _, l := range locs {
 		t.header = append(t.header, lines[0][l[0]:l[1]])
 	}
@@ -52,9 +57,9 @@ func parseTable(out string) (table, error) {
 	return t, nil
 }
 
-// column returns the values of the named column, by the value of the key
+// Column returns the values of the named column, by the value of the key
 // column.
-func (t table) column(key, name string) (map[string]string, error) {
+func (t Table) Column(key, name string) (map[string]string, error) {
 	if !t.has(key) || !t.has(name) {
 		return nil, fmt.Errorf("columns %s and %s expected, header is %v", key, name, t.header)
 	}
@@ -65,7 +70,7 @@ func (t table) column(key, name string) (map[string]string, error) {
 	return m, nil
 }
 
-func (t table) has(name string) bool {
+func (t Table) has(name string) bool {
 	for _, h := range t.header {
 		if h == name {
 			return true
@@ -74,14 +79,14 @@ func (t table) has(name string) bool {
 	return false
 }
 
-// checkWARs checks `kubectl get war -A` output: exactly the registrations of
+// WARs checks `kubectl get war -A` output: exactly the registrations of
 // want (namespace/name → AGENT CONNECTED value, "" when unset) are listed.
 // kubectl prints nothing on standard output when there are none.
-func checkWARs(out string, want map[string]string) error {
+func WARs(out string, want map[string]string) error {
 	if strings.TrimSpace(out) == "" {
-		return compare("registration", "AGENT CONNECTED", nil, want)
+		return Compare("registration", "AGENT CONNECTED", nil, want)
 	}
-	t, err := parseTable(out)
+	t, err := ParseTable(out)
 	if err != nil {
 		return err
 	}
@@ -94,27 +99,34 @@ func checkWARs(out string, want map[string]string) error {
 	for _, r := range t.rows {
 		got[r["NAMESPACE"]+"/"+r["NAME"]] = r["AGENT CONNECTED"]
 	}
-	return compare("registration", "AGENT CONNECTED", got, want)
+	return Compare("registration", "AGENT CONNECTED", got, want)
 }
 
-// checkProxyStatus checks `istioctl proxy-status` output: exactly the
+// ProxyStatus checks `istioctl proxy-status` output: exactly the
 // proxies of want (NAME, i.e. <registration>.<namespace>) are listed, each
 // with the ISTIOD (replica) given.
-func checkProxyStatus(out string, want map[string]string) error {
-	t, err := parseTable(out)
-	if err != nil {
-		return err
-	}
-	got, err := t.column("NAME", "ISTIOD")
-	if err != nil {
-		return err
-	}
-	return compare("proxy", "ISTIOD", got, want)
+func ProxyStatus(out string, want map[string]string) error {
+	return Column(out, "proxy", "NAME", "ISTIOD", want)
 }
 
-// compare reports the differences between got and want (name → value of
+// Column checks the table in out: exactly the kind of objects of want are
+// listed (by their key column), each with the value of want in column
+// name.
+func Column(out, kind, key, name string, want map[string]string) error {
+	t, err := ParseTable(out)
+	if err != nil {
+		return err
+	}
+	got, err := t.Column(key, name)
+	if err != nil {
+		return err
+	}
+	return Compare(kind, name, got, want)
+}
+
+// Compare reports the differences between got and want (name → value of
 // the column called what).
-func compare(kind, what string, got, want map[string]string) error {
+func Compare(kind, what string, got, want map[string]string) error {
 	var problems []string
 	for _, name := range sortedKeys(want) {
 		v, ok := got[name]
@@ -136,8 +148,8 @@ func compare(kind, what string, got, want map[string]string) error {
 	return nil
 }
 
-// checkContains checks that out holds every one of wants.
-func checkContains(out string, wants ...string) error {
+// Contains checks that out holds every one of wants.
+func Contains(out string, wants ...string) error {
 	var missing []string
 	for _, w := range wants {
 		if !strings.Contains(out, w) {
@@ -159,10 +171,10 @@ func sortedKeys(m map[string]string) []string {
 	return keys
 }
 
-// checkSynced checks `istioctl proxy-status -v 1` output: n proxies, each
+// Synced checks `istioctl proxy-status -v 1` output: n proxies, each
 // with every one of types SYNCED (sent and ACKed).
-func checkSynced(out string, n int, types ...string) error {
-	t, err := parseTable(out)
+func Synced(out string, n int, types ...string) error {
+	t, err := ParseTable(out)
 	if err != nil {
 		return err
 	}
@@ -171,7 +183,7 @@ func checkSynced(out string, n int, types ...string) error {
 	}
 	var problems []string
 	for _, typ := range types {
-		col, err := t.column("NAME", typ)
+		col, err := t.Column("NAME", typ)
 		if err != nil {
 			return err
 		}

@@ -1,4 +1,10 @@
-package translate
+// Package selection decides which Istio objects apply to a workload, as
+// istiod decides it for a sidecar: label selectors (LabelsMatch), the
+// Sidecar that applies (Sidecar), the PeerAuthentication mode of an ingress
+// port (PeerAuthMode), the host forms of a Sidecar egress listener
+// (ParseHostForm, HostForm.Matches) and exportTo visibility (ExportedTo).
+// It reads objects and returns answers: no Envoy resources.
+package selection
 
 import (
 	"sort"
@@ -8,15 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// DefaultRootNamespace is Istio's default config root namespace.
-const DefaultRootNamespace = "istio-system"
-
-// selectSidecar picks the Sidecar that applies to the workload the way
-// Istio does: a Sidecar of the workload's namespace whose workloadSelector
-// matches the workload's labels (the oldest, then the first by name, when
-// several match), else the namespace's selector-less Sidecar (same tie
+// Sidecar picks the Sidecar that applies to a workload of namespace ns
+// with the given labels the way Istio does: a Sidecar of that namespace
+// whose workloadSelector matches the labels (the oldest, then the first by
+// name, when several match), else the namespace's selector-less Sidecar (same tie
 // rule), else the root namespace's selector-less Sidecar, else nil.
-func selectSidecar(sidecars []*istionetworkingv1.Sidecar, w Workload, root string) *istionetworkingv1.Sidecar {
+func Sidecar(sidecars []*istionetworkingv1.Sidecar, ns string, labels map[string]string, root string) *istionetworkingv1.Sidecar {
 	var withSel, nsDefault, rootDefault []*istionetworkingv1.Sidecar
 	for _, sc := range sidecars {
 		if sc == nil {
@@ -24,11 +27,11 @@ func selectSidecar(sidecars []*istionetworkingv1.Sidecar, w Workload, root strin
 		}
 		sel := sc.Spec.GetWorkloadSelector().GetLabels()
 		switch {
-		case sc.Namespace == w.Namespace && len(sel) > 0:
-			if labelsMatch(sel, w.Labels) {
+		case sc.Namespace == ns && len(sel) > 0:
+			if LabelsMatch(sel, labels) {
 				withSel = append(withSel, sc)
 			}
-		case sc.Namespace == w.Namespace:
+		case sc.Namespace == ns:
 			nsDefault = append(nsDefault, sc)
 		case sc.Namespace == root && len(sel) == 0:
 			rootDefault = append(rootDefault, sc)
@@ -57,9 +60,9 @@ func oldest[T any](objs []T, meta func(T) v1.Object) T {
 	return sorted[0]
 }
 
-// labelsMatch reports whether every selector label is in labels. An empty
+// LabelsMatch reports whether every selector label is in labels. An empty
 // selector matches everything.
-func labelsMatch(selector, labels map[string]string) bool {
+func LabelsMatch(selector, labels map[string]string) bool {
 	for k, v := range selector {
 		got, ok := labels[k]
 		if !ok || got != v {
@@ -82,12 +85,12 @@ const (
 	MTLSDisable MTLSMode = "DISABLE"
 )
 
-// peerAuthMode computes the effective mode for the workload's ingress port
-// as Istio does: the workload-selector PeerAuthentication (its port-level
-// setting first), else the namespace's selector-less one, else the root
+// PeerAuthMode computes the effective mode for the ingress port of a
+// workload of namespace ns with the given labels as Istio does: the
+// workload-selector PeerAuthentication (its port-level setting first), else the namespace's selector-less one, else the root
 // namespace's, each level "UNSET" inheriting from the next; PERMISSIVE when
 // nothing says otherwise.
-func peerAuthMode(pas []*istiosecurityv1.PeerAuthentication, w Workload, root string, port uint32) MTLSMode {
+func PeerAuthMode(pas []*istiosecurityv1.PeerAuthentication, ns string, labels map[string]string, root string, port uint32) MTLSMode {
 	var withSel, nsDefault, rootDefault []*istiosecurityv1.PeerAuthentication
 	for _, pa := range pas {
 		if pa == nil {
@@ -95,11 +98,11 @@ func peerAuthMode(pas []*istiosecurityv1.PeerAuthentication, w Workload, root st
 		}
 		sel := pa.Spec.GetSelector().GetMatchLabels()
 		switch {
-		case pa.Namespace == w.Namespace && len(sel) > 0:
-			if labelsMatch(sel, w.Labels) {
+		case pa.Namespace == ns && len(sel) > 0:
+			if LabelsMatch(sel, labels) {
 				withSel = append(withSel, pa)
 			}
-		case pa.Namespace == w.Namespace:
+		case pa.Namespace == ns:
 			nsDefault = append(nsDefault, pa)
 		case pa.Namespace == root && len(sel) == 0:
 			rootDefault = append(rootDefault, pa)

@@ -1,4 +1,11 @@
-package translate
+// Package rbac translates the Istio AuthorizationPolicies that select a
+// workload into the Envoy RBAC filters of its inbound chains: the ALLOW and
+// DENY subset of docs/translate.md ("Authorization") as RBAC network
+// filters (TCP chains) and HTTP filters (HTTP chains). A policy that applies
+// but cannot be enforced, and any RequestAuthentication that applies, make
+// every chain refuse all traffic (fail closed), and are returned as
+// UnenforcedPolicy for the caller to report.
+package rbac
 
 import (
 	"fmt"
@@ -17,6 +24,8 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
+
+	"github.com/embark-mesh/embark/translate/internal/envoyconf"
 )
 
 // Kinds of the policies translation reads for inbound enforcement.
@@ -42,32 +51,25 @@ func (u UnenforcedPolicy) String() string {
 	return fmt.Sprintf("%s %s/%s: %s", u.Kind, u.Namespace, u.Name, u.Reason)
 }
 
-// appliesTo reports whether a security policy of namespace ns with the
-// given selector and targetRefs applies to the workload, as istiod decides
-// it for a sidecar: a policy with targetRefs applies to gateways and
-// waypoints only; one without them applies when it is in the workload's
-// namespace or the root namespace and its selector (none: every workload)
-// matches the workload's labels.
-func appliesTo(ns string, selector map[string]string, targeted bool, w Workload, root string) bool {
-	if targeted || (ns != w.Namespace && ns != root) {
-		return false
-	}
-	return labelsMatch(selector, w.Labels)
-}
-
-// authz is the inbound authorization of the workload: the RBAC rules of the
-// AuthorizationPolicies that select it, or refuse-all when a policy selecting
-// it cannot be enforced.
-type authz struct {
+// Authorization is the inbound authorization of a workload: the RBAC rules
+// of the AuthorizationPolicies that select it, or refuse-all when a policy
+// selecting it cannot be enforced.
+type Authorization struct {
 	policies   []*istiosecurityv1.AuthorizationPolicy // ALLOW and DENY, sorted
 	unenforced []UnenforcedPolicy
 }
 
-// newAuthz reads the policies that apply to the workload.
-func newAuthz(in *Inputs, root string) *authz {
-	a := &authz{}
-	for _, ra := range in.RequestAuthentications {
-		if ra == nil || !appliesTo(ra.Namespace, ra.Spec.GetSelector().GetMatchLabels(), len(ra.Spec.GetTargetRefs()) > 0 || ra.Spec.GetTargetRef() != nil, in.Workload, root) {
+// AppliesFunc reports whether a policy of namespace ns with the given
+// selector applies to the workload; targeted is true when the policy has
+// targetRefs.
+type AppliesFunc func(ns string, selector map[string]string, targeted bool) bool
+
+// New reads the policies of aps and ras that applies says apply to the
+// workload.
+func New(aps []*istiosecurityv1.AuthorizationPolicy, ras []*istiosecurityv1.RequestAuthentication, applies AppliesFunc) *Authorization {
+	a := &Authorization{}
+	for _, ra := range ras {
+		if ra == nil || !applies(ra.Namespace, ra.Spec.GetSelector().GetMatchLabels(), len(ra.Spec.GetTargetRefs()) > 0 || ra.Spec.GetTargetRef() != nil) {
 			continue
 		}
 		a.unenforced = append(a.unenforced, UnenforcedPolicy{
@@ -75,8 +77,8 @@ func newAuthz(in *Inputs, root string) *authz {
 			Reason: "JWT validation is not translated in standalone mode",
 		})
 	}
-	for _, ap := range in.AuthorizationPolicies {
-		if ap == nil || !appliesTo(ap.Namespace, ap.Spec.GetSelector().GetMatchLabels(), len(ap.Spec.GetTargetRefs()) > 0 || ap.Spec.GetTargetRef() != nil, in.Workload, root) {
+	for _, ap := range aps {
+		if ap == nil || !applies(ap.Namespace, ap.Spec.GetSelector().GetMatchLabels(), len(ap.Spec.GetTargetRefs()) > 0 || ap.Spec.GetTargetRef() != nil) {
 			continue
 		}
 		if reason := unsupported(&ap.Spec); reason != "" {
@@ -91,6 +93,9 @@ func newAuthz(in *Inputs, root string) *authz {
 	sort.Slice(a.unenforced, func(i, j int) bool { return a.unenforced[i].String() < a.unenforced[j].String() })
 	return a
 }
+
+// Unenforced are the policies that apply but are not enforced, sorted.
+func (a *Authorization) Unenforced() []UnenforcedPolicy { return a.unenforced }
 
 // unsupported names the first part of an AuthorizationPolicy that
 // translation does not enforce, "" when all of it is.
@@ -164,7 +169,7 @@ func refuseAll() *rbacv3.RBAC { return &rbacv3.RBAC{Action: rbacv3.RBAC_ALLOW} }
 // of that action). forTCP drops what only HTTP carries, as Istio does: an
 // ALLOW rule needing an HTTP attribute matches nothing, a DENY rule is
 // enforced without its HTTP attributes (it denies more, never less).
-func (a *authz) rbacRules(forTCP bool) (deny, allow *rbacv3.RBAC) {
+func (a *Authorization) rbacRules(forTCP bool) (deny, allow *rbacv3.RBAC) {
 	if len(a.unenforced) > 0 {
 		return nil, refuseAll()
 	}
@@ -194,7 +199,7 @@ func (a *authz) rbacRules(forTCP bool) (deny, allow *rbacv3.RBAC) {
 
 // rulePolicy is one rule as an RBAC policy: any of its sources and any of
 // its operations; ok is false when the rule can match nothing on this chain.
-func (a *authz) rulePolicy(ap *istiosecurityv1.AuthorizationPolicy, r *securityv1beta1.Rule, forTCP, isDeny bool) (*rbacv3.Policy, bool) {
+func (a *Authorization) rulePolicy(ap *istiosecurityv1.AuthorizationPolicy, r *securityv1beta1.Rule, forTCP, isDeny bool) (*rbacv3.Policy, bool) {
 	p := &rbacv3.Policy{}
 	for _, f := range r.GetFrom() {
 		p.Principals = append(p.Principals, a.sourcePrincipal(f.GetSource()))
@@ -217,7 +222,7 @@ func (a *authz) rulePolicy(ap *istiosecurityv1.AuthorizationPolicy, r *securityv
 	return p, true
 }
 
-func (a *authz) sourcePrincipal(s *securityv1beta1.Source) *rbacv3.Principal {
+func (a *Authorization) sourcePrincipal(s *securityv1beta1.Source) *rbacv3.Principal {
 	var and []*rbacv3.Principal
 	add := func(values []string, negate bool, m func(string) *matcherv3.StringMatcher) {
 		if len(values) == 0 {
@@ -344,8 +349,8 @@ func pathPermission(p string) *rbacv3.Permission {
 	return &rbacv3.Permission{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: sm}}}}
 }
 
-// networkFilters are the RBAC network filters a TCP chain starts with.
-func (a *authz) networkFilters(port uint32) []*listenerv3.Filter {
+// NetworkFilters are the RBAC network filters a TCP chain starts with.
+func (a *Authorization) NetworkFilters(port uint32) []*listenerv3.Filter {
 	deny, allow := a.rbacRules(true)
 	var out []*listenerv3.Filter
 	for _, r := range []*rbacv3.RBAC{deny, allow} {
@@ -354,7 +359,7 @@ func (a *authz) networkFilters(port uint32) []*listenerv3.Filter {
 		}
 		out = append(out, &listenerv3.Filter{
 			Name: wellknown.RoleBasedAccessControl,
-			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(&netrbacv3.RBAC{
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: envoyconf.MustAny(&netrbacv3.RBAC{
 				Rules: r, StatPrefix: fmt.Sprintf("inbound_%d.", port),
 			})},
 		})
@@ -362,9 +367,9 @@ func (a *authz) networkFilters(port uint32) []*listenerv3.Filter {
 	return out
 }
 
-// httpFilters are the RBAC HTTP filters an HTTP chain runs before its
+// HTTPFilters are the RBAC HTTP filters an HTTP chain runs before its
 // router.
-func (a *authz) httpFilters() []*hcmv3.HttpFilter {
+func (a *Authorization) HTTPFilters() []*hcmv3.HttpFilter {
 	deny, allow := a.rbacRules(false)
 	var out []*hcmv3.HttpFilter
 	for _, r := range []*rbacv3.RBAC{deny, allow} {
@@ -373,7 +378,7 @@ func (a *authz) httpFilters() []*hcmv3.HttpFilter {
 		}
 		out = append(out, &hcmv3.HttpFilter{
 			Name:       wellknown.HTTPRoleBasedAccessControl,
-			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&httprbacv3.RBAC{Rules: r})},
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: envoyconf.MustAny(&httprbacv3.RBAC{Rules: r})},
 		})
 	}
 	return out
