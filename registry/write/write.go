@@ -34,9 +34,9 @@ import (
 //     replica 2,000; stored within 3 s (1 s of it the disconnect delay) and
 //     10 s, they need a burst of 1,000 and a sustained rate that refills it
 //     within a few seconds;
-//   - the sustained rate stays well under what one API server stores (about
-//     a thousand such writes/s on 2 idle cores), so one replica alone never
-//     saturates it; the burst is absorbed by the API server's own queueing
+//   - the sustained rate stays under what one API server stores (the
+//     benchmark's StatusWrites; check it for your API server), so one
+//     replica alone never saturates it; the burst is absorbed by the API server's own queueing
 //     (API Priority and Fairness), which is what protects it from several
 //     replicas and other clients at once.
 //
