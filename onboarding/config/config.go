@@ -311,7 +311,15 @@ type Registration struct {
 	// WriteQPS and WriteBurst are the write budget of one replica: every
 	// API write of every registry component (registrations, WorkloadEntries,
 	// Secrets, status) counts against one limiter (registry/write). Zero or
-	// unset: 50/100 (write.DefaultQPS, write.DefaultBurst).
+	// unset: 400/1000 (write.DefaultQPS, write.DefaultBurst): sized so that
+	// 1,000 simultaneous disconnects (one write each) are stored within 3 s
+	// and a reconnect storm of 1,000 (two writes each) within 10 s, while
+	// the sustained rate stays well under what one kube-apiserver stores;
+	// the API server's Priority and Fairness queues what several replicas
+	// send at once. Lower both for a small or shared API server: states are
+	// then stored later, never lost. The client-side rate limit of the
+	// endpoint's Kubernetes clients follows the budget (three requests per
+	// write), so it never throttles below it.
 	WriteQPS   float64 `json:"writeQPS,omitempty"`
 	WriteBurst int     `json:"writeBurst,omitempty"`
 	// SweepRatePerSecond limits grace-period deletions (within the write

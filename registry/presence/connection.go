@@ -74,13 +74,15 @@ type ConnectionOptions struct {
 
 // Connections tracks which workloads hold ADS streams to this replica and
 // writes the connection state to their WorkloadAutoRegistration (condition
-// AgentConnected, status.connection) and WorkloadEntry (annotations
-// onboarding.tetrate.io/connected-at, /disconnected-at and
-// /connected-replica; istiod's own istio.io/ annotations are removed).
+// AgentConnected, status.connection) and, on connect, to their WorkloadEntry
+// (annotations onboarding.tetrate.io/connected-at and /connected-replica;
+// istiod's own istio.io/ annotations and the /disconnected-at of earlier
+// versions are removed). A disconnect costs one write, the registration's
+// status, which holds the disconnect time (status.connection.disconnectedAt).
 //
 // Opened and Closed never block on the API server: each workload has a queue
 // of one pending state that a newer event replaces (coalescing), written by a
-// goroutine of its own with optimistic concurrency until stored. Several
+// goroutine of its own with optimistic concurrency until stored (latest). Several
 // streams of one workload count once. Only the replica holding the stream
 // writes; a disconnect never overwrites a newer connection by another replica.
 //
@@ -108,9 +110,8 @@ type Connections struct {
 
 	mu       sync.Mutex
 	entries  map[types.NamespacedName]*connEntry
-	active   int // running writers
-	flushing int // Flush calls waiting: held disconnects are written at once
-	wg       sync.WaitGroup
+	queue    *latest[*connEntry, connState] // guarded by mu
+	flushing int                            // Flush calls waiting: held disconnects are written at once
 	// idle are called (without mu) when a workload's last stream on this
 	// replica closes, so that per-workload state elsewhere is dropped.
 	idle []func(Workload)
@@ -121,9 +122,7 @@ type connEntry struct {
 	workload    Workload
 	streams     []int64   // open streams' IDs (a workload has one or a few)
 	connectedAt time.Time // when the current (or last) connection began
-	pending     *connState
-	running     bool
-	wake        chan struct{} // a held disconnect's wait ends early
+	slot        slot[connState]
 }
 
 // connState is a connection state to store.
@@ -156,12 +155,14 @@ func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, 
 	case opts.DisconnectDelay < 0:
 		opts.DisconnectDelay = 0
 	}
-	return &Connections{
+	c := &Connections{
 		ctx: ctx, client: opts.Client, replica: opts.Replica, log: opts.Logger,
 		writer: write.OrDefault(opts.Writer), retry: opts.Retry, metrics: opts.Metrics, now: opts.Clock,
 		delay: opts.DisconnectDelay, started: opts.Clock(),
 		entries: map[types.NamespacedName]*connEntry{},
-	}, nil
+	}
+	c.queue = &latest[*connEntry, connState]{ctx: ctx, mu: &c.mu, retry: opts.Retry, store: c.store, retrying: c.retrying, ended: c.ended}
+	return c, nil
 }
 
 // DefaultStateRetry is ConnectionOptions.Retry's default.
@@ -188,12 +189,12 @@ func (c *Connections) Opened(w Workload, streamID int64) {
 	defer c.mu.Unlock()
 	e := c.entries[w.Key]
 	if e == nil || (e.workload.UID != w.UID && len(e.streams) == 0) {
-		if e != nil && e.running {
+		if e != nil && e.slot.running {
 			// The old registration's state is still being written: keep
 			// the entry (its writer drains it) but start afresh.
 			e.workload = w
 		} else {
-			e = &connEntry{workload: w, wake: make(chan struct{}, 1)}
+			e = &connEntry{workload: w, slot: newSlot[connState]()}
 			c.entries[w.Key] = e
 		}
 	}
@@ -258,7 +259,7 @@ func (c *Connections) Reassert(war *runtimev1alpha1.WorkloadAutoRegistration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.entries[key]
-	if e == nil || len(e.streams) == 0 || e.workload.UID != war.UID || e.pending != nil || war.DeletionTimestamp != nil {
+	if e == nil || len(e.streams) == 0 || e.workload.UID != war.UID || e.slot.pending != nil || war.DeletionTimestamp != nil {
 		return
 	}
 	conn := war.Status.Connection
@@ -319,7 +320,7 @@ func (c *Connections) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	c.flushing++
 	for _, e := range c.entries {
-		e.signal()
+		e.slot.signal()
 	}
 	c.mu.Unlock()
 	defer func() {
@@ -327,128 +328,74 @@ func (c *Connections) Flush(ctx context.Context) error {
 		c.flushing--
 		c.mu.Unlock()
 	}()
-	return write.WaitIdle(ctx, "connection states", func() int {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.active
-	})
+	return write.WaitIdle(ctx, "connection states", c.queue.busy)
 }
 
 // Wait waits for every writer goroutine to end; call it after the tracker's
 // context ended.
-func (c *Connections) Wait() { c.wg.Wait() }
+func (c *Connections) Wait() { c.queue.wait() }
 
-func (e *connEntry) signal() {
-	select {
-	case e.wake <- struct{}{}:
-	default:
-	}
-}
-
-// enqueueLocked replaces e's pending state and starts its writer.
+// enqueueLocked replaces e's pending state and starts its writer (a held
+// disconnect replaced by a connect is dropped unwritten).
 func (c *Connections) enqueueLocked(e *connEntry, st *connState) {
-	e.pending = st
-	if e.running {
-		e.signal() // a held disconnect was replaced
-		return
-	}
-	if c.ctx.Err() != nil {
-		return
-	}
-	e.running = true
-	c.active++
-	c.wg.Add(1)
-	go c.drain(e)
+	c.queue.putLocked(e, &e.slot, st)
 }
 
-// drain writes e's pending states until none is left.
-func (c *Connections) drain(e *connEntry) {
-	defer c.wg.Done()
-	for {
-		c.mu.Lock()
-		st := e.pending
-		if st != nil && !st.connected && c.flushing == 0 && c.ctx.Err() == nil {
-			if hold := time.Until(st.holdUntil); hold > 0 {
-				// Hold the disconnect: a reconnect replaces it.
-				c.mu.Unlock()
-				t := time.NewTimer(hold)
-				select {
-				case <-t.C:
-				case <-e.wake:
-				case <-c.ctx.Done():
-				}
-				t.Stop()
-				continue
-			}
-		}
-		e.pending = nil
-		if st == nil || c.ctx.Err() != nil {
-			e.running = false
-			c.active--
-			if len(e.streams) == 0 && c.entries[e.workload.Key] == e {
-				delete(c.entries, e.workload.Key)
-			}
-			c.mu.Unlock()
-			return
-		}
-		c.mu.Unlock()
-		c.storeUntilDone(e, st)
+// ended forgets e when its writer ended and no stream of it is open (mu
+// held).
+func (c *Connections) ended(e *connEntry) {
+	if len(e.streams) == 0 && c.entries[e.workload.Key] == e {
+		delete(c.entries, e.workload.Key)
 	}
 }
 
-// superseded reports whether a newer state waits for e.
-func (c *Connections) superseded(e *connEntry) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return e.pending != nil
-}
-
-// storeUntilDone stores st, retrying until it is stored, superseded or the
-// tracker stops.
-func (c *Connections) storeUntilDone(e *connEntry, st *connState) {
-	b := c.retry
-	for {
-		err := c.store(st)
-		if err == nil {
-			return
-		}
-		if apierrors.IsNotFound(err) || errors.Is(err, errRegistrationReplaced) {
-			c.log.Debug("connection state not stored: registration gone", "registration", st.workload.Key.String(), "error", err)
-			return
-		}
-		c.log.Error("store connection state; retrying", "registration", st.workload.Key.String(), "connected", st.connected, "error", err)
-		t := time.NewTimer(b.Step())
-		select {
-		case <-c.ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		if c.superseded(e) {
-			return
-		}
-	}
+// retrying logs a state whose store failed and is retried.
+func (c *Connections) retrying(_ *connEntry, st *connState, err error, in time.Duration) {
+	c.log.Error("store connection state; retrying", "registration", st.workload.Key.String(), "connected", st.connected, "retryIn", in, "error", err)
 }
 
 var errRegistrationReplaced = errors.New("registration replaced by a newer one of the same name")
 
-// store writes one state to the registration, then to its WorkloadEntry.
-func (c *Connections) store(st *connState) error {
-	written, err := c.storeRegistration(st)
-	if err != nil {
-		return err
+// store stores one state (the latest queue's store): a disconnect is held
+// for DisconnectDelay unless Flush waits or the tracker stops, then written
+// to the registration only; a connection is written to the registration,
+// then to its WorkloadEntry. A registration gone or replaced drops the
+// state.
+func (c *Connections) store(_ *connEntry, st *connState) (time.Duration, error) {
+	if !st.connected {
+		c.mu.Lock()
+		flushing := c.flushing > 0
+		c.mu.Unlock()
+		if hold := time.Until(st.holdUntil); hold > 0 && !flushing && c.ctx.Err() == nil {
+			return hold, nil // a reconnect replaces it
+		}
 	}
-	if !st.connected && written {
-		c.metrics.statusWritten(c.now().Sub(st.disconnectedAt))
+	shown, err := c.storeRegistration(st)
+	if err == nil && st.connected && shown != nil {
+		err = c.storeWorkloadEntry(st, shown)
 	}
-	return c.storeWorkloadEntry(st)
+	switch {
+	case err == nil:
+		if !st.connected && shown != nil {
+			c.metrics.statusWritten(c.now().Sub(st.disconnectedAt))
+		}
+		return 0, nil
+	case apierrors.IsNotFound(err) || errors.Is(err, errRegistrationReplaced):
+		c.log.Debug("connection state not stored: registration gone", "registration", st.workload.Key.String(), "error", err)
+		return 0, nil
+	default:
+		return 0, err
+	}
 }
 
 // storeRegistration writes the AgentConnected condition and status.connection.
-// It reports whether the registration shows st afterwards.
-func (c *Connections) storeRegistration(st *connState) (bool, error) {
-	shows := false
+// It returns the registration's status.connection when the registration
+// shows st afterwards, nil when it does not (another replica's newer
+// connection, or a disconnect already stored).
+func (c *Connections) storeRegistration(st *connState) (*runtimev1alpha1.ConnectionStatus, error) {
+	var shown *runtimev1alpha1.ConnectionStatus
 	err := c.writer.Do(c.ctx, func(ctx context.Context) error {
+		shown = nil
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := c.client.Get(ctx, st.workload.Key, cur); err != nil {
 			return err
@@ -463,7 +410,7 @@ func (c *Connections) storeRegistration(st *connState) (bool, error) {
 				return nil // a newer connection held by another replica
 			}
 			if c.showsOurConnection(cur) {
-				shows = true
+				shown = conn
 				return nil // already true: a reconnect writes nothing
 			}
 			conn = &runtimev1alpha1.ConnectionStatus{Replica: c.replica, ConnectedAt: &connectedAt}
@@ -484,16 +431,16 @@ func (c *Connections) storeRegistration(st *connState) (bool, error) {
 			cur.Status.Connection = conn
 			changed = true
 		}
-		shows = true
+		shown = conn
 		if !changed {
 			return nil
 		}
 		return c.client.Status().Update(ctx, cur)
 	})
 	if err != nil {
-		return false, fmt.Errorf("write connection state of %s: %w", st.workload.Key, err)
+		return nil, fmt.Errorf("write connection state of %s: %w", st.workload.Key, err)
 	}
-	return shows, nil
+	return shown, nil
 }
 
 // showsOurConnection reports whether war's stored status says the workload is
@@ -539,8 +486,20 @@ func equalConnection(a, b *runtimev1alpha1.ConnectionStatus) bool {
 }
 
 // storeWorkloadEntry writes the connection annotations of the registration's
-// WorkloadEntry. A missing entry (fenced, or not written yet) is skipped.
-func (c *Connections) storeWorkloadEntry(st *connState) error {
+// WorkloadEntry to match shown, the registration's status.connection after
+// st (a connection) was stored: connected-at and connected-replica; a
+// disconnected-at of earlier versions and istiod's own annotations are
+// removed. A missing entry (fenced, or not written yet) is skipped. A
+// disconnect writes no entry: the registration's status holds its time.
+func (c *Connections) storeWorkloadEntry(st *connState, shown *runtimev1alpha1.ConnectionStatus) error {
+	// The connection's start as the annotation shows it: st's own instant
+	// when the registration shows st's connection (it stores it to the
+	// second), else the start of the connection it shows (a reconnect
+	// within the disconnect delay keeps the connection it continues).
+	since := st.connectedAt
+	if shown.ConnectedAt != nil && !shown.ConnectedAt.Time.Equal(st.connectedAt.Truncate(time.Second)) {
+		since = shown.ConnectedAt.Time
+	}
 	err := c.writer.Do(c.ctx, func(ctx context.Context) error {
 		we := &istionetworkingv1.WorkloadEntry{}
 		if err := c.client.Get(ctx, st.workload.Key, we); err != nil {
@@ -552,23 +511,17 @@ func (c *Connections) storeWorkloadEntry(st *connState) error {
 		ann := we.Annotations
 		holder := ann[registry.AnnotationConnectedReplica]
 		heldSince, _ := time.Parse(time.RFC3339Nano, ann[registry.AnnotationConnectedAt])
+		if holder != "" && holder != c.replica && heldSince.After(since) {
+			return nil // a newer connection held by another replica
+		}
 		want := registry.WithoutIstiodAnnotations(ann)
 		if want == nil {
 			want = map[string]string{}
 		}
-		if st.connected {
-			switch {
-			case holder != "" && holder != c.replica && ann[registry.AnnotationDisconnectedAt] == "" && heldSince.After(st.connectedAt):
-				// a newer connection held by another replica
-			case holder == c.replica && ann[registry.AnnotationDisconnectedAt] == "" && !heldSince.Before(c.started.Truncate(time.Second)):
-				// already shows this connection
-			default:
-				want[registry.AnnotationConnectedAt] = st.connectedAt.UTC().Format(time.RFC3339Nano)
-				want[registry.AnnotationConnectedReplica] = c.replica
-				delete(want, registry.AnnotationDisconnectedAt)
-			}
-		} else if holder == c.replica && ann[registry.AnnotationDisconnectedAt] == "" && !heldSince.After(st.connectedAt) {
-			want[registry.AnnotationDisconnectedAt] = st.disconnectedAt.UTC().Format(time.RFC3339Nano)
+		delete(want, registry.AnnotationDisconnectedAt)
+		if holder != c.replica || !heldSince.Truncate(time.Second).Equal(since.Truncate(time.Second)) {
+			want[registry.AnnotationConnectedAt] = since.UTC().Format(time.RFC3339Nano)
+			want[registry.AnnotationConnectedReplica] = c.replica
 		}
 		if equalStrings(ann, want) { // (an entry with istiod's annotations always differs)
 			return nil

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,6 +21,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/lifecycle"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 func newConnections(t *testing.T, ctx context.Context, replica string, clock func() time.Time) *Connections {
@@ -79,7 +82,9 @@ var (
 		return observed{status: metav1.ConditionTrue, reason: runtimev1alpha1.ReasonAgentEstablishedConnection, replica: r, weController: r}
 	}
 	disconnectedFrom = func(r string) observed {
-		return observed{status: metav1.ConditionFalse, reason: runtimev1alpha1.ReasonAgentDisconnected, replica: r, disconnected: true, weController: r, weDisconnected: true}
+		// A disconnect writes the registration only: the entry keeps the
+		// connection's annotations and never gets a disconnected-at.
+		return observed{status: metav1.ConditionFalse, reason: runtimev1alpha1.ReasonAgentDisconnected, replica: r, disconnected: true, weController: r}
 	}
 )
 
@@ -93,12 +98,13 @@ func registerForConnections(t *testing.T) (Workload, *registry.Result) {
 func registerNthForConnections(t *testing.T, n int) (Workload, *registry.Result) {
 	t.Helper()
 	ns := env.Namespace(t)
-	wg := createGroup(t, ns)
+	wg := fixtures.SeedGroup(ns)
+	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	id, ip := "i-1234567890abcdef0", "172.31.5.254"
 	if n > 0 {
 		id, ip = fmt.Sprintf("i-00000000000000%03d", n), fmt.Sprintf("172.31.6.%d", n)
 	}
-	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: ec2Identity(id), Registration: registration(ip)})
+	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity(id), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,9 +149,6 @@ func TestConnectDisconnectReconnect(t *testing.T) {
 
 	c.Opened(w, 3)
 	waitObserved(t, w.Key, connectedTo("replica-a"))
-	if err := env.Client.Get(ctx, w.Key, we); err != nil || we.Annotations[registry.AnnotationDisconnectedAt] != "" {
-		t.Errorf("reconnect kept disconnectedAt: %v (%v)", we.Annotations, err)
-	}
 	c.Closed(w, 3)
 	waitObserved(t, w.Key, disconnectedFrom("replica-a"))
 	cancel()
@@ -186,7 +189,9 @@ func TestEventsOfADeletedRegistrationAreDropped(t *testing.T) {
 	if err := env.Client.Delete(ctx, res.Registration); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, res.Registration)
+	fixtures.Eventually(t, 30*time.Second, "registration deleted", func() bool {
+		return apierrors.IsNotFound(env.Client.Get(ctx, w.Key, &runtimev1alpha1.WorkloadAutoRegistration{}))
+	})
 	c.Opened(w, 1)
 	c.Closed(w, 1)
 	flushCtx, stop := context.WithTimeout(ctx, 10*time.Second)
@@ -462,4 +467,121 @@ func TestReconnectStormWritesAtMostOncePerWorkload(t *testing.T) {
 	}
 	cancel()
 	cur.Wait()
+}
+
+// A disconnect costs one write, the registration's status (which holds the
+// disconnect time); the WorkloadEntry is not written.
+func TestDisconnectWritesTheRegistrationOnly(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w, _ := registerForConnections(t)
+	cc := newCountingClient()
+	c, err := NewConnections(ctx, ConnectionOptions{Client: cc, Replica: "replica-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Opened(w, 1)
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cc.take()
+	we := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(ctx, w.Key, we); err != nil {
+		t.Fatal(err)
+	}
+	c.Closed(w, 1)
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := cc.take(); got["status"] != 1 || got["entry"] != 0 {
+		t.Errorf("a disconnect wrote %v, want one status write and no entry write", got)
+	}
+	if got := observe(t, w.Key); got != disconnectedFrom("replica-a") {
+		t.Errorf("after the disconnect: %+v", got)
+	}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, w.Key, war); err != nil {
+		t.Fatal(err)
+	}
+	if war.Status.Connection.DisconnectedAt == nil {
+		t.Errorf("status.connection.disconnectedAt not stored: %+v", war.Status.Connection)
+	}
+	after := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(ctx, w.Key, after); err != nil || after.ResourceVersion != we.ResourceVersion {
+		t.Errorf("the disconnect rewrote the WorkloadEntry: %v (%v)", after.Annotations, err)
+	}
+	cancel()
+	c.Wait()
+}
+
+// An entry written by an earlier version carries a disconnected-at (and
+// maybe istiod's annotations): the next connect removes them, and a
+// reconnect after a stored disconnect moves connected-at to the new
+// connection.
+func TestConnectRewritesTheEntrysConnectionAnnotations(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w, _ := registerForConnections(t)
+	we := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(ctx, w.Key, we); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour).UTC()
+	if we.Annotations == nil {
+		we.Annotations = map[string]string{}
+	}
+	we.Annotations[registry.AnnotationConnectedReplica] = "replica-a"
+	we.Annotations[registry.AnnotationConnectedAt] = old.Format(time.RFC3339Nano)
+	we.Annotations[registry.AnnotationDisconnectedAt] = old.Add(time.Minute).Format(time.RFC3339Nano)
+	we.Annotations["istio.io/disconnectedAt"] = old.Add(time.Minute).Format(time.RFC3339Nano)
+	if err := env.Client.Update(ctx, we); err != nil {
+		t.Fatal(err)
+	}
+	var offset atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	c := newConnections(t, ctx, "replica-a", clock)
+	annotations := func() map[string]string {
+		t.Helper()
+		if err := c.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := &istionetworkingv1.WorkloadEntry{}
+		if err := env.Client.Get(ctx, w.Key, got); err != nil {
+			t.Fatal(err)
+		}
+		return got.Annotations
+	}
+	c.Opened(w, 1)
+	first := clock()
+	ann := annotations()
+	for _, k := range []string{registry.AnnotationDisconnectedAt, "istio.io/disconnectedAt"} {
+		if _, ok := ann[k]; ok {
+			t.Errorf("connect kept %s: %v", k, ann)
+		}
+	}
+	at, err := time.Parse(time.RFC3339Nano, ann[registry.AnnotationConnectedAt])
+	if err != nil || at.Before(first.Add(-time.Second)) || ann[registry.AnnotationConnectedReplica] != "replica-a" {
+		t.Fatalf("after connect: %v (%v)", ann, err)
+	}
+
+	c.Closed(w, 1)
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	offset.Store(int64(5 * time.Second))
+	c.Opened(w, 2)
+	ann = annotations()
+	again, err := time.Parse(time.RFC3339Nano, ann[registry.AnnotationConnectedAt])
+	if err != nil || again.Sub(at) < 4*time.Second {
+		t.Errorf("reconnect after a stored disconnect: connected-at %q, was %s (%v)", ann[registry.AnnotationConnectedAt], at, err)
+	}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, w.Key, war); err != nil {
+		t.Fatal(err)
+	}
+	if conn := war.Status.Connection; conn == nil || conn.ConnectedAt == nil || !conn.ConnectedAt.Time.Equal(again.Truncate(time.Second)) {
+		t.Errorf("registration's connectedAt %v, entry's %s", conn, again)
+	}
+	cancel()
+	c.Wait()
 }

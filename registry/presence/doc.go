@@ -2,18 +2,19 @@
 // workloads whose sidecars hold ADS streams to it:
 //
 //   - Connections (connection.go): the AgentConnected condition and
-//     status.connection of each WorkloadAutoRegistration, and the
-//     onboarding.tetrate.io/connected-at, /disconnected-at and
-//     /connected-replica annotations of its WorkloadEntry; Watch reasserts a
-//     live connection whose stored status another component lost;
+//     status.connection of each WorkloadAutoRegistration, and, on connect,
+//     the onboarding.tetrate.io/connected-at and /connected-replica
+//     annotations of its WorkloadEntry (a disconnect writes the
+//     registration's status only); Watch reasserts a live connection whose
+//     stored status another component lost;
 //   - HealthMirror (health.go, damping.go): the sidecar's health reports
 //     mirrored onto the WorkloadEntry's Healthy condition (what istiod
 //     routes by) and the registration's, with flap damping;
 //   - their metrics (connection.go, health_metrics.go).
 //
 // Both keep, per workload, the latest state to store, replaced by a newer one
-// and retried until stored; both write through the replica's one
-// write.Writer. The xDS server reports stream opens, closes and health
+// and retried until stored, in one kind of queue (latest, queue.go); both
+// write through the replica's one write.Writer. The xDS server reports stream opens, closes and health
 // reports; it never writes itself.
 //
 // Package map of the registry: registry (registration: Registrar, naming,

@@ -90,17 +90,14 @@ type HealthMirror struct {
 
 	mu      sync.Mutex
 	entries map[types.NamespacedName]*healthEntry
-	active  int
-	wg      sync.WaitGroup
+	queue   *latest[*healthEntry, Health] // guarded by mu
 }
 
 // healthEntry is one workload's health as this replica knows it.
 type healthEntry struct {
 	workload Workload
 	damp     damper
-	pending  *Health // the latest report, not stored yet
-	running  bool
-	wake     chan struct{} // a newer report arrived
+	slot     slot[Health] // the latest report, not stored yet
 	// firstHealthyFor is the connection (its connectedAt) whose first
 	// healthy report was measured.
 	firstHealthyFor time.Time
@@ -128,6 +125,7 @@ func NewHealthMirror(ctx context.Context, opts HealthOptions) (*HealthMirror, er
 		retry: opts.Retry, damping: opts.Damping, metrics: opts.Metrics, log: opts.Logger, now: opts.Clock,
 		entries: map[types.NamespacedName]*healthEntry{},
 	}
+	m.queue = &latest[*healthEntry, Health]{ctx: ctx, mu: &m.mu, retry: opts.Retry, store: m.storeOnce, retrying: m.retrying, ended: m.ended}
 	opts.Connections.onIdle(m.disconnected)
 	return m, nil
 }
@@ -139,7 +137,7 @@ func NewHealthMirror(ctx context.Context, opts HealthOptions) (*HealthMirror, er
 func (m *HealthMirror) disconnected(w Workload) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e := m.entries[w.Key]; e != nil && !e.running && e.workload.UID == w.UID {
+	if e := m.entries[w.Key]; e != nil && !e.slot.running && e.workload.UID == w.UID {
 		delete(m.entries, w.Key)
 	}
 }
@@ -161,77 +159,35 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 	defer m.mu.Unlock()
 	e := m.entries[w.Key]
 	if e == nil || e.workload.UID != w.UID {
-		if e != nil && e.running {
+		if e != nil && e.slot.running {
 			e.workload = w // its writer drops the old registration's report
 			e.damp = damper{window: m.damping}
 		} else {
-			e = &healthEntry{workload: w, damp: damper{window: m.damping}, wake: make(chan struct{}, 1)}
+			e = &healthEntry{workload: w, damp: damper{window: m.damping}, slot: newSlot[Health]()}
 			m.entries[w.Key] = e
 		}
 	}
 	e.damp.observe(h)
-	e.pending = &h
-	if e.running {
-		select {
-		case e.wake <- struct{}{}:
-		default:
-		}
-		return
-	}
-	if m.ctx.Err() != nil {
-		return
-	}
-	e.running = true
-	m.active++
-	m.wg.Add(1)
-	go m.drain(e)
+	m.queue.putLocked(e, &e.slot, &h)
 }
 
 // Flush waits until every report is stored or dropped (a report held by
 // damping is still pending), or ctx ends.
 func (m *HealthMirror) Flush(ctx context.Context) error {
-	return write.WaitIdle(ctx, "health reports", func() int {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		return m.active
-	})
+	return write.WaitIdle(ctx, "health reports", m.queue.busy)
 }
 
 // Wait waits for every writer goroutine to end; call it after the mirror's
 // context ended.
-func (m *HealthMirror) Wait() { m.wg.Wait() }
+func (m *HealthMirror) Wait() { m.queue.wait() }
 
-// drain stores e's pending reports until none is left.
-func (m *HealthMirror) drain(e *healthEntry) {
-	defer m.wg.Done()
-	for {
-		// A workload without a stream here (a late report, or one stored
-		// while its last stream closed) leaves no state behind.
-		m.mu.Lock()
-		key := e.workload.Key
-		m.mu.Unlock()
-		idle := m.conns.Streams(key) == 0
-		m.mu.Lock()
-		h, w := e.pending, e.workload
-		if h == nil || m.ctx.Err() != nil {
-			e.running = false
-			m.active--
-			// Forgotten (the registration is gone or not ours), or no
-			// stream here any more.
-			if (idle || !e.damp.known) && m.entries[w.Key] == e {
-				delete(m.entries, w.Key)
-			}
-			m.mu.Unlock()
-			return
-		}
-		m.mu.Unlock()
-		if m.storeUntilDone(e, w, h) {
-			m.mu.Lock()
-			if e.pending == h {
-				e.pending = nil
-			}
-			m.mu.Unlock()
-		}
+// ended forgets e when its writer ended (mu held) and the workload has no
+// stream here any more (a late report, or one stored while its last stream
+// closed), or e's state was dropped (the registration is gone or not ours).
+func (m *HealthMirror) ended(e *healthEntry) {
+	idle := m.conns.Streams(e.workload.Key) == 0
+	if (idle || !e.damp.known) && m.entries[e.workload.Key] == e {
+		delete(m.entries, e.workload.Key)
 	}
 }
 
@@ -245,57 +201,37 @@ type heldUntil struct{ at time.Time }
 
 func (h heldUntil) Error() string { return "held by damping until " + h.at.Format(time.RFC3339Nano) }
 
-// storeUntilDone stores h, retrying until it is stored (true), superseded,
-// dropped (the registration is gone or held by another replica) or the
-// mirror stops (false: drain looks at the latest report again).
-func (m *HealthMirror) storeUntilDone(e *healthEntry, w Workload, h *Health) bool {
-	b := m.retry
-	for {
-		err := m.store(e, w, h)
-		var held heldUntil
-		var delay time.Duration
-		switch {
-		case err == nil:
-			return true
-		case errors.As(err, &held):
-			delay = held.at.Sub(m.now())
-		case apierrors.IsNotFound(err) || errors.Is(err, errRegistrationReplaced) || errors.Is(err, errNotHolder) || errors.Is(err, errNoEntry):
-			m.log.Debug("health report not stored", "registration", w.Key.String(), "reason", err.Error())
-			m.metrics.dropped()
-			m.forget(e)
-			return true
-		default:
-			m.metrics.failed()
-			delay = b.Step()
-			m.log.Error("store health report; retrying", "registration", w.Key.String(), "healthy", h.Healthy, "retryIn", delay, "error", err)
-		}
-		if !m.sleep(e, delay) {
-			return false
-		}
-		m.mu.Lock()
-		superseded := e.pending != h
-		m.mu.Unlock()
-		if superseded {
-			return false
-		}
+// storeOnce stores h once (the latest queue's store): done when it is
+// stored or dropped (the registration is gone or held by another replica);
+// a hold while damping holds it; an error to retry.
+func (m *HealthMirror) storeOnce(e *healthEntry, h *Health) (time.Duration, error) {
+	m.mu.Lock()
+	w := e.workload
+	m.mu.Unlock()
+	err := m.store(e, w, h)
+	var held heldUntil
+	switch {
+	case err == nil:
+		return 0, nil
+	case errors.As(err, &held):
+		return max(held.at.Sub(m.now()), time.Millisecond), nil
+	case apierrors.IsNotFound(err) || errors.Is(err, errRegistrationReplaced) || errors.Is(err, errNotHolder) || errors.Is(err, errNoEntry):
+		m.log.Debug("health report not stored", "registration", w.Key.String(), "reason", err.Error())
+		m.metrics.dropped()
+		m.forget(e)
+		return 0, nil
+	default:
+		return 0, err
 	}
 }
 
-// sleep waits d, or until a newer report arrives or the mirror stops.
-func (m *HealthMirror) sleep(e *healthEntry, d time.Duration) bool {
-	if d <= 0 {
-		d = time.Millisecond
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-m.ctx.Done():
-		return false
-	case <-e.wake:
-		return false
-	case <-t.C:
-		return true
-	}
+// retrying counts and logs a report whose store failed and is retried.
+func (m *HealthMirror) retrying(e *healthEntry, h *Health, err error, in time.Duration) {
+	m.mu.Lock()
+	key := e.workload.Key
+	m.mu.Unlock()
+	m.metrics.failed()
+	m.log.Error("store health report; retrying", "registration", key.String(), "healthy", h.Healthy, "retryIn", in, "error", err)
 }
 
 // forget drops what is known of e's workload unless a newer report came.

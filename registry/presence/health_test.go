@@ -23,6 +23,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // healthHarness is a registered workload of a group with a probe, connected
@@ -40,7 +41,8 @@ func startHealth(t *testing.T, damping time.Duration) *healthHarness {
 	t.Helper()
 	ip := fmt.Sprintf("172.31.9.%d", 10+healthHosts.Add(1))
 	ns := env.Namespace(t)
-	wg := createGroup(t, ns)
+	wg := fixtures.SeedGroup(ns)
+	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	wg.Spec.Probe = &istioapi.ReadinessProbe{
 		PeriodSeconds: 1, FailureThreshold: 1, SuccessThreshold: 1,
 		HealthCheckMethod: &istioapi.ReadinessProbe_HttpGet{HttpGet: &istioapi.HTTPHealthCheckConfig{Path: "/ready", Port: 8080}},
@@ -48,7 +50,7 @@ func startHealth(t *testing.T, damping time.Duration) *healthHarness {
 	if err := env.Client.Update(t.Context(), wg); err != nil {
 		t.Fatal(err)
 	}
-	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: ec2Identity("i-0000000000000000b"), Registration: registration(ip)})
+	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000b"), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}

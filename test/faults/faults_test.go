@@ -72,10 +72,10 @@ func fleet(t *testing.T) int {
 // suiteConfig is the replicas' configuration beyond the fixture's: every
 // simulated VM connects from the same loopback address, so the per-source
 // limits, sized for one host each, are raised to let 1,000 VMs' worth of
-// connects and onboardings come from one source. The write budget is sized
-// for the fleet (registration.writeQPS): each connect or disconnect costs two
-// writes (registration status and WorkloadEntry), so 1,000 reconnects need
-// 2,000 writes, 40 s at the default 50/s.
+// connects and onboardings come from one source. The write budget is the
+// default (registration.writeQPS / writeBurst, 400/s, burst 1,000), sized for
+// 1,000 workloads per replica: a connect costs two writes (registration status
+// and WorkloadEntry), a disconnect one (the status).
 const suiteConfig = `limits:
   onboarding:
     requestsPerSecondPerSource: 100000
@@ -87,10 +87,10 @@ const suiteConfig = `limits:
 `
 
 // suiteRegistration is the replicas' registration: settings beyond the
-// fixture's: the write budget sized for the fleet (see suiteConfig), and no
-// per-source limit on credential verifications (one source onboards the
-// whole fleet).
-var suiteRegistration = []string{"writeQPS: 300", "writeBurst: 600", "verifyPerSecond: -1"}
+// fixture's: no per-source limit on credential verifications (one source
+// onboards the whole fleet); the write budget is the default (see
+// suiteConfig).
+var suiteRegistration = []string{"verifyPerSecond: -1"}
 
 // fixture is one test's endpoint deployment: a namespace, replicas and
 // agents.

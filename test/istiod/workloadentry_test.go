@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
 )
 
@@ -125,9 +126,19 @@ func TestIstiodKeepsEmbarkWorkloadEntries(t *testing.T) {
 		}
 		t.Errorf("WorkloadEntries in %s: %v, want exactly the 3 of Embark's registrations (istiod auto-registered none)", ns, names)
 	}
+	// The disconnect is stored in the registration's status only: the entry
+	// istiod reads keeps its connection annotations and gets no
+	// disconnected-at.
 	we, _ := getEntry(t, disconnected.key)
-	if we.Annotations[registry.AnnotationDisconnectedAt] == "" {
-		t.Errorf("disconnected workload's entry lacks %s: %v", registry.AnnotationDisconnectedAt, we.Annotations)
+	if _, ok := we.Annotations[registry.AnnotationDisconnectedAt]; ok {
+		t.Errorf("disconnected workload's entry carries %s: %v", registry.AnnotationDisconnectedAt, we.Annotations)
+	}
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(t.Context(), disconnected.key, war); err != nil {
+		t.Fatal(err)
+	}
+	if war.Status.Connection == nil || war.Status.Connection.DisconnectedAt == nil {
+		t.Errorf("disconnected workload's registration lacks status.connection.disconnectedAt: %+v", war.Status.Connection)
 	}
 }
 

@@ -111,13 +111,7 @@ func newBuild(opts Options) (*build, error) {
 	}
 	b.writer = newWriter(b.cfg)
 	if b.restCfg.QPS == 0 {
-		// client-go's default (5 QPS, burst 10 per client) would throttle
-		// far below registration.writeQPS: the soak (test/soak) showed
-		// connection bookkeeping falling minutes behind at 2 onboardings/s.
-		// Every write is read first, so allow twice the write budget.
-		budget := b.writer.Options()
-		b.restCfg.QPS = float32(2 * budget.QPS)
-		b.restCfg.Burst = 2 * budget.Burst
+		b.restCfg.QPS, b.restCfg.Burst = clientRateLimit(b.writer.Options())
 	}
 	if b.opts.DebugXDS == "" {
 		b.opts.DebugXDS = DefaultDebugXDS
@@ -139,6 +133,21 @@ func (b *build) undo() {
 		b.undos[i]()
 	}
 	b.undos = nil
+}
+
+// requestsPerWrite is how many API requests one write of the budget may
+// take: every write is read first (Get, then Update), and the health mirror
+// reads the registration once more before writing.
+const requestsPerWrite = 3
+
+// clientRateLimit is the client-side rate limit (QPS and burst, per
+// client and resource, as client-go applies it) that never throttles below
+// the write budget: client-go's default (5 QPS, burst 10) would, and the
+// soak (test/soak) showed connection bookkeeping falling minutes behind at 2
+// onboardings/s under it. The budget, not this limit, bounds the replica's
+// writes; the API server's Priority and Fairness protects the server.
+func clientRateLimit(budget write.Options) (float32, int) {
+	return float32(requestsPerWrite * budget.QPS), requestsPerWrite * budget.Burst
 }
 
 // newWriter builds the replica's one write budget (registration.writeQPS and
