@@ -358,8 +358,10 @@ func connected(r string) connState {
 	return connState{status: metav1.ConditionTrue, replica: r, weController: r, weConnected: true}
 }
 
+// disconnected is a stored disconnect: the registration's status only (a
+// disconnect writes no WorkloadEntry annotation).
 func disconnected(r string) connState {
-	return connState{status: metav1.ConditionFalse, replica: r, disconnected: true, weController: r, weConnected: true, weDisconn: true}
+	return connState{status: metav1.ConditionFalse, replica: r, disconnected: true, weController: r, weConnected: true}
 }
 
 func waitState(t *testing.T, key types.NamespacedName, want connState) {
