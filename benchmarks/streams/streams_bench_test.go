@@ -4,7 +4,12 @@
 //
 //	go test -run='^$' -bench=. -benchtime=1x ./benchmarks/streams/ -args -streams=1000 -json=streams.json
 //
-// (-json writes the figures in the benchjson format of `make bench`.)
+// (-json writes the figures in the benchjson format of `make bench`;
+// -heapprofile=file writes this process's in-use heap profile while
+// Embark's streams are held, and file.bare while the bare server's are,
+// with -test.memprofilerate=4096 for a fine sampling:
+// `go tool pprof -sample_index=inuse_space -base file.bare file` shows what
+// Embark holds per stream beyond the bare server.)
 //
 // For each stream count it reports the heap and goroutines per held stream
 // and the CPU used while every stream idles (both servers; the clients run
@@ -36,7 +41,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +87,7 @@ var (
 	streamsFlag = flag.String("streams", "1000", "comma-separated numbers of concurrent streams to hold")
 	stormMax    = flag.Int("storm-max", 1000, "run the reconnect storm and the mass disconnect only up to this many streams")
 	jsonFlag    = benchjson.Flag()
+	heapFlag    = flag.String("heapprofile", "", "write the in-use heap profile (pprof) while Embark's streams are held to this file, and the bare server's to file.bare, at the largest count")
 
 	env       *testenv.Env
 	informers crcache.Cache
@@ -389,6 +397,23 @@ func measure(n int, heap0 uint64, gr0 int) footprint {
 	}
 }
 
+// writeHeapProfile writes the in-use heap profile to file (after the GCs
+// of heap) when -heapprofile is set and n is the largest count.
+func writeHeapProfile(b *testing.B, n, largest int, suffix string) {
+	b.Helper()
+	if *heapFlag == "" || n != largest {
+		return
+	}
+	f, err := os.Create(*heapFlag + suffix)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // waitAll polls the registrations of ns until pred holds for all n.
 func waitAll(b *testing.B, ns string, n int, pred func(*runtimev1alpha1.WorkloadAutoRegistration) bool) {
 	b.Helper()
@@ -525,6 +550,7 @@ func run(b *testing.B, n, largest int) result {
 	h0, g0 := heap()
 	closeBare := holdStreams(b, bare.addr, ws)
 	r.Bare = measure(n, h0, g0)
+	writeHeapProfile(b, n, largest, ".bare")
 	closeBare()
 	bare.stop()
 
@@ -540,6 +566,7 @@ func run(b *testing.B, n, largest int) result {
 		b.Fatal(err)
 	}
 	r.Embark = measure(n, h0, g0)
+	writeHeapProfile(b, n, largest, "")
 	if r.Bare.HeapBytesPerStream > 0 {
 		r.HeapRatio = r.Embark.HeapBytesPerStream / r.Bare.HeapBytesPerStream
 	}
