@@ -353,18 +353,9 @@ func (st *stream) closeDeleted() {
 // admit authenticates a workload stream and binds it to its registration.
 // A refusal changes no state.
 func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
-	raw, err := bearerToken(ctx)
+	_, cred, err := s.authenticated(ctx, "xDS stream")
 	if err != nil {
-		return nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
-	}
-	cred, err := s.auth.authenticate(ctx, raw)
-	switch {
-	case errors.Is(err, errReviewFailed):
-		s.log.Error("review sidecar token", "error", err)
-		return nil, refuse(codes.Unavailable, reasonReviewFailed, "%v", err)
-	case err != nil:
-		s.log.Info("refused xDS stream", "reason", err.Error())
-		return nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+		return nil, err
 	}
 	proxy, err := s.authorize(ctx, cred, node)
 	if err != nil {
@@ -377,6 +368,25 @@ func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
 	st.expires = cred.Expires
 	_, st.counted = node.GetMetadata().GetFields()["PROXY_CONFIG"]
 	return st, nil
+}
+
+// authenticated reviews the bearer token of ctx, a request of kind (named
+// in the log of a refusal), and returns the token and what it proves.
+func (s *Server) authenticated(ctx context.Context, kind string) (string, *Credential, error) {
+	raw, err := bearerToken(ctx)
+	if err != nil {
+		return "", nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+	}
+	cred, err := s.auth.authenticate(ctx, raw)
+	switch {
+	case errors.Is(err, errReviewFailed):
+		s.log.Error("review sidecar token", "error", err)
+		return "", nil, refuse(codes.Unavailable, reasonReviewFailed, "%v", err)
+	case err != nil:
+		s.log.Info("refused "+kind, "reason", err.Error())
+		return "", nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+	}
+	return raw, cred, nil
 }
 
 // authorize checks that the node ID names the registration whose Secret the
@@ -402,9 +412,10 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
 	}
 	// The stream keeps this copy while it lives: without the managed
-	// fields, which no reader of a Proxy needs (a third of the object
-	// once its status was written).
+	// fields and the status, which no reader of a Proxy needs (most of the
+	// object once its status was written).
 	war.ManagedFields = nil
+	war.Status = runtimev1alpha1.WorkloadAutoRegistrationStatus{}
 	return &Proxy{
 		Workload:     presence.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
 		NodeID:       node.GetId(),

@@ -515,6 +515,8 @@ func BenchmarkStreams(b *testing.B) {
 				b.ReportMetric(r.Embark.HeapBytesPerStream, "embark-heap-B/stream")
 				b.ReportMetric(r.Bare.HeapBytesPerStream, "bare-heap-B/stream")
 				b.ReportMetric(r.HeapRatio, "heap-ratio")
+				b.ReportMetric(r.Embark.GoroutinesPerStream, "embark-goroutines/stream")
+				b.ReportMetric(r.Bare.GoroutinesPerStream, "bare-goroutines/stream")
 				b.ReportMetric(r.Embark.IdleCPUMillisPerSec, "embark-idle-cpu-ms/s")
 				b.ReportMetric(r.Bare.IdleCPUMillisPerSec, "bare-idle-cpu-ms/s")
 				if !r.Storm {
