@@ -90,9 +90,10 @@ type authenticator struct {
 	size     int
 	now      func() time.Time
 
-	mu    sync.Mutex
-	lru   *list.List // of *cacheEntry, most recent first
-	index map[[32]byte]*list.Element
+	mu       sync.Mutex
+	lru      *list.List // of *cacheEntry, most recent first
+	index    map[[32]byte]*list.Element
+	sweeping bool // a sweep of expired reviews is scheduled
 }
 
 type cacheEntry struct {
@@ -232,6 +233,32 @@ func (a *authenticator) store(key [32]byte, c *Credential) {
 		a.lru.Remove(last)
 		delete(a.index, last.Value.(*cacheEntry).key)
 	}
+	if !a.sweeping {
+		a.sweeping = true
+		time.AfterFunc(a.ttl, a.sweep)
+	}
+}
+
+// sweep drops the reviews that may no longer be reused, so that a server
+// whose streams are all open holds none (a stream keeps only what it needs
+// of its credential); it runs again every ttl while any review is left.
+func (a *authenticator) sweep() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.now()
+	for el := a.lru.Front(); el != nil; {
+		next := el.Next()
+		if e := el.Value.(*cacheEntry); !now.Before(e.cred.expires) {
+			a.lru.Remove(el)
+			delete(a.index, e.key)
+		}
+		el = next
+	}
+	if a.lru.Len() == 0 {
+		a.sweeping = false
+		return
+	}
+	time.AfterFunc(a.ttl, a.sweep)
 }
 
 // forget drops every cached review of tokens bound to the Secret uid.

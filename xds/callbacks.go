@@ -2,99 +2,83 @@ package xds
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// streamRef names a stream in the server's map. go-control-plane numbers
-// SotW and Delta streams each from 1 (two counters), so its ID alone names
-// two streams when both protocols are in use; relayed streams, which
-// go-control-plane never sees, are numbered by the connection tracker.
-type streamRef struct {
-	kind streamKind
-	id   int64
+// hooks are the server's callbacks from go-control-plane for one stream
+// (standalone mode and debug streams). go-control-plane serves each stream
+// with a handler of its own (see protocol.serve) whose context is the
+// stream's, so that closing the stream ends the handler without a goroutine
+// between the client and go-control-plane; the stream IDs it passes are
+// therefore all 1 and unused.
+type hooks struct {
+	s  *Server
+	st *stream
 }
 
-type streamKind uint8
+// OnStreamOpen implements sotwv3.Callbacks.
+func (h hooks) OnStreamOpen(context.Context, int64, string) error { h.s.opened(h.st); return nil }
 
-const (
-	sotwStream streamKind = iota
-	deltaStream
-	relayedStream
-)
+// OnStreamClosed implements sotwv3.Callbacks.
+func (h hooks) OnStreamClosed(int64, *core.Node) { h.s.closed(h.st) }
 
-// callbacks are the server's hooks into go-control-plane (standalone mode
-// and debug streams): none of them is part of the server's API.
-func (s *Server) callbacks() serverv3.CallbackFuncs {
-	return serverv3.CallbackFuncs{
-		StreamOpenFunc:        func(ctx context.Context, id int64, _ string) error { return s.bind(ctx, sotwStream, id) },
-		StreamClosedFunc:      func(id int64, _ *core.Node) { s.unbind(streamRef{sotwStream, id}) },
-		DeltaStreamOpenFunc:   func(ctx context.Context, id int64, _ string) error { return s.bind(ctx, deltaStream, id) },
-		DeltaStreamClosedFunc: func(id int64, _ *core.Node) { s.unbind(streamRef{deltaStream, id}) },
-		StreamRequestFunc:     func(id int64, req *discovery.DiscoveryRequest) error { return onRequest(s, sotw, id, req) },
-		StreamResponseFunc: func(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
-			onResponse(s, sotw, id, resp)
-		},
-		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error { return onRequest(s, delta, id, req) },
-		StreamDeltaResponseFunc: func(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
-			onResponse(s, delta, id, resp)
-		},
-		// Only streams are served.
-		FetchRequestFunc: func(context.Context, *discovery.DiscoveryRequest) error {
-			return status.Error(codes.Unimplemented, "REST fetch is not served")
-		},
-	}
+// OnStreamRequest implements sotwv3.Callbacks.
+func (h hooks) OnStreamRequest(_ int64, req *discovery.DiscoveryRequest) error {
+	return onRequest(h.s, sotw, h.st, req)
 }
 
-// bind makes the stream of ctx known by go-control-plane's ID of kind.
-func (s *Server) bind(ctx context.Context, kind streamKind, id int64) error {
-	st := streamFrom(ctx)
-	if st == nil {
-		return status.Error(codes.Internal, "stream without binding")
-	}
-	s.opened(streamRef{kind, id}, st)
-	return nil
+// OnStreamResponse implements sotwv3.Callbacks.
+func (h hooks) OnStreamResponse(_ context.Context, _ int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+	h.s.responded(h.st, sotw.response(resp))
+}
+
+// OnDeltaStreamOpen implements deltav3.Callbacks.
+func (h hooks) OnDeltaStreamOpen(context.Context, int64, string) error { h.s.opened(h.st); return nil }
+
+// OnDeltaStreamClosed implements deltav3.Callbacks.
+func (h hooks) OnDeltaStreamClosed(int64, *core.Node) { h.s.closed(h.st) }
+
+// OnStreamDeltaRequest implements deltav3.Callbacks.
+func (h hooks) OnStreamDeltaRequest(_ int64, req *discovery.DeltaDiscoveryRequest) error {
+	return onRequest(h.s, delta, h.st, req)
+}
+
+// OnStreamDeltaResponse implements deltav3.Callbacks.
+func (h hooks) OnStreamDeltaResponse(_ int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+	h.s.responded(h.st, delta.response(resp))
 }
 
 // opened records an open stream and, for a workload's sidecar, tells the
 // registry under an ID unique in the connection tracker.
-func (s *Server) opened(ref streamRef, st *stream) {
+func (s *Server) opened(st *stream) {
 	st.opened = s.opts.Clock()
 	if st.counted {
 		st.connID = s.opts.Connections.NewStreamID()
 	}
 	s.mu.Lock()
-	s.streams[ref] = st
+	s.open++
 	s.mu.Unlock()
 	if st.counted {
 		s.opts.Connections.Opened(st.proxy.Workload, st.connID)
 	}
 }
 
-// unbind forgets a closed stream and tells the registry.
-func (s *Server) unbind(ref streamRef) {
+// closed forgets a closed stream and tells the registry.
+func (s *Server) closed(st *stream) {
 	s.mu.Lock()
-	st := s.streams[ref]
-	delete(s.streams, ref)
+	s.open--
 	s.mu.Unlock()
-	if st != nil && st.counted {
+	if st.counted {
 		s.opts.Connections.Closed(st.proxy.Workload, st.connID)
 	}
-}
-
-func (s *Server) stream(ref streamRef) *stream {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.streams[ref]
 }
 
 // checkType decides what a request of typeURL on st means: an error ends the
@@ -102,8 +86,6 @@ func (s *Server) stream(ref streamRef) *stream {
 func (s *Server) checkType(st *stream, typeURL string, errorDetail *rpcstatus.Status) (track bool, err error) {
 	isDebug := strings.HasPrefix(typeURL, debugTypePrefix)
 	switch {
-	case st == nil:
-		return false, status.Error(codes.Internal, "unknown stream")
 	case st.debug && typeURL != TypeSyncz:
 		return false, status.Errorf(codes.PermissionDenied, "the debug listener serves only %s", TypeSyncz)
 	case st.debug:
@@ -150,7 +132,7 @@ func (s *Server) request(st *stream, ri requestInfo, hold func(version string)) 
 
 // responded records what was sent on st.
 func (s *Server) responded(st *stream, ri responseInfo) {
-	if st != nil && !st.debug {
+	if !st.debug {
 		st.sent(ri.typeURL, ri.nonce, ri.version, s.opts.Clock())
 	}
 }
@@ -188,9 +170,4 @@ func (w *watcher) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscripti
 		return noop, nil
 	}
 	return w.s.snapshots.CreateDeltaWatch(req, sub, out)
-}
-
-// Fetch implements cache.ConfigFetcher; REST is not served.
-func (w *watcher) Fetch(context.Context, *cache.Request) (cache.Response, error) {
-	return nil, errors.New("fetch is not served")
 }

@@ -2,7 +2,6 @@ package xds
 
 import (
 	"context"
-	"errors"
 	"slices"
 
 	"google.golang.org/grpc/codes"
@@ -33,18 +32,9 @@ type CertificateCaller struct {
 // (its Secret is gone). Errors carry gRPC status codes (Unauthenticated,
 // PermissionDenied, Unavailable).
 func (s *Server) AuthorizeCertificate(ctx context.Context) (*CertificateCaller, error) {
-	raw, err := bearerToken(ctx)
+	raw, cred, err := s.authenticated(ctx, "certificate request")
 	if err != nil {
-		return nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
-	}
-	cred, err := s.auth.authenticate(ctx, raw)
-	switch {
-	case errors.Is(err, errReviewFailed):
-		s.log.Error("review sidecar token", "error", err)
-		return nil, refuse(codes.Unavailable, reasonReviewFailed, "%v", err)
-	case err != nil:
-		s.log.Info("refused certificate request", "reason", err.Error())
-		return nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+		return nil, err
 	}
 	secret := &corev1.Secret{}
 	ns := cred.ServiceAccount.Namespace

@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"log/slog"
+	"sync"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -55,8 +56,9 @@ type Proxy struct {
 	// node metadata is several KiB per stream, and the stream's node guard
 	// and relay keep the node in its encoded form.
 	Metadata *structpb.Struct
-	// Registration is the registration as the server last read it; do not
-	// modify it.
+	// Registration is the registration as the server last read it,
+	// without its managed fields and status (which no reader of a Proxy
+	// needs); do not modify it.
 	Registration *runtimev1alpha1.WorkloadAutoRegistration
 }
 
@@ -80,15 +82,29 @@ type EmptyConfig struct{}
 
 var _ ConfigSource = EmptyConfig{}
 
-// Snapshot implements ConfigSource.
+// Snapshot implements ConfigSource: every proxy shares one snapshot.
 func (EmptyConfig) Snapshot(context.Context, *Proxy) (cache.ResourceSnapshot, error) {
-	return cache.NewSnapshot("empty", map[resource.Type][]types.Resource{
+	return emptySnapshot()
+}
+
+// emptySnapshot is EmptyConfig's one snapshot. The snapshot cache never
+// modifies a snapshot but for building its version map once, which is done
+// here, before the cache can read it from several goroutines.
+var emptySnapshot = sync.OnceValues(func() (cache.ResourceSnapshot, error) {
+	snap, err := cache.NewSnapshot("empty", map[resource.Type][]types.Resource{
 		resource.ClusterType:  {},
 		resource.ListenerType: {},
 		resource.RouteType:    {},
 		resource.EndpointType: {},
 	})
-}
+	if err != nil {
+		return nil, err
+	}
+	if err := snap.ConstructVersionMap(); err != nil {
+		return nil, err
+	}
+	return snap, nil
+})
 
 // Health is one health report of a workload (presence.Health, so that the
 // registry's HealthMirror is a HealthSink).

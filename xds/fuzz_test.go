@@ -60,7 +60,7 @@ func FuzzRequest(f *testing.F) {
 		health := &recordingHealth{}
 		s := &Server{opts: Options{Health: health, Clock: time.Now, ClusterID: "Kubernetes"}, ctx: context.Background(), log: slog.New(slog.DiscardHandler),
 			byWorkload: map[types.NamespacedName][]*stream{}}
-		st := newStream()
+		st := s.newStream()
 		st.debug = debug
 		if !debug {
 			st.proxy = &Proxy{Workload: presence.Workload{Key: types.NamespacedName{Namespace: "ns", Name: "a"}}, NodeID: first.GetId(),

@@ -474,7 +474,7 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	name := w.key.Name + "." + ns
 	waitSynced(t, i, name)
 	before := agentConnected(t, w)
-	streamsBefore := r.server.relayIDs.Load()
+	streamsBefore := r.server.relayed.Load()
 
 	i.Stop()
 	// While istiod is away the DestinationRule changes.
@@ -496,7 +496,7 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	})
 	waitSynced(t, i, name)
 
-	if n := r.server.relayIDs.Load() - streamsBefore; n != 0 {
+	if n := r.server.relayed.Load() - streamsBefore; n != 0 {
 		t.Errorf("the sidecar opened %d new streams: its stream was closed", n)
 	}
 	if after := agentConnected(t, w); after.Status != metav1.ConditionTrue || !after.LastTransitionTime.Equal(&before.LastTransitionTime) {

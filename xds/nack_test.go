@@ -198,6 +198,9 @@ func TestAFailingFirstConfigurationServesAnEmptyOne(t *testing.T) {
 	if got := srv.Proxies()[0].NodeID; got != w.nodeID {
 		t.Errorf("Proxies()[0].NodeID = %q, want %q", got, w.nodeID)
 	}
+	if reg := srv.Proxies()[0].Registration; len(reg.ManagedFields) != 0 || len(reg.Status.Conditions) != 0 || reg.Status.Connection != nil {
+		t.Errorf("the proxy keeps the registration's managed fields or status: %+v", reg)
+	}
 }
 
 // streamsOf returns the workload's streams.

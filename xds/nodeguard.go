@@ -17,9 +17,10 @@ import (
 // and keys its snapshot cache by that node's ID, so a stream authorized as
 // workload A could ask with B's node ID and be served B's configuration, and
 // every invented node ID would leave a status entry in the cache. The guard
-// runs in boundStream.pump, before go-control-plane or the callbacks see a
-// request, so no request of any type (HealthInformation and syncz included)
-// reaches them with another node.
+// runs in boundStream.Recv, before go-control-plane, the relay or the
+// callbacks see a request, so no request of any type (HealthInformation and
+// syncz included) reaches them with another node. The zero guard pins the
+// first request it checks.
 //
 // The guard keeps the first node in its wire form (deterministic encoding)
 // and its ID, not the decoded message: a sidecar's node metadata is several
@@ -34,7 +35,7 @@ type nodeGuard struct {
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
 // newNodeGuard pins the node of first; with first nil (debug streams, whose
-// first request the pump reads) the first request checked pins it.
+// first request the handler reads) the first request checked pins it.
 func newNodeGuard(first any) *nodeGuard {
 	g := &nodeGuard{}
 	if first != nil {

@@ -1,10 +1,14 @@
 package xds
 
 import (
+	"context"
+
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	deltav3 "github.com/envoyproxy/go-control-plane/pkg/server/delta/v3"
+	sotwv3 "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/embark-mesh/embark/xds/relay"
@@ -16,14 +20,16 @@ import (
 // binding, ACK and NACK bookkeeping, health reports, liveness) is one
 // generic path over it.
 type protocol[Req, Resp any] struct {
-	kind     streamKind
 	request  func(*Req) requestInfo
 	response func(*Resp) responseInfo
 	// hold replaces a SotW request's version_info by the version the proxy
 	// rejected (see Server.request); nil for Delta.
 	hold func(req *Req, version string)
-	// serve is go-control-plane's handler (standalone mode and debug).
-	serve func(x serverv3.Server, bs *boundStream[Req, Resp]) error
+	// serve runs go-control-plane's handler (standalone mode and debug)
+	// until the client ends the stream or ctx ends, with a go-control-plane
+	// server of the stream's own (a small struct) whose context is ctx:
+	// go-control-plane's handler ends when its server's context does.
+	serve func(ctx context.Context, w cache.ConfigWatcher, cb hooks, bs *boundStream[Req, Resp]) error
 	// relay is the relay's handler (istiod mode).
 	relay func(r *relay.Relay, bs *boundStream[Req, Resp], authorization string, h relay.Hooks[Req, Resp]) error
 }
@@ -42,7 +48,6 @@ type responseInfo struct {
 }
 
 var sotw = &protocol[discovery.DiscoveryRequest, discovery.DiscoveryResponse]{
-	kind: sotwStream,
 	request: func(r *discovery.DiscoveryRequest) requestInfo {
 		return requestInfo{r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail()}
 	},
@@ -50,41 +55,35 @@ var sotw = &protocol[discovery.DiscoveryRequest, discovery.DiscoveryResponse]{
 		return responseInfo{r.GetTypeUrl(), r.GetNonce(), r.GetVersionInfo()}
 	},
 	hold: func(r *discovery.DiscoveryRequest, version string) { r.VersionInfo = version },
-	serve: func(x serverv3.Server, bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-		return x.StreamHandler(bs, resource.AnyType)
+	serve: func(ctx context.Context, w cache.ConfigWatcher, cb hooks, bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		return sotwv3.NewServer(ctx, w, cb).StreamHandler(bs, resource.AnyType)
 	},
 	relay: func(r *relay.Relay, bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], authorization string, h relay.Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-		return r.SotW(bs.ctx, bs, authorization, h)
+		return r.SotW(bs.Context(), bs, authorization, h)
 	},
 }
 
 var delta = &protocol[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]{
-	kind: deltaStream,
 	request: func(r *discovery.DeltaDiscoveryRequest) requestInfo {
 		return requestInfo{r.GetNode(), r.GetTypeUrl(), r.GetResponseNonce(), r.GetErrorDetail()}
 	},
 	response: func(r *discovery.DeltaDiscoveryResponse) responseInfo {
 		return responseInfo{r.GetTypeUrl(), r.GetNonce(), r.GetSystemVersionInfo()}
 	},
-	serve: func(x serverv3.Server, bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
-		return x.DeltaStreamHandler(bs, resource.AnyType)
+	serve: func(ctx context.Context, w cache.ConfigWatcher, cb hooks, bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
+		return deltav3.NewServer(ctx, w, cb).DeltaStreamHandler(bs, resource.AnyType)
 	},
 	relay: func(r *relay.Relay, bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], authorization string, h relay.Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
-		return r.Delta(bs.ctx, bs, authorization, h)
+		return r.Delta(bs.Context(), bs, authorization, h)
 	},
 }
 
 // onRequest is go-control-plane's request callback of protocol p.
-func onRequest[Req, Resp any](s *Server, p *protocol[Req, Resp], id int64, req *Req) error {
+func onRequest[Req, Resp any](s *Server, p *protocol[Req, Resp], st *stream, req *Req) error {
 	var hold func(string)
 	if p.hold != nil {
 		hold = func(version string) { p.hold(req, version) }
 	}
-	_, err := s.request(s.stream(streamRef{p.kind, id}), p.request(req), hold)
+	_, err := s.request(st, p.request(req), hold)
 	return err
-}
-
-// onResponse is go-control-plane's response callback of protocol p.
-func onResponse[Req, Resp any](s *Server, p *protocol[Req, Resp], id int64, resp *Resp) {
-	s.responded(s.stream(streamRef{p.kind, id}), p.response(resp))
 }

@@ -16,17 +16,17 @@ import (
 // exactly as in standalone mode), health reports and its own syncz
 // bookkeeping; every other request goes to istiod through s.opts.Relay.
 func relayed[Req, Resp any](s *Server, p *protocol[Req, Resp], bs *boundStream[Req, Resp], st *stream) error {
-	ref := streamRef{relayedStream, s.relayIDs.Add(1)}
-	s.opened(ref, st)
-	defer s.unbind(ref)
-	token, err := bearerToken(bs.ctx)
+	s.relayed.Add(1)
+	s.opened(st)
+	defer s.closed(st)
+	token, err := bearerToken(bs.Context())
 	if err != nil {
 		return status.Errorf(codes.Unauthenticated, "%v", err)
 	}
-	return p.relay(s.opts.Relay, bs, relayAuthorization(bs.ctx, token), relay.Hooks[Req, Resp]{
+	return p.relay(s.opts.Relay, bs, relayAuthorization(bs.Context(), token), relay.Hooks[Req, Resp]{
 		Request:  func(req *Req) (bool, error) { return s.request(st, p.request(req), nil) },
 		Response: func(resp *Resp) { s.responded(st, p.response(resp)) },
-		Stop:     st.kill,
+		Stop:     st.ctx.Done(),
 	})
 }
 

@@ -154,7 +154,7 @@ func TestRelayModeKeepsLivenessAndHealth(t *testing.T) {
 }
 
 // TestRelayModeServerClosesStreams: in istiod mode the relay reads the
-// sidecar itself (no pump), so the server's closes must still reach it: a
+// sidecar itself, so the server's closes must still reach it: a
 // request with another node ends the stream PermissionDenied before it is
 // relayed, and a deleted registration ends it Unavailable; either way the
 // workload's stream count drops to zero and the upstream stream closes.

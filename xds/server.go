@@ -15,7 +15,8 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	deltav3 "github.com/envoyproxy/go-control-plane/pkg/server/delta/v3"
+	sotwv3 "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -157,22 +158,23 @@ type Server struct {
 	log       *slog.Logger
 	auth      *authenticator
 	snapshots cache.SnapshotCache
-	xds       serverv3.Server
+	watcher   *watcher
 	ctx       context.Context
 
 	mu         sync.Mutex
-	streams    map[streamRef]*stream              // open streams
+	open       int                                // open streams (go-control-plane's and relayed)
 	byWorkload map[types.NamespacedName][]*stream // bound workload streams (one or a few each)
 	nodes      map[string]int                     // streams per node ID holding a snapshot
 
-	relayIDs atomic.Int64 // numbers relayed streams in streams
+	relayed atomic.Int64 // relayed streams opened so far
 }
 
 var (
-	_ serverv3.Callbacks                         = serverv3.CallbackFuncs{}
+	_ sotwv3.Callbacks                           = hooks{}
+	_ deltav3.Callbacks                          = hooks{}
 	_ discovery.AggregatedDiscoveryServiceServer = (*adsService)(nil)
 	_ discovery.AggregatedDiscoveryServiceServer = (*debugService)(nil)
-	_ cache.Cache                                = (*watcher)(nil)
+	_ cache.ConfigWatcher                        = (*watcher)(nil)
 )
 
 // NewServer returns a Server whose streams run until ctx ends.
@@ -184,11 +186,10 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 		opts: opts, log: opts.Logger, ctx: ctx,
 		auth:       newAuthenticator(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
 		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, cacheLogger{ctx, opts.Logger.With("component", "snapshot-cache")}),
-		streams:    map[streamRef]*stream{},
 		byWorkload: map[types.NamespacedName][]*stream{},
 		nodes:      map[string]int{},
 	}
-	s.xds = serverv3.NewServer(ctx, &watcher{s: s}, s.callbacks())
+	s.watcher = &watcher{s: s}
 	return s, nil
 }
 
@@ -296,80 +297,96 @@ func (s *Server) Refresh(ctx context.Context, key types.NamespacedName) {
 
 // stream is one ADS stream as the server knows it.
 type stream struct {
-	debug     bool
 	proxy     *Proxy // nil on debug streams
-	counted   bool   // a workload's sidecar (not a debug client): counts as connected
 	secretUID types.UID
 	expires   time.Time // the token's expiry; zero on debug streams
 	opened    time.Time
 	connID    int64 // the connection tracker's ID of a counted stream
+	debug     bool
+	counted   bool // a workload's sidecar (not a debug client): counts as connected
 
-	killOnce sync.Once
-	kill     chan struct{}
-	// Why the server closed it: set before kill is closed.
+	// ctx ends when the server closes the stream (close) or the server's
+	// context ends: the stream's handler (go-control-plane's or the
+	// relay's) returns then.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu sync.Mutex
+	// Why the server closed it: set by close before ctx ends; reason
+	// (a metrics label) is empty while it did not.
 	code   codes.Code
-	reason string // metrics label
+	reason string
 	msg    string
-
-	mu   sync.Mutex
-	acks []typeState // per type asked for (a few: see WorkloadTypes)
+	acks   []typeState // per type asked for (a few: see WorkloadTypes)
 }
 
-func newStream() *stream {
-	return &stream{kill: make(chan struct{})}
+// newStream returns a stream that lives at most as long as the server.
+// Whoever serves it calls st.cancel when done.
+func (s *Server) newStream() *stream {
+	st := &stream{}
+	st.ctx, st.cancel = context.WithCancel(s.ctx)
+	return st
 }
 
 // close ends the stream with status code and msg; reason labels it in
-// metrics.
+// metrics. The first close wins.
 func (st *stream) close(code codes.Code, reason, msg string) {
-	st.killOnce.Do(func() {
+	st.mu.Lock()
+	if st.reason == "" {
 		st.code, st.reason, st.msg = code, reason, msg
-		close(st.kill)
-	})
+	}
+	st.mu.Unlock()
+	st.cancel()
+}
+
+// closedBy returns why the server closed st; reason is empty if it did not.
+func (st *stream) closedBy() (code codes.Code, reason, msg string) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.code, st.reason, st.msg
 }
 
 func (st *stream) closeDeleted() {
 	st.close(codes.Unavailable, closeRegistrationDeleted, "its WorkloadAutoRegistration was deleted; onboard again")
 }
 
-type streamKey struct{}
-
-func withStream(ctx context.Context, st *stream) context.Context {
-	return context.WithValue(ctx, streamKey{}, st)
-}
-
-func streamFrom(ctx context.Context) *stream {
-	st, _ := ctx.Value(streamKey{}).(*stream)
-	return st
-}
-
 // admit authenticates a workload stream and binds it to its registration.
 // A refusal changes no state.
 func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
-	raw, err := bearerToken(ctx)
+	_, cred, err := s.authenticated(ctx, "xDS stream")
 	if err != nil {
-		return nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
-	}
-	cred, err := s.auth.authenticate(ctx, raw)
-	switch {
-	case errors.Is(err, errReviewFailed):
-		s.log.Error("review sidecar token", "error", err)
-		return nil, refuse(codes.Unavailable, reasonReviewFailed, "%v", err)
-	case err != nil:
-		s.log.Info("refused xDS stream", "reason", err.Error())
-		return nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+		return nil, err
 	}
 	proxy, err := s.authorize(ctx, cred, node)
 	if err != nil {
 		s.log.Info("refused xDS stream", "node", node.GetId(), "serviceAccount", cred.ServiceAccount.String(), "reason", err.Error())
 		return nil, err
 	}
-	st := newStream()
+	st := s.newStream()
 	st.proxy = proxy
 	st.secretUID = cred.SecretUID
 	st.expires = cred.Expires
 	_, st.counted = node.GetMetadata().GetFields()["PROXY_CONFIG"]
 	return st, nil
+}
+
+// authenticated reviews the bearer token of ctx, a request of kind (named
+// in the log of a refusal), and returns the token and what it proves.
+func (s *Server) authenticated(ctx context.Context, kind string) (string, *Credential, error) {
+	raw, err := bearerToken(ctx)
+	if err != nil {
+		return "", nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+	}
+	cred, err := s.auth.authenticate(ctx, raw)
+	switch {
+	case errors.Is(err, errReviewFailed):
+		s.log.Error("review sidecar token", "error", err)
+		return "", nil, refuse(codes.Unavailable, reasonReviewFailed, "%v", err)
+	case err != nil:
+		s.log.Info("refused "+kind, "reason", err.Error())
+		return "", nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+	}
+	return raw, cred, nil
 }
 
 // authorize checks that the node ID names the registration whose Secret the
@@ -395,9 +412,10 @@ func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Nod
 		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
 	}
 	// The stream keeps this copy while it lives: without the managed
-	// fields, which no reader of a Proxy needs (a third of the object
-	// once its status was written).
+	// fields and the status, which no reader of a Proxy needs (most of the
+	// object once its status was written).
 	war.ManagedFields = nil
+	war.Status = runtimev1alpha1.WorkloadAutoRegistrationStatus{}
 	return &Proxy{
 		Workload:     presence.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
 		NodeID:       node.GetId(),
@@ -574,12 +592,12 @@ func (s *Server) closeSecret(uid types.UID) {
 }
 
 // serveStream runs one admitted workload stream (or a debug stream) with
-// handle. With direct, handle's single reader reads the client itself
-// (Recv checks the node guard) and handle ends when the server closes the
-// stream (st.kill) by itself: the relay's way, one goroutine fewer per
-// stream. Without, a pump goroutine reads the client, and Recv ends when the
-// server closes the stream: go-control-plane's way.
-func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, direct bool, handle func(*boundStream[Req, Resp]) error) error {
+// handle, the handler's single reader reading the client itself through
+// the stream's node guard (no goroutine of the server's own per stream).
+// The handler ends when the client does or when st.ctx ends: the server
+// closed the stream, or the server's context ended.
+func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp], st *stream, first *Req, handle func(*boundStream[Req, Resp]) error) error {
+	defer st.cancel()
 	if !st.expires.IsZero() {
 		// The stream lives no longer than the credential that opened it:
 		// the agent reconnects with the fresh token of its token file.
@@ -590,16 +608,13 @@ func serveStream[Req, Resp any](s *Server, ss grpc.BidiStreamingServer[Req, Resp
 		})
 		defer t.Stop()
 	}
-	bs := newBoundStream(ss, withStream(ss.Context(), st), first, st, direct)
-	if !direct {
-		go bs.pump()
+	err := handle(newBoundStream(ss, first, st))
+	if code, reason, msg := st.closedBy(); reason != "" {
+		s.opts.Metrics.closedByServer(reason)
+		return status.Errorf(code, "stream closed by the server: %s", msg)
 	}
-	err := handle(bs)
-	select {
-	case <-st.kill:
-		s.opts.Metrics.closedByServer(st.reason)
-		return status.Errorf(st.code, "stream closed by the server: %s", st.msg)
-	default:
+	if errors.Is(err, relay.ErrStopped) {
+		return nil // the server's context ended, as go-control-plane's handler then does
 	}
 	return err
 }
@@ -662,14 +677,15 @@ func serveADS[Req, Resp any](s *Server, p *protocol[Req, Resp], ss grpc.BidiStre
 	}
 	if err := s.attach(ss.Context(), st); err != nil {
 		s.detach(st)
+		st.cancel()
 		return err
 	}
 	defer s.detach(st)
-	return serveStream(s, ss, st, first, s.opts.Relay != nil, func(bs *boundStream[Req, Resp]) error {
+	return serveStream(s, ss, st, first, func(bs *boundStream[Req, Resp]) error {
 		if s.opts.Relay != nil {
 			return relayed(s, p, bs, st)
 		}
-		return p.serve(s.xds, bs)
+		return p.serve(st.ctx, s.watcher, hooks{s, st}, bs)
 	})
 }
 
@@ -681,101 +697,51 @@ type debugService struct {
 
 // StreamAggregatedResources serves a SotW debug stream.
 func (d *debugService) StreamAggregatedResources(ss discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
-	st := newStream()
+	st := d.s.newStream()
 	st.debug = true
-	return serveStream(d.s, ss, st, nil, false, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-		return sotw.serve(d.s.xds, bs)
+	return serveStream(d.s, ss, st, nil, func(bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
+		return sotw.serve(st.ctx, d.s.watcher, hooks{d.s, st}, bs)
 	})
 }
 
-// boundStream hands go-control-plane a stream whose context carries the
-// server's stream, whose requests all carry the first request's node (or
-// none), and whose Recv ends when the server closes the stream.
+// boundStream hands the stream's handler (go-control-plane's or the
+// relay's) a stream whose requests all carry the first request's node (or
+// none): its single reader, Recv, checks every request with the node guard
+// before the handler or the callbacks see it.
 type boundStream[Req, Resp any] struct {
 	grpc.BidiStreamingServer[Req, Resp]
-	ctx   context.Context
 	first *Req
-	in    chan *Req
 	st    *stream
-	kill  <-chan struct{}
-	guard *nodeGuard
-	err   error // why in was closed; written before close(in)
-	// direct: Recv reads the client itself (no pump, in unused).
-	direct bool
+	guard nodeGuard
 }
 
-func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], ctx context.Context, first *Req, st *stream, direct bool) *boundStream[Req, Resp] {
-	var pinned any
+func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], first *Req, st *stream) *boundStream[Req, Resp] {
+	b := &boundStream[Req, Resp]{BidiStreamingServer: ss, first: first, st: st}
 	if first != nil {
-		pinned = first
-	}
-	b := &boundStream[Req, Resp]{BidiStreamingServer: ss, ctx: ctx, first: first, st: st, kill: st.kill, guard: newNodeGuard(pinned), direct: direct}
-	if !direct {
-		b.in = make(chan *Req)
+		b.guard.pin(requestNode(first))
 	}
 	return b
 }
 
-// Context implements grpc.ServerStream.
-func (b *boundStream[Req, Resp]) Context() context.Context { return b.ctx }
-
-// Recv returns the first request (already read), then what the client sends,
-// until the client or the server ends the stream. Only the handler's single
-// receiving goroutine calls it (go-control-plane's, or the relay's).
+// Recv returns the first request (already read), then what the client
+// sends, until the client ends the stream or a request carries another node
+// than the first (the stream is then closed PermissionDenied before
+// anything else sees that request). Only the handler's single receiving
+// goroutine calls it.
 func (b *boundStream[Req, Resp]) Recv() (*Req, error) {
 	if f := b.first; f != nil {
 		b.first = nil
 		return f, nil
 	}
-	if b.direct {
-		r, err := b.BidiStreamingServer.Recv()
-		if err != nil {
-			return nil, err
-		}
-		if refused := b.guard.check(r); refused != nil {
-			b.st.close(refused.code, refused.reason, refused.msg)
-			return nil, refused
-		}
-		return r, nil
+	r, err := b.BidiStreamingServer.Recv()
+	if err != nil {
+		return nil, err
 	}
-	select {
-	case r, ok := <-b.in:
-		if !ok {
-			return nil, b.err
-		}
-		return r, nil
-	case <-b.kill:
-		return nil, errors.New("stream closed by the server")
+	if refused := b.guard.check(r); refused != nil {
+		b.st.close(refused.code, refused.reason, refused.msg)
+		return nil, refused
 	}
-}
-
-// pump reads the client's requests; it ends when the gRPC stream ends (the
-// handler returned), the server closed the stream, or a request carries
-// another node than the first (the stream is then closed PermissionDenied
-// before anything else sees that request).
-func (b *boundStream[Req, Resp]) pump() {
-	defer close(b.in)
-	for {
-		r, err := b.BidiStreamingServer.Recv()
-		if err != nil {
-			b.err = err
-			return
-		}
-		if refused := b.guard.check(r); refused != nil {
-			b.st.close(refused.code, refused.reason, refused.msg)
-			b.err = refused
-			return
-		}
-		select {
-		case b.in <- r:
-		case <-b.kill:
-			b.err = errors.New("stream closed by the server")
-			return
-		case <-b.ctx.Done():
-			b.err = b.ctx.Err()
-			return
-		}
-	}
+	return r, nil
 }
 
 // State counts what the server holds: open streams, bound workloads, nodes
@@ -788,5 +754,5 @@ type State struct {
 func (s *Server) State() State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return State{Streams: len(s.streams), Workloads: len(s.byWorkload), Nodes: len(s.nodes), CacheStatuses: len(s.snapshots.GetStatusKeys())}
+	return State{Streams: s.open, Workloads: len(s.byWorkload), Nodes: len(s.nodes), CacheStatuses: len(s.snapshots.GetStatusKeys())}
 }
