@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/xds/tokenauth"
 )
 
 // unusedInformers and unusedReviewer satisfy Options for tests that open no
 // stream.
 type (
 	unusedInformers struct{ Informers }
-	unusedReviewer  struct{ TokenReviewer }
+	unusedReviewer  struct{ tokenauth.Reviewer }
 )
 
 // TestSnapshotCacheLogsThroughLogger: go-control-plane's snapshot cache

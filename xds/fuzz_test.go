@@ -2,7 +2,6 @@ package xds
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -120,52 +118,6 @@ func FuzzRequest(f *testing.F) {
 			}
 		}
 	})
-}
-
-// FuzzBearerToken: the authorization metadata comes from the client.
-// Extracting the token never panics; it either names what is wrong or
-// returns a non-empty, trimmed token that followed a Bearer scheme.
-func FuzzBearerToken(f *testing.F) {
-	for _, seed := range []string{
-		"Bearer eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln",
-		"bearer abc",
-		"BEARER  abc  ",
-		"Bearer ",
-		"Bearer",
-		"Basic dXNlcjpwYXNz",
-		"",
-		" Bearer abc",
-		"Bearer\tabc",
-		"Bearer a b c",
-	} {
-		f.Add(seed)
-	}
-	f.Fuzz(func(t *testing.T, header string) {
-		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("authorization", header))
-		tok, err := bearerToken(ctx)
-		if err != nil {
-			if !errors.Is(err, errMalformedToken) && !errors.Is(err, errNoToken) {
-				t.Fatalf("bearerToken(%q): unexpected error kind %v", header, err)
-			}
-			if authReason(err) != reasonMalformedToken && authReason(err) != reasonNoToken {
-				t.Fatalf("bearerToken(%q): error %v counted as %s", header, err, authReason(err))
-			}
-			return
-		}
-		scheme, _, _ := strings.Cut(header, " ")
-		switch {
-		case tok == "" || tok != strings.TrimSpace(tok):
-			t.Fatalf("bearerToken(%q) = %q: empty or untrimmed", header, tok)
-		case !strings.EqualFold(scheme, "Bearer"):
-			t.Fatalf("bearerToken(%q) = %q without a Bearer scheme", header, tok)
-		case !strings.HasSuffix(strings.TrimSpace(header), tok):
-			t.Fatalf("bearerToken(%q) = %q, not the header's token", header, tok)
-		}
-	})
-	// No metadata at all.
-	if _, err := bearerToken(context.Background()); !errors.Is(err, errNoToken) {
-		f.Fatalf("no metadata: %v, want errNoToken", err)
-	}
 }
 
 // unusedClient is a client nothing calls (any call would panic).

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/embark-mesh/embark/xds/relay"
+	"github.com/embark-mesh/embark/xds/tokenauth"
 )
 
 // relayed runs an admitted workload stream in istiod mode: the server keeps
@@ -19,7 +20,7 @@ func relayed[Req, Resp any](s *Server, p *protocol[Req, Resp], bs *boundStream[R
 	s.relayed.Add(1)
 	s.opened(st)
 	defer s.closed(st)
-	token, err := bearerToken(bs.Context())
+	token, err := tokenauth.BearerToken(bs.Context())
 	if err != nil {
 		return status.Errorf(codes.Unauthenticated, "%v", err)
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/xds/relay"
+	"github.com/embark-mesh/embark/xds/tokenauth"
 )
 
 // Informers gives the informers the server watches (controller-runtime's
@@ -50,7 +51,7 @@ type Options struct {
 	// control-plane ID syncz reports. Required.
 	Connections ConnectionTracker
 	// TokenReviews reviews sidecar tokens. Required.
-	TokenReviews TokenReviewer
+	TokenReviews tokenauth.Reviewer
 	// Reader reads WorkloadAutoRegistrations and the sidecar credential
 	// Secrets (label registry.LabelSidecarCredential), normally from an
 	// informer cache. Required.
@@ -156,7 +157,7 @@ var _ ConnectionTracker = (*presence.Connections)(nil)
 type Server struct {
 	opts      Options
 	log       *slog.Logger
-	auth      *authenticator
+	auth      *tokenauth.Authenticator
 	snapshots cache.SnapshotCache
 	watcher   *watcher
 	ctx       context.Context
@@ -184,7 +185,7 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: opts, log: opts.Logger, ctx: ctx,
-		auth:       newAuthenticator(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
+		auth:       tokenauth.New(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
 		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, cacheLogger{ctx, opts.Logger.With("component", "snapshot-cache")}),
 		byWorkload: map[types.NamespacedName][]*stream{},
 		nodes:      map[string]int{},
@@ -242,7 +243,7 @@ func (s *Server) Run(ctx context.Context) error {
 			s.closeWorkload(types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}, o.GetUID())
 		}},
 		{&corev1.Secret{}, func(o client.Object) {
-			s.auth.forget(o.GetUID())
+			s.auth.Forget(o.GetUID())
 			s.closeSecret(o.GetUID())
 		}},
 	} {
@@ -372,26 +373,26 @@ func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
 
 // authenticated reviews the bearer token of ctx, a request of kind (named
 // in the log of a refusal), and returns the token and what it proves.
-func (s *Server) authenticated(ctx context.Context, kind string) (string, *Credential, error) {
-	raw, err := bearerToken(ctx)
+func (s *Server) authenticated(ctx context.Context, kind string) (string, *tokenauth.Credential, error) {
+	raw, err := tokenauth.BearerToken(ctx)
 	if err != nil {
-		return "", nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+		return "", nil, refuse(codes.Unauthenticated, tokenauth.Reason(err), "%v", err)
 	}
-	cred, err := s.auth.authenticate(ctx, raw)
+	cred, err := s.auth.Authenticate(ctx, raw)
 	switch {
-	case errors.Is(err, errReviewFailed):
+	case errors.Is(err, tokenauth.ErrReviewFailed):
 		s.log.Error("review sidecar token", "error", err)
-		return "", nil, refuse(codes.Unavailable, reasonReviewFailed, "%v", err)
+		return "", nil, refuse(codes.Unavailable, tokenauth.ReasonReviewFailed, "%v", err)
 	case err != nil:
 		s.log.Info("refused "+kind, "reason", err.Error())
-		return "", nil, refuse(codes.Unauthenticated, authReason(err), "%v", err)
+		return "", nil, refuse(codes.Unauthenticated, tokenauth.Reason(err), "%v", err)
 	}
 	return raw, cred, nil
 }
 
 // authorize checks that the node ID names the registration whose Secret the
 // credential is bound to.
-func (s *Server) authorize(ctx context.Context, cred *Credential, node *core.Node) (*Proxy, error) {
+func (s *Server) authorize(ctx context.Context, cred *tokenauth.Credential, node *core.Node) (*Proxy, error) {
 	denied := func(reason, format string, args ...any) error {
 		return refuse(codes.PermissionDenied, reason, format, args...)
 	}
@@ -445,7 +446,7 @@ func keptMetadata(md *structpb.Struct) *structpb.Struct {
 // registration's current credential Secret, and the token's service account
 // is the one the registration runs as. Both the xDS streams and the
 // certificate requests of a sidecar are authorized by it.
-func (s *Server) registrationOf(ctx context.Context, cred *Credential, key types.NamespacedName) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
+func (s *Server) registrationOf(ctx context.Context, cred *tokenauth.Credential, key types.NamespacedName) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
 	denied := func(reason, format string, args ...any) error {
 		return refuse(codes.PermissionDenied, reason, format, args...)
 	}
@@ -664,8 +665,8 @@ func (a *adsService) DeltaAggregatedResources(ss discovery.AggregatedDiscoverySe
 // registration, then go-control-plane (standalone mode) or the relay
 // (istiod mode) serves it.
 func serveADS[Req, Resp any](s *Server, p *protocol[Req, Resp], ss grpc.BidiStreamingServer[Req, Resp]) error {
-	if _, err := bearerToken(ss.Context()); err != nil {
-		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, authReason(err), "%v", err))
+	if _, err := tokenauth.BearerToken(ss.Context()); err != nil {
+		return s.opts.Metrics.refusedStream(refuse(codes.Unauthenticated, tokenauth.Reason(err), "%v", err))
 	}
 	first, err := recvFirst(s, ss)
 	if err != nil {

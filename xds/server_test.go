@@ -46,6 +46,7 @@ import (
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/xds/tokenauth"
 )
 
 var (
@@ -461,10 +462,10 @@ func TestRefusedStreamsChangeNothing(t *testing.T) {
 		wantMsg    string
 		wantReason string // metrics label
 	}{
-		{name: "no token", node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "no sidecar token", wantReason: reasonNoToken},
-		{name: "garbage token", token: "not-a-token", node: a.nodeID, wantCode: codes.Unauthenticated, wantReason: reasonInvalidToken},
-		{name: "wrong audience", token: requestToken(t, a, "someone-else", true), node: a.nodeID, wantCode: codes.Unauthenticated, wantReason: reasonInvalidToken},
-		{name: "service-account token not bound to a Secret", token: requestToken(t, a, registry.DefaultXDSAudience, false), node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "not bound", wantReason: reasonUnboundToken},
+		{name: "no token", node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "no sidecar token", wantReason: tokenauth.ReasonNoToken},
+		{name: "garbage token", token: "not-a-token", node: a.nodeID, wantCode: codes.Unauthenticated, wantReason: tokenauth.ReasonInvalidToken},
+		{name: "wrong audience", token: requestToken(t, a, "someone-else", true), node: a.nodeID, wantCode: codes.Unauthenticated, wantReason: tokenauth.ReasonInvalidToken},
+		{name: "service-account token not bound to a Secret", token: requestToken(t, a, registry.DefaultXDSAudience, false), node: a.nodeID, wantCode: codes.Unauthenticated, wantMsg: "not bound", wantReason: tokenauth.ReasonUnboundToken},
 		{name: "A's token with B's node ID", token: a.token, node: b.nodeID, wantCode: codes.PermissionDenied, wantMsg: b.key.Name, wantReason: reasonOtherWorkload},
 		{name: "A's token with another namespace's node ID", token: a.token, node: other.nodeID, wantCode: codes.PermissionDenied, wantReason: reasonOtherWorkload},
 		{name: "A's token with another address", token: a.token, node: strings.Replace(a.nodeID, a.ip, "10.9.9.9", 1), wantCode: codes.PermissionDenied, wantMsg: "10.9.9.9", wantReason: reasonAddress},
@@ -852,7 +853,7 @@ func TestAStreamEndsWhenItsTokenExpires(t *testing.T) {
 	if _, err := open(t, conn, true, w.token, sidecarNode(w.nodeID)); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "expired") {
 		t.Errorf("expired token: %v, want Unauthenticated saying it expired", err)
 	}
-	if got := testutil.ToFloat64(r.metrics.refused.WithLabelValues(codes.Unauthenticated.String(), reasonExpiredToken)); got != 1 {
+	if got := testutil.ToFloat64(r.metrics.refused.WithLabelValues(codes.Unauthenticated.String(), tokenauth.ReasonExpiredToken)); got != 1 {
 		t.Errorf("embark_xds_refused_streams_total{reason=expired_token} = %v, want 1", got)
 	}
 

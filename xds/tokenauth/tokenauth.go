@@ -1,4 +1,10 @@
-package xds
+// Package tokenauth authenticates the bearer token a VM's sidecar sends on
+// its xDS streams and certificate requests: a Kubernetes service-account
+// token of the WorkloadGroup's service account, bound to the registration's
+// sidecar-credential Secret. A token is reviewed with the API server
+// (TokenReview, for Embark's xDS audience) and its positive review cached
+// briefly in a bounded LRU; what the review proves is a Credential.
+package tokenauth
 
 import (
 	"container/list"
@@ -19,47 +25,48 @@ import (
 	"github.com/embark-mesh/embark/registry"
 )
 
-// TokenReviewer reviews tokens (client-go's
+// Reviewer reviews tokens (client-go's
 // AuthenticationV1().TokenReviews() satisfies it).
-type TokenReviewer interface {
+type Reviewer interface {
 	Create(ctx context.Context, review *authenticationv1.TokenReview, opts metav1.CreateOptions) (*authenticationv1.TokenReview, error)
 }
 
-// Errors of authentication; the server answers them with Unauthenticated.
+// Errors of authentication; the xDS server answers them with Unauthenticated
+// (ErrReviewFailed: Unavailable, the sidecar retries).
 var (
-	errNoToken        = errors.New("no sidecar token: send `authorization: Bearer <token>` (the token from the onboarding bootstrap)")
-	errMalformedToken = errors.New("malformed authorization metadata, want `Bearer <token>`")
-	errBadToken       = errors.New("sidecar token refused")
-	errExpiredToken   = errors.New("sidecar token expired; reconnect with the fresh token of the token file")
-	errNotBound       = errors.New("sidecar token is not bound to a registration's Secret")
-	errReviewFailed   = errors.New("cannot review the sidecar token right now")
+	ErrNoToken        = errors.New("no sidecar token: send `authorization: Bearer <token>` (the token from the onboarding bootstrap)")
+	ErrMalformedToken = errors.New("malformed authorization metadata, want `Bearer <token>`")
+	ErrBadToken       = errors.New("sidecar token refused")
+	ErrExpiredToken   = errors.New("sidecar token expired; reconnect with the fresh token of the token file")
+	ErrNotBound       = errors.New("sidecar token is not bound to a registration's Secret")
+	ErrReviewFailed   = errors.New("cannot review the sidecar token right now")
 )
 
-// Reasons (metrics labels) of refused streams, besides those of authorize.
+// Reasons (metrics labels) of refused streams and certificate requests.
 const (
-	reasonNoToken        = "no_token"
-	reasonMalformedToken = "malformed_token"
-	reasonInvalidToken   = "invalid_token"
-	reasonExpiredToken   = "expired_token"
-	reasonUnboundToken   = "unbound_token"
-	reasonReviewFailed   = "review_failed"
+	ReasonNoToken        = "no_token"
+	ReasonMalformedToken = "malformed_token"
+	ReasonInvalidToken   = "invalid_token"
+	ReasonExpiredToken   = "expired_token"
+	ReasonUnboundToken   = "unbound_token"
+	ReasonReviewFailed   = "review_failed"
 )
 
-// authReason is the metrics reason of an authentication error.
-func authReason(err error) string {
+// Reason is the metrics reason (a label value) of an authentication error.
+func Reason(err error) string {
 	switch {
-	case errors.Is(err, errNoToken):
-		return reasonNoToken
-	case errors.Is(err, errMalformedToken):
-		return reasonMalformedToken
-	case errors.Is(err, errExpiredToken):
-		return reasonExpiredToken
-	case errors.Is(err, errNotBound):
-		return reasonUnboundToken
-	case errors.Is(err, errReviewFailed):
-		return reasonReviewFailed
+	case errors.Is(err, ErrNoToken):
+		return ReasonNoToken
+	case errors.Is(err, ErrMalformedToken):
+		return ReasonMalformedToken
+	case errors.Is(err, ErrExpiredToken):
+		return ReasonExpiredToken
+	case errors.Is(err, ErrNotBound):
+		return ReasonUnboundToken
+	case errors.Is(err, ErrReviewFailed):
+		return ReasonReviewFailed
 	default:
-		return reasonInvalidToken
+		return ReasonInvalidToken
 	}
 }
 
@@ -81,10 +88,10 @@ type Credential struct {
 	expires time.Time
 }
 
-// authenticator reviews bearer tokens with the API server and caches positive
+// Authenticator reviews bearer tokens with the API server and caches positive
 // answers briefly in a bounded LRU.
-type authenticator struct {
-	reviews  TokenReviewer
+type Authenticator struct {
+	reviews  Reviewer
 	audience string
 	ttl      time.Duration
 	size     int
@@ -101,30 +108,33 @@ type cacheEntry struct {
 	cred *Credential
 }
 
-func newAuthenticator(reviews TokenReviewer, audience string, ttl time.Duration, size int, now func() time.Time) *authenticator {
-	return &authenticator{reviews: reviews, audience: audience, ttl: ttl, size: size, now: now, lru: list.New(), index: map[[32]byte]*list.Element{}}
+// New returns an Authenticator that reviews tokens for audience with
+// reviews, caching up to size positive reviews for ttl each (ttl or size
+// zero: no cache).
+func New(reviews Reviewer, audience string, ttl time.Duration, size int, now func() time.Time) *Authenticator {
+	return &Authenticator{reviews: reviews, audience: audience, ttl: ttl, size: size, now: now, lru: list.New(), index: map[[32]byte]*list.Element{}}
 }
 
-// bearerToken returns the token of the stream's `authorization: Bearer` metadata.
-func bearerToken(ctx context.Context) (string, error) {
+// BearerToken returns the token of the stream's `authorization: Bearer` metadata.
+func BearerToken(ctx context.Context) (string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get("authorization")
 	if len(vals) == 0 {
-		return "", errNoToken
+		return "", ErrNoToken
 	}
 	scheme, tok, ok := strings.Cut(vals[0], " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
-		return "", fmt.Errorf("%w: %w", errBadToken, errMalformedToken)
+		return "", fmt.Errorf("%w: %w", ErrBadToken, ErrMalformedToken)
 	}
 	return strings.TrimSpace(tok), nil
 }
 
-// authenticate reviews raw and returns what it proves.
-func (a *authenticator) authenticate(ctx context.Context, raw string) (*Credential, error) {
+// Authenticate reviews raw and returns what it proves.
+func (a *Authenticator) Authenticate(ctx context.Context, raw string) (*Credential, error) {
 	key := sha256.Sum256([]byte(raw))
 	if c := a.cached(key); c != nil {
 		if !a.now().Before(c.Expires) {
-			return nil, fmt.Errorf("%w at %s", errExpiredToken, c.Expires.UTC().Format(time.RFC3339))
+			return nil, fmt.Errorf("%w at %s", ErrExpiredToken, c.Expires.UTC().Format(time.RFC3339))
 		}
 		return c, nil
 	}
@@ -132,13 +142,13 @@ func (a *authenticator) authenticate(ctx context.Context, raw string) (*Credenti
 	// refused without asking the API server (unauthenticated floods cost
 	// no TokenReview); its claims are trusted only after the review below.
 	if _, err := registry.DecodeBoundClaims(raw); err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadToken, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadToken, err)
 	}
 	review, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
 		Token: raw, Audiences: []string{a.audience},
 	}}, metav1.CreateOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errReviewFailed, err)
+		return nil, fmt.Errorf("%w: %w", ErrReviewFailed, err)
 	}
 	st := review.Status
 	if !st.Authenticated {
@@ -146,37 +156,37 @@ func (a *authenticator) authenticate(ctx context.Context, raw string) (*Credenti
 		if msg == "" {
 			msg = "not authenticated"
 		}
-		return nil, fmt.Errorf("%w: %s", errBadToken, msg)
+		return nil, fmt.Errorf("%w: %s", ErrBadToken, msg)
 	}
 	if !slices.Contains(st.Audiences, a.audience) {
-		return nil, fmt.Errorf("%w: not issued for audience %q", errBadToken, a.audience)
+		return nil, fmt.Errorf("%w: not issued for audience %q", ErrBadToken, a.audience)
 	}
 	ns, name, ok := serviceAccountOf(st.User.Username)
 	if !ok {
-		return nil, fmt.Errorf("%w: %q is not a service account", errBadToken, st.User.Username)
+		return nil, fmt.Errorf("%w: %q is not a service account", ErrBadToken, st.User.Username)
 	}
 	// The API server accepted exactly these bytes, so their claims are its own.
 	claims, err := registry.DecodeBoundClaims(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadToken, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadToken, err)
 	}
 	if claims.Kubernetes.Namespace != ns || claims.Kubernetes.ServiceAccount.Name != name {
-		return nil, fmt.Errorf("%w: claims name %s/%s, the review %s/%s", errBadToken, claims.Kubernetes.Namespace, claims.Kubernetes.ServiceAccount.Name, ns, name)
+		return nil, fmt.Errorf("%w: claims name %s/%s, the review %s/%s", ErrBadToken, claims.Kubernetes.Namespace, claims.Kubernetes.ServiceAccount.Name, ns, name)
 	}
 	if ids := st.User.Extra[credentialIDKey]; len(ids) > 0 && claims.ID != "" && ids[0] != "JTI="+claims.ID {
-		return nil, fmt.Errorf("%w: credential id %s does not match the token's jti", errBadToken, ids[0])
+		return nil, fmt.Errorf("%w: credential id %s does not match the token's jti", ErrBadToken, ids[0])
 	}
 	secret, uid, ok := claims.SecretRef()
 	if !ok || secret == "" || uid == "" {
-		return nil, errNotBound
+		return nil, ErrNotBound
 	}
 	exp, ok := claims.ExpiresAt()
 	if !ok {
-		return nil, fmt.Errorf("%w: the token has no expiry (exp)", errBadToken)
+		return nil, fmt.Errorf("%w: the token has no expiry (exp)", ErrBadToken)
 	}
 	now := a.now()
 	if !now.Before(exp) {
-		return nil, fmt.Errorf("%w at %s", errExpiredToken, exp.UTC().Format(time.RFC3339))
+		return nil, fmt.Errorf("%w at %s", ErrExpiredToken, exp.UTC().Format(time.RFC3339))
 	}
 	c := &Credential{
 		ServiceAccount: types.NamespacedName{Namespace: ns, Name: name},
@@ -196,7 +206,7 @@ func serviceAccountOf(username string) (ns, name string, ok bool) {
 	return ns, name, ok && ns != "" && name != ""
 }
 
-func (a *authenticator) cached(key [32]byte) *Credential {
+func (a *Authenticator) cached(key [32]byte) *Credential {
 	if a.ttl <= 0 {
 		return nil
 	}
@@ -216,7 +226,7 @@ func (a *authenticator) cached(key [32]byte) *Credential {
 	return e.cred
 }
 
-func (a *authenticator) store(key [32]byte, c *Credential) {
+func (a *Authenticator) store(key [32]byte, c *Credential) {
 	if a.ttl <= 0 || a.size <= 0 {
 		return
 	}
@@ -242,7 +252,7 @@ func (a *authenticator) store(key [32]byte, c *Credential) {
 // sweep drops the reviews that may no longer be reused, so that a server
 // whose streams are all open holds none (a stream keeps only what it needs
 // of its credential); it runs again every ttl while any review is left.
-func (a *authenticator) sweep() {
+func (a *Authenticator) sweep() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.now()
@@ -261,8 +271,8 @@ func (a *authenticator) sweep() {
 	time.AfterFunc(a.ttl, a.sweep)
 }
 
-// forget drops every cached review of tokens bound to the Secret uid.
-func (a *authenticator) forget(uid types.UID) {
+// Forget drops every cached review of tokens bound to the Secret uid.
+func (a *Authenticator) Forget(uid types.UID) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for el := a.lru.Front(); el != nil; {

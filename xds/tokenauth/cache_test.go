@@ -1,7 +1,6 @@
-package xds
+package tokenauth
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -13,7 +12,7 @@ import (
 // sweep stops rescheduling itself once none is left.
 func TestReviewCacheSweepDropsExpiredReviews(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	a := newAuthenticator(nil, "aud", time.Hour, 16, func() time.Time { return now })
+	a := New(nil, "aud", time.Hour, 16, func() time.Time { return now })
 	a.store([32]byte{1}, &Credential{SecretUID: types.UID("a"), expires: now.Add(time.Hour)})
 	a.store([32]byte{2}, &Credential{SecretUID: types.UID("b"), expires: now.Add(2 * time.Hour)})
 	if !a.sweeping {
@@ -36,24 +35,5 @@ func TestReviewCacheSweepDropsExpiredReviews(t *testing.T) {
 	}
 	if a.sweeping {
 		t.Fatal("the sweep still runs with no review left")
-	}
-}
-
-// TestEmptyConfigSharesOneSnapshot: every proxy of EmptyConfig is served the
-// same snapshot, its version map already built.
-func TestEmptyConfigSharesOneSnapshot(t *testing.T) {
-	a, err := EmptyConfig{}.Snapshot(context.Background(), &Proxy{NodeID: "a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := EmptyConfig{}.Snapshot(context.Background(), &Proxy{NodeID: "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if a != b {
-		t.Fatal("two proxies got two empty snapshots")
-	}
-	if a.GetVersionMap("type.googleapis.com/envoy.config.cluster.v3.Cluster") == nil {
-		t.Fatal("the shared snapshot's version map is not built")
 	}
 }
