@@ -35,6 +35,7 @@ import (
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/xds/relay"
+	"github.com/embark-mesh/embark/xds/syncstate"
 	"github.com/embark-mesh/embark/xds/tokenauth"
 )
 
@@ -318,7 +319,7 @@ type stream struct {
 	code   codes.Code
 	reason string
 	msg    string
-	acks   []typeState // per type asked for (a few: see WorkloadTypes)
+	acks   syncstate.Types // per type asked for (a few: see WorkloadTypes)
 }
 
 // newStream returns a stream that lives at most as long as the server.

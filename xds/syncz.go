@@ -10,97 +10,31 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/types"
 )
-
-// typeState is what a stream was sent of one type and what it acknowledged.
-type typeState struct {
-	typeURL      string
-	sentNonce    string
-	sentVersion  string
-	ackedVersion string
-	nacked       bool
-	updated      time.Time
-}
 
 // requested records a request of typeURL answering nonce. When it NACKs
 // the latest response, it returns that response's version.
 func (st *stream) requested(typeURL, nonce string, nack bool, now time.Time) (nackedVersion string, nacked bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	ts := st.ack(typeURL)
-	if nonce == "" || nonce != ts.sentNonce {
-		return "", false // a new subscription, or an answer to an older response
-	}
-	ts.nacked = nack
-	if !nack {
-		ts.ackedVersion = ts.sentVersion
-	}
-	ts.updated = now
-	return ts.sentVersion, nack
+	return st.acks.Requested(typeURL, nonce, nack, now)
 }
 
 // sent records a response of typeURL.
 func (st *stream) sent(typeURL, nonce, version string, now time.Time) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	ts := st.ack(typeURL)
-	ts.sentNonce, ts.sentVersion, ts.nacked, ts.updated = nonce, version, false, now
+	st.acks.Sent(typeURL, nonce, version, now)
 }
-
-// ack returns typeURL's state, added when new; the caller holds st.mu and
-// drops the pointer before releasing it.
-func (st *stream) ack(typeURL string) *typeState {
-	for i := range st.acks {
-		if st.acks[i].typeURL == typeURL {
-			return &st.acks[i]
-		}
-	}
-	st.acks = append(st.acks, typeState{typeURL: typeURL})
-	return &st.acks[len(st.acks)-1]
-}
-
-// coreTypes are always reported, NOT_SENT when never sent.
-var coreTypes = []string{resource.ClusterType, resource.ListenerType, resource.EndpointType, resource.RouteType}
 
 // configs reports each type's sync state.
 func (st *stream) configs() []*statusv3.ClientConfig_GenericXdsConfig {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	byType := make(map[string]*typeState, len(st.acks))
-	typeURLs := make([]string, 0, len(st.acks)+len(coreTypes))
-	for i := range st.acks {
-		byType[st.acks[i].typeURL] = &st.acks[i]
-		typeURLs = append(typeURLs, st.acks[i].typeURL)
-	}
-	for _, t := range coreTypes {
-		if _, ok := byType[t]; !ok {
-			typeURLs = append(typeURLs, t)
-		}
-	}
-	slices.Sort(typeURLs)
-	out := make([]*statusv3.ClientConfig_GenericXdsConfig, 0, len(typeURLs))
-	for _, t := range typeURLs {
-		c := &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: t, ConfigStatus: statusv3.ConfigStatus_NOT_SENT}
-		if ts := byType[t]; ts != nil && ts.sentNonce != "" {
-			c.VersionInfo = ts.sentVersion
-			c.LastUpdated = timestamppb.New(ts.updated)
-			switch {
-			case ts.nacked:
-				c.ConfigStatus = statusv3.ConfigStatus_ERROR
-			case ts.ackedVersion == ts.sentVersion:
-				c.ConfigStatus = statusv3.ConfigStatus_SYNCED
-			default:
-				c.ConfigStatus = statusv3.ConfigStatus_STALE
-			}
-		}
-		out = append(out, c)
-	}
-	return out
+	return st.acks.Configs()
 }
 
 // controlPlaneID is how istiod identifies itself; istioctl prints ID.
