@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/xds/nodepin"
 )
 
 // FuzzRequest: every field of a request the server reads comes from the
@@ -67,14 +69,15 @@ func FuzzRequest(f *testing.F) {
 		}
 
 		// The node guard: another node ends the stream.
-		g := newNodeGuard(&discovery.DiscoveryRequest{Node: first})
-		refused := g.check(req)
+		var g nodepin.Guard
+		g.Pin(first)
+		err := g.Check(req)
 		same := req.GetNode() == nil || proto.Equal(req.GetNode(), first)
-		if same != (refused == nil) {
-			t.Fatalf("node %v: refused=%v", req.GetNode(), refused)
+		if same != (err == nil) {
+			t.Fatalf("node %v: refused=%v", req.GetNode(), err)
 		}
-		if refused != nil && refused.code != codes.PermissionDenied {
-			t.Fatalf("switched node refused with %v", refused.code)
+		if err != nil && !errors.Is(err, nodepin.ErrSwitched) {
+			t.Fatalf("switched node refused with %v", err)
 		}
 
 		// The type URL decides what the request means.

@@ -34,6 +34,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/xds/nodepin"
 	"github.com/embark-mesh/embark/xds/relay"
 	"github.com/embark-mesh/embark/xds/syncstate"
 	"github.com/embark-mesh/embark/xds/tokenauth"
@@ -714,13 +715,13 @@ type boundStream[Req, Resp any] struct {
 	grpc.BidiStreamingServer[Req, Resp]
 	first *Req
 	st    *stream
-	guard nodeGuard
+	guard nodepin.Guard
 }
 
 func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], first *Req, st *stream) *boundStream[Req, Resp] {
 	b := &boundStream[Req, Resp]{BidiStreamingServer: ss, first: first, st: st}
 	if first != nil {
-		b.guard.pin(requestNode(first))
+		b.guard.Pin(nodepin.RequestNode(first))
 	}
 	return b
 }
@@ -739,7 +740,8 @@ func (b *boundStream[Req, Resp]) Recv() (*Req, error) {
 	if err != nil {
 		return nil, err
 	}
-	if refused := b.guard.check(r); refused != nil {
+	if err := b.guard.Check(r); err != nil {
+		refused := &refusal{code: codes.PermissionDenied, reason: closeNodeSwitched, msg: err.Error()}
 		b.st.close(refused.code, refused.reason, refused.msg)
 		return nil, refused
 	}

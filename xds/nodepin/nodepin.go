@@ -1,16 +1,18 @@
-package xds
+// Package nodepin pins an xDS stream to the node of its first request, so
+// that no later request on the stream can speak for another node.
+package nodepin
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 )
 
-// nodeGuard pins a stream to the node of its first request.
+// Guard pins a stream to the node of its first request.
 //
 // go-control-plane adopts the node of any later request that carries one
 // (sotw/v3 and delta/v3: "if req.GetNode() != nil { node = req.GetNode() }")
@@ -19,13 +21,13 @@ import (
 // every invented node ID would leave a status entry in the cache. The guard
 // runs in boundStream.Recv, before go-control-plane, the relay or the
 // callbacks see a request, so no request of any type (HealthInformation and
-// syncz included) reaches them with another node. The zero guard pins the
-// first request it checks.
+// syncz included) reaches them with another node. The zero Guard pins the
+// first request it checks; a Guard serves one stream's single reader.
 //
 // The guard keeps the first node in its wire form (deterministic encoding)
 // and its ID, not the decoded message: a sidecar's node metadata is several
 // KiB in memory per stream, its encoding a fraction of that.
-type nodeGuard struct {
+type Guard struct {
 	pinned bool
 	id     string // the first node's ID
 	has    bool   // the first request carried a node
@@ -34,17 +36,8 @@ type nodeGuard struct {
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-// newNodeGuard pins the node of first; with first nil (debug streams, whose
-// first request the handler reads) the first request checked pins it.
-func newNodeGuard(first any) *nodeGuard {
-	g := &nodeGuard{}
-	if first != nil {
-		g.pin(requestNode(first))
-	}
-	return g
-}
-
-func (g *nodeGuard) pin(n *core.Node) {
+// Pin pins n (nil: a stream whose first request carried no node).
+func (g *Guard) Pin(n *core.Node) {
 	g.pinned, g.id, g.has = true, n.GetId(), n != nil
 	if n != nil {
 		// A node that does not encode cannot have come off the wire.
@@ -52,12 +45,17 @@ func (g *nodeGuard) pin(n *core.Node) {
 	}
 }
 
-// check returns why req must end the stream: it carries a node that is not
-// exactly the stream's first node. A request without a node always passes.
-func (g *nodeGuard) check(req any) *refusal {
-	n := requestNode(req)
+// ErrSwitched is what Check's errors wrap: the stream must end
+// (PermissionDenied at the gRPC boundary).
+var ErrSwitched = errors.New("a stream serves one node; open a new stream")
+
+// Check returns why req must end the stream, wrapping ErrSwitched: it carries
+// a node that is not exactly the stream's first node. A request without a
+// node always passes.
+func (g *Guard) Check(req any) error {
+	n := RequestNode(req)
 	if !g.pinned {
-		g.pin(n)
+		g.Pin(n)
 		return nil
 	}
 	if n == nil {
@@ -67,15 +65,13 @@ func (g *nodeGuard) check(req any) *refusal {
 		return nil
 	}
 	if n.GetId() != g.id {
-		return &refusal{code: codes.PermissionDenied, reason: closeNodeSwitched, msg: fmt.Sprintf(
-			"a request carries node ID %.256q, the stream was opened as %.256q: a stream serves one node; open a new stream", n.GetId(), g.id)}
+		return fmt.Errorf("a request carries node ID %.256q, the stream was opened as %.256q: %w", n.GetId(), g.id, ErrSwitched)
 	}
-	return &refusal{code: codes.PermissionDenied, reason: closeNodeSwitched, msg: fmt.Sprintf(
-		"a request carries another node (cluster, metadata or locality) than the stream's first request for node ID %.256q: a stream serves one node; open a new stream", n.GetId())}
+	return fmt.Errorf("a request carries another node (cluster, metadata or locality) than the stream's first request for node ID %.256q: %w", n.GetId(), ErrSwitched)
 }
 
-// requestNode is the node of a SotW or Delta request.
-func requestNode(req any) *core.Node {
+// RequestNode is the node of a SotW or Delta request.
+func RequestNode(req any) *core.Node {
 	switch r := req.(type) {
 	case *discovery.DiscoveryRequest:
 		return r.GetNode()
