@@ -16,34 +16,25 @@ import (
 
 // scopes remembers the translation of each scope (translate.ScopeKey) while
 // the inputs do not change, so that the proxies of one scope are translated
-// once per change, not once each; and likewise the objects of each
-// namespace that may select a workload (what ScopeKey reads), so that they
-// are listed once per namespace and change, not once per proxy. Only while
-// Run watches the inputs: without its change events a remembered
-// translation could be stale, so every configuration is translated afresh.
+// once per change, not once each. Only while Run watches the inputs: without
+// its change events a remembered translation could be stale, so every
+// configuration is translated afresh.
 type scopes struct {
 	mu sync.Mutex
 	// watching is set while Run's event handlers are registered.
 	watching bool
 	// gen counts the changes of the inputs Run has seen.
 	gen uint64
-	// translations are the scopes' translations, selecting the namespaces'
-	// selecting objects, of their generation.
-	translations flight[*scopeTranslation]
-	selecting    flight[*selecting]
+	// entries are the translations of generation entriesGen.
+	entries    map[string]*scopeEntry
+	entriesGen uint64
 }
 
-// flight is what was computed, by key, in generation gen.
-type flight[T any] struct {
-	entries map[string]*scopeEntry[T]
-	gen     uint64
-}
-
-// scopeEntry is one key's value, computed by the first proxy that needs it;
-// the others wait for ready.
-type scopeEntry[T any] struct {
+// scopeEntry is one scope's translation, computed by the first proxy that
+// needs it; the others wait for ready.
+type scopeEntry struct {
 	ready chan struct{}
-	v     T
+	t     *scopeTranslation
 	err   error
 }
 
@@ -60,64 +51,51 @@ func (s *scopes) watch(on bool) {
 	s.mu.Lock()
 	s.watching = on
 	s.gen++
-	s.translations.entries, s.selecting.entries = nil, nil
+	s.entries = nil
 	s.mu.Unlock()
 }
 
 // get returns the scope's translation of the current inputs, computing it
-// with translate unless another proxy did since the last change.
+// with translate unless another proxy did since the last change. The
+// generation is read before translate reads the inputs, so a change the
+// translation may have missed always makes the next get translate again.
 func (s *scopes) get(ctx context.Context, key string, translate func() (*scopeTranslation, error)) (*scopeTranslation, error) {
-	return shared(ctx, s, &s.translations, key, translate)
-}
-
-// namespace returns the selecting objects of namespace ns as read since the
-// last change, reading them with read unless another proxy did.
-func (s *scopes) namespace(ctx context.Context, ns string, read func() (*selecting, error)) (*selecting, error) {
-	return shared(ctx, s, &s.selecting, ns, read)
-}
-
-// shared returns f's value of key for the current inputs, computing it
-// unless another proxy did since the last change. The generation is read
-// before compute reads the inputs, so a change the computation may have
-// missed always makes the next call compute again.
-func shared[T any](ctx context.Context, s *scopes, f *flight[T], key string, compute func() (T, error)) (T, error) {
 	for {
 		s.mu.Lock()
 		if !s.watching {
 			s.mu.Unlock()
-			return compute()
+			return translate()
 		}
-		if f.entries == nil || f.gen != s.gen {
-			f.entries, f.gen = map[string]*scopeEntry[T]{}, s.gen
+		if s.entries == nil || s.entriesGen != s.gen {
+			s.entries, s.entriesGen = map[string]*scopeEntry{}, s.gen
 		}
-		if e, ok := f.entries[key]; ok {
+		if e, ok := s.entries[key]; ok {
 			s.mu.Unlock()
 			select {
 			case <-e.ready:
 			case <-ctx.Done():
-				var zero T
-				return zero, ctx.Err()
+				return nil, ctx.Err()
 			}
 			if e.err == nil {
-				return e.v, nil
+				return e.t, nil
 			}
-			continue // the proxy that computed failed to read the inputs: try again
+			continue // the proxy that translated failed to read the inputs: try again
 		}
-		e := &scopeEntry[T]{ready: make(chan struct{})}
-		f.entries[key] = e
+		e := &scopeEntry{ready: make(chan struct{})}
+		s.entries[key] = e
 		gen := s.gen
 		s.mu.Unlock()
 
-		e.v, e.err = compute()
+		e.t, e.err = translate()
 		if e.err != nil {
 			s.mu.Lock()
-			if f.gen == gen && f.entries[key] == e {
-				delete(f.entries, key)
+			if s.entriesGen == gen && s.entries[key] == e {
+				delete(s.entries, key)
 			}
 			s.mu.Unlock()
 		}
 		close(e.ready)
-		return e.v, e.err
+		return e.t, e.err
 	}
 }
 

@@ -76,49 +76,6 @@ func TestScopesTranslateOncePerGeneration(t *testing.T) {
 	}
 }
 
-// TestSelectingReadOncePerNamespaceAndGeneration: the proxies of a
-// namespace share one read of its selecting objects until the next change;
-// without Run's change events every proxy reads them.
-func TestSelectingReadOncePerNamespaceAndGeneration(t *testing.T) {
-	tests := []struct {
-		name     string
-		watching bool
-		want     int64
-	}{
-		{name: "watching", watching: true, want: 4}, // 2 namespaces × (before, after the change)
-		{name: "not watching", want: 16},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var s scopes
-			s.watch(tt.watching)
-			var reads atomic.Int64
-			run := func() {
-				var wg sync.WaitGroup
-				for i := range 8 {
-					ns := []string{"a", "b"}[i%2]
-					wg.Go(func() {
-						sel, err := s.namespace(t.Context(), ns, func() (*selecting, error) {
-							reads.Add(1)
-							return &selecting{}, nil
-						})
-						if err != nil || sel == nil {
-							t.Errorf("namespace %s: %v, %v", ns, sel, err)
-						}
-					})
-				}
-				wg.Wait()
-			}
-			run()
-			s.changed()
-			run()
-			if got := reads.Load(); got != tt.want {
-				t.Errorf("%d reads, want %d", got, tt.want)
-			}
-		})
-	}
-}
-
 // registerN registers n ratings VMs of one WorkloadGroup in ns (same
 // labels: one scope), addresses 10.0.1.1, 10.0.1.2, ...
 func registerN(t *testing.T, e *endpoint, ns string, n int) []*workload {

@@ -317,18 +317,12 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 
 // Inputs reads what translation needs for p from the cache. The objects are
 // the cache's own (not copies: translation reads thousands of them per
-// proxy and modifies none); callers must not modify them. The slices are
-// the caller's.
+// proxy and modifies none); callers must not modify them.
 func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
-	in, err := s.workloadInputs(p)
+	in, err := s.scopeInputs(ctx, p)
 	if err != nil {
 		return nil, err
 	}
-	sel, err := s.readSelecting(ctx, p.Workload.Key.Namespace)
-	if err != nil {
-		return nil, err
-	}
-	sel.addTo(in)
 	if err := s.meshInputs(ctx, in); err != nil {
 		return nil, err
 	}
@@ -336,60 +330,21 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 }
 
 // scopeInputs reads the workload and the objects of its namespace and the
-// root namespace that may select it: what translate.ScopeKey reads. The
-// objects are read once per namespace and change of the inputs (see
-// scopes); their slices are shared: do not modify them.
+// root namespace that may select it: what translate.ScopeKey reads.
 func (s *Source) scopeInputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
-	in, err := s.workloadInputs(p)
-	if err != nil {
-		return nil, err
-	}
-	ns := p.Workload.Key.Namespace
-	sel, err := s.scopes.namespace(ctx, ns, func() (*selecting, error) { return s.readSelecting(ctx, ns) })
-	if err != nil {
-		return nil, err
-	}
-	sel.addTo(in)
-	return in, nil
-}
-
-// workloadInputs are the Inputs of p's workload without any object.
-func (s *Source) workloadInputs(p *xds.Proxy) (*translate.Inputs, error) {
 	we := s.workloadOf(p)
 	if we.err != nil {
 		return nil, we.err
 	}
-	return &translate.Inputs{
+	ns := p.Workload.Key.Namespace
+	in := &translate.Inputs{
 		Mesh: s.opts.Mesh,
 		Workload: translate.Workload{
-			Name: p.Workload.Key.Name, Namespace: p.Workload.Key.Namespace, Address: p.IP,
+			Name: p.Workload.Key.Name, Namespace: ns, Address: p.IP,
 			Labels: we.labels, ServiceAccount: we.sa,
 		},
 		RootNamespace: s.opts.RootNamespace,
-	}, nil
-}
-
-// selecting are the objects of a namespace and the root namespace that may
-// select a workload of the namespace.
-type selecting struct {
-	sidecars               []*istionetworkingv1.Sidecar
-	peerAuthentications    []*istiosecurityv1.PeerAuthentication
-	authorizationPolicies  []*istiosecurityv1.AuthorizationPolicy
-	requestAuthentications []*istiosecurityv1.RequestAuthentication
-}
-
-// addTo sets in's selecting objects; an append to in's slices copies them.
-func (sel *selecting) addTo(in *translate.Inputs) {
-	in.Sidecars = slices.Clip(sel.sidecars)
-	in.PeerAuthentications = slices.Clip(sel.peerAuthentications)
-	in.AuthorizationPolicies = slices.Clip(sel.authorizationPolicies)
-	in.RequestAuthentications = slices.Clip(sel.requestAuthentications)
-}
-
-// readSelecting lists the selecting objects of namespace ns and the root
-// namespace from the cache.
-func (s *Source) readSelecting(ctx context.Context, ns string) (*selecting, error) {
-	sel := &selecting{}
+	}
 	namespaces := []string{ns}
 	if s.opts.RootNamespace != ns {
 		namespaces = append(namespaces, s.opts.RootNamespace)
@@ -399,24 +354,24 @@ func (s *Source) readSelecting(ctx context.Context, ns string) (*selecting, erro
 		if err := s.opts.Cache.List(ctx, l, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list Sidecars: %w", err)
 		}
-		sel.sidecars = append(sel.sidecars, l.Items...)
+		in.Sidecars = append(in.Sidecars, l.Items...)
 		pas := &istiosecurityv1.PeerAuthenticationList{}
 		if err := s.opts.Cache.List(ctx, pas, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list PeerAuthentications: %w", err)
 		}
-		sel.peerAuthentications = append(sel.peerAuthentications, pas.Items...)
+		in.PeerAuthentications = append(in.PeerAuthentications, pas.Items...)
 		aps := &istiosecurityv1.AuthorizationPolicyList{}
 		if err := s.opts.Cache.List(ctx, aps, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list AuthorizationPolicies: %w", err)
 		}
-		sel.authorizationPolicies = append(sel.authorizationPolicies, aps.Items...)
+		in.AuthorizationPolicies = append(in.AuthorizationPolicies, aps.Items...)
 		ras := &istiosecurityv1.RequestAuthenticationList{}
 		if err := s.opts.Cache.List(ctx, ras, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list RequestAuthentications: %w", err)
 		}
-		sel.requestAuthentications = append(sel.requestAuthentications, ras.Items...)
+		in.RequestAuthentications = append(in.RequestAuthentications, ras.Items...)
 	}
-	return sel, nil
+	return in, nil
 }
 
 // meshInputs adds to in the objects every workload reads alike: Services,
