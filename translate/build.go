@@ -76,6 +76,9 @@ type builder struct {
 	record *[]claimed
 	// eps are the endpoints of the destinations egress selects.
 	eps *endpoints.Index
+	// chains are ingress filter chains already built for the scope
+	// (Shared.For); read only.
+	chains map[inboundChainKey][]*listenerv3.FilterChain
 }
 
 func newBuilder(in *Inputs) *builder {
@@ -204,24 +207,7 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 		b.clusters[clusterName] = c
 
 		mode := selection.PeerAuthMode(b.in.PeerAuthentications, b.in.Workload.Namespace, b.in.Workload.Labels, b.root, port.GetNumber())
-		var chains []*listenerv3.FilterChain
-		if mode != MTLSDisable {
-			chains = append(chains, &listenerv3.FilterChain{
-				Name: fmt.Sprintf("inbound|%d|mtls", port.GetNumber()),
-				FilterChainMatch: &listenerv3.FilterChainMatch{
-					TransportProtocol:    "tls",
-					ApplicationProtocols: envoyconf.IstioInboundALPNs,
-				},
-				Filters:         b.inboundFilters(proto, port.GetNumber(), clusterName),
-				TransportSocket: envoyconf.InboundTLS(proto.isHTTP()),
-			})
-		}
-		if mode != MTLSStrict {
-			chains = append(chains, &listenerv3.FilterChain{
-				Name:    fmt.Sprintf("inbound|%d|plaintext", port.GetNumber()),
-				Filters: b.inboundFilters(proto, port.GetNumber(), clusterName),
-			})
-		}
+		chains := b.inboundChains(proto, port.GetNumber(), mode)
 		l := &listenerv3.Listener{
 			Name:             listenerName(bind, port.GetNumber()),
 			Address:          envoyconf.SocketAddress(bind, port.GetNumber()),
@@ -234,6 +220,35 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 		b.listeners[l.Name] = l
 	}
 	return nil
+}
+
+// inboundChains are the filter chains of an ingress listener on port: they
+// depend on the scope (protocol, port, mTLS mode, authorization), not on the
+// workload's address, so Shared.For serves the ones Prepare built (chains).
+func (b *builder) inboundChains(proto protocol, port uint32, mode MTLSMode) []*listenerv3.FilterChain {
+	if c, ok := b.chains[inboundChainKey{proto, port, mode}]; ok {
+		return c
+	}
+	clusterName := InboundClusterName(port)
+	var chains []*listenerv3.FilterChain
+	if mode != MTLSDisable {
+		chains = append(chains, &listenerv3.FilterChain{
+			Name: fmt.Sprintf("inbound|%d|mtls", port),
+			FilterChainMatch: &listenerv3.FilterChainMatch{
+				TransportProtocol:    "tls",
+				ApplicationProtocols: envoyconf.IstioInboundALPNs,
+			},
+			Filters:         b.inboundFilters(proto, port, clusterName),
+			TransportSocket: envoyconf.InboundTLS(proto.isHTTP()),
+		})
+	}
+	if mode != MTLSStrict {
+		chains = append(chains, &listenerv3.FilterChain{
+			Name:    fmt.Sprintf("inbound|%d|plaintext", port),
+			Filters: b.inboundFilters(proto, port, clusterName),
+		})
+	}
+	return chains
 }
 
 // defaultEndpoint parses an ingress defaultEndpoint: "<ip>:<port>" or

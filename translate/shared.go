@@ -10,6 +10,8 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	"github.com/embark-mesh/embark/translate/selection"
 )
 
 // ScopeKey identifies the workloads whose configurations, for the same
@@ -79,6 +81,16 @@ type Shared struct {
 	claims []claimed
 	// err is egress's own error, returned after the claims are checked.
 	err error
+	// chains are the ingress listeners' filter chains, built once for the
+	// scope: every workload's ingress listener on a port shares them.
+	chains map[inboundChainKey][]*listenerv3.FilterChain
+}
+
+// inboundChainKey is what an ingress listener's filter chains depend on.
+type inboundChainKey struct {
+	proto protocol
+	port  uint32
+	mode  MTLSMode
 }
 
 // claimed is one "<ip>:<port>" an egress listener claimed, and its field.
@@ -99,11 +111,32 @@ func Prepare(in *Inputs) *Shared {
 		return s
 	}
 	b.sidecarName = s.sidecar.Namespace + "/" + s.sidecar.Name
+	s.chains = prepareChains(b, s.sidecar)
 	b.record = &s.claims
 	b.warnIgnored(s.sidecar)
 	s.err = b.egress(s.sidecar)
 	b.finish(&s.common)
 	return s
+}
+
+// prepareChains builds the filter chains of sc's valid ingress listeners:
+// what they depend on (protocol, port, the PeerAuthentication mode and the
+// authorization of the workload's scope) is the same for every workload of
+// the scope. The ones of invalid listeners are left to For, which fails.
+func prepareChains(b *builder, sc *istionetworkingv1.Sidecar) map[inboundChainKey][]*listenerv3.FilterChain {
+	out := map[inboundChainKey][]*listenerv3.FilterChain{}
+	for _, ing := range sc.Spec.GetIngress() {
+		port := ing.GetPort().GetNumber()
+		proto, ok := parseProtocol(ing.GetPort().GetProtocol())
+		if !ok || port == 0 || port > 65535 {
+			continue
+		}
+		k := inboundChainKey{proto, port, selection.PeerAuthMode(b.in.PeerAuthentications, b.in.Workload.Namespace, b.in.Workload.Labels, b.root, port)}
+		if _, done := out[k]; !done {
+			out[k] = b.inboundChains(k.proto, k.port, k.mode)
+		}
+	}
+	return out
 }
 
 // Common is the part of every workload's configuration that is the same
@@ -136,6 +169,7 @@ func (s *Shared) For(w Workload) (res, own *Result, err error) {
 		routes:      map[string]*routev3.RouteConfiguration{},
 		endpoints:   map[string]*endpointv3.ClusterLoadAssignment{},
 		bound:       map[string]string{},
+		chains:      s.chains,
 	}
 	if err := b.ingress(s.sidecar); err != nil {
 		return nil, nil, err

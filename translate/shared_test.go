@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 )
 
@@ -169,5 +171,44 @@ func checkOwn(t *testing.T, s *Shared, res, own *Result) {
 	}
 	if len(res.Routes) != len(c.Routes) || len(res.Endpoints) != len(c.Endpoints) || len(own.Routes)+len(own.Endpoints) != 0 {
 		t.Errorf("routes or endpoints are not Common's")
+	}
+}
+
+// TestForSharesIngressChains: the workloads of a scope get ingress
+// listeners of their own (their own address) whose filter chains are the
+// scope's, built once by Prepare, not once per workload.
+func TestForSharesIngressChains(t *testing.T) {
+	in := &Inputs{
+		Workload: Workload{Name: "a", Namespace: "shop", Address: "10.0.0.1"},
+		Sidecars: []*istionetworkingv1.Sidecar{sidecarYAML(t, `
+  ingress: [{port: {number: 80, protocol: HTTP, name: http}, defaultEndpoint: "127.0.0.1:8080"}, {port: {number: 9000, protocol: TCP, name: tcp}, defaultEndpoint: "127.0.0.1:9000"}]`)},
+	}
+	s := Prepare(in)
+	var mine [][]types.Resource
+	for _, addr := range []string{"10.0.0.1", "10.0.0.2"} {
+		w := in.Workload
+		w.Address = addr
+		_, own, err := s.For(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(own.Listeners) != 2 {
+			t.Fatalf("%s: %d ingress listeners, want 2", addr, len(own.Listeners))
+		}
+		mine = append(mine, own.Listeners)
+	}
+	for i := range mine[0] {
+		a, b := mine[0][i].(*listenerv3.Listener), mine[1][i].(*listenerv3.Listener)
+		if a.GetName() == b.GetName() {
+			t.Errorf("listener %d: both workloads got %s, want one each on its own address", i, a.GetName())
+		}
+		if len(a.GetFilterChains()) == 0 || len(a.GetFilterChains()) != len(b.GetFilterChains()) {
+			t.Fatalf("listener %d: %d and %d filter chains", i, len(a.GetFilterChains()), len(b.GetFilterChains()))
+		}
+		for j := range a.GetFilterChains() {
+			if a.GetFilterChains()[j] != b.GetFilterChains()[j] {
+				t.Errorf("listener %d chain %d: built per workload, want the scope's", i, j)
+			}
+		}
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/xds"
 )
 
@@ -166,7 +165,7 @@ func (s *Source) push(ctx context.Context, push Pusher, changes []change, first 
 	if sc.empty() {
 		return
 	}
-	keys := affectedWorkloads(sc, proxies, s.log)
+	keys := affectedWorkloads(sc, proxies, s.workloadOf, s.log)
 	// Translations are CPU-bound and independent: one worker per CPU.
 	work := make(chan types.NamespacedName)
 	var workers sync.WaitGroup
@@ -191,7 +190,7 @@ func (s *Source) push(ctx context.Context, push Pusher, changes []change, first 
 
 // affectedWorkloads are the workloads of proxies in scope, once each, in the
 // order of proxies.
-func affectedWorkloads(sc *scope, proxies []*xds.Proxy, log interface {
+func affectedWorkloads(sc *scope, proxies []*xds.Proxy, workload func(*xds.Proxy) *workloadOf, log interface {
 	Warn(string, ...any)
 }) []types.NamespacedName {
 	seen := map[types.NamespacedName]bool{}
@@ -202,12 +201,12 @@ func affectedWorkloads(sc *scope, proxies []*xds.Proxy, log interface {
 			continue
 		}
 		in := sc.includes(key, func() map[string]string {
-			we, err := registry.BuildWorkloadEntry(p.Registration)
-			if err != nil {
-				log.Warn("workload labels unknown; recomputing its configuration anyway", "registration", key.String(), "error", err)
+			w := workload(p)
+			if w.err != nil {
+				log.Warn("workload labels unknown; recomputing its configuration anyway", "registration", key.String(), "error", w.err)
 				return nil // unknown: in scope
 			}
-			return we.Spec.Labels
+			return w.labels
 		})
 		if in {
 			seen[key] = true
@@ -228,6 +227,11 @@ func (s *Source) prune(proxies []*xds.Proxy) {
 	for id := range s.served {
 		if !live[id] {
 			delete(s.served, id)
+		}
+	}
+	for id := range s.workloads {
+		if !live[id] {
+			delete(s.workloads, id)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
@@ -99,6 +101,9 @@ type Source struct {
 
 	mu     sync.Mutex
 	served map[string]*served // by node ID
+	// workloads are the nodes' workloads as their registrations describe
+	// them, by node ID (see workloadOf).
+	workloads map[string]*workloadOf
 
 	// scopes are the translations of the scopes proxies were served from,
 	// shared while the inputs do not change.
@@ -136,7 +141,7 @@ func New(opts Options) (*Source, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	return &Source{opts: opts, log: opts.Logger, served: map[string]*served{}}, nil
+	return &Source{opts: opts, log: opts.Logger, served: map[string]*served{}, workloads: map[string]*workloadOf{}}, nil
 }
 
 // Snapshot implements xds.ConfigSource: the proxy's translated
@@ -221,6 +226,43 @@ func (s *Source) Forget(nodeID string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.served, nodeID)
+	delete(s.workloads, nodeID)
+}
+
+// workloadOf is a node's workload labels and service account, read from
+// the registration the proxy is bound to (registry.BuildWorkloadEntry, which
+// decodes the registration's WorkloadGroup snapshot: the dearest step of a
+// proxy's configuration when done per push).
+type workloadOf struct {
+	// reg is the registration object they were read from: the proxy's
+	// Registration, an object nobody modifies, so while the proxy holds the
+	// same one they are the same.
+	reg    *runtimev1alpha1.WorkloadAutoRegistration
+	labels map[string]string
+	sa     string
+	err    error
+}
+
+// workloadOf returns p's workload labels and service account, read once per
+// registration object the proxy holds. The labels are shared: do not modify
+// them.
+func (s *Source) workloadOf(p *xds.Proxy) *workloadOf {
+	s.mu.Lock()
+	w := s.workloads[p.NodeID]
+	s.mu.Unlock()
+	if w != nil && w.reg == p.Registration {
+		return w
+	}
+	w = &workloadOf{reg: p.Registration}
+	if we, err := registry.BuildWorkloadEntry(p.Registration); err != nil {
+		w.err = err
+	} else {
+		w.labels, w.sa = we.Spec.Labels, we.Spec.ServiceAccount
+	}
+	s.mu.Lock()
+	s.workloads[p.NodeID] = w
+	s.mu.Unlock()
+	return w
 }
 
 // warned is what a served configuration leaves out, and the object to
@@ -290,16 +332,16 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 // scopeInputs reads the workload and the objects of its namespace and the
 // root namespace that may select it: what translate.ScopeKey reads.
 func (s *Source) scopeInputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
-	we, err := registry.BuildWorkloadEntry(p.Registration)
-	if err != nil {
-		return nil, err
+	we := s.workloadOf(p)
+	if we.err != nil {
+		return nil, we.err
 	}
 	ns := p.Workload.Key.Namespace
 	in := &translate.Inputs{
 		Mesh: s.opts.Mesh,
 		Workload: translate.Workload{
 			Name: p.Workload.Key.Name, Namespace: ns, Address: p.IP,
-			Labels: we.Spec.Labels, ServiceAccount: we.Spec.ServiceAccount,
+			Labels: we.labels, ServiceAccount: we.sa,
 		},
 		RootNamespace: s.opts.RootNamespace,
 	}
@@ -397,14 +439,20 @@ func sortByName(rs []types.Resource) {
 // name and deterministic encoding, length-prefixed.
 func digest(t resource.Type, rs []types.Resource) ([]byte, error) {
 	h := sha256.New()
+	var buf, head []byte // reused: one encoding buffer for all resources
 	for _, r := range rs {
-		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+		var err error
+		buf, err = proto.MarshalOptions{Deterministic: true}.MarshalAppend(buf[:0], r)
 		if err != nil {
 			return nil, fmt.Errorf("marshal %s %q: %w", t, cache.GetResourceName(r), err)
 		}
 		name := cache.GetResourceName(r)
-		fmt.Fprintf(h, "%d:%s%d:", len(name), name, len(b))
-		h.Write(b)
+		// "<len(name)>:<name><len(encoding)>:"
+		head = strconv.AppendInt(head[:0], int64(len(name)), 10)
+		head = append(append(head, ':'), name...)
+		head = append(strconv.AppendInt(head, int64(len(buf)), 10), ':')
+		h.Write(head)
+		h.Write(buf)
 	}
 	return h.Sum(nil), nil
 }
