@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // repositoryPlane is the real endpoint (app.Run) serving its local
@@ -57,7 +58,7 @@ func startRepository(t *testing.T, limitsYAML string) *repositoryPlane {
 	_ = f.Close()
 
 	const host = "onboarding-endpoint.example.corp"
-	cert, pool := selfSigned(t, host)
+	cert, pool := fixtures.SelfSigned(t, host)
 	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
 	if err != nil {
 		t.Fatal(err)
