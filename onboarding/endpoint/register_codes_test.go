@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +72,7 @@ func TestRegisterFailureCodes(t *testing.T) {
 		token, sessionKey string
 		req               *onboardingv1alpha1.RegisterRequest
 	}
+	var fenced *istionetworkingv1.WorkloadEntry // by the fencing case
 	tests := []struct {
 		name     string
 		policy   string
@@ -150,17 +152,20 @@ func TestRegisterFailureCodes(t *testing.T) {
 		{
 			name: "address held by a WorkloadEntry Embark does not manage", policy: narrowPolicy,
 			setup: func(t *testing.T, h *harness) attempt {
+				// An address of its own: an unmanaged entry blocks its
+				// address in every namespace.
 				manual := &istionetworkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Name: "hand-made", Namespace: h.ns}}
-				manual.Spec.Address, manual.Spec.Network = "172.31.5.254", "virtual-machines"
+				manual.Spec.Address, manual.Spec.Network = "172.31.7.7", "virtual-machines"
 				if err := env.Client.Create(t.Context(), manual); err != nil {
 					t.Fatal(err)
 				}
+				t.Cleanup(func() { _ = env.Client.Delete(context.WithoutCancel(t.Context()), manual) })
 				fixtures.WaitCached(t, cached, manual)
-				auth, err := h.authorize("ratings", h.aws.IMDS)
+				auth, err := h.authorize("ratings", h.instance(awstest.Instance{Role: "ratings-role", InstanceID: "i-0eeeeeeeeeeeeeee1", PrivateIP: "172.31.7.7"}))
 				if err != nil {
 					t.Fatal(err)
 				}
-				return attempt{token: auth.GetToken(), req: registerRequest("172.31.5.254")}
+				return attempt{token: auth.GetToken(), req: registerRequest("172.31.7.7")}
 			},
 			wantCode: codes.FailedPrecondition, wantMsg: "hand-made",
 		},
@@ -254,10 +259,13 @@ func TestRegisterFailureCodes(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				t.Cleanup(func() { fixtures.WaitGone(t, env.Client, we) })
+				fenced = we
 				return attempt{token: auth.GetToken(), req: registerRequest("10.0.0.20")}
 			},
 			wantCode: codes.OK,
+			check: func(t *testing.T, _ *harness, _ *onboardingv1alpha1.RegisterResponse) {
+				fixtures.WaitGone(t, env.Client, fenced)
+			},
 		},
 		{
 			name: "an unproven address held by another registration", policy: widePolicy,
