@@ -1,5 +1,5 @@
 // Package lifecycle is the registry's background work on an endpoint
-// replica (Lifecycle, sweeper.go). It keeps the replica's own Lease and
+// replica (Lifecycle, lifecycle.go). It keeps the replica's own Lease and
 // campaigns for the embark-sweeper Lease (registry/replica); the one
 // elected replica runs the level-based reconcilers below, which share one
 // informer and work-queue set-up (loop.go), and the work it is given to
