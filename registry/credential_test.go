@@ -17,6 +17,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 func reviewToken(t *testing.T, token, audience string) authenticationv1.TokenReviewStatus {
@@ -38,7 +40,7 @@ func TestRegisterCreatesTheSidecarCredential(t *testing.T) {
 	ctx := t.Context()
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
-	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +104,7 @@ func TestRegisterCreatesTheSidecarCredential(t *testing.T) {
 	if err := env.Client.Delete(ctx, res.Registration); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, secret)
+	fixtures.WaitGone(t, env.Client, secret)
 	// The API server caches successful token authentications for 10s
 	// (--token-success-cache-ttl... its built-in default): revocation
 	// takes effect within that.
@@ -125,7 +127,7 @@ func TestMissingServiceAccountFailsBeforeAnyWrite(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
 	wg.Spec.Template.ServiceAccount = "not-created"
-	_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if !errors.Is(err, ErrServiceAccountMissing) || !strings.Contains(err.Error(), ns+"/not-created") {
 		t.Fatalf("err = %v, want ErrServiceAccountMissing naming %s/not-created", err, ns)
 	}
@@ -221,7 +223,7 @@ func TestOnboardingWritesAtMostThreeObjects(t *testing.T) {
 	wg := createGroup(t, ns)
 	counter := &writeCounter{}
 	r := newRegistrar(t, counter.client())
-	req := Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")}
+	req := Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}
 	if _, err := r.Register(ctx, req); err != nil {
 		t.Fatal(err)
 	}

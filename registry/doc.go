@@ -1,15 +1,20 @@
 // Package registry owns the lifecycle of WorkloadAutoRegistration and Istio
 // WorkloadEntry resources, and is the only package that writes them:
 //
-//   - Registrar: naming (seed 000), the WorkloadGroup snapshot, the
-//     registration and its WorkloadEntry, IP-reuse fencing, the sidecar's
-//     Secret-bound service-account token (credential.go);
+//   - Registrar: the rules of a Register (Enroll, enroll.go: the policy
+//     re-check, the WorkloadGroup, the address proof, reuse by the same
+//     agent session or takeover with a fresh proof), naming (seed 000),
+//     the WorkloadGroup snapshot, the registration and its WorkloadEntry,
+//     IP-reuse fencing, the sidecar's Secret-bound service-account token
+//     (credential.go);
 //   - presence (registry/presence): AgentConnected, the connection
 //     timestamps and the health mirror, written by the replica holding a
 //     workload's ADS stream;
-//   - lifecycle (registry/lifecycle): replica liveness Leases, Lease-elected
-//     grace-period removal, the WorkloadGroupOutOfDate condition, and the
-//     re-creation of a WorkloadEntry deleted while its registration lives;
+//   - lifecycle (registry/lifecycle): Lease-elected grace-period removal,
+//     the WorkloadGroupOutOfDate condition, and the re-creation of a
+//     WorkloadEntry deleted while its registration lives;
+//   - replica (registry/replica): the replicas' liveness Leases and the
+//     election of the one that sweeps;
 //   - Enforcement: the ConfigurationEnforced condition (enforcement.go),
 //     and UpdateRegistrationStatus, the one "write status only when it
 //     changed" helper of the reconcilers (reconcile.go).

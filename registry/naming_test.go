@@ -9,13 +9,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 func TestRegistrationName(t *testing.T) {
-	ec2 := runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-		Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-		EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-1234567890abcdef0"},
-	}}
+	ec2 := fixtures.AWSIdentity(fixtures.InstanceID)
 	tests := []struct {
 		name     string
 		group    string
@@ -170,7 +168,7 @@ func TestName(t *testing.T) {
 		id    runtimev1alpha1.WorkloadIdentity
 		want  string
 	}{
-		{name: "seed 000 EC2 identity", group: "ratings", id: ec2Identity("i-1234567890abcdef0"), want: seedName},
+		{name: "seed 000 EC2 identity", group: "ratings", id: fixtures.AWSIdentity("i-1234567890abcdef0"), want: seedName},
 		{name: "no identity", group: "ratings", id: runtimev1alpha1.WorkloadIdentity{}, want: ""},
 	}
 	for _, tt := range tests {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	"strconv"
+	"sync"
 	"time"
 
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -191,9 +192,11 @@ type Result struct {
 // says, owned by the WorkloadGroup, holding the identity, registration and a
 // snapshot of the group) and its WorkloadEntry (owned by the registration).
 // Registering the same identity again reuses the registration, keeps its
-// snapshot and updates what the workload reported. A new registration whose
-// WorkloadEntry cannot be written is removed again, so a failure leaves no
-// half-made registration; a reused one is repaired by the next call.
+// snapshot and updates what the workload reported. Once the registration
+// exists, its WorkloadEntry and its sidecar credential (Secret, then token)
+// are written at once (writeDependents). A new registration of which either
+// cannot be written is removed again with what it owns, so a failure leaves
+// no half-made registration; a reused one is repaired by the next call.
 //
 // When another registration's WorkloadEntry holds the same address on the
 // same network, that older registration is fenced: its WorkloadEntry is
@@ -256,18 +259,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 		return nil, fmt.Errorf("create WorkloadAutoRegistration %s/%s: %w", war.Namespace, war.Name, err)
 	}
 
-	we, err := r.ensureWorkloadEntry(ctx, war, req.AddressProven)
-	if err != nil {
-		if created {
-			r.rollback(ctx, war, log)
-		}
-		return nil, err
-	}
-	var tok *SidecarToken
-	secret, err := r.ensureSidecarSecret(ctx, war)
-	if err == nil {
-		tok, err = r.requestSidecarToken(ctx, war, secret)
-	}
+	we, tok, err := r.writeDependents(ctx, war, req.AddressProven)
 	if err != nil {
 		if created {
 			r.rollback(ctx, war, log)
@@ -279,6 +271,51 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", IdentityName(req.Identity), we.Spec.Address, req.Group.Name)
 	}
 	return &Result{Registration: war, WorkloadEntry: we, Created: created, SidecarToken: tok}, nil
+}
+
+// writeDependents writes what the registration owns: its WorkloadEntry, and
+// its sidecar Secret then a token bound to it. The two branches depend only
+// on the registration, so they run at once (the critical path of a Register
+// is three API round trips, not four); each write still goes through the
+// write budget. It returns once both branches have ended: when one fails,
+// the other is cancelled and waited for, so that the caller's clean-up
+// runs after every write of this call.
+func (r *Registrar) writeDependents(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, proven bool) (*istionetworkingv1.WorkloadEntry, *SidecarToken, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		we     *istionetworkingv1.WorkloadEntry
+		weErr  error
+		wg     sync.WaitGroup
+		failed = func(err error) error {
+			if err != nil {
+				cancel(err)
+			}
+			return err
+		}
+	)
+	wg.Go(func() {
+		we, weErr = r.ensureWorkloadEntry(ctx, war, proven)
+		weErr = failed(weErr)
+	})
+	tok, tokErr := func() (*SidecarToken, error) {
+		secret, err := r.ensureSidecarSecret(ctx, war)
+		if err != nil {
+			return nil, failed(err)
+		}
+		tok, err := r.requestSidecarToken(ctx, war, secret)
+		return tok, failed(err)
+	}()
+	wg.Wait()
+	// The first failure is the cause; the other branch's is its
+	// cancellation.
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return nil, nil, cause
+	}
+	if err := errors.Join(weErr, tokErr); err != nil {
+		return nil, nil, err
+	}
+	return we, tok, nil
 }
 
 // reuse updates an existing registration of the same identity with what the

@@ -4,26 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
-	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -53,67 +50,21 @@ func newRegistrar(t *testing.T, c client.Client) *Registrar {
 	if c == nil {
 		c = env.Client
 	}
-	r, err := NewRegistrar(Options{
-		Client: c, Cache: cached, Recorder: recorder,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
-	})
+	r, err := NewRegistrar(Options{Client: c, Cache: cached, Recorder: recorder, Logger: fixtures.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
 }
 
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-// createGroup creates the seed 004 ratings WorkloadGroup in ns.
+// createGroup creates seed 004's ratings WorkloadGroup in ns, its template
+// serving port http 8080, and the service account it names.
 func createGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
 	t.Helper()
-	wg := &istionetworkingv1.WorkloadGroup{
-		ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns, Labels: map[string]string{"app": "ratings"}},
-	}
-	wg.Spec.Template = &istioapi.WorkloadEntry{
-		Labels:         map[string]string{"app": "ratings", "class": "vm"},
-		ServiceAccount: "ratings-vm",
-		Network:        "virtual-machines",
-		Ports:          map[string]uint32{"http": 8080},
-	}
-	if err := env.Client.Create(t.Context(), wg); err != nil {
-		t.Fatal(err)
-	}
-	createServiceAccount(t, ns, "ratings-vm")
+	wg := fixtures.SeedGroup(ns)
+	wg.Spec.Template.Ports = map[string]uint32{"http": 8080}
+	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	return wg
-}
-
-// createServiceAccount creates the service account a WorkloadGroup names;
-// Embark never creates it itself.
-func createServiceAccount(t *testing.T, ns, name string) {
-	t.Helper()
-	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
-	if err := env.Client.Create(t.Context(), sa); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-}
-
-func ec2Identity(instance string) runtimev1alpha1.WorkloadIdentity {
-	return runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-		Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-		EC2: &runtimev1alpha1.EC2Identity{InstanceID: instance},
-	}}
-}
-
-func registration(ip string) runtimev1alpha1.Registration {
-	return runtimev1alpha1.Registration{
-		Agent:    runtimev1alpha1.AgentInfo{Version: "v1.4.0"},
-		Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-		Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-		Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.9.8-15bc6e5e32"}},
-		Workload: runtimev1alpha1.WorkloadInfo{Labels: map[string]string{"version": "v5"}},
-	}
 }
 
 const seedName = "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0"
@@ -122,7 +73,9 @@ func TestRegisterCreatesRegistrationAndWorkloadEntry(t *testing.T) {
 	ctx := t.Context()
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
-	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	reg := fixtures.Registration("172.31.5.254")
+	reg.Workload.Labels = map[string]string{"version": "v5"}
+	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,13 +116,13 @@ func TestRegisterCreatesRegistrationAndWorkloadEntry(t *testing.T) {
 	if ref := metav1.GetControllerOf(we); ref == nil || ref.Kind != "WorkloadAutoRegistration" || ref.UID != war.UID || ref.BlockOwnerDeletion == nil || !*ref.BlockOwnerDeletion {
 		t.Errorf("WorkloadEntry owner = %+v", ref)
 	}
-	waitForEvent(t, ns, seedName, ReasonRegistered, "172.31.5.254")
+	fixtures.WaitEvent(t, env.Client, ns, seedName, ReasonRegistered, "172.31.5.254")
 
 	// Deleting the registration removes its WorkloadEntry (owner reference).
 	if err := env.Client.Delete(ctx, war); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, we)
+	fixtures.WaitGone(t, env.Client, we)
 }
 
 func TestRegisterAgainReusesTheRegistration(t *testing.T) {
@@ -177,7 +130,7 @@ func TestRegisterAgainReusesTheRegistration(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
 	r := newRegistrar(t, nil)
-	req := Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")}
+	req := Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}
 	first, err := r.Register(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +156,7 @@ func TestRegisterAgainReusesTheRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 	req.Group = wg
-	req.Registration = registration("172.31.9.9")
+	req.Registration = fixtures.Registration("172.31.9.9")
 	moved, err := r.Register(ctx, req)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +184,7 @@ func TestConcurrentRegistersOfOneWorkloadMakeOneRegistration(t *testing.T) {
 	errs := make(chan error, 4)
 	for i := range 4 {
 		go func() {
-			_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration(fmt.Sprintf("172.31.5.%d", 10+i%2))})
+			_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration(fmt.Sprintf("172.31.5.%d", 10+i%2))})
 			errs <- err
 		}()
 	}
@@ -258,19 +211,19 @@ func TestIPReuseFencesTheOlderRegistration(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
 	r := newRegistrar(t, nil)
-	old, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000a"), Registration: registration("10.0.0.5")})
+	old, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration("10.0.0.5")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitCached(t, old.WorkloadEntry)
+	fixtures.WaitCached(t, cached, old.WorkloadEntry)
 
 	// A new instance got the same private IP while the old registration is
 	// still within its grace period.
-	fresh, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000b"), Registration: registration("10.0.0.5"), AddressProven: true})
+	fresh, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000b"), Registration: fixtures.Registration("10.0.0.5"), AddressProven: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, old.WorkloadEntry)
+	fixtures.WaitGone(t, env.Client, old.WorkloadEntry)
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(fresh.WorkloadEntry), &istionetworkingv1.WorkloadEntry{}); err != nil {
 		t.Errorf("new WorkloadEntry: %v", err)
 	}
@@ -282,7 +235,7 @@ func TestIPReuseFencesTheOlderRegistration(t *testing.T) {
 	if cond == nil || cond.Status != metav1.ConditionTrue || !strings.Contains(cond.Message, "10.0.0.5") || !strings.Contains(cond.Message, fresh.Registration.Name) {
 		t.Errorf("Fenced condition = %+v", cond)
 	}
-	waitForEvent(t, ns, old.Registration.Name, ReasonFenced, fresh.Registration.Name)
+	fixtures.WaitEvent(t, env.Client, ns, old.Registration.Name, ReasonFenced, fresh.Registration.Name)
 
 	entries := &istionetworkingv1.WorkloadEntryList{}
 	if err := env.Client.List(ctx, entries, client.InNamespace(ns)); err != nil {
@@ -294,8 +247,8 @@ func TestIPReuseFencesTheOlderRegistration(t *testing.T) {
 
 	// The fenced workload comes back with a new address: it gets an entry
 	// again and the condition clears.
-	waitCached(t, fresh.WorkloadEntry)
-	back, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000a"), Registration: registration("10.0.0.6")})
+	fixtures.WaitCached(t, cached, fresh.WorkloadEntry)
+	back, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration("10.0.0.6")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,8 +270,8 @@ func TestAddressHeldByAnUnmanagedWorkloadEntryIsRefused(t *testing.T) {
 	if err := env.Client.Create(ctx, manual); err != nil {
 		t.Fatal(err)
 	}
-	waitCached(t, manual)
-	_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-0000000000000000c"), Registration: registration("10.0.0.7")})
+	fixtures.WaitCached(t, cached, manual)
+	_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000c"), Registration: fixtures.Registration("10.0.0.7")})
 	if !errors.Is(err, ErrAddressConflict) || !strings.Contains(err.Error(), "hand-made") {
 		t.Fatalf("err = %v, want ErrAddressConflict naming the entry", err)
 	}
@@ -328,24 +281,67 @@ func TestAddressHeldByAnUnmanagedWorkloadEntryIsRefused(t *testing.T) {
 	assertNoRegistrations(t, ns)
 }
 
-func TestFailureBetweenTheTwoWritesLeavesNothing(t *testing.T) {
-	ctx := t.Context()
-	ns := env.Namespace(t)
-	wg := createGroup(t, ns)
-	failing := interceptor.NewClient(env.Client, interceptor.Funcs{
+// injectedFailure fails the writes that fail says fail.
+func injectedFailure(fail func(obj client.Object, subResource string) bool) client.WithWatch {
+	forbidden := func(obj client.Object) error {
+		return apierrors.NewForbidden(istionetworkingv1.Resource("workloadentries"), obj.GetName(), errors.New("injected failure"))
+	}
+	return interceptor.NewClient(env.Client, interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-			if _, ok := obj.(*istionetworkingv1.WorkloadEntry); ok {
-				return apierrors.NewForbidden(istionetworkingv1.Resource("workloadentries"), obj.GetName(), errors.New("injected failure"))
+			if fail(obj, "") {
+				return forbidden(obj)
 			}
 			return c.Create(ctx, obj, opts...)
 		},
+		SubResourceCreate: func(ctx context.Context, c client.Client, subResource string, obj client.Object, sub client.Object, opts ...client.SubResourceCreateOption) error {
+			if fail(obj, subResource) {
+				return forbidden(obj)
+			}
+			return c.SubResource(subResource).Create(ctx, obj, sub, opts...)
+		},
 	})
-	_, err := newRegistrar(t, failing).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
-	if err == nil || !strings.Contains(err.Error(), "injected failure") {
-		t.Fatalf("err = %v, want the injected failure", err)
-	}
-	assertNoRegistrations(t, ns)
+}
 
+// A Register whose WorkloadEntry, sidecar Secret or sidecar token cannot be
+// written (the two branches written at once after the registration) leaves
+// nothing behind: the new registration is removed, and with it whatever
+// the other branch wrote.
+func TestFailureAfterTheRegistrationLeavesNothing(t *testing.T) {
+	tests := []struct {
+		name string
+		fail func(obj client.Object, subResource string) bool
+	}{
+		{name: "WorkloadEntry", fail: func(obj client.Object, _ string) bool {
+			_, ok := obj.(*istionetworkingv1.WorkloadEntry)
+			return ok
+		}},
+		{name: "sidecar Secret", fail: func(obj client.Object, _ string) bool {
+			_, ok := obj.(*corev1.Secret)
+			return ok
+		}},
+		{name: "sidecar token", fail: func(_ client.Object, subResource string) bool { return subResource == "token" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := env.Namespace(t)
+			wg := createGroup(t, ns)
+			_, err := newRegistrar(t, injectedFailure(tt.fail)).Register(t.Context(), Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
+			if err == nil || !strings.Contains(err.Error(), "injected failure") {
+				t.Fatalf("err = %v, want the injected failure", err)
+			}
+			waitNothingLeft(t, ns)
+		})
+	}
+}
+
+func TestFailedCleanUpIsRepairedByTheNextRegister(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	failing := injectedFailure(func(obj client.Object, _ string) bool {
+		_, ok := obj.(*istionetworkingv1.WorkloadEntry)
+		return ok
+	})
 	// When even the clean-up fails, the next register completes the
 	// registration instead of leaving it half-made.
 	noDelete := interceptor.NewClient(failing, interceptor.Funcs{
@@ -353,16 +349,60 @@ func TestFailureBetweenTheTwoWritesLeavesNothing(t *testing.T) {
 			return apierrors.NewForbidden(runtimev1alpha1.Resource("workloadautoregistrations"), obj.GetName(), errors.New("injected delete failure"))
 		},
 	})
-	if _, err := newRegistrar(t, noDelete).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")}); err == nil {
+	if _, err := newRegistrar(t, noDelete).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}); err == nil {
 		t.Fatal("want the injected failure")
 	}
-	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Created || res.WorkloadEntry.Spec.Address != "172.31.5.254" {
-		t.Errorf("repair: created=%v entry=%v", res.Created, res.WorkloadEntry)
+	if res.Created || res.WorkloadEntry.Spec.Address != "172.31.5.254" || res.SidecarToken == nil {
+		t.Errorf("repair: created=%v entry=%v token=%v", res.Created, res.WorkloadEntry, res.SidecarToken != nil)
 	}
+}
+
+// waitNothingLeft waits until ns holds no live registration, no WorkloadEntry
+// of Embark's and no sidecar Secret (the garbage collector removes what a
+// removed registration owned).
+func waitNothingLeft(t *testing.T, ns string) {
+	t.Helper()
+	err := fixtures.Poll(t.Context(), fixtures.Interval, 30*time.Second, func() error {
+		if left := leftIn(t, ns); left != "" {
+			return errors.New("left behind: " + left)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// leftIn names what a failed Register left in ns ("" when nothing).
+func leftIn(t *testing.T, ns string) string {
+	t.Helper()
+	ctx := t.Context()
+	var left []string
+	wars := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+	entries := &istionetworkingv1.WorkloadEntryList{}
+	secrets := &corev1.SecretList{}
+	if err := errors.Join(env.Client.List(ctx, wars, client.InNamespace(ns)), env.Client.List(ctx, entries, client.InNamespace(ns)),
+		env.Client.List(ctx, secrets, client.InNamespace(ns), client.MatchingLabels{LabelSidecarCredential: "true"})); err != nil {
+		return err.Error()
+	}
+	for _, w := range wars.Items {
+		if w.DeletionTimestamp == nil {
+			left = append(left, "registration "+w.Name)
+		}
+	}
+	for _, e := range entries.Items {
+		if _, managed := OwnedBy(e.OwnerReferences, ""); managed {
+			left = append(left, "WorkloadEntry "+e.Name)
+		}
+	}
+	for _, s := range secrets.Items {
+		left = append(left, "Secret "+s.Name)
+	}
+	return strings.Join(left, ", ")
 }
 
 func TestInvalidRegistrationsWriteNothing(t *testing.T) {
@@ -397,7 +437,7 @@ func TestInvalidRegistrationsWriteNothing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req := Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")}
+			req := Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}
 			tt.mutate(&req)
 			_, err := newRegistrar(t, nil).Register(t.Context(), req)
 			if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
@@ -413,7 +453,7 @@ func TestRegistrationNameHeldByAnotherIdentityIsRefused(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
 	r := newRegistrar(t, nil)
-	res, err := r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	res, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +462,7 @@ func TestRegistrationNameHeldByAnotherIdentityIsRefused(t *testing.T) {
 	if err := env.Client.Update(ctx, res.Registration); err != nil {
 		t.Fatal(err)
 	}
-	_, err = r.Register(ctx, Request{Group: wg, Identity: ec2Identity("i-1234567890abcdef0"), Registration: registration("172.31.5.254")})
+	_, err = r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if !errors.Is(err, ErrIdentityConflict) {
 		t.Errorf("err = %v, want ErrIdentityConflict", err)
 	}
@@ -447,47 +487,5 @@ func assertNoRegistrations(t *testing.T, ns string) {
 		if _, managed := OwnedBy(e.OwnerReferences, ""); managed {
 			t.Errorf("WorkloadEntry %s left behind", e.Name)
 		}
-	}
-}
-
-func waitGone(t *testing.T, obj client.Object) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
-	if err != nil {
-		t.Fatalf("%s still exists: %v", obj.GetName(), err)
-	}
-}
-
-// waitCached waits until the registrar's cache has seen obj.
-func waitCached(t *testing.T, obj client.Object) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := cached.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
-		return err == nil, client.IgnoreNotFound(err)
-	})
-	if err != nil {
-		t.Fatalf("cache never saw %s: %v", obj.GetName(), err)
-	}
-}
-
-func waitForEvent(t *testing.T, ns, name, reason, contains string) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		events := &corev1.EventList{}
-		if err := env.Client.List(ctx, events, client.InNamespace(ns), client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("involvedObject.name", name)}); err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if e.Reason == reason && strings.Contains(e.Message, contains) {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Errorf("no %s event on %s mentioning %q: %v", reason, name, contains, err)
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
-	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
@@ -61,7 +60,7 @@ type Authorizer interface {
 // Registrar registers workloads and renews their sidecar tokens
 // (registry.Registrar).
 type Registrar interface {
-	Register(ctx context.Context, req registry.Request) (*registry.Result, error)
+	Enroll(ctx context.Context, e registry.Enrollment, policy registry.Policy) (*registry.Result, error)
 	RenewSidecarToken(ctx context.Context, key types.NamespacedName) (*registry.SidecarToken, error)
 }
 
@@ -287,7 +286,10 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 	}
 }
 
-// Register implements OnboardingService.
+// Register implements OnboardingService. The registry applies the
+// registration rules (registry.Registrar.Enroll); the endpoint checks the
+// request's shape and the connection's source, and maps the registry's
+// errors to codes (registerStatus).
 func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterRequest) (*onboardingv1alpha1.RegisterResponse, error) {
 	claims, err := s.session(ctx)
 	if err != nil {
@@ -297,33 +299,15 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	ns, groupName, _ := strings.Cut(claims.Workload.WorkloadGroup, "/")
-	id := *claims.Workload.Verified
-	// The policy may have changed since the token was issued.
-	if _, err := s.opts.Authorizer.Authorize(ctx, ns, groupName, id); err != nil {
-		return nil, s.authzStatus(err, "register")
-	}
-	group := &istionetworkingv1.WorkloadGroup{}
-	if err := s.opts.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: groupName}, group); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.FailedPrecondition, "WorkloadGroup %s/%s does not exist", ns, groupName)
-		}
-		return nil, status.Errorf(codes.Unavailable, "read WorkloadGroup %s/%s: %v", ns, groupName, err)
-	}
 	regInfo := registrationOf(req)
 	if err := s.normalizeAddresses(&regInfo); err != nil {
 		return nil, err
 	}
-	if errs := registry.ValidateRegistration(regInfo, &group.Spec); len(errs) > 0 {
-		return nil, status.Error(codes.InvalidArgument, errs.ToAggregate().Error())
-	}
-	addrText, err := registry.WorkloadAddress(regInfo)
-	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "connected_over: %v", err)
-	}
-	addr := netip.MustParseAddr(addrText) // normalized above
-	proven, err := s.proveAddress(ctx, ns, groupName, id, claims.Workload.ProvenAddress, addr, regInfo.Settings.ConnectedOver)
-	if err != nil {
-		return nil, err
+	addr, _ := registry.WorkloadAddress(regInfo) // "" when invalid: Enroll says why
+	if a, err := netip.ParseAddr(addr); err == nil {
+		if err := s.checkSource(ctx, a); err != nil {
+			return nil, err
+		}
 	}
 	key := sessionKey(ctx)
 	if key == "" {
@@ -331,15 +315,15 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 			return nil, status.Error(codes.Unavailable, "cannot create a session key right now; try again")
 		}
 	}
-	res, err := s.opts.Registrar.Register(ctx, registry.Request{
-		Group: group, Identity: id, Registration: regInfo,
-		SessionHash: sessionHash(key), Takeover: freshProof(id), AddressProven: proven,
-	})
+	res, err := s.opts.Registrar.Enroll(ctx, registry.Enrollment{
+		Namespace: ns, Group: groupName, Identity: *claims.Workload.Verified, ProvenAddress: claims.Workload.ProvenAddress,
+		Registration: regInfo, SessionHash: registry.SessionHash(key),
+	}, policyCheck{s.opts.Authorizer})
 	if err != nil {
 		if errors.Is(err, registry.ErrSessionMismatch) {
 			s.reportTakeoverRefused(ctx, claims, addr, err)
 		}
-		return nil, s.registerStatus(err)
+		return nil, s.registerStatus(err, "register")
 	}
 	boot, err := s.bootstrap(res)
 	if err != nil {
@@ -356,6 +340,20 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 	}, nil
 }
 
+// policyCheck is the endpoint's Authorizer as the registry asks it.
+type policyCheck struct{ authz Authorizer }
+
+var _ registry.Policy = policyCheck{}
+
+func (p policyCheck) Allow(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity) error {
+	_, err := p.authz.Authorize(ctx, namespace, group, id)
+	return err
+}
+
+func (p policyCheck) AllowsAddress(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity, addr netip.Addr) (bool, error) {
+	return p.authz.AllowsAddress(ctx, namespace, group, id, addr)
+}
+
 // Unregister implements OnboardingService.
 func (s *Server) Unregister(ctx context.Context, _ *onboardingv1alpha1.UnregisterRequest) (*onboardingv1alpha1.UnregisterResponse, error) {
 	claims, err := s.session(ctx)
@@ -370,11 +368,8 @@ func (s *Server) Unregister(ctx context.Context, _ *onboardingv1alpha1.Unregiste
 		}
 		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", claims.Subject, err)
 	}
-	if !sameWorkload(war.Spec.Identity, *claims.Workload.Verified) {
-		return nil, status.Errorf(codes.PermissionDenied, "registration %s belongs to another workload", claims.Subject)
-	}
-	if err := checkSession(ctx, war); err != nil {
-		return nil, err
+	if err := registry.CheckHolder(war, *claims.Workload.Verified, sessionKey(ctx)); err != nil {
+		return nil, s.registerStatus(err, "unregister")
 	}
 	if err := s.opts.Client.Delete(ctx, war, client.Preconditions{UID: &war.UID}); client.IgnoreNotFound(err) != nil {
 		return nil, status.Errorf(codes.Unavailable, "delete registration %s: %v", claims.Subject, err)
@@ -400,11 +395,8 @@ func (s *Server) RenewSidecarToken(ctx context.Context, _ *onboardingv1alpha1.Re
 	if !war.DeletionTimestamp.IsZero() {
 		return nil, status.Errorf(codes.NotFound, "registration %s is being deleted: register again", key)
 	}
-	if !sameWorkload(war.Spec.Identity, *claims.Workload.Verified) {
-		return nil, status.Errorf(codes.PermissionDenied, "registration %s belongs to another workload", key)
-	}
-	if err := checkSession(ctx, war); err != nil {
-		return nil, err
+	if err := registry.CheckHolder(war, *claims.Workload.Verified, sessionKey(ctx)); err != nil {
+		return nil, s.registerStatus(err, "renew")
 	}
 	// The policy may have changed since the workload registered.
 	ns, groupName, _ := strings.Cut(claims.Workload.WorkloadGroup, "/")
@@ -412,14 +404,8 @@ func (s *Server) RenewSidecarToken(ctx context.Context, _ *onboardingv1alpha1.Re
 		return nil, s.authzStatus(err, "renew")
 	}
 	tok, err := s.opts.Registrar.RenewSidecarToken(ctx, key)
-	switch {
-	case errors.Is(err, registry.ErrRegistrationNotFound):
-		return nil, status.Errorf(codes.NotFound, "%v", err)
-	case errors.Is(err, registry.ErrServiceAccountMissing):
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
-	case err != nil:
-		s.log.Error("renew sidecar token", "registration", key.String(), "error", err)
-		return nil, status.Errorf(codes.Unavailable, "renew sidecar token: %v", err)
+	if err != nil {
+		return nil, s.registerStatus(err, "renew")
 	}
 	return &onboardingv1alpha1.RenewSidecarTokenResponse{SidecarToken: tok.Token, ExpiresAt: timestamppb.New(tok.ExpiresAt)}, nil
 }
@@ -431,9 +417,9 @@ const ReasonTakeoverRefused = "TakeoverRefused"
 // reportTakeoverRefused logs and records (as an Event on the registration)
 // a Register refused because the registration is bound to another agent
 // session and the identity carries no fresh proof.
-func (s *Server) reportTakeoverRefused(ctx context.Context, claims *token.Claims, addr netip.Addr, err error) {
+func (s *Server) reportTakeoverRefused(ctx context.Context, claims *token.Claims, addr string, err error) {
 	s.opts.Metrics.denied("register", "SessionMismatch")
-	s.log.Warn("refused to hand a registration to another agent session", "registration", claims.Subject, "address", addr.String(), "error", err)
+	s.log.Warn("refused to hand a registration to another agent session", "registration", claims.Subject, "address", addr, "error", err)
 	if s.opts.Recorder == nil {
 		return
 	}
@@ -541,20 +527,40 @@ func (s *Server) authzStatus(err error, stage string) error {
 	}
 }
 
-// registerStatus maps a registry error to a gRPC status.
-func (s *Server) registerStatus(err error) error {
+// registerStatus maps a registry error of the stage op (register, renew,
+// unregister) to a gRPC status: the one place the registry's rules become
+// codes.
+func (s *Server) registerStatus(err error, op string) error {
+	var refused *registry.PolicyError
 	switch {
+	case errors.As(err, &refused):
+		return s.authzStatus(refused.Err, op)
+	case errors.Is(err, registry.ErrWorkloadGroupNotFound):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, registry.ErrInvalidRegistration):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, registry.ErrAddressNotProven):
+		s.opts.Metrics.denied(op, "AddressNotProven")
+		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, registry.ErrIdentityConflict), errors.Is(err, registry.ErrAddressConflict), errors.Is(err, registry.ErrServiceAccountMissing):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, registry.ErrSessionMismatch):
 		return status.Errorf(codes.PermissionDenied, "%v: an instance identity document alone cannot take it over; present an STS proof (an instance profile) or send the session key of the agent that registered it", err)
+	case errors.Is(err, registry.ErrWrongSession):
+		return status.Errorf(codes.PermissionDenied, "%v (metadata %s missing or wrong): register again", err, SessionKeyMetadata)
+	case errors.Is(err, registry.ErrOtherWorkload):
+		return status.Error(codes.PermissionDenied, err.Error())
+	case errors.Is(err, registry.ErrRegistrationNotFound):
+		return status.Errorf(codes.NotFound, "%v", err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	default:
-		s.log.Error("register workload", "error", err)
-		return status.Errorf(codes.Unavailable, "register workload: %v", err)
+		what := map[string]string{"register": "register workload", "renew": "renew sidecar token"}[op]
+		if what == "" {
+			what = op
+		}
+		s.log.Error(what, "error", err)
+		return status.Errorf(codes.Unavailable, "%s: %v", what, err)
 	}
 }
 

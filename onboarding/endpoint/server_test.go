@@ -2,14 +2,9 @@ package endpoint
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"strings"
@@ -44,6 +39,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -146,7 +142,7 @@ func cachedClient(t *testing.T) client.Client {
 // trusts its certificate.
 func serve(t *testing.T, srv *Server) onboardingv1alpha1.OnboardingServiceClient {
 	t.Helper()
-	cert, pool := serverCert(t)
+	cert, pool := fixtures.SelfSigned(t, audience)
 	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
 	srv.RegisterService(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -161,30 +157,6 @@ func serve(t *testing.T, srv *Server) onboardingv1alpha1.OnboardingServiceClient
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return onboardingv1alpha1.NewOnboardingServiceClient(conn)
-}
-
-func serverCert(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: audience}, DNSNames: []string{audience},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
 }
 
 // credential is what the onboarding agent of inst sends, fetched through the
@@ -231,7 +203,7 @@ func (h *harness) apply(path string) {
 	if err := env.Client.Create(h.t.Context(), obj); err != nil {
 		h.t.Fatal(err)
 	}
-	waitCached(h.t, obj)
+	fixtures.WaitCached(h.t, cached, obj)
 }
 
 func (h *harness) group(name string, labels map[string]string) *istionetworkingv1.WorkloadGroup {
@@ -248,7 +220,7 @@ func (h *harness) group(name string, labels map[string]string) *istionetworkingv
 	if err := env.Client.Create(h.t.Context(), sa); err != nil && !apierrors.IsAlreadyExists(err) {
 		h.t.Fatal(err)
 	}
-	waitCached(h.t, wg)
+	fixtures.WaitCached(h.t, cached, wg)
 	return wg
 }
 
@@ -316,8 +288,8 @@ func TestSeed004PoliciesAgainstIdentities(t *testing.T) {
 			instance: awstest.Instance{Account: "345678901234", InstanceID: "i-0aaaaaaaaaaaaaaa9"}, wantCode: codes.PermissionDenied, wantMsg: "345678901234"},
 	}
 	files := map[string]string{
-		"narrow": "../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml",
-		"wide":   "../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml",
+		"narrow": narrowPolicy,
+		"wide":   widePolicy,
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -343,9 +315,7 @@ func TestSeed004PoliciesAgainstIdentities(t *testing.T) {
 
 func TestOnboardRegisterRenewUnregister(t *testing.T) {
 	ctx := t.Context()
-	h := newHarness(t)
-	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
-	h.group("ratings", map[string]string{"app": "ratings"})
+	h := ratingsHarness(t, narrowPolicy)
 
 	auth, err := h.authorize("ratings", h.aws.IMDS)
 	if err != nil {
@@ -410,15 +380,13 @@ func TestOnboardRegisterRenewUnregister(t *testing.T) {
 	if out.GetPropagationDelay().AsDuration() != 5*time.Second {
 		t.Errorf("propagation delay = %v", out.GetPropagationDelay().AsDuration())
 	}
-	waitGone(t, war)
-	waitGone(t, we)
+	fixtures.WaitGone(t, env.Client, war)
+	fixtures.WaitGone(t, env.Client, we)
 }
 
 func TestReusedDocumentOfALiveRegistration(t *testing.T) {
 	ctx := t.Context()
-	h := newHarness(t)
-	h.apply("../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
-	h.group("ratings", map[string]string{"app": "ratings"})
+	h := ratingsHarness(t, widePolicy)
 	noRole := h.instance(awstest.Instance{InstanceID: "i-0bbbbbbbbbbbbbbb1", PrivateIP: "10.0.0.10"})
 	auth, err := h.authorize("ratings", noRole)
 	if err != nil {
@@ -437,7 +405,7 @@ func TestReusedDocumentOfALiveRegistration(t *testing.T) {
 	if err := env.Client.Status().Update(ctx, war); err != nil {
 		t.Fatal(err)
 	}
-	waitCached(t, war)
+	fixtures.WaitCached(t, cached, war)
 	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		got := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := cached.Get(ctx, client.ObjectKeyFromObject(war), got); err != nil {
@@ -476,7 +444,7 @@ func TestReusedDocumentOfALiveRegistration(t *testing.T) {
 
 func TestMissingWorkloadGroupIsAFailedPrecondition(t *testing.T) {
 	h := newHarness(t)
-	h.apply("../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
+	h.apply(widePolicy)
 	_, err := h.authorize("ratings", h.aws.IMDS)
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "ratings") {
 		t.Errorf("err = %v, want FailedPrecondition naming the group", err)
@@ -490,7 +458,7 @@ func TestMissingWorkloadGroupIsAFailedPrecondition(t *testing.T) {
 func TestNamespaceNotServedIsAFailedPrecondition(t *testing.T) {
 	h := newHarness(t, func(o *Options) { o.Namespaces = []string{"bookinfo", "vms"} })
 	h.group("ratings", map[string]string{"app": "ratings"})
-	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	h.apply(narrowPolicy)
 	if _, err := h.authorize("ratings", h.aws.IMDS); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `"`+h.ns+`"`) {
 		t.Errorf("Authorize in %s = %v, want FailedPrecondition naming the namespace", h.ns, err)
 	}
@@ -511,7 +479,7 @@ func TestPolicyChangesTakeEffectWithoutRestart(t *testing.T) {
 	if _, err := h.authorize("ratings", h.aws.IMDS); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "no OnboardingPolicy") {
 		t.Fatalf("without a policy: %v, want PermissionDenied", err)
 	}
-	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	h.apply(narrowPolicy)
 	if _, err := h.authorize("ratings", h.aws.IMDS); err != nil {
 		t.Fatalf("after the policy was created: %v", err)
 	}
@@ -540,9 +508,7 @@ func TestSTSUnavailableIsRetryableRefusedIsNot(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t)
-			h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
-			h.group("ratings", map[string]string{"app": "ratings"})
+			h := ratingsHarness(t, narrowPolicy)
 			req := &onboardingv1alpha1.AuthorizeRequest{
 				WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: "ratings"},
 				Credential:    h.credential(h.aws.IMDS),
@@ -567,9 +533,7 @@ func TestSTSUnavailableIsRetryableRefusedIsNot(t *testing.T) {
 }
 
 func TestBadTokensAreUnauthenticated(t *testing.T) {
-	h := newHarness(t)
-	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
-	h.group("ratings", map[string]string{"app": "ratings"})
+	h := ratingsHarness(t, narrowPolicy)
 	req := token.Request{Namespace: h.ns, Name: "ratings-x", WorkloadGroup: "ratings", WorkloadIdentity: "aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0",
 		Verified: &runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
 			EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-1234567890abcdef0", IAMRole: "ratings-role"}}}}
@@ -662,33 +626,9 @@ func assertNoRegistrations(t *testing.T, ns string) {
 	}
 }
 
-func waitCached(t *testing.T, obj client.Object) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := cached.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
-		return err == nil, client.IgnoreNotFound(err)
-	})
-	if err != nil {
-		t.Fatalf("cache never saw %s: %v", obj.GetName(), err)
-	}
-}
-
-func waitGone(t *testing.T, obj client.Object) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
-	if err != nil {
-		t.Fatalf("%s still exists: %v", obj.GetName(), err)
-	}
-}
-
 func TestBootstrapCarriesARenewableSidecarToken(t *testing.T) {
 	ctx := t.Context()
-	h := newHarness(t)
-	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
-	h.group("ratings", map[string]string{"app": "ratings"})
+	h := ratingsHarness(t, narrowPolicy)
 	auth, err := h.authorize("ratings", h.aws.IMDS)
 	if err != nil {
 		t.Fatal(err)
@@ -734,7 +674,7 @@ func TestBootstrapCarriesARenewableSidecarToken(t *testing.T) {
 	if err := env.Client.Delete(ctx, war); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, war)
+	fixtures.WaitGone(t, env.Client, war)
 	if _, err := h.client.RenewSidecarToken(renewCtx, &onboardingv1alpha1.RenewSidecarTokenRequest{}); status.Code(err) != codes.NotFound {
 		t.Errorf("renew after the registration was deleted: %v, want NotFound", err)
 	}
@@ -742,13 +682,13 @@ func TestBootstrapCarriesARenewableSidecarToken(t *testing.T) {
 
 func TestMissingServiceAccountIsAFailedPrecondition(t *testing.T) {
 	h := newHarness(t)
-	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
+	h.apply(narrowPolicy)
 	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: h.ns, Labels: map[string]string{"app": "ratings"}}}
 	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "nobody-made-me", Network: "virtual-machines"}
 	if err := env.Client.Create(t.Context(), wg); err != nil {
 		t.Fatal(err)
 	}
-	waitCached(t, wg)
+	fixtures.WaitCached(t, cached, wg)
 	auth, err := h.authorize("ratings", h.aws.IMDS)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 )
 
 // WatchRegistration implements OnboardingService. It sends the caller's
@@ -85,7 +86,7 @@ func (s *Server) registrationUID(ctx context.Context, key types.NamespacedName, 
 	if !war.DeletionTimestamp.IsZero() {
 		return "", nil
 	}
-	if !sameWorkload(war.Spec.Identity, workload) {
+	if !registry.SameWorkload(war.Spec.Identity, workload) {
 		return "", status.Errorf(codes.PermissionDenied, "registration %s belongs to another workload", key)
 	}
 	return war.UID, nil

@@ -10,13 +10,12 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 func TestWatchRegistrationReportsDeletion(t *testing.T) {
 	ctx := t.Context()
-	h := newHarness(t)
-	h.apply("../../api/crds/testdata/seed004/policy-narrow-ec2-subset.yaml")
-	h.group("ratings", map[string]string{"app": "ratings"})
+	h := ratingsHarness(t, narrowPolicy)
 	auth, err := h.authorize("ratings", h.aws.IMDS)
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +43,7 @@ func TestWatchRegistrationReportsDeletion(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: h.ns, Name: reg.GetRegistrationName()}, war); err != nil {
 		t.Fatal(err)
 	}
-	waitCached(t, war)
+	fixtures.WaitCached(t, cached, war)
 	stream, err := h.client.WatchRegistration(authed, &onboardingv1alpha1.WatchRegistrationRequest{})
 	if err != nil {
 		t.Fatal(err)

@@ -1,12 +1,10 @@
 // Package lifecycle is the registry's background work on an endpoint
-// replica (Lifecycle, sweeper.go):
+// replica (Lifecycle, lifecycle.go). It keeps the replica's own Lease and
+// campaigns for the embark-sweeper Lease (registry/replica); the one
+// elected replica runs the level-based reconcilers below, which share one
+// informer and work-queue set-up (loop.go), and the work it is given to
+// lead (the endpoint adds registry/rollout):
 //
-//   - replica liveness: each replica keeps a Lease of its own
-//     (embark-replica-<replica>, replica.go); ReplicaLeases tells the others
-//     whether a replica is alive;
-//   - election: one replica, elected through the embark-sweeper Lease, runs
-//     the level-based reconcilers below and the work it is given to lead
-//     (the endpoint adds registry/rollout);
 //   - the sweeper: marks the workloads of a gone replica disconnected
 //     (ReplicaGone), removes registrations whose workload had no ADS stream
 //     for the grace period, and shows AgentNeverConnected

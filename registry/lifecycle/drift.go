@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -136,47 +135,19 @@ type driftReconciler struct {
 
 // run reconciles until ctx ends.
 func (d *driftReconciler) run(ctx context.Context) error {
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, time.Minute))
-	defer queue.ShutDown()
-
-	wars, err := d.cache.GetInformer(ctx, &runtimev1alpha1.WorkloadAutoRegistration{})
-	if err != nil {
-		return fmt.Errorf("watch WorkloadAutoRegistrations: %w", err)
+	l := newLoop(d.cache)
+	defer l.close()
+	if err := l.watchRegistrations(ctx); err != nil {
+		return err
 	}
-	groups, err := d.cache.GetInformer(ctx, &istionetworkingv1.WorkloadGroup{})
-	if err != nil {
-		return fmt.Errorf("watch WorkloadGroups: %w", err)
-	}
-	warReg, err := wars.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { enqueueObject(queue, obj) },
-		UpdateFunc: func(_, obj any) { enqueueObject(queue, obj) },
+	err := l.watch(ctx, &istionetworkingv1.WorkloadGroup{}, "WorkloadGroups", toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { d.enqueueGroup(ctx, l.queue, obj) },
+		UpdateFunc: func(_, obj any) { d.enqueueGroup(ctx, l.queue, obj) },
 	})
 	if err != nil {
-		return fmt.Errorf("watch WorkloadAutoRegistrations: %w", err)
+		return err
 	}
-	defer func() { _ = wars.RemoveEventHandler(warReg) }()
-	groupReg, err := groups.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { d.enqueueGroup(ctx, queue, obj) },
-		UpdateFunc: func(_, obj any) { d.enqueueGroup(ctx, queue, obj) },
-	})
-	if err != nil {
-		return fmt.Errorf("watch WorkloadGroups: %w", err)
-	}
-	defer func() { _ = groups.RemoveEventHandler(groupReg) }()
-	if !toolscache.WaitForCacheSync(ctx.Done(), warReg.HasSynced, groupReg.HasSynced) {
-		return nil // ctx ended
-	}
-
-	var wg sync.WaitGroup
-	for range d.workers {
-		wg.Go(func() {
-			for registry.ProcessNext(ctx, queue, d.reconcile, d.log, "drift") {
-			}
-		})
-	}
-	resyncAll(ctx, d.cache, queue, d.resync, d.log)
-	queue.ShutDown()
-	wg.Wait()
+	l.run(ctx, d.workers, d.reconcile, d.resync, d.log, "drift")
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 func TestSpecDiff(t *testing.T) {
@@ -128,6 +129,10 @@ func TestWorkloadGroupDriftCondition(t *testing.T) {
 	// Changed back: False again, although the generation moved on.
 	updateGroup(t, wg, func(g *istionetworkingv1.WorkloadGroup) { g.Spec.Template.ServiceAccount = "ratings-vm" })
 	cur = waitCondition(t, war, runtimev1alpha1.ConditionWorkloadGroupOutOfDate, metav1.ConditionFalse, ReasonUpToDate)
+	// The counter moves just after the write the condition shows.
+	fixtures.Eventually(t, 10*time.Second, "the third drift write counted", func() bool {
+		return metricValue(t, h.reg, "embark_registry_workloadgroup_out_of_date_writes_total", "") >= 3
+	})
 	writes := metricValue(t, h.reg, "embark_registry_workloadgroup_out_of_date_writes_total", "")
 
 	// A new label on the group's metadata is no spec change: nothing is

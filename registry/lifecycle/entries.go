@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -18,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -66,25 +64,11 @@ type entryReconciler struct {
 
 // run reconciles until ctx ends.
 func (e *entryReconciler) run(ctx context.Context) error {
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, time.Minute))
-	defer queue.ShutDown()
-
-	wars, err := e.cache.GetInformer(ctx, &runtimev1alpha1.WorkloadAutoRegistration{})
-	if err != nil {
-		return fmt.Errorf("watch WorkloadAutoRegistrations: %w", err)
+	l := newLoop(e.cache)
+	defer l.close()
+	if err := l.watchRegistrations(ctx); err != nil {
+		return err
 	}
-	entries, err := e.cache.GetInformer(ctx, &istionetworkingv1.WorkloadEntry{})
-	if err != nil {
-		return fmt.Errorf("watch WorkloadEntries: %w", err)
-	}
-	warReg, err := wars.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { enqueueObject(queue, obj) },
-		UpdateFunc: func(_, obj any) { enqueueObject(queue, obj) },
-	})
-	if err != nil {
-		return fmt.Errorf("watch WorkloadAutoRegistrations: %w", err)
-	}
-	defer func() { _ = wars.RemoveEventHandler(warReg) }()
 	// A WorkloadEntry's registration has the entry's name and namespace.
 	enqueueEntry := func(obj any) {
 		if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
@@ -92,33 +76,19 @@ func (e *entryReconciler) run(ctx context.Context) error {
 		}
 		if we, ok := obj.(*istionetworkingv1.WorkloadEntry); ok {
 			if _, managed := registry.OwnedBy(we.OwnerReferences, we.Name); managed {
-				queue.Add(client.ObjectKeyFromObject(we))
+				l.queue.Add(client.ObjectKeyFromObject(we))
 			}
 		}
 	}
-	entryReg, err := entries.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+	err := l.watch(ctx, &istionetworkingv1.WorkloadEntry{}, "WorkloadEntries", toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueueEntry,
 		UpdateFunc: func(_, obj any) { enqueueEntry(obj) },
 		DeleteFunc: enqueueEntry,
 	})
 	if err != nil {
-		return fmt.Errorf("watch WorkloadEntries: %w", err)
+		return err
 	}
-	defer func() { _ = entries.RemoveEventHandler(entryReg) }()
-	if !toolscache.WaitForCacheSync(ctx.Done(), warReg.HasSynced, entryReg.HasSynced) {
-		return nil // ctx ended
-	}
-
-	var wg sync.WaitGroup
-	for range e.workers {
-		wg.Go(func() {
-			for registry.ProcessNext(ctx, queue, e.reconcile, e.log, "keep WorkloadEntry") {
-			}
-		})
-	}
-	resyncAll(ctx, e.cache, queue, e.resync, e.log)
-	queue.ShutDown()
-	wg.Wait()
+	l.run(ctx, e.workers, e.reconcile, e.resync, e.log, "keep WorkloadEntry")
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // setRegistrationStatus changes a registration's status.
@@ -108,7 +109,7 @@ func TestDeletedWorkloadEntryIsRecreated(t *testing.T) {
 	if we.Spec.Address != liveEntry.Spec.Address {
 		t.Errorf("re-created entry: address %s, want %s", we.Spec.Address, liveEntry.Spec.Address)
 	}
-	waitForEvent(t, ns, live.Name, ReasonWorkloadEntryRecreated, "deleted while its registration lives")
+	fixtures.WaitEvent(t, env.Client, ns, live.Name, ReasonWorkloadEntryRecreated, "deleted while its registration lives")
 	if got := metricValue(t, h.reg, "embark_registry_workloadentry_recreations_total", ""); got != 1 {
 		t.Errorf("recreations = %v, want 1 (the fenced registration's entry stays gone)", got)
 	}

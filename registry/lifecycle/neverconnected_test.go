@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 func TestNeverConnectedDue(t *testing.T) {
@@ -89,7 +90,7 @@ func TestSweeperWritesAgentNeverConnectedThenRemoves(t *testing.T) {
 	if cond.LastTransitionTime.Time.Before(silent.CreationTimestamp.Add(time.Second)) {
 		t.Errorf("written at %s, before NeverConnectedAfter passed since creation %s", cond.LastTransitionTime, silent.CreationTimestamp)
 	}
-	waitForEvent(t, ns, silent.Name, runtimev1alpha1.ReasonAgentNeverConnected, "has not opened an ADS stream")
+	fixtures.WaitEvent(t, env.Client, ns, silent.Name, runtimev1alpha1.ReasonAgentNeverConnected, "has not opened an ADS stream")
 
 	// Removed on time, from the creation, not from the condition.
 	waitRemovedOnTime(t, silent, silent.CreationTimestamp.Add(7*time.Second), onTime)

@@ -10,39 +10,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/replica"
 )
-
-func TestReplicaLeaseName(t *testing.T) {
-	tests := []struct {
-		name    string
-		replica string
-		want    string
-	}{
-		{name: "pod name", replica: "onboarding-endpoint-7d9f8c6b5-x2x4z", want: "embark-replica-onboarding-endpoint-7d9f8c6b5-x2x4z"},
-		{name: "upper case host name", replica: "VM-Host_1", want: ""},
-		{name: "very long", replica: strings.Repeat("a", 300), want: ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := ReplicaLeaseName(tt.replica)
-			if tt.want != "" && got != tt.want {
-				t.Errorf("ReplicaLeaseName = %q, want %q", got, tt.want)
-			}
-			if errs := validation.IsDNS1123Subdomain(got); len(errs) > 0 {
-				t.Errorf("%q is not a valid name: %v", got, errs)
-			}
-			if again := ReplicaLeaseName(tt.replica); again != got {
-				t.Errorf("not deterministic: %q then %q", got, again)
-			}
-		})
-	}
-}
 
 func TestReplicaLeaseRenewedAndReleased(t *testing.T) {
 	ns := env.Namespace(t)
@@ -57,7 +31,7 @@ func TestReplicaLeaseRenewedAndReleased(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Lifecycle never ready")
 	}
-	key := client.ObjectKey{Namespace: ns, Name: ReplicaLeaseName("replica-b")}
+	key := client.ObjectKey{Namespace: ns, Name: replica.LeaseName("replica-b")}
 	if err := env.Client.Get(t.Context(), key, &coordinationv1.Lease{}); err != nil {
 		t.Fatalf("replica Lease once ready: %v", err)
 	}
@@ -77,7 +51,7 @@ func TestReplicaLeaseRenewedAndReleased(t *testing.T) {
 	if err != nil {
 		t.Fatalf("replica Lease not renewed: %v", err)
 	}
-	if ptr.Deref(first.Spec.HolderIdentity, "") != "replica-b" || first.Labels[LabelReplicaLease] != "true" || ptr.Deref(first.Spec.LeaseDurationSeconds, 0) != 2 {
+	if ptr.Deref(first.Spec.HolderIdentity, "") != "replica-b" || first.Labels[replica.LabelLease] != "true" || ptr.Deref(first.Spec.LeaseDurationSeconds, 0) != 2 {
 		t.Errorf("Lease = %+v %+v", first.Labels, first.Spec)
 	}
 	err = wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
@@ -104,23 +78,5 @@ func TestReplicaLeaseRenewedAndReleased(t *testing.T) {
 	}
 	if a.lc.Replicas().IsAlive("replica-b") {
 		t.Error("replica-b still alive after its shutdown")
-	}
-}
-
-func TestReplicaRestartTakesItsLeaseOver(t *testing.T) {
-	ns := env.Namespace(t)
-	// A Lease left behind by a crashed process of the same name.
-	old := time.Now().Add(-time.Hour)
-	createReplicaLease(t, ns, "replica-a", old, old, 40*time.Second)
-	startLifecycle(t, ns, "replica-a", nil)
-	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		lease := &coordinationv1.Lease{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: ReplicaLeaseName("replica-a")}, lease); err != nil {
-			return false, err
-		}
-		return lease.Spec.AcquireTime.After(old.Add(time.Minute)) && ptr.Deref(lease.Spec.LeaseTransitions, 0) == 1, nil
-	})
-	if err != nil {
-		t.Fatalf("the new process did not take the Lease over as a new incarnation: %v", err)
 	}
 }

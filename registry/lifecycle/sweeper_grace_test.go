@@ -3,6 +3,8 @@ package lifecycle
 import (
 	"testing"
 	"time"
+
+	"github.com/embark-mesh/embark/registry/replica"
 )
 
 // After an API server outage every replica Lease has expired (nobody could
@@ -12,11 +14,11 @@ import (
 func TestSweeperReplicaStateAfterLeadingStarts(t *testing.T) {
 	start := time.Date(2026, 11, 25, 7, 0, 0, 0, time.UTC)
 	const grace = 40 * time.Second
-	expired := ReplicaState{Found: true, Expiry: start.Add(-20 * time.Second), Started: start.Add(-time.Hour)}
-	alive := ReplicaState{Found: true, Alive: true, Expiry: start.Add(30 * time.Second), Started: start.Add(-time.Hour)}
+	expired := replica.State{Found: true, Expiry: start.Add(-20 * time.Second), Started: start.Add(-time.Hour)}
+	alive := replica.State{Found: true, Alive: true, Expiry: start.Add(30 * time.Second), Started: start.Add(-time.Hour)}
 	tests := []struct {
 		name       string
-		st         ReplicaState
+		st         replica.State
 		led        time.Duration // how long the sweeper has led
 		wantAlive  bool
 		wantExpiry time.Time
@@ -27,7 +29,7 @@ func TestSweeperReplicaStateAfterLeadingStarts(t *testing.T) {
 		{name: "expired Lease after the grace", st: expired, led: time.Hour, wantAlive: false, wantExpiry: expired.Expiry},
 		{name: "live Lease", st: alive, led: 0, wantAlive: true, wantExpiry: alive.Expiry},
 		// Deleted on clean shutdown: gone at once, no grace.
-		{name: "no Lease", st: ReplicaState{}, led: 0, wantAlive: false},
+		{name: "no Lease", st: replica.State{}, led: 0, wantAlive: false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

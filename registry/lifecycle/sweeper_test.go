@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -27,6 +26,8 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/replica"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // lifecycleHarness is one running Lifecycle (one endpoint replica).
@@ -81,7 +82,7 @@ func startLifecycle(t *testing.T, leaseNamespace, replica string, mutate func(*L
 		Election:             ElectionTiming{LeaseDuration: 2 * time.Second, RenewDeadline: 1500 * time.Millisecond, RetryPeriod: 200 * time.Millisecond},
 		Recorder:             recorder,
 		Metrics:              metrics,
-		Logger:               slog.New(slog.NewTextHandler(testWriter{t}, nil)).With("test-replica", replica),
+		Logger:               fixtures.Logger(t).With("test-replica", replica),
 	}
 	if mutate != nil {
 		mutate(&opts)
@@ -176,7 +177,7 @@ func createRegistration(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := ec2Identity(fmt.Sprintf("i-%017x", n))
+	id := fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n))
 	war := &runtimev1alpha1.WorkloadAutoRegistration{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: registry.RegistrationName(wg.Name, registry.IdentityName(id), 0), Namespace: wg.Namespace,
@@ -187,7 +188,7 @@ func createRegistration(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int
 		},
 		Spec: runtimev1alpha1.WorkloadAutoRegistrationSpec{
 			Identity:      id,
-			Registration:  registration(fmt.Sprintf("10.%d.%d.%d", 1+n>>16&0xff, n>>8&0xff, n&0xff)),
+			Registration:  fixtures.Registration(fmt.Sprintf("10.%d.%d.%d", 1+n>>16&0xff, n>>8&0xff, n&0xff)),
 			WorkloadGroup: snap,
 		},
 	}
@@ -296,12 +297,12 @@ func TestDecide(t *testing.T) {
 			Conditions: []metav1.Condition{{Type: runtimev1alpha1.ConditionAgentConnected, Status: metav1.ConditionFalse, Reason: runtimev1alpha1.ReasonAgentNeverConnected, LastTransitionTime: *ts(ago)}},
 		}
 	}
-	replicas := map[string]ReplicaState{
+	replicas := map[string]replica.State{
 		"alive":     {Found: true, Alive: true, Expiry: now.Add(30 * time.Second), Started: now.Add(-time.Hour)},
 		"expired":   {Found: true, Expiry: now.Add(-time.Second), Started: now.Add(-time.Hour)},
 		"restarted": {Found: true, Alive: true, Expiry: now.Add(30 * time.Second), Started: now.Add(-time.Minute)},
 	}
-	lookup := func(r string) ReplicaState { return replicas[r] }
+	lookup := func(r string) replica.State { return replicas[r] }
 
 	tests := []struct {
 		name      string
@@ -367,8 +368,8 @@ func TestSweeperRemovesDisconnectedAfterGracePeriodUnlessReconnected(t *testing.
 	setConnection(t, back, "replica-a", true, time.Now())
 
 	waitRemovedOnTime(t, gone, stored.Status.Connection.DisconnectedAt.Add(2*time.Second), onTime)
-	waitGone(t, goneEntry)
-	waitForEvent(t, ns, gone.Name, ReasonGracePeriodExpired, "disconnected since")
+	fixtures.WaitGone(t, env.Client, goneEntry)
+	fixtures.WaitEvent(t, env.Client, ns, gone.Name, ReasonGracePeriodExpired, "disconnected since")
 	if got := h.removals(t, causeDisconnected); got != 1 {
 		t.Errorf("removals{cause=disconnected} = %v, want 1", got)
 	}
@@ -390,8 +391,8 @@ func TestSweeperRemovesNeverConnectedAfterGracePeriod(t *testing.T) {
 	war, we := createRegistration(t, wg, 1)
 
 	waitRemovedOnTime(t, war, war.CreationTimestamp.Add(2*time.Second), onTime)
-	waitGone(t, we)
-	waitForEvent(t, ns, war.Name, ReasonGracePeriodExpired, "never connected")
+	fixtures.WaitGone(t, env.Client, we)
+	fixtures.WaitEvent(t, env.Client, ns, war.Name, ReasonGracePeriodExpired, "never connected")
 	if got := h.removals(t, causeNeverConnected); got != 1 {
 		t.Errorf("removals{cause=never_connected} = %v, want 1", got)
 	}
@@ -457,12 +458,12 @@ func TestReconnectRacingTheRemovalWins(t *testing.T) {
 }
 
 // createReplicaLease writes the Lease of a replica as its heartbeat would.
-func createReplicaLease(t *testing.T, ns, replica string, acquired, renewed time.Time, duration time.Duration) {
+func createReplicaLease(t *testing.T, ns, holder string, acquired, renewed time.Time, duration time.Duration) {
 	t.Helper()
 	lease := &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Name: ReplicaLeaseName(replica), Namespace: ns, Labels: map[string]string{LabelReplicaLease: "true"}},
+		ObjectMeta: metav1.ObjectMeta{Name: replica.LeaseName(holder), Namespace: ns, Labels: map[string]string{replica.LabelLease: "true"}},
 		Spec: coordinationv1.LeaseSpec{
-			HolderIdentity:       ptr.To(replica),
+			HolderIdentity:       ptr.To(holder),
 			LeaseDurationSeconds: ptr.To(int32(duration / time.Second)),
 			AcquireTime:          &metav1.MicroTime{Time: acquired},
 			RenewTime:            &metav1.MicroTime{Time: renewed},
@@ -555,7 +556,7 @@ func TestSweeperMarksConnectionsOfGoneReplicasThenRemoves(t *testing.T) {
 			waitRemovedOnTime(t, marked[i], conn.DisconnectedAt.Add(grace), onTime)
 		})
 	}
-	waitForEvent(t, ns, wars[2].Name, ReasonReplicaGone, "r-expired")
+	fixtures.WaitEvent(t, env.Client, ns, wars[2].Name, ReasonReplicaGone, "r-expired")
 	if got := h.removals(t, causeReplicaGone); got != float64(len(tests)) {
 		t.Errorf("removals{cause=replica_gone} = %v, want %d", got, len(tests))
 	}
@@ -587,7 +588,7 @@ func TestSweeperRestartRemovesOnTimeFromStoredTimestamps(t *testing.T) {
 	}
 	second := startLifecycle(t, ns, "replica-b", func(o *LifecycleOptions) { o.GracePeriod = grace })
 	waitRemovedOnTime(t, war, deadline, onTime)
-	waitGone(t, we)
+	fixtures.WaitGone(t, env.Client, we)
 	if got := second.removals(t, causeDisconnected); got != 1 {
 		t.Errorf("removals by the new sweeper = %v, want 1", got)
 	}
@@ -700,7 +701,7 @@ func TestRemovalsAreRateLimited(t *testing.T) {
 		o.APIReader = env.Client
 	})
 	for _, war := range wars {
-		waitGone(t, war)
+		fixtures.WaitGone(t, env.Client, war)
 	}
 	calls := counter.times()
 	// Deletes that a concurrent status write made fail their precondition

@@ -3,7 +3,6 @@ package rollout
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,11 +12,9 @@ import (
 	"github.com/go-logr/logr"
 	istioapi "istio.io/api/networking/v1alpha3"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
@@ -30,6 +27,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -113,14 +111,8 @@ func (f *fleet) register(ctx context.Context, i int) error {
 			APIVersion: istionetworkingv1.SchemeGroupVersion.String(), Kind: "WorkloadGroup", Name: group.Name, UID: group.UID, Controller: ptr.To(true),
 		}}},
 		Spec: runtimev1alpha1.WorkloadAutoRegistrationSpec{
-			Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-				EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i)}}},
-			Registration: runtimev1alpha1.Registration{
-				Agent:    runtimev1alpha1.AgentInfo{Version: "v1"},
-				Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: fmt.Sprintf("10.0.0.%d", i+1), Type: runtimev1alpha1.AddressTypeVPC}}},
-				Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-				Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-			},
+			Identity:      fixtures.AWSIdentity(fmt.Sprintf("i-%017x", i)),
+			Registration:  fixtures.Registration(fmt.Sprintf("10.0.0.%d", i+1)),
 			WorkloadGroup: snap,
 		},
 	}
@@ -199,7 +191,7 @@ func startController(t *testing.T, ns string) (stop func()) {
 	}
 	go func() { _ = informers.Start(ctx) }()
 	c, err := New(Options{Client: env.Client, Cache: informers, Recorder: recorder, RecheckInterval: 200 * time.Millisecond, AskQPS: 50,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+		Logger: fixtures.Logger(t)})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -217,13 +209,6 @@ func startController(t *testing.T, ns string) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
 
 func getRollout(t *testing.T, ns, name string) *runtimev1alpha1.WorkloadGroupRollout {
@@ -337,7 +322,7 @@ func TestRollingUpdate(t *testing.T) {
 	if c := meta.FindStatusCondition(paused.Status.Conditions, runtimev1alpha1.RolloutConditionPaused); c.Reason != runtimev1alpha1.ReasonProgressDeadlineExceeded || !strings.Contains(c.Message, f.name(0)) {
 		t.Errorf("Paused condition %+v, want ProgressDeadlineExceeded naming %s", c, f.name(0))
 	}
-	waitEvent(t, ns, "ratings", runtimev1alpha1.ReasonProgressDeadlineExceeded, f.name(0))
+	fixtures.WaitEvent(t, env.Client, ns, "ratings", runtimev1alpha1.ReasonProgressDeadlineExceeded, f.name(0))
 	// Paused: no new batch starts.
 	batches := paused.Status.Batches
 	time.Sleep(time.Second)
@@ -364,23 +349,4 @@ func TestRollingUpdate(t *testing.T) {
 	f.mu.Lock()
 	t.Logf("rollout timeline (max unavailable at once: %d):\n%s", most.Load(), strings.Join(f.log, "\n"))
 	f.mu.Unlock()
-}
-
-func waitEvent(t *testing.T, ns, name, reason, contains string) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		events := &corev1.EventList{}
-		if err := env.Client.List(ctx, events, client.InNamespace(ns), client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("involvedObject.name", name)}); err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if e.Reason == reason && strings.Contains(e.Message, contains) {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Errorf("no %s Event on %s mentioning %q: %v", reason, name, contains, err)
-	}
 }

@@ -7,10 +7,8 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -220,7 +218,7 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 
 func serveOnboarding(t *testing.T, srv *endpoint.Server) onboardingv1alpha1.OnboardingServiceClient {
 	t.Helper()
-	cert, pool := selfSigned(t, audience)
+	cert, pool := fixtures.SelfSigned(t, audience)
 	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
 	srv.RegisterService(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -235,30 +233,6 @@ func serveOnboarding(t *testing.T, srv *endpoint.Server) onboardingv1alpha1.Onbo
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return onboardingv1alpha1.NewOnboardingServiceClient(conn)
-}
-
-func selfSigned(t *testing.T, name string) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(leaf)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
 }
 
 // instance starts another EC2 instance's IMDS (us-east-2, sharing the STS).

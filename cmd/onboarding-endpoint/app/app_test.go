@@ -29,7 +29,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
-	"github.com/embark-mesh/embark/registry/lifecycle"
+	"github.com/embark-mesh/embark/registry/replica"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -176,7 +176,7 @@ listen:
 
 	// The replica holds its liveness Lease (grace-period removal is wired).
 	lease := &coordinationv1.Lease{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: lifecycle.ReplicaLeaseName("embark-test-0")}, lease); err != nil {
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: replica.LeaseName("embark-test-0")}, lease); err != nil {
 		t.Errorf("replica Lease: %v", err)
 	}
 

@@ -1,0 +1,195 @@
+package registry
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+)
+
+// Errors of Enroll and CheckHolder, on top of Register's; the onboarding
+// endpoint maps them to gRPC codes.
+var (
+	// ErrWorkloadGroupNotFound: the WorkloadGroup the workload was
+	// authorized for no longer exists.
+	ErrWorkloadGroupNotFound = errors.New("WorkloadGroup not found")
+	// ErrAddressNotProven: the workload address is neither proven by the
+	// identity nor listed in the addressCIDRs of a policy rule allowing it.
+	ErrAddressNotProven = errors.New("workload address not proven")
+	// ErrOtherWorkload: the registration holds another workload's identity.
+	ErrOtherWorkload = errors.New("registration belongs to another workload")
+	// ErrWrongSession: the request's session key is missing or is not the
+	// one the registration is bound to (AnnotationSessionHash).
+	ErrWrongSession = errors.New("registration is bound to another agent session")
+)
+
+// PolicyError is an error of the Policy an Enroll checked, returned as it
+// is (its Error is the policy's), so that the caller can tell a policy's
+// refusal from the registry's own.
+type PolicyError struct{ Err error }
+
+func (e *PolicyError) Error() string { return e.Err.Error() }
+func (e *PolicyError) Unwrap() error { return e.Err }
+
+// Policy is what the OnboardingPolicies say at the time of a Register (the
+// onboarding endpoint adapts its policy.Authorizer). The registry does not
+// import the policy package: it only asks.
+type Policy interface {
+	// Allow returns nil when the policies allow id to join
+	// namespace/group now, or an error saying why not.
+	Allow(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity) error
+	// AllowsAddress reports whether a rule allowing id lists addr in its
+	// addressCIDRs.
+	AllowsAddress(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity, addr netip.Addr) (bool, error)
+}
+
+// Enrollment is one Register of the onboarding API: what the workload's
+// onboarding token says (verified by the endpoint) and what it reported.
+type Enrollment struct {
+	// Namespace and Group name the WorkloadGroup the token was issued for.
+	Namespace, Group string
+	// Identity is the token's verified identity.
+	Identity runtimev1alpha1.WorkloadIdentity
+	// ProvenAddress is the address the identity proves, canonical (an EC2
+	// document's signed privateIp); "" when it proves none.
+	ProvenAddress string
+	// Registration is what the workload reported, its addresses in
+	// canonical form.
+	Registration runtimev1alpha1.Registration
+	// SessionHash is SessionHash of the agent's session key (see
+	// Request.SessionHash).
+	SessionHash string
+}
+
+// Enroll registers a workload for the onboarding endpoint, applying the
+// registry's rules in this order: the policies are asked again (they may
+// have changed since the token was issued; a refusal is a *PolicyError);
+// the WorkloadGroup is read from the cache (ErrWorkloadGroupNotFound); what
+// the workload reported is validated against it (ErrInvalidRegistration);
+// the workload address must be proven by the identity or allowed by a
+// policy's addressCIDRs (ErrAddressNotProven); then Register writes, reusing
+// a registration of the same session, or of another session when the
+// identity carries a fresh proof (FreshProof; else ErrSessionMismatch), and
+// fencing older registrations only for a proven address.
+func (r *Registrar) Enroll(ctx context.Context, e Enrollment, policy Policy) (*Result, error) {
+	if policy == nil {
+		return nil, errors.New("registry: Enroll needs a Policy")
+	}
+	if err := policy.Allow(ctx, e.Namespace, e.Group, e.Identity); err != nil {
+		return nil, &PolicyError{Err: err}
+	}
+	group := &istionetworkingv1.WorkloadGroup{}
+	if err := r.cache.Get(ctx, types.NamespacedName{Namespace: e.Namespace, Name: e.Group}, group); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("%w: WorkloadGroup %s/%s does not exist", ErrWorkloadGroupNotFound, e.Namespace, e.Group)
+		}
+		return nil, fmt.Errorf("read WorkloadGroup %s/%s: %w", e.Namespace, e.Group, err)
+	}
+	if errs := ValidateRegistration(e.Registration, &group.Spec); len(errs) > 0 {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, errs.ToAggregate())
+	}
+	addrText, err := WorkloadAddress(e.Registration)
+	if err != nil {
+		return nil, fmt.Errorf("%w: connected_over: %w", ErrInvalidRegistration, err)
+	}
+	addr, err := netip.ParseAddr(addrText)
+	if err != nil {
+		return nil, fmt.Errorf("%w: workload address %q: %w", ErrInvalidRegistration, addrText, err)
+	}
+	proven, err := provenAddress(ctx, e, addr, policy)
+	if err != nil {
+		return nil, err
+	}
+	return r.Register(ctx, Request{
+		Group: group, Identity: e.Identity, Registration: e.Registration,
+		SessionHash: e.SessionHash, Takeover: FreshProof(e.Identity), AddressProven: proven,
+	})
+}
+
+// provenAddress decides whether the workload address addr may be
+// registered: it is proven when the identity proves it (an EC2 document's
+// signed privateIp, for a VPC address); otherwise a policy rule allowing the
+// workload must list it in addressCIDRs. It returns whether addr is proven.
+func provenAddress(ctx context.Context, e Enrollment, addr netip.Addr, policy Policy) (bool, error) {
+	typ := e.Registration.Settings.ConnectedOver
+	if e.Identity.AWS != nil && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String() {
+		return true, nil
+	}
+	ok, err := policy.AllowsAddress(ctx, e.Namespace, e.Group, e.Identity, addr)
+	if err != nil {
+		return false, &PolicyError{Err: err}
+	}
+	if !ok {
+		what := "its identity proves no address (a JWT host)"
+		if e.Identity.AWS != nil {
+			what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
+		}
+		return false, fmt.Errorf("%w: addresses: workload address %s (%s) is not proven: %s, and no OnboardingPolicy rule allowing it in namespace %s lists it in addressCIDRs",
+			ErrAddressNotProven, addr, typ, what, e.Namespace)
+	}
+	return false, nil
+}
+
+// SessionHash is what a registration stores of an agent's session key
+// (AnnotationSessionHash): its hex SHA-256.
+func SessionHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// CheckHolder refuses a request about war (renewing its sidecar token,
+// unregistering) from a workload whose verified identity is not war's
+// (ErrOtherWorkload), or whose session key is not the one war is bound to
+// (ErrWrongSession).
+func CheckHolder(war *runtimev1alpha1.WorkloadAutoRegistration, id runtimev1alpha1.WorkloadIdentity, sessionKey string) error {
+	if !SameWorkload(war.Spec.Identity, id) {
+		return fmt.Errorf("%w: %s/%s", ErrOtherWorkload, war.Namespace, war.Name)
+	}
+	want := war.Annotations[AnnotationSessionHash]
+	if want == "" || sessionKey == "" || SessionHash(sessionKey) != want {
+		return fmt.Errorf("%w: %s/%s", ErrWrongSession, war.Namespace, war.Name)
+	}
+	return nil
+}
+
+// FreshProof says whether the identity carries a proof that may take an
+// existing registration over from another agent session: an STS proof of
+// the instance's role session, or a JWT (short-lived, issued to the host).
+// A bare instance identity document, which never expires and which anything
+// on the instance can read, never does.
+func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
+	switch {
+	case id.JWT != nil:
+		return true
+	case id.AWS != nil && id.AWS.EC2 != nil:
+		return id.AWS.EC2.IAMRole != ""
+	default:
+		return false
+	}
+}
+
+// SameWorkload says whether a and b are the same workload: the same EC2
+// instance (partition, account, zone, instance ID) or the same JWT issuer
+// and subject. Registration names are not compared: they are labels.
+func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
+	switch {
+	case a.AWS != nil && b.AWS != nil:
+		x, y := a.AWS, b.AWS
+		if x.Partition != y.Partition || x.Account != y.Account || x.Zone != y.Zone || (x.EC2 == nil) != (y.EC2 == nil) {
+			return false
+		}
+		return x.EC2 == nil || x.EC2.InstanceID == y.EC2.InstanceID
+	case a.JWT != nil && b.JWT != nil:
+		return a.JWT.Issuer == b.JWT.Issuer && a.JWT.Subject == b.JWT.Subject
+	default:
+		return false
+	}
+}

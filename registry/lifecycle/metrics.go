@@ -1,0 +1,85 @@
+package lifecycle
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// LifecycleMetrics are the lifecycle's Prometheus metrics. A nil
+// *LifecycleMetrics records nothing.
+type LifecycleMetrics struct {
+	removals    *prometheus.CounterVec
+	replicaLost prometheus.Counter
+	leader      prometheus.Gauge
+	drift       *prometheus.CounterVec
+	recreations prometheus.Counter
+}
+
+// NewLifecycleMetrics creates the metrics and registers them with reg.
+func NewLifecycleMetrics(reg prometheus.Registerer) (*LifecycleMetrics, error) {
+	m := &LifecycleMetrics{
+		removals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "embark", Subsystem: "registry", Name: "grace_period_removals_total",
+			Help: "Registrations removed (with their WorkloadEntry) after their workload had no ADS stream for the grace period, by cause: disconnected, never_connected, replica_gone.",
+		}, []string{"cause"}),
+		replicaLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "embark", Subsystem: "registry", Name: "replica_gone_disconnects_total",
+			Help: "Registrations marked disconnected because the endpoint replica holding their stream was gone.",
+		}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "embark", Subsystem: "registry", Name: "sweeper_leader",
+			Help: "1 while this replica is the elected sweeper, else 0.",
+		}),
+		drift: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "embark", Subsystem: "registry", Name: "workloadgroup_out_of_date_writes_total",
+			Help: "Writes of the WorkloadGroupOutOfDate condition, by the status written.",
+		}, []string{"status"}),
+		recreations: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "embark", Subsystem: "registry", Name: "workloadentry_recreations_total",
+			Help: "WorkloadEntries created again after someone else deleted them while their registration lived.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.removals, m.replicaLost, m.leader, m.drift, m.recreations} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register lifecycle metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *LifecycleMetrics) removed(cause string) {
+	if m != nil {
+		m.removals.WithLabelValues(cause).Inc()
+	}
+}
+
+func (m *LifecycleMetrics) replicaGone() {
+	if m != nil {
+		m.replicaLost.Inc()
+	}
+}
+
+func (m *LifecycleMetrics) setLeader(leading bool) {
+	if m == nil {
+		return
+	}
+	if leading {
+		m.leader.Set(1)
+	} else {
+		m.leader.Set(0)
+	}
+}
+
+func (m *LifecycleMetrics) recreated() {
+	if m != nil {
+		m.recreations.Inc()
+	}
+}
+
+func (m *LifecycleMetrics) driftWritten(status metav1.ConditionStatus) {
+	if m != nil {
+		m.drift.WithLabelValues(string(status)).Inc()
+	}
+}
