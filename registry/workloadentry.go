@@ -31,8 +31,10 @@ const (
 	// AnnotationConnectedAt is when the workload's sidecar last connected
 	// (RFC 3339), written by the replica holding its stream.
 	AnnotationConnectedAt = "onboarding.tetrate.io/connected-at"
-	// AnnotationDisconnectedAt is when the workload's sidecar last
-	// disconnected (RFC 3339); removed when it connects again.
+	// AnnotationDisconnectedAt was when the workload's sidecar last
+	// disconnected (RFC 3339). No longer written (a disconnect writes the
+	// registration's status.connection.disconnectedAt only); a connect
+	// removes it from entries written by earlier versions.
 	AnnotationDisconnectedAt = "onboarding.tetrate.io/disconnected-at"
 	// AnnotationConnectedReplica is the endpoint replica holding (or last
 	// holding) the workload's stream.

@@ -159,9 +159,6 @@ func (e *entryReconciler) recreate(ctx context.Context, war *runtimev1alpha1.Wor
 		if conn.ConnectedAt != nil {
 			want.Annotations[registry.AnnotationConnectedAt] = conn.ConnectedAt.UTC().Format(time.RFC3339Nano)
 		}
-		if conn.DisconnectedAt != nil {
-			want.Annotations[registry.AnnotationDisconnectedAt] = conn.DisconnectedAt.UTC().Format(time.RFC3339Nano)
-		}
 		if conn.Replica != "" {
 			want.Annotations[registry.AnnotationConnectedReplica] = conn.Replica
 		}
