@@ -47,6 +47,7 @@ import (
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
@@ -376,9 +377,52 @@ func (s *setup) connect(n int) error {
 	}
 	ready.Wait()
 	fmt.Fprintf(os.Stderr, "push: %d streams open (%d new in %s)\n", n, n-s.streams, time.Since(connecting).Round(time.Millisecond))
+	// Measure from a quiet state: the connections' writes (registration
+	// status and WorkloadEntry annotations, 2 per workload at the replica's
+	// write budget) would otherwise compete with the push for the 2 cores.
+	if err := waitConnectionsStored(ctx, n); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "push: %d connections stored %s after the streams opened\n", n, time.Since(connecting).Round(time.Millisecond))
 	s.streams = n
 	s.fleet.n.Store(int64(n))
 	return nil
+}
+
+// waitConnectionsStored waits until n registrations store AgentConnected=True
+// and n WorkloadEntries show their connection.
+func waitConnectionsStored(ctx context.Context, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	for {
+		wars := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+		entries := &istionetworkingv1.WorkloadEntryList{}
+		if err := env.Client.List(ctx, wars, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		if err := env.Client.List(ctx, entries, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		connected, shown := 0, 0
+		for i := range wars.Items {
+			if meta.IsStatusConditionTrue(wars.Items[i].Status.Conditions, runtimev1alpha1.ConditionAgentConnected) {
+				connected++
+			}
+		}
+		for _, we := range entries.Items {
+			if we.Annotations[registry.AnnotationConnectedAt] != "" {
+				shown++
+			}
+		}
+		if connected >= n && shown >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d connections stored (%d entries): %w", connected, n, shown, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 func serve(g *grpc.Server) (string, error) {
