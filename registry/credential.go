@@ -2,11 +2,8 @@ package registry
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -230,61 +227,4 @@ func (r *Registrar) RenewSidecarToken(ctx context.Context, key types.NamespacedN
 		return nil, fmt.Errorf("%w: Secret %s does not belong to registration %s (register again)", ErrRegistrationNotFound, skey, key)
 	}
 	return r.requestSidecarToken(ctx, war, secret)
-}
-
-// BoundClaims are the claims of a Kubernetes service-account token bound to
-// an object, as the API server writes them under "kubernetes.io".
-type BoundClaims struct {
-	// ID is the token's jti (the API server reports it in TokenReview as
-	// authentication.kubernetes.io/credential-id "JTI=<id>").
-	ID string `json:"jti"`
-	// Expiry is the token's exp (seconds since the epoch); 0 if absent.
-	Expiry     int64 `json:"exp"`
-	Kubernetes struct {
-		Namespace      string     `json:"namespace"`
-		Secret         *objectRef `json:"secret,omitempty"`
-		Pod            *objectRef `json:"pod,omitempty"`
-		ServiceAccount objectRef  `json:"serviceaccount"`
-	} `json:"kubernetes.io"`
-}
-
-type objectRef struct {
-	Name string    `json:"name"`
-	UID  types.UID `json:"uid"`
-}
-
-// ExpiresAt returns when the token expires (exp), and false when it has no
-// exp.
-func (c *BoundClaims) ExpiresAt() (time.Time, bool) {
-	if c.Expiry <= 0 {
-		return time.Time{}, false
-	}
-	return time.Unix(c.Expiry, 0), true
-}
-
-// SecretRef returns the Secret the token is bound to, if any.
-func (c *BoundClaims) SecretRef() (name string, uid types.UID, ok bool) {
-	if c.Kubernetes.Secret == nil {
-		return "", "", false
-	}
-	return c.Kubernetes.Secret.Name, c.Kubernetes.Secret.UID, true
-}
-
-// DecodeBoundClaims reads the claims of a service-account token WITHOUT
-// checking its signature. Use it only on a token the API server has just
-// accepted in a TokenReview: then the claims are the API server's own.
-func DecodeBoundClaims(raw string) (*BoundClaims, error) {
-	parts := strings.Split(raw, ".")
-	if len(parts) != 3 {
-		return nil, errors.New("not a JWS compact serialization")
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return nil, fmt.Errorf("decode token payload: %w", err)
-	}
-	c := &BoundClaims{}
-	if err := json.Unmarshal(payload, c); err != nil {
-		return nil, fmt.Errorf("decode token claims: %w", err)
-	}
-	return c, nil
 }

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/embark-mesh/embark/registry/boundtoken"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -68,7 +69,7 @@ func TestRegisterCreatesTheSidecarCredential(t *testing.T) {
 		t.Logf("TokenReview (audience %s) user.extra: %v", aud, st.User.Extra)
 	}
 	st := reviewToken(t, tok.Token, DefaultXDSAudience)
-	claims, err := DecodeBoundClaims(tok.Token)
+	claims, err := boundtoken.Decode(tok.Token)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,7 @@ func TestRegisterCreatesTheSidecarCredential(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := DecodeBoundClaims(renewed.Token)
+	rc, err := boundtoken.Decode(renewed.Token)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,11 @@
 //     WorkloadEntry deleted while its registration lives;
 //   - replica (registry/replica): the replicas' liveness Leases and the
 //     election of the one that sweeps;
-//   - Enforcement: the ConfigurationEnforced condition (enforcement.go),
-//     and UpdateRegistrationStatus, the one "write status only when it
-//     changed" helper of the reconcilers (reconcile.go).
+//   - enforcement (registry/enforcement): the ConfigurationEnforced
+//     condition;
+//   - UpdateRegistrationStatus, the one "write status only when it
+//     changed" helper of the reconcilers (reconcile.go); the claims of the
+//     sidecar token are read by registry/boundtoken.
 //
 // Embark's WorkloadEntries carry annotations of its own
 // (onboarding.tetrate.io/), never istiod's auto-registration annotations,

@@ -43,6 +43,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/boundtoken"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -814,7 +815,7 @@ func TestNoGoroutineOutlivesAStream(t *testing.T) {
 // token opens nothing, and the agent's fresh token connects it again.
 func TestAStreamEndsWhenItsTokenExpires(t *testing.T) {
 	w := register(t, env.Namespace(t), "i-0000000000000000e", "10.0.7.1")
-	claims, err := registry.DecodeBoundClaims(w.token)
+	claims, err := boundtoken.Decode(w.token)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,6 +39,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/boundtoken"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -638,7 +639,7 @@ func TestBootstrapCarriesARenewableSidecarToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	boot := reg.GetBootstrap()
-	first, err := registry.DecodeBoundClaims(boot.GetSidecarToken())
+	first, err := boundtoken.Decode(boot.GetSidecarToken())
 	if err != nil {
 		t.Fatalf("bootstrap sidecar token: %v", err)
 	}
@@ -655,7 +656,7 @@ func TestBootstrapCarriesARenewableSidecarToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := registry.DecodeBoundClaims(renewed.GetSidecarToken())
+	rc, err := boundtoken.Decode(renewed.GetSidecarToken())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/enforcement"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -76,7 +77,7 @@ func startEndpoint(t *testing.T) *endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enforcement, err := registry.NewEnforcement(registry.EnforcementOptions{Client: env.Client, Reader: c, Logger: log})
+	enforcement, err := enforcement.New(enforcement.Options{Client: env.Client, Reader: c, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

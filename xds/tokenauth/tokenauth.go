@@ -22,7 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/boundtoken"
 )
 
 // Reviewer reviews tokens (client-go's
@@ -141,7 +141,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, raw string) (*Credenti
 	// A bearer that is not even shaped like a service-account token is
 	// refused without asking the API server (unauthenticated floods cost
 	// no TokenReview); its claims are trusted only after the review below.
-	if _, err := registry.DecodeBoundClaims(raw); err != nil {
+	if _, err := boundtoken.Decode(raw); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadToken, err)
 	}
 	review, err := a.reviews.Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{
@@ -166,7 +166,7 @@ func (a *Authenticator) Authenticate(ctx context.Context, raw string) (*Credenti
 		return nil, fmt.Errorf("%w: %q is not a service account", ErrBadToken, st.User.Username)
 	}
 	// The API server accepted exactly these bytes, so their claims are its own.
-	claims, err := registry.DecodeBoundClaims(raw)
+	claims, err := boundtoken.Decode(raw)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadToken, err)
 	}

@@ -38,6 +38,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/enforcement"
 	"github.com/embark-mesh/embark/registry/lifecycle"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/registry/rollout"
@@ -84,7 +85,7 @@ type build struct {
 	// xds
 	istiodConn   *grpc.ClientConn
 	configSource *configsource.Source
-	enforcement  *registry.Enforcement
+	enforcement  *enforcement.Writer
 	xdsServer    *xds.Server
 	lim          *limiters
 
@@ -418,7 +419,7 @@ func (b *build) xds(ctx context.Context) error {
 	if xdsRelay == nil {
 		// ConfigurationEnforced conditions of registrations whose workload is
 		// selected by a policy standalone translation does not enforce.
-		if b.enforcement, err = registry.NewEnforcement(registry.EnforcementOptions{
+		if b.enforcement, err = enforcement.New(enforcement.Options{
 			Client: b.apiReader, Reader: b.informers, Logger: log, Writer: b.writer,
 		}); err != nil {
 			return err

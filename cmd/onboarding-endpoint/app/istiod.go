@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/embark-mesh/embark/onboarding/config"
-	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/enforcement"
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds/configsource"
 	"github.com/embark-mesh/embark/xds/relay"
@@ -56,7 +56,7 @@ func newRelay(cfg *config.Configuration, conn *grpc.ClientConn, reg prometheus.R
 // newConfigSource is standalone mode's configuration: translated from the
 // cached Sidecars, Services, EndpointSlices, ServiceEntries and
 // WorkloadEntries, whose informers it syncs first.
-func newConfigSource(ctx context.Context, cfg *config.Configuration, informers cache.Cache, recorder record.EventRecorder, reg prometheus.Registerer, enforcement *registry.Enforcement, log *slog.Logger) (*configsource.Source, error) {
+func newConfigSource(ctx context.Context, cfg *config.Configuration, informers cache.Cache, recorder record.EventRecorder, reg prometheus.Registerer, enforced *enforcement.Writer, log *slog.Logger) (*configsource.Source, error) {
 	for _, l := range configsource.Watched() {
 		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
 			return nil, fmt.Errorf("sync informer for %T: %w", l, err)
@@ -69,6 +69,6 @@ func newConfigSource(ctx context.Context, cfg *config.Configuration, informers c
 	return configsource.New(configsource.Options{
 		Cache: informers, Mesh: translate.Mesh{TrustDomain: cfg.Mesh.TrustDomain, ClusterID: cfg.Mesh.ClusterID},
 		RootNamespace: cfg.Mesh.RootNamespace, Debounce: cfg.XDS.Debounce.Duration,
-		Recorder: recorder, Metrics: configMetrics, Logger: log, Enforcement: enforcement,
+		Recorder: recorder, Metrics: configMetrics, Logger: log, Enforcement: enforced,
 	})
 }

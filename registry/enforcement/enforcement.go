@@ -1,4 +1,8 @@
-package registry
+// Package enforcement writes each registration's ConfigurationEnforced
+// condition: in standalone mode, whether Embark's translation enforces every
+// policy that applies to the workload (it fails closed on what it does not),
+// with a Warning Event when it does not.
+package enforcement
 
 import (
 	"context"
@@ -16,12 +20,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/write"
 )
 
-// EnforcementOptions configures an Enforcement writer. Every field
+// Options configures an Writer writer. Every field
 // documents its default.
-type EnforcementOptions struct {
+type Options struct {
 	// Client writes registration status. Required.
 	Client client.Client
 	// Reader reads registrations (an informer cache). Default: Client.
@@ -36,14 +41,14 @@ type EnforcementOptions struct {
 	Now func() time.Time
 }
 
-// Enforcement writes the ConfigurationEnforced condition of registrations:
+// Writer writes the ConfigurationEnforced condition of registrations:
 // False (reason UnsupportedPolicy) naming the policies that select the
 // workload but are not enforced, True (reason PoliciesEnforced) once that
 // list empties again. It writes only when the condition changes, and
 // nothing for a registration that never had an unenforced policy. Set never
 // blocks; Run writes.
-type Enforcement struct {
-	opts   EnforcementOptions
+type Writer struct {
+	opts   Options
 	writer *write.Writer
 	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
 
@@ -51,10 +56,10 @@ type Enforcement struct {
 	want map[types.NamespacedName][]string
 }
 
-// NewEnforcement returns an Enforcement writer; run it with Run.
-func NewEnforcement(opts EnforcementOptions) (*Enforcement, error) {
+// New returns an Writer writer; run it with Run.
+func New(opts Options) (*Writer, error) {
 	if opts.Client == nil {
-		return nil, errors.New("registry: EnforcementOptions.Client is required")
+		return nil, errors.New("registry: Options.Client is required")
 	}
 	if opts.Reader == nil {
 		opts.Reader = opts.Client
@@ -65,7 +70,7 @@ func NewEnforcement(opts EnforcementOptions) (*Enforcement, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Enforcement{
+	return &Writer{
 		opts:   opts,
 		writer: write.OrDefault(opts.Writer),
 		queue:  workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, time.Minute)),
@@ -76,7 +81,7 @@ func NewEnforcement(opts EnforcementOptions) (*Enforcement, error) {
 // Set records what the registration's workload is served without: the
 // policies (e.g. "AuthorizationPolicy bookinfo/jwt-only: ...") that select
 // it but are not enforced; none means everything is. The latest call wins.
-func (e *Enforcement) Set(key types.NamespacedName, unenforced []string) {
+func (e *Writer) Set(key types.NamespacedName, unenforced []string) {
 	e.mu.Lock()
 	e.want[key] = append([]string(nil), unenforced...)
 	e.mu.Unlock()
@@ -84,12 +89,12 @@ func (e *Enforcement) Set(key types.NamespacedName, unenforced []string) {
 }
 
 // Run writes the conditions Set asks for until ctx ends.
-func (e *Enforcement) Run(ctx context.Context) {
+func (e *Writer) Run(ctx context.Context) {
 	go func() {
 		<-ctx.Done()
 		e.queue.ShutDown()
 	}()
-	for ProcessNext(ctx, e.queue, e.write, e.opts.Logger, "write ConfigurationEnforced condition") {
+	for registry.ProcessNext(ctx, e.queue, e.write, e.opts.Logger, "write ConfigurationEnforced condition") {
 	}
 }
 
@@ -112,7 +117,7 @@ func enforcedCondition(unenforced []string, generation int64, now time.Time) met
 	return c
 }
 
-func (e *Enforcement) write(ctx context.Context, key types.NamespacedName) error {
+func (e *Writer) write(ctx context.Context, key types.NamespacedName) error {
 	e.mu.Lock()
 	unenforced, ok := e.want[key]
 	e.mu.Unlock()
@@ -123,7 +128,7 @@ func (e *Enforcement) write(ctx context.Context, key types.NamespacedName) error
 	if err := e.opts.Reader.Get(ctx, key, cached); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	_, err := UpdateRegistrationStatus(ctx, e.writer, e.opts.Client, e.opts.Client, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
+	_, err := registry.UpdateRegistrationStatus(ctx, e.writer, e.opts.Client, e.opts.Client, cached, func(cur *runtimev1alpha1.WorkloadAutoRegistration) bool {
 		prev := meta.FindStatusCondition(cur.Status.Conditions, runtimev1alpha1.ConditionConfigurationEnforced)
 		if prev == nil && len(unenforced) == 0 {
 			return false // never unenforced: nothing to say

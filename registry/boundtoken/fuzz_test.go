@@ -1,4 +1,4 @@
-package registry
+package boundtoken
 
 import (
 	"encoding/base64"
@@ -10,7 +10,7 @@ import (
 // client sent (after the API server accepted them, but the decoder must not
 // rely on it). Decoding never panics; what it accepts is three
 // dot-separated parts whose accessors are consistent.
-func FuzzDecodeBoundClaims(f *testing.F) {
+func FuzzDecode(f *testing.F) {
 	enc := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
 	hdr := enc(`{"alg":"RS256","kid":"k"}`)
 	for _, payload := range []string{
@@ -32,12 +32,12 @@ func FuzzDecodeBoundClaims(f *testing.F) {
 	f.Add("..")
 	f.Add("a.!!!.c")
 	f.Fuzz(func(t *testing.T, raw string) {
-		c, err := DecodeBoundClaims(raw)
+		c, err := Decode(raw)
 		if err != nil {
 			return
 		}
 		if n := strings.Count(raw, "."); n != 2 {
-			t.Fatalf("DecodeBoundClaims(%q) accepted %d dots", raw, n)
+			t.Fatalf("Decode(%q) accepted %d dots", raw, n)
 		}
 		if name, uid, ok := c.SecretRef(); !ok && (name != "" || uid != "") {
 			t.Fatalf("SecretRef of %q: %q %q without a Secret", raw, name, uid)
