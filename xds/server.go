@@ -34,6 +34,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/xds/internal/watch"
 	"github.com/embark-mesh/embark/xds/nodepin"
 	"github.com/embark-mesh/embark/xds/relay"
 	"github.com/embark-mesh/embark/xds/syncstate"
@@ -227,16 +228,8 @@ func CheckLoopback(addr string) error {
 // Run closes the streams of registrations (and sidecar Secrets) as they are
 // deleted, until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
-	type handle struct {
-		inf crcache.Informer
-		reg toolscache.ResourceEventHandlerRegistration
-	}
-	var handles []handle
-	defer func() {
-		for _, h := range handles {
-			_ = h.inf.RemoveEventHandler(h.reg)
-		}
-	}()
+	var handlers watch.Handlers
+	defer handlers.RemoveAll()
 	for _, w := range []struct {
 		obj     client.Object
 		deleted func(client.Object)
@@ -249,30 +242,22 @@ func (s *Server) Run(ctx context.Context) error {
 			s.closeSecret(o.GetUID())
 		}},
 	} {
-		inf, err := s.opts.Informers.GetInformer(ctx, w.obj)
-		if err != nil {
-			return fmt.Errorf("watch %T: %w", w.obj, err)
-		}
 		deleted := w.deleted
-		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		err := handlers.Add(ctx, s.opts.Informers, w.obj, toolscache.ResourceEventHandlerFuncs{
 			UpdateFunc: func(_, obj any) {
 				if o, ok := obj.(client.Object); ok && o.GetDeletionTimestamp() != nil {
 					deleted(o)
 				}
 			},
 			DeleteFunc: func(obj any) {
-				if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-					obj = t.Obj
-				}
-				if o, ok := obj.(client.Object); ok {
+				if o := watch.Deleted(obj); o != nil {
 					deleted(o)
 				}
 			},
 		})
 		if err != nil {
-			return fmt.Errorf("watch %T: %w", w.obj, err)
+			return err
 		}
-		handles = append(handles, handle{inf, reg})
 	}
 	<-ctx.Done()
 	return nil

@@ -14,11 +14,11 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
-	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/internal/watch"
 )
 
 // Pusher is the xDS server as Run uses it (*xds.Server satisfies it).
@@ -66,16 +66,8 @@ func watched() []client.Object {
 // ends.
 func (s *Source) Run(ctx context.Context, push Pusher) error {
 	d := newDebouncer(s.opts.Debounce)
-	type handle struct {
-		inf crcache.Informer
-		reg toolscache.ResourceEventHandlerRegistration
-	}
-	var handles []handle
-	defer func() {
-		for _, h := range handles {
-			_ = h.inf.RemoveEventHandler(h.reg)
-		}
-	}()
+	var handlers watch.Handlers
+	defer handlers.RemoveAll()
 	for _, obj := range watched() {
 		kind := fmt.Sprintf("%T", obj)
 		// A registration is read only for its own workload's labels (from
@@ -88,11 +80,7 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 			}
 			d.add(kind, old, new, s.opts.Clock())
 		}
-		inf, err := s.opts.Cache.GetInformer(ctx, obj)
-		if err != nil {
-			return fmt.Errorf("watch %s: %w", kind, err)
-		}
-		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		err := handlers.Add(ctx, s.opts.Cache, obj, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(o any) {
 				if co, ok := o.(client.Object); ok {
 					add(nil, co)
@@ -106,18 +94,14 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 				}
 			},
 			DeleteFunc: func(o any) {
-				if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
-					o = t.Obj
-				}
-				if co, ok := o.(client.Object); ok {
+				if co := watch.Deleted(o); co != nil {
 					add(co, nil)
 				}
 			},
 		})
 		if err != nil {
-			return fmt.Errorf("watch %s: %w", kind, err)
+			return err
 		}
-		handles = append(handles, handle{inf, reg})
 	}
 	// From here every change of the inputs is seen: translations of a
 	// scope can be shared until the next one.
