@@ -250,9 +250,10 @@ func (c *Connections) onIdle(f func(Workload)) {
 }
 
 // Reassert writes the workload connected again when this replica holds
-// streams for war but war's stored status no longer says so (another
-// component, e.g. the sweeper after this replica's Lease lapsed, marked it
-// disconnected while its streams stayed open). The stored state then follows
+// streams for war but war's stored status says it is not connected at all
+// (another component, e.g. the sweeper after this replica's Lease lapsed,
+// marked it disconnected while its streams stayed open). A connection stored
+// by another replica is left alone. The stored state then follows
 // the truth instead of letting a connected workload be removed.
 func (c *Connections) Reassert(war *runtimev1alpha1.WorkloadAutoRegistration) {
 	key := types.NamespacedName{Namespace: war.Namespace, Name: war.Name}
@@ -263,7 +264,13 @@ func (c *Connections) Reassert(war *runtimev1alpha1.WorkloadAutoRegistration) {
 		return
 	}
 	conn := war.Status.Connection
-	if meta.IsStatusConditionTrue(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected) && conn != nil && conn.Replica == c.replica {
+	if meta.IsStatusConditionTrue(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected) && conn != nil && conn.DisconnectedAt == nil {
+		// Stored connected: to this replica, or to another one the sidecar
+		// moved to while its stream here is still open (a takeover). That
+		// one's connection stands; reasserting ours would flip the holder
+		// back, and our disconnect a moment later would store a live
+		// workload disconnected. When the other replica's stream closes
+		// and it stores the disconnect, this watch reasserts then.
 		return
 	}
 	c.log.Info("reasserting a live connection the stored status lost", "registration", key.String())

@@ -276,6 +276,45 @@ func TestReassertRestoresALiveConnection(t *testing.T) {
 	}
 }
 
+// A workload that moved to replica B while its stream to replica A is still
+// open is B's: A's watch sees B's connection and leaves it (reasserting it
+// would flip the holder back to A, and A's disconnect a moment later would
+// store the live workload disconnected).
+func TestReassertLeavesAnotherReplicasConnection(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w, _ := registerForConnections(t)
+	a := newConnections(t, ctx, "replica-a", nil)
+	b := newConnections(t, ctx, "replica-b", nil)
+	a.Opened(w, 1)
+	waitObserved(t, w.Key, connectedTo("replica-a"))
+	b.Opened(w, 1)
+	waitObserved(t, w.Key, connectedTo("replica-b"))
+
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, w.Key, war); err != nil {
+		t.Fatal(err)
+	}
+	a.Reassert(war) // what A's watch does on B's write
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.Closed(w, 1)
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, w.Key, after); err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != war.ResourceVersion {
+		t.Errorf("replica A rewrote B's connection: %+v", after.Status)
+	}
+	cancel()
+	a.Wait()
+	b.Wait()
+}
+
 // countingClient counts the writes a tracker makes to the API server, by
 // kind: "status" (registration status) and "entry" (WorkloadEntry).
 type countingClient struct {
