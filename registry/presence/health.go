@@ -194,6 +194,9 @@ func (m *HealthMirror) ended(e *healthEntry) {
 var (
 	errNotHolder = errors.New("another replica holds the workload's stream")
 	errNoEntry   = errors.New("the registration has no WorkloadEntry")
+	// errSuperseded: a contrary report came while this one was stored; the
+	// newer one is pending and stored instead.
+	errSuperseded = errors.New("superseded by a newer contrary report")
 )
 
 // heldUntil is returned by store when damping holds the report.
@@ -211,7 +214,7 @@ func (m *HealthMirror) storeOnce(e *healthEntry, h *Health) (time.Duration, erro
 	err := m.store(e, w, h)
 	var held heldUntil
 	switch {
-	case err == nil:
+	case err == nil || errors.Is(err, errSuperseded):
 		return 0, nil
 	case errors.As(err, &held):
 		return max(held.at.Sub(m.now()), time.Millisecond), nil
@@ -273,8 +276,16 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 		}
 		prev = registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy)
 		m.mu.Lock()
+		// The damping decision is the latest report's: a contrary report
+		// that came while h was being stored supersedes h (it is pending and
+		// stored next), so h, judged by the newer report's run, must not
+		// slip through undamped.
+		superseded := e.damp.known && e.damp.status != h.Healthy
 		due := e.damp.due(prev != nil, prev != nil && prev.GetStatus() == string(metav1.ConditionTrue))
 		m.mu.Unlock()
+		if superseded {
+			return errSuperseded
+		}
 		if !due.IsZero() && due.After(m.now()) {
 			return heldUntil{due}
 		}
@@ -290,7 +301,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 	})
 	if err != nil {
 		var held heldUntil
-		if errors.As(err, &held) || errors.Is(err, errNoEntry) {
+		if errors.As(err, &held) || errors.Is(err, errNoEntry) || errors.Is(err, errSuperseded) {
 			return err
 		}
 		return fmt.Errorf("write Healthy condition of WorkloadEntry %s: %w", w.Key, err)

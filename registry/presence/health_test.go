@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
@@ -38,6 +39,13 @@ type healthHarness struct {
 var healthHosts atomic.Int32
 
 func startHealth(t *testing.T, damping time.Duration) *healthHarness {
+	t.Helper()
+	return startHealthWith(t, damping, nil)
+}
+
+// startHealthWith is startHealth with the mirror's client wrapped by wrap
+// (nil: env.Client as it is).
+func startHealthWith(t *testing.T, damping time.Duration, wrap func(client.Client) client.Client) *healthHarness {
 	t.Helper()
 	ip := fmt.Sprintf("172.31.9.%d", 10+healthHosts.Add(1))
 	ns := env.Namespace(t)
@@ -66,8 +74,12 @@ func startHealth(t *testing.T, damping time.Duration) *healthHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var mirrorClient client.Client = env.Client
+	if wrap != nil {
+		mirrorClient = wrap(env.Client)
+	}
 	h.mirror, err = NewHealthMirror(ctx, HealthOptions{
-		Client: env.Client, Connections: h.conns, Damping: damping, Metrics: metrics, Logger: log,
+		Client: mirrorClient, Connections: h.conns, Damping: damping, Metrics: metrics, Logger: log,
 		Retry: wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Steps: 1 << 30, Cap: 200 * time.Millisecond},
 	})
 	if err != nil {
@@ -264,6 +276,41 @@ func TestHealthFlappingIsDampedAgainstTheAPIServer(t *testing.T) {
 	h2.mirror.ReportHealth(t.Context(), h2.w, Health{Healthy: false, Message: "down", At: s2})
 	c, r = waitHealth(t, h2.w.Key, s2)
 	checkHealth(t, c, r, metav1.ConditionFalse, s2, "down")
+}
+
+// A flip superseded by a contrary report while it is being stored is not
+// written: the damping decision is the newer report's (steady again), so
+// writing the older flip would let a flap through undamped, and the flip
+// back would then be held for the whole window.
+func TestHealthFlipSupersededWhileStoredIsNotWritten(t *testing.T) {
+	var h *healthHarness
+	var armed atomic.Bool
+	var t3 time.Time
+	h = startHealthWith(t, time.Hour, func(c client.Client) client.Client {
+		return interceptor.NewClient(c.(client.WithWatch), interceptor.Funcs{
+			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+				if _, ok := obj.(*istionetworkingv1.WorkloadEntry); ok && armed.CompareAndSwap(true, false) {
+					// The flip's store is under way: the flip back arrives.
+					h.mirror.ReportHealth(ctx, h.w, Health{Healthy: true, At: t3})
+				}
+				return c.Get(ctx, key, obj, opts...)
+			},
+		})
+	})
+	t1 := time.Now().UTC().Truncate(time.Millisecond)
+	t3 = t1.Add(2 * time.Second)
+	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: t1})
+	waitHealth(t, h.w.Key, t1)
+	if err := h.mirror.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: false, Message: "flap", At: t1.Add(time.Second)})
+	c, r := waitHealth(t, h.w.Key, t3)
+	checkHealth(t, c, r, metav1.ConditionTrue, t1, "")
+	if armed.Load() {
+		t.Fatal("the flip's store never read the WorkloadEntry")
+	}
 }
 
 // TestHealthWriteRetriedUntilStored blocks writes of WorkloadEntry status in
