@@ -43,6 +43,13 @@ type ConnectionOptions struct {
 	// server (not from a cache: writes use their resourceVersion) and writes
 	// them. Required.
 	Client client.Client
+	// Cache, when set, saves the read before a write: a write's first
+	// attempt reads the object from it (an informer cache holding whole
+	// registrations and WorkloadEntries: no Transform), and only when that
+	// copy leads to no write (it may lag) or its write conflicts is the
+	// object read again from Client. A mass disconnect then costs one API
+	// call per workload, not two. Default: every attempt reads from Client.
+	Cache client.Reader
 	// Replica is this endpoint replica's name, written as the connection's
 	// owner. Required.
 	Replica string
@@ -95,6 +102,7 @@ type ConnectionOptions struct {
 type Connections struct {
 	ctx     context.Context
 	client  client.Client
+	cache   client.Reader // nil: none
 	replica string
 	log     *slog.Logger
 	writer  *write.Writer
@@ -156,7 +164,7 @@ func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, 
 		opts.DisconnectDelay = 0
 	}
 	c := &Connections{
-		ctx: ctx, client: opts.Client, replica: opts.Replica, log: opts.Logger,
+		ctx: ctx, client: opts.Client, cache: opts.Cache, replica: opts.Replica, log: opts.Logger,
 		writer: write.OrDefault(opts.Writer), retry: opts.Retry, metrics: opts.Metrics, now: opts.Clock,
 		delay: opts.DisconnectDelay, started: opts.Clock(),
 		entries: map[types.NamespacedName]*connEntry{},
@@ -401,24 +409,22 @@ func (c *Connections) store(_ *connEntry, st *connState) (time.Duration, error) 
 // connection, or a disconnect already stored).
 func (c *Connections) storeRegistration(st *connState) (*runtimev1alpha1.ConnectionStatus, error) {
 	var shown *runtimev1alpha1.ConnectionStatus
-	err := c.writer.Do(c.ctx, func(ctx context.Context) error {
+	// modify decides from cur whether to write, and changes cur to what is
+	// written; shown is what the registration shows afterwards.
+	modify := func(cur *runtimev1alpha1.WorkloadAutoRegistration) (bool, error) {
 		shown = nil
-		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
-		if err := c.client.Get(ctx, st.workload.Key, cur); err != nil {
-			return err
-		}
 		if st.workload.UID != "" && cur.UID != st.workload.UID {
-			return errRegistrationReplaced
+			return false, errRegistrationReplaced
 		}
 		conn := cur.Status.Connection
 		connectedAt := metav1.NewTime(st.connectedAt.Truncate(time.Second))
 		if st.connected {
 			if conn != nil && conn.Replica != c.replica && conn.DisconnectedAt == nil && conn.ConnectedAt != nil && conn.ConnectedAt.After(connectedAt.Time) {
-				return nil // a newer connection held by another replica
+				return false, nil // a newer connection held by another replica
 			}
 			if c.showsOurConnection(cur) {
 				shown = conn
-				return nil // already true: a reconnect writes nothing
+				return false, nil // already true: a reconnect writes nothing
 			}
 			conn = &runtimev1alpha1.ConnectionStatus{Replica: c.replica, ConnectedAt: &connectedAt}
 		} else {
@@ -426,7 +432,7 @@ func (c *Connections) storeRegistration(st *connState) (*runtimev1alpha1.Connect
 				(conn.ConnectedAt != nil && conn.ConnectedAt.After(connectedAt.Time)) {
 				// Not ours (another replica connected since), or already
 				// marked disconnected: never overwrite it.
-				return nil
+				return false, nil
 			}
 			conn = conn.DeepCopy()
 			disconnectedAt := metav1.NewTime(st.disconnectedAt)
@@ -439,15 +445,49 @@ func (c *Connections) storeRegistration(st *connState) (*runtimev1alpha1.Connect
 			changed = true
 		}
 		shown = conn
-		if !changed {
-			return nil
-		}
-		return c.client.Status().Update(ctx, cur)
+		return changed, nil
+	}
+	attempt := 0
+	err := c.writer.Do(c.ctx, func(ctx context.Context) error {
+		attempt++
+		return readModifyWrite(ctx, c, st.workload.Key, attempt == 1, &runtimev1alpha1.WorkloadAutoRegistration{}, modify,
+			func(ctx context.Context, cur *runtimev1alpha1.WorkloadAutoRegistration) error {
+				return c.client.Status().Update(ctx, cur)
+			})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("write connection state of %s: %w", st.workload.Key, err)
 	}
 	return shown, nil
+}
+
+// readModifyWrite is one attempt of a write of the object key: modify
+// decides from the object read whether to write it (and changes it), write
+// writes it. On a write's first attempt (cached) with a Cache, the object is
+// read from the cache, which saves the API read when it leads to a write; a
+// stale copy's write fails with a conflict (the Writer retries, reading from
+// the API server). Any other outcome of the cached copy (nothing to write,
+// gone, replaced, an error) may be the cache lagging, so the object is read
+// again from the API server and modify decides again: the cache never
+// decides anything but to write.
+func readModifyWrite[T client.Object](ctx context.Context, c *Connections, key types.NamespacedName, cached bool, obj T,
+	modify func(T) (bool, error), write func(context.Context, T) error) error {
+	if cached && c.cache != nil {
+		fromCache := obj.DeepCopyObject().(T)
+		if err := c.cache.Get(ctx, key, fromCache); err == nil {
+			if ok, err := modify(fromCache); err == nil && ok {
+				return write(ctx, fromCache)
+			}
+		}
+	}
+	if err := c.client.Get(ctx, key, obj); err != nil {
+		return err
+	}
+	ok, err := modify(obj)
+	if err != nil || !ok {
+		return err
+	}
+	return write(ctx, obj)
 }
 
 // showsOurConnection reports whether war's stored status says the workload is
@@ -507,19 +547,16 @@ func (c *Connections) storeWorkloadEntry(st *connState, shown *runtimev1alpha1.C
 	if shown.ConnectedAt != nil && !shown.ConnectedAt.Time.Equal(st.connectedAt.Truncate(time.Second)) {
 		since = shown.ConnectedAt.Time
 	}
-	err := c.writer.Do(c.ctx, func(ctx context.Context) error {
-		we := &istionetworkingv1.WorkloadEntry{}
-		if err := c.client.Get(ctx, st.workload.Key, we); err != nil {
-			return client.IgnoreNotFound(err)
-		}
+	// modify decides from we whether to write it, and changes it.
+	modify := func(we *istionetworkingv1.WorkloadEntry) (bool, error) {
 		if ref, ok := registry.OwnedBy(we.OwnerReferences, st.workload.Key.Name); !ok || (st.workload.UID != "" && ref.UID != st.workload.UID) {
-			return nil
+			return false, nil
 		}
 		ann := we.Annotations
 		holder := ann[registry.AnnotationConnectedReplica]
 		heldSince, _ := time.Parse(time.RFC3339Nano, ann[registry.AnnotationConnectedAt])
 		if holder != "" && holder != c.replica && heldSince.After(since) {
-			return nil // a newer connection held by another replica
+			return false, nil // a newer connection held by another replica
 		}
 		want := registry.WithoutIstiodAnnotations(ann)
 		if want == nil {
@@ -531,10 +568,17 @@ func (c *Connections) storeWorkloadEntry(st *connState, shown *runtimev1alpha1.C
 			want[registry.AnnotationConnectedReplica] = c.replica
 		}
 		if equalStrings(ann, want) { // (an entry with istiod's annotations always differs)
-			return nil
+			return false, nil
 		}
 		we.Annotations = want
-		return c.client.Update(ctx, we)
+		return true, nil
+	}
+	attempt := 0
+	err := c.writer.Do(c.ctx, func(ctx context.Context) error {
+		attempt++
+		err := readModifyWrite(ctx, c, st.workload.Key, attempt == 1, &istionetworkingv1.WorkloadEntry{}, modify,
+			func(ctx context.Context, we *istionetworkingv1.WorkloadEntry) error { return c.client.Update(ctx, we) })
+		return client.IgnoreNotFound(err)
 	})
 	if err != nil {
 		return fmt.Errorf("write connection annotations of WorkloadEntry %s: %w", st.workload.Key, err)

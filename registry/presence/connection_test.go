@@ -315,8 +315,9 @@ func TestReassertLeavesAnotherReplicasConnection(t *testing.T) {
 	b.Wait()
 }
 
-// countingClient counts the writes a tracker makes to the API server, by
-// kind: "status" (registration status) and "entry" (WorkloadEntry).
+// countingClient counts the calls a tracker makes to the API server, by
+// kind: "status" (registration status writes), "entry" (WorkloadEntry
+// writes) and "get" (reads).
 type countingClient struct {
 	client.Client
 	mu     sync.Mutex
@@ -333,6 +334,10 @@ func newCountingClient() *countingClient {
 		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
 			cc.count(sub)
 			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			cc.count("get")
+			return c.Get(ctx, key, obj, opts...)
 		},
 	})
 	return cc
@@ -367,6 +372,119 @@ func uids(t *testing.T, key types.NamespacedName) [2]types.UID {
 	return [2]types.UID{war.UID, we.UID}
 }
 
+// writes returns the write counts of cc's counts (reads left out).
+func writes(got map[string]int) map[string]int {
+	delete(got, "get")
+	return got
+}
+
+// With a Cache in sync, a state costs its writes only: the read before each
+// write comes from the cache (a mass disconnect is one API call per
+// workload).
+func TestCachedReadSavesTheAPIRead(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w, _ := registerForConnections(t)
+	cc := newCountingClient()
+	c, err := NewConnections(ctx, ConnectionOptions{Client: cc, Cache: cached, Replica: "replica-a", DisconnectDelay: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Opened(w, 1)
+	waitObserved(t, w.Key, connectedTo("replica-a"))
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fixtures.Eventually(t, 30*time.Second, "the cache shows the connection", func() bool {
+		war := &runtimev1alpha1.WorkloadAutoRegistration{}
+		return cached.Get(ctx, w.Key, war) == nil && war.Status.Connection != nil && war.Status.Connection.Replica == "replica-a"
+	})
+	cc.take()
+	c.Closed(w, 1)
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := cc.take(); got["status"] != 1 || got["get"] != 0 || got["entry"] != 0 {
+		t.Errorf("a disconnect with the cache in sync made %v API calls, want one status write and no read", got)
+	}
+	waitObserved(t, w.Key, disconnectedFrom("replica-a"))
+	cancel()
+	c.Wait()
+}
+
+// staleReader serves the copies of objects taken when it was made: an
+// informer cache lagging behind the API server (a real one lags for
+// moments only, too briefly to test deterministically).
+type staleReader struct {
+	client.Reader
+	war *runtimev1alpha1.WorkloadAutoRegistration
+	we  *istionetworkingv1.WorkloadEntry
+}
+
+func (r staleReader) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	switch o := obj.(type) {
+	case *runtimev1alpha1.WorkloadAutoRegistration:
+		r.war.DeepCopyInto(o)
+	case *istionetworkingv1.WorkloadEntry:
+		r.we.DeepCopyInto(o)
+	}
+	return nil
+}
+
+// A lagging cache never makes a state wrong: a cached copy that leads to
+// no write is read again from the API server (the disconnect is stored),
+// and a cached copy's write conflicts and is retried from the API server.
+func TestStaleCacheStillStoresTheTruth(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	w, res := registerForConnections(t)
+	stale := staleReader{war: res.Registration.DeepCopy(), we: res.WorkloadEntry.DeepCopy()}
+	if err := env.Client.Get(ctx, w.Key, stale.war); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Get(ctx, w.Key, stale.we); err != nil {
+		t.Fatal(err)
+	}
+	cc := newCountingClient()
+	c, err := NewConnections(ctx, ConnectionOptions{Client: cc, Cache: stale, Replica: "replica-a", DisconnectDelay: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Opened(w, 1) // the copies are current: written at once
+	waitObserved(t, w.Key, connectedTo("replica-a"))
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes(cc.take()); got["status"] != 1 || got["entry"] != 1 {
+		t.Errorf("connect wrote %v, want one status and one entry write", got)
+	}
+	// The cached copy shows no connection: nothing to disconnect, so the
+	// registration is read again and the disconnect is stored.
+	c.Closed(w, 1)
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitObserved(t, w.Key, disconnectedFrom("replica-a"))
+	if got := cc.take(); got["status"] != 1 || got["get"] != 1 {
+		t.Errorf("disconnect from a stale copy made %v API calls, want one read and one status write", got)
+	}
+	// The cached copy's resourceVersion is old: its write conflicts and the
+	// retry reads from the API server.
+	c.Opened(w, 2)
+	waitObserved(t, w.Key, connectedTo("replica-a"))
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// (The entry's second write is needed only when the reconnect is in
+	// another second than the first connect: its annotation is to the
+	// second.)
+	if got := writes(cc.take()); got["status"] != 2 || got["entry"] < 1 || got["entry"] > 2 {
+		t.Errorf("reconnect from stale copies wrote %v, want a conflict and a write of the status, a conflict and at most a write of the entry", got)
+	}
+	cancel()
+	c.Wait()
+}
+
 // A reconnect within the disconnect delay drops the held disconnect: the
 // blip writes nothing, and a later disconnect is still written.
 func TestReconnectDropsAHeldDisconnect(t *testing.T) {
@@ -388,7 +506,7 @@ func TestReconnectDropsAHeldDisconnect(t *testing.T) {
 	if err := c.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := cc.take(); len(got) != 0 {
+	if got := writes(cc.take()); len(got) != 0 {
 		t.Errorf("a reconnect within the delay wrote %v", got)
 	}
 	if got := observe(t, w.Key); got != connectedTo("replica-a") {

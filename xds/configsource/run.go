@@ -150,6 +150,7 @@ func (s *Source) push(ctx context.Context, push Pusher, changes []change, first 
 		return
 	}
 	keys := affectedWorkloads(sc, proxies, s.workloadOf, s.log)
+	ctx = withListed(ctx) // each namespace's selecting objects listed once per push
 	// Translations are CPU-bound and independent: one worker per CPU.
 	work := make(chan types.NamespacedName)
 	var workers sync.WaitGroup

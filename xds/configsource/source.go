@@ -330,48 +330,118 @@ func (s *Source) Inputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, e
 }
 
 // scopeInputs reads the workload and the objects of its namespace and the
-// root namespace that may select it: what translate.ScopeKey reads.
+// root namespace that may select it: what translate.ScopeKey reads. Within
+// one push (see withListed) each namespace is read from the cache once.
 func (s *Source) scopeInputs(ctx context.Context, p *xds.Proxy) (*translate.Inputs, error) {
 	we := s.workloadOf(p)
 	if we.err != nil {
 		return nil, we.err
 	}
 	ns := p.Workload.Key.Namespace
-	in := &translate.Inputs{
+	objs, err := s.selecting(ctx, ns)
+	if err != nil {
+		return nil, err
+	}
+	return &translate.Inputs{
 		Mesh: s.opts.Mesh,
 		Workload: translate.Workload{
 			Name: p.Workload.Key.Name, Namespace: ns, Address: p.IP,
 			Labels: we.labels, ServiceAccount: we.sa,
 		},
-		RootNamespace: s.opts.RootNamespace,
+		RootNamespace:          s.opts.RootNamespace,
+		Sidecars:               objs.sidecars,
+		PeerAuthentications:    objs.peerAuthentications,
+		AuthorizationPolicies:  objs.authorizationPolicies,
+		RequestAuthentications: objs.requestAuthentications,
+	}, nil
+}
+
+// selectingObjects are the objects of a workload's namespace and the root
+// namespace that may select it. The slices are shared by every workload of
+// the namespace within one push: read-only, clipped so an append copies.
+type selectingObjects struct {
+	sidecars               []*istionetworkingv1.Sidecar
+	peerAuthentications    []*istiosecurityv1.PeerAuthentication
+	authorizationPolicies  []*istiosecurityv1.AuthorizationPolicy
+	requestAuthentications []*istiosecurityv1.RequestAuthentication
+}
+
+// listed memoizes selectingObjects by namespace for one push: the push's
+// workloads of one namespace (often all of them) list it once, not once
+// each. A push reads the cache as it is when the push starts; a change
+// arriving meanwhile is in the next batch, which pushes again.
+type listed struct {
+	mu   sync.Mutex
+	byNS map[string]*listedNamespace
+}
+
+type listedNamespace struct {
+	once sync.Once
+	objs *selectingObjects
+	err  error
+}
+
+type listedKey struct{}
+
+// withListed returns ctx carrying a memo of the namespaces' selecting
+// objects, for the Snapshot calls of one push.
+func withListed(ctx context.Context) context.Context {
+	return context.WithValue(ctx, listedKey{}, &listed{byNS: map[string]*listedNamespace{}})
+}
+
+// selecting returns the selecting objects of namespace ns, from ctx's memo
+// when it has one.
+func (s *Source) selecting(ctx context.Context, ns string) (*selectingObjects, error) {
+	memo, _ := ctx.Value(listedKey{}).(*listed)
+	if memo == nil {
+		return s.listSelecting(ctx, ns)
 	}
+	memo.mu.Lock()
+	e := memo.byNS[ns]
+	if e == nil {
+		e = &listedNamespace{}
+		memo.byNS[ns] = e
+	}
+	memo.mu.Unlock()
+	e.once.Do(func() { e.objs, e.err = s.listSelecting(ctx, ns) })
+	return e.objs, e.err
+}
+
+// listSelecting reads the selecting objects of ns and the root namespace
+// from the cache (the cache's own objects, not copies).
+func (s *Source) listSelecting(ctx context.Context, ns string) (*selectingObjects, error) {
 	namespaces := []string{ns}
 	if s.opts.RootNamespace != ns {
 		namespaces = append(namespaces, s.opts.RootNamespace)
 	}
+	objs := &selectingObjects{}
 	for _, n := range namespaces {
 		l := &istionetworkingv1.SidecarList{}
 		if err := s.opts.Cache.List(ctx, l, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list Sidecars: %w", err)
 		}
-		in.Sidecars = append(in.Sidecars, l.Items...)
+		objs.sidecars = append(objs.sidecars, l.Items...)
 		pas := &istiosecurityv1.PeerAuthenticationList{}
 		if err := s.opts.Cache.List(ctx, pas, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list PeerAuthentications: %w", err)
 		}
-		in.PeerAuthentications = append(in.PeerAuthentications, pas.Items...)
+		objs.peerAuthentications = append(objs.peerAuthentications, pas.Items...)
 		aps := &istiosecurityv1.AuthorizationPolicyList{}
 		if err := s.opts.Cache.List(ctx, aps, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list AuthorizationPolicies: %w", err)
 		}
-		in.AuthorizationPolicies = append(in.AuthorizationPolicies, aps.Items...)
+		objs.authorizationPolicies = append(objs.authorizationPolicies, aps.Items...)
 		ras := &istiosecurityv1.RequestAuthenticationList{}
 		if err := s.opts.Cache.List(ctx, ras, client.InNamespace(n), client.UnsafeDisableDeepCopy); err != nil {
 			return nil, fmt.Errorf("list RequestAuthentications: %w", err)
 		}
-		in.RequestAuthentications = append(in.RequestAuthentications, ras.Items...)
+		objs.requestAuthentications = append(objs.requestAuthentications, ras.Items...)
 	}
-	return in, nil
+	objs.sidecars = slices.Clip(objs.sidecars)
+	objs.peerAuthentications = slices.Clip(objs.peerAuthentications)
+	objs.authorizationPolicies = slices.Clip(objs.authorizationPolicies)
+	objs.requestAuthentications = slices.Clip(objs.requestAuthentications)
+	return objs, nil
 }
 
 // meshInputs adds to in the objects every workload reads alike: Services,

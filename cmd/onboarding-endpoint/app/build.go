@@ -338,7 +338,7 @@ func (b *build) registry(ctx context.Context) error {
 		return err
 	}
 	if b.conns, err = presence.NewConnections(trackerCtx, presence.ConnectionOptions{
-		Client: b.apiReader, Replica: b.opts.Replica, Logger: log, Metrics: connMetrics, Writer: b.writer,
+		Client: b.apiReader, Cache: b.informers, Replica: b.opts.Replica, Logger: log, Metrics: connMetrics, Writer: b.writer,
 	}); err != nil {
 		return err
 	}
