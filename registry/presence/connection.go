@@ -39,9 +39,9 @@ type Workload struct {
 
 // ConnectionOptions configures Connections. Every field documents its default.
 type ConnectionOptions struct {
-	// Client reads registrations and WorkloadEntries fresh from the API
-	// server (not from a cache: writes use their resourceVersion) and writes
-	// them. Required.
+	// Client writes registrations and WorkloadEntries, and reads them fresh
+	// from the API server (not from a cache) whenever Cache's copy cannot be
+	// used. Required.
 	Client client.Client
 	// Cache, when set, saves the read before a write: a write's first
 	// attempt reads the object from it (an informer cache holding whole
