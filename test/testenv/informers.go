@@ -18,7 +18,22 @@ import (
 // field indexes; the informers of warm are started and synced before it
 // returns, so that tests do not race the first List.
 func (e *Env) StartCache(ctx context.Context, setup func(cache.Cache) error, warm ...client.ObjectList) (cache.Cache, error) {
-	c, err := cache.New(e.Config, cache.Options{Scheme: e.Scheme})
+	return e.StartCacheIn(ctx, nil, setup, warm...)
+}
+
+// StartCacheIn is StartCache watching only the given namespaces (none: all),
+// as a replica with workloadNamespaces does: a test that counts what changes
+// of its own namespace cause is then not disturbed by other tests' objects
+// (their namespaces' deletion reaches a cluster-wide cache seconds later).
+func (e *Env) StartCacheIn(ctx context.Context, namespaces []string, setup func(cache.Cache) error, warm ...client.ObjectList) (cache.Cache, error) {
+	opts := cache.Options{Scheme: e.Scheme}
+	if len(namespaces) > 0 {
+		opts.DefaultNamespaces = map[string]cache.Config{}
+		for _, ns := range namespaces {
+			opts.DefaultNamespaces[ns] = cache.Config{}
+		}
+	}
+	c, err := cache.New(e.Config, opts)
 	if err != nil {
 		return nil, fmt.Errorf("create cache: %w", err)
 	}

@@ -124,8 +124,11 @@ func registerN(t *testing.T, e *endpoint, ns string, n int) []*workload {
 // address next to the shared egress.
 func TestOneTranslationPerScopeAndChange(t *testing.T) {
 	const n = 6
-	e := startEndpoint(t)
 	ns := env.Namespace(t)
+	// Watching this namespace only: other tests' namespaces, deleted
+	// seconds after they end, would make pushes of their own meanwhile (a
+	// Service deleted anywhere changes every proxy's egress).
+	e := startEndpointIn(t, ns, DefaultRootNamespace)
 	ctx := t.Context()
 	sc := seed004Sidecar(ns)
 	svc, es := detailsService(ns)

@@ -62,10 +62,17 @@ type endpoint struct {
 
 func startEndpoint(t *testing.T) *endpoint {
 	t.Helper()
+	return startEndpointIn(t)
+}
+
+// startEndpointIn is startEndpoint whose informers watch only namespaces
+// (none: all).
+func startEndpointIn(t *testing.T, namespaces ...string) *endpoint {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	warm := append(Watched(), &corev1.SecretList{})
-	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, warm...)
+	c, err := env.StartCacheIn(ctx, namespaces, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, warm...)
 	if err != nil {
 		t.Fatal(err)
 	}
