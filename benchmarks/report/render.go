@@ -75,8 +75,11 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, ", %.1f GiB memory, %s/%s, %s; 1-minute load average %.2f at the start, %.2f at the end",
 		m.MemoryGiB, m.OS, m.Arch, m.GoVersion, m.LoadAverageStart, m.LoadAverageEnd)
-	if max(m.LoadAverageStart, m.LoadAverageEnd) > float64(m.CPUs) {
-		b.WriteString(" (busier than its CPUs: read the ratios, not the absolute figures)")
+	// Only the start says whether others shared the machine: the end's
+	// load average is mostly the last run's own (each figure's load, less
+	// its run's own CPU, is judged per figure below).
+	if m.LoadAverageStart > float64(m.CPUs) {
+		b.WriteString(" (busier than its CPUs when the runs began: read the ratios, not the absolute figures)")
 	}
 	b.WriteString(".\n\n")
 	if r.MaxLoad > 0 {

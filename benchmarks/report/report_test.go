@@ -163,3 +163,28 @@ func TestTargetsAndRefusedFigures(t *testing.T) {
 		}
 	}
 }
+
+// The machine line warns of a busy machine by the load when the runs
+// began, not by the end's, which is mostly the last run's own.
+func TestBusyMachineWarning(t *testing.T) {
+	tests := []struct {
+		name       string
+		start, end float64
+		want       bool
+	}{
+		{name: "idle, the last run's own load at the end", start: 0.5, end: 2.7},
+		{name: "busy from the start", start: 3.5, end: 2.0, want: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rep := &Report{Count: 1, Command: "make bench", Machine: Machine{CPUs: 2, LoadAverageStart: tt.start, LoadAverageEnd: tt.end}}
+			var md bytes.Buffer
+			if err := rep.WriteMarkdown(&md); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(md.String(), "busier than its CPUs"); got != tt.want {
+				t.Errorf("warning shown = %v, want %v:\n%s", got, tt.want, md.String())
+			}
+		})
+	}
+}
