@@ -569,20 +569,22 @@ func profileAPIServer(b *testing.B, suffix string) func() {
 	if *apiProfile == "" {
 		return func() {}
 	}
-	done := make(chan []byte, 1)
-	go func() {
+	type profile struct {
+		body []byte
+		err  error
+	}
+	done := make(chan profile, 1)
+	go func() { // reports only through done: it may outlive a failed benchmark
 		body, err := clientset.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "10").DoRaw(context.Background())
-		if err != nil {
-			b.Logf("kube-apiserver CPU profile: %v", err)
-		}
-		done <- body
+		done <- profile{body, err}
 	}()
 	return func() {
-		body := <-done
-		if len(body) == 0 {
+		p := <-done
+		if p.err != nil {
+			b.Logf("kube-apiserver CPU profile: %v", p.err)
 			return
 		}
-		if err := os.WriteFile(*apiProfile+suffix, body, 0o644); err != nil {
+		if err := os.WriteFile(*apiProfile+suffix, p.body, 0o644); err != nil {
 			b.Error(err)
 		}
 	}
