@@ -17,6 +17,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
 	"github.com/embark-mesh/embark/translate/endpoints"
@@ -79,6 +80,21 @@ type builder struct {
 	// chains are ingress filter chains already built for the scope
 	// (Shared.For); read only.
 	chains map[inboundChainKey][]*listenerv3.FilterChain
+	// inbound are the other parts of the ingress listeners built once for
+	// the scope (Shared.For); nil: built for each workload.
+	inbound *inboundParts
+}
+
+// inboundParts are the parts of a scope's ingress listeners and inbound
+// clusters that do not depend on the workload, built once (Prepare) and
+// shared by every workload's (Shared.For). Read only.
+type inboundParts struct {
+	// tlsInspector is the listener filter of the listeners accepting mTLS.
+	tlsInspector *listenerv3.ListenerFilter
+	// clusters are the inbound clusters by ingress index, for the ingress
+	// listeners whose defaultEndpoint does not name the workload's own
+	// address (0.0.0.0); nil for the others and for invalid ones.
+	clusters []*clusterv3.Cluster
 }
 
 func newBuilder(in *Inputs) *builder {
@@ -163,7 +179,7 @@ func OutboundClusterName(port uint32, host string) string {
 
 func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 	for i, ing := range sc.Spec.GetIngress() {
-		field := fmt.Sprintf("spec.ingress[%d]", i)
+		field := "spec.ingress[" + strconv.Itoa(i) + "]"
 		port := ing.GetPort()
 		if port == nil {
 			return b.fail(field+".port", "is required")
@@ -185,26 +201,20 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 		if _, err := parseIP(bind); err != nil {
 			return fmt.Errorf("workload %s/%s has no IP address to bind ingress %s to (%q)", b.in.Workload.Namespace, b.in.Workload.Name, field, bind)
 		}
-		upstream, err := b.defaultEndpoint(ing.GetDefaultEndpoint())
-		if err != nil {
-			return b.fail(field+".defaultEndpoint", "%s", err.Error())
+		c := b.preparedCluster(i)
+		if c == nil {
+			var err error
+			if c, err = b.inboundCluster(ing, proto); err != nil {
+				return b.fail(field+".defaultEndpoint", "%s", err.Error())
+			}
 		}
 		if err := b.claim(bind, port.GetNumber(), field); err != nil {
 			return err
 		}
-		clusterName := InboundClusterName(port.GetNumber())
-		if _, dup := b.clusters[clusterName]; dup {
+		if _, dup := b.clusters[c.Name]; dup {
 			return b.fail(field+".port.number", "port %d is declared by two ingress listeners", port.GetNumber())
 		}
-		c := envoyconf.BaseCluster(clusterName, clusterv3.Cluster_STATIC)
-		c.LoadAssignment = &endpointv3.ClusterLoadAssignment{
-			ClusterName: clusterName,
-			Endpoints:   []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{envoyconf.LBEndpoint(upstream, 0)}}},
-		}
-		if proto.isHTTP2() {
-			c.TypedExtensionProtocolOptions = envoyconf.HTTP2Options()
-		}
-		b.clusters[clusterName] = c
+		b.clusters[c.Name] = c
 
 		mode := selection.PeerAuthMode(b.in.PeerAuthentications, b.in.Workload.Namespace, b.in.Workload.Labels, b.root, port.GetNumber())
 		chains := b.inboundChains(proto, port.GetNumber(), mode)
@@ -215,11 +225,46 @@ func (b *builder) ingress(sc *istionetworkingv1.Sidecar) error {
 			FilterChains:     chains,
 		}
 		if mode != MTLSDisable {
-			l.ListenerFilters = []*listenerv3.ListenerFilter{envoyconf.TLSInspector()}
+			l.ListenerFilters = []*listenerv3.ListenerFilter{b.tlsInspector()}
 		}
 		b.listeners[l.Name] = l
 	}
 	return nil
+}
+
+// inboundCluster is the cluster forwarding ing's port to its
+// defaultEndpoint; the error says what is wrong with the defaultEndpoint.
+func (b *builder) inboundCluster(ing *networkingv1alpha3.IstioIngressListener, proto protocol) (*clusterv3.Cluster, error) {
+	upstream, err := b.defaultEndpoint(ing.GetDefaultEndpoint())
+	if err != nil {
+		return nil, err
+	}
+	name := InboundClusterName(ing.GetPort().GetNumber())
+	c := envoyconf.BaseCluster(name, clusterv3.Cluster_STATIC)
+	c.LoadAssignment = &endpointv3.ClusterLoadAssignment{
+		ClusterName: name,
+		Endpoints:   []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{envoyconf.LBEndpoint(upstream, 0)}}},
+	}
+	if proto.isHTTP2() {
+		c.TypedExtensionProtocolOptions = envoyconf.HTTP2Options()
+	}
+	return c, nil
+}
+
+// preparedCluster is the scope's inbound cluster of ingress i, nil if none
+// was prepared.
+func (b *builder) preparedCluster(i int) *clusterv3.Cluster {
+	if b.inbound == nil || i >= len(b.inbound.clusters) {
+		return nil
+	}
+	return b.inbound.clusters[i]
+}
+
+func (b *builder) tlsInspector() *listenerv3.ListenerFilter {
+	if b.inbound != nil {
+		return b.inbound.tlsInspector
+	}
+	return envoyconf.TLSInspector()
 }
 
 // inboundChains are the filter chains of an ingress listener on port: they

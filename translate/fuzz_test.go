@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"bytes"
 	"os"
 	"testing"
 
@@ -28,8 +29,9 @@ func FuzzParseHostForm(f *testing.F) {
 }
 
 // FuzzTranslateSidecar translates a fuzzed Sidecar against the bookinfo
-// golden inputs: it must never panic, and whenever it succeeds every
-// resource passes ValidateAll.
+// golden inputs: it must never panic, the scope's shared translation
+// (Prepare, For) gives the same result or error, and whenever it succeeds
+// every resource passes ValidateAll.
 func FuzzTranslateSidecar(f *testing.F) {
 	seed, err := os.ReadFile("../api/crds/testdata/seed004/sidecar.yaml")
 	if err != nil {
@@ -64,6 +66,11 @@ func FuzzTranslateSidecar(f *testing.F) {
 		fuzzed := *in
 		fuzzed.Sidecars = []*istionetworkingv1.Sidecar{sc}
 		res, err := Translate(&fuzzed)
+		// The scope's shared translation gives the workload the same.
+		shared, _, sharedErr := Prepare(&fuzzed).For(fuzzed.Workload)
+		if want, got := render(t, res, err), render(t, shared, sharedErr); !bytes.Equal(got, want) {
+			t.Fatalf("Prepare+For of %q differs from Translate:\n%s\nwant:\n%s", doc, got, want)
+		}
 		if err != nil {
 			return
 		}

@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"net"
 	"sort"
 	"strings"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
+	"github.com/embark-mesh/embark/translate/internal/envoyconf"
 	"github.com/embark-mesh/embark/translate/selection"
 )
 
@@ -84,6 +86,9 @@ type Shared struct {
 	// chains are the ingress listeners' filter chains, built once for the
 	// scope: every workload's ingress listener on a port shares them.
 	chains map[inboundChainKey][]*listenerv3.FilterChain
+	// inbound are the other workload-independent parts of the ingress
+	// listeners and inbound clusters, built once for the scope.
+	inbound *inboundParts
 }
 
 // inboundChainKey is what an ingress listener's filter chains depend on.
@@ -112,6 +117,7 @@ func Prepare(in *Inputs) *Shared {
 	}
 	b.sidecarName = s.sidecar.Namespace + "/" + s.sidecar.Name
 	s.chains = prepareChains(b, s.sidecar)
+	s.inbound = prepareInbound(b, s.sidecar)
 	b.record = &s.claims
 	b.warnIgnored(s.sidecar)
 	s.err = b.egress(s.sidecar)
@@ -137,6 +143,64 @@ func prepareChains(b *builder, sc *istionetworkingv1.Sidecar) map[inboundChainKe
 		}
 	}
 	return out
+}
+
+// Parts are the messages the workloads' own resources share: the ingress
+// listeners' filter chains and the inbound clusters that do not depend on
+// the workload. The results of For hold these very objects (not copies),
+// so a caller may hash or check them once per scope. They must not be
+// modified.
+func (s *Shared) Parts() (chains []*listenerv3.FilterChain, clusters []*clusterv3.Cluster) {
+	for _, c := range s.chains {
+		chains = append(chains, c...)
+	}
+	if s.inbound != nil {
+		for _, c := range s.inbound.clusters {
+			if c != nil {
+				clusters = append(clusters, c)
+			}
+		}
+	}
+	return chains, clusters
+}
+
+// prepareInbound builds the workload-independent parts of sc's ingress
+// listeners: the TLS inspector and the inbound clusters of the valid
+// ingress listeners whose defaultEndpoint is not the workload's own
+// address. The others are left to For (which fails on invalid ones).
+func prepareInbound(b *builder, sc *istionetworkingv1.Sidecar) *inboundParts {
+	p := &inboundParts{tlsInspector: envoyconf.TLSInspector()}
+	for i, ing := range sc.Spec.GetIngress() {
+		port := ing.GetPort().GetNumber()
+		proto, ok := parseProtocol(ing.GetPort().GetProtocol())
+		if !ok || port == 0 || port > 65535 || namesWorkloadAddress(ing.GetDefaultEndpoint()) {
+			continue
+		}
+		c, err := b.inboundCluster(ing, proto)
+		if err != nil {
+			continue
+		}
+		if p.clusters == nil {
+			p.clusters = make([]*clusterv3.Cluster, len(sc.Spec.GetIngress()))
+		}
+		p.clusters[i] = c
+	}
+	return p
+}
+
+// namesWorkloadAddress says whether the defaultEndpoint s stands for the
+// workload's own address (an unspecified IP, see defaultEndpoint); true
+// for one that does not parse, which For reports.
+func namesWorkloadAddress(s string) bool {
+	if strings.HasPrefix(s, "unix://") {
+		return false
+	}
+	host, _, err := net.SplitHostPort(s)
+	if err != nil {
+		return true
+	}
+	ip, err := parseIP(host)
+	return err != nil || ip.IsUnspecified()
 }
 
 // Common is the part of every workload's configuration that is the same
@@ -170,6 +234,7 @@ func (s *Shared) For(w Workload) (res, own *Result, err error) {
 		endpoints:   map[string]*endpointv3.ClusterLoadAssignment{},
 		bound:       map[string]string{},
 		chains:      s.chains,
+		inbound:     s.inbound,
 	}
 	if err := b.ingress(s.sidecar); err != nil {
 		return nil, nil, err

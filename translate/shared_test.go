@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 )
 
@@ -174,17 +174,34 @@ func checkOwn(t *testing.T, s *Shared, res, own *Result) {
 	}
 }
 
-// TestForSharesIngressChains: the workloads of a scope get ingress
-// listeners of their own (their own address) whose filter chains are the
-// scope's, built once by Prepare, not once per workload.
-func TestForSharesIngressChains(t *testing.T) {
+// TestForSharesIngressParts: the workloads of a scope get ingress
+// listeners of their own (their own address) whose filter chains and TLS
+// inspector are the scope's, and the scope's inbound clusters unless the
+// defaultEndpoint stands for the workload's own address (0.0.0.0): all
+// built once by Prepare, not once per workload, and listed by Parts.
+func TestForSharesIngressParts(t *testing.T) {
 	in := &Inputs{
 		Workload: Workload{Name: "a", Namespace: "shop", Address: "10.0.0.1"},
 		Sidecars: []*istionetworkingv1.Sidecar{sidecarYAML(t, `
-  ingress: [{port: {number: 80, protocol: HTTP, name: http}, defaultEndpoint: "127.0.0.1:8080"}, {port: {number: 9000, protocol: TCP, name: tcp}, defaultEndpoint: "127.0.0.1:9000"}]`)},
+  ingress:
+  - {port: {number: 80, protocol: HTTP, name: http}, defaultEndpoint: "127.0.0.1:8080"}
+  - {port: {number: 9000, protocol: TCP, name: tcp}, defaultEndpoint: "127.0.0.1:9000"}
+  - {port: {number: 9100, protocol: TCP, name: own}, defaultEndpoint: "0.0.0.0:9100"}`)},
 	}
 	s := Prepare(in)
-	var mine [][]types.Resource
+	chains, clusters := s.Parts()
+	sharedChain := map[*listenerv3.FilterChain]bool{}
+	for _, c := range chains {
+		sharedChain[c] = true
+	}
+	sharedCluster := map[*clusterv3.Cluster]bool{}
+	for _, c := range clusters {
+		sharedCluster[c] = true
+	}
+	if len(sharedCluster) != 2 {
+		t.Fatalf("Parts: %d inbound clusters, want the 2 whose defaultEndpoint is not 0.0.0.0", len(sharedCluster))
+	}
+	var mine []*Result
 	for _, addr := range []string{"10.0.0.1", "10.0.0.2"} {
 		w := in.Workload
 		w.Address = addr
@@ -192,23 +209,35 @@ func TestForSharesIngressChains(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(own.Listeners) != 2 {
-			t.Fatalf("%s: %d ingress listeners, want 2", addr, len(own.Listeners))
+		if len(own.Listeners) != 3 || len(own.Clusters) != 3 {
+			t.Fatalf("%s: %d ingress listeners and %d inbound clusters, want 3 and 3", addr, len(own.Listeners), len(own.Clusters))
 		}
-		mine = append(mine, own.Listeners)
-	}
-	for i := range mine[0] {
-		a, b := mine[0][i].(*listenerv3.Listener), mine[1][i].(*listenerv3.Listener)
-		if a.GetName() == b.GetName() {
-			t.Errorf("listener %d: both workloads got %s, want one each on its own address", i, a.GetName())
-		}
-		if len(a.GetFilterChains()) == 0 || len(a.GetFilterChains()) != len(b.GetFilterChains()) {
-			t.Fatalf("listener %d: %d and %d filter chains", i, len(a.GetFilterChains()), len(b.GetFilterChains()))
-		}
-		for j := range a.GetFilterChains() {
-			if a.GetFilterChains()[j] != b.GetFilterChains()[j] {
-				t.Errorf("listener %d chain %d: built per workload, want the scope's", i, j)
+		for _, r := range own.Listeners {
+			l := r.(*listenerv3.Listener)
+			if l.GetAddress().GetSocketAddress().GetAddress() != addr {
+				t.Errorf("%s: listener %s, want one on the workload's own address", addr, l.GetName())
+			}
+			for _, c := range l.GetFilterChains() {
+				if !sharedChain[c] {
+					t.Errorf("%s: listener %s chain %s built per workload, want the scope's", addr, l.GetName(), c.GetName())
+				}
 			}
 		}
+		for _, r := range own.Clusters {
+			c := r.(*clusterv3.Cluster)
+			own := c.GetName() == "inbound|9100||"
+			if sharedCluster[c] == own {
+				t.Errorf("%s: cluster %s shared = %v, want %v", addr, c.GetName(), sharedCluster[c], !own)
+			}
+			upstream := c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+			if own && upstream != addr {
+				t.Errorf("%s: cluster %s forwards to %s, want the workload's own address", addr, c.GetName(), upstream)
+			}
+		}
+		mine = append(mine, own)
+	}
+	a, b := mine[0].Listeners[0].(*listenerv3.Listener), mine[1].Listeners[0].(*listenerv3.Listener)
+	if a.GetListenerFilters()[0] != b.GetListenerFilters()[0] {
+		t.Errorf("TLS inspector built per workload, want the scope's")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -263,24 +264,58 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// Refresh recomputes the configuration of every node of the registration
-// key from the ConfigSource (the translation calls it when inputs change).
-func (s *Server) Refresh(ctx context.Context, key types.NamespacedName) {
-	s.mu.Lock()
-	var proxies []*Proxy
-	seen := map[string]bool{}
-	for _, st := range s.byWorkload[key] {
-		if !seen[st.proxy.NodeID] {
-			seen[st.proxy.NodeID] = true
-			proxies = append(proxies, st.proxy)
-		}
+// Refresh recomputes the configuration of every node of the registrations
+// keys from the ConfigSource (the translation calls it when inputs change).
+// Every configuration is computed first, by one worker per CPU (translation
+// is CPU-bound and the proxies' configurations are independent), then all
+// are set at once: the streams send while nothing else competes for the
+// CPUs, and their writes to a connection are batched, instead of each send
+// waiting behind the computations still to come (measured in
+// benchmarks/push: the last of 1,000 proxies gets a change about a third
+// sooner).
+func (s *Server) Refresh(ctx context.Context, keys ...types.NamespacedName) {
+	proxies := s.proxiesOf(keys)
+	snaps := make([]cache.ResourceSnapshot, len(proxies))
+	next := atomic.Int64{}
+	var workers sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(proxies)) {
+		workers.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(proxies); i = int(next.Add(1) - 1) {
+				snap, err := s.opts.Config.Snapshot(ctx, proxies[i])
+				if err != nil {
+					s.log.Error("refresh proxy configuration", "node", proxies[i].NodeID, "error", err)
+					continue
+				}
+				snaps[i] = snap
+			}
+		})
 	}
-	s.mu.Unlock()
-	for _, p := range proxies {
-		if err := s.setSnapshot(ctx, p); err != nil {
+	workers.Wait()
+	for i, p := range proxies {
+		if snaps[i] == nil {
+			continue
+		}
+		if err := s.publish(ctx, p, snaps[i]); err != nil {
 			s.log.Error("refresh proxy configuration", "node", p.NodeID, "error", err)
 		}
 	}
+}
+
+// proxiesOf are the proxies of the registrations keys, each node once.
+func (s *Server) proxiesOf(keys []types.NamespacedName) []*Proxy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var proxies []*Proxy
+	seen := map[string]bool{}
+	for _, key := range keys {
+		for _, st := range s.byWorkload[key] {
+			if !seen[st.proxy.NodeID] {
+				seen[st.proxy.NodeID] = true
+				proxies = append(proxies, st.proxy)
+			}
+		}
+	}
+	return proxies
 }
 
 // stream is one ADS stream as the server knows it.
@@ -535,6 +570,11 @@ func (s *Server) setSnapshot(ctx context.Context, p *Proxy) error {
 	if err != nil {
 		return fmt.Errorf("configuration of %s: %w", p.NodeID, err)
 	}
+	return s.publish(ctx, p, snap)
+}
+
+// publish sets p's node's snapshot: its streams send what changed.
+func (s *Server) publish(ctx context.Context, p *Proxy, snap cache.ResourceSnapshot) error {
 	if err := s.snapshots.SetSnapshot(ctx, p.NodeID, snap); err != nil {
 		return err
 	}

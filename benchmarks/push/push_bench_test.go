@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,7 @@ var (
 	workloads = flag.String("workloads", "1000", "comma-separated numbers of connected workloads, ascending")
 	debounce  = flag.Duration("debounce", configsource.DefaultDebounce, "configsource debounce")
 	verbose   = flag.Bool("verbose", false, "log the endpoint's debug logs to stderr")
+	profile   = flag.String("push-cpuprofile", "", "write the process's CPU profile (pprof) of the timed pushes only (endpoint, server and clients) to this file and the raw fan-out's to file.raw, suffixed with the workload count")
 	env       *testenv.Env
 )
 
@@ -476,6 +478,7 @@ func sidecarChange(b *testing.B, n int) {
 	var total time.Duration
 	translations := s.translations(b)
 	pushSum, pushCount := s.pushSeconds(b)
+	stopProfile := startProfile(b, "", n)
 	b.ResetTimer()
 	for range b.N {
 		// Toggle from what the Sidecar has (the benchmark runs more than once).
@@ -495,6 +498,7 @@ func sidecarChange(b *testing.B, n int) {
 		total += time.Since(start)
 	}
 	b.StopTimer()
+	stopProfile()
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/push")
 	b.ReportMetric(float64(debounce.Milliseconds()), "debounce-ms")
 	b.ReportMetric(float64(n), "workloads")
@@ -505,6 +509,29 @@ func sidecarChange(b *testing.B, n int) {
 	// to the sidecars after.
 	if sum, count := s.pushSeconds(b); count > pushCount {
 		b.ReportMetric((sum-pushSum)*1000/float64(count-pushCount), "set-ms/push")
+	}
+}
+
+// startProfile starts the CPU profile of -push-cpuprofile (if set) for n
+// workloads, its file name suffixed with suffix and n; the returned func
+// stops it. It replaces go test's -cpuprofile,
+// which would mostly profile the registrations and connections.
+func startProfile(b *testing.B, suffix string, n int) (stop func()) {
+	if *profile == "" {
+		return func() {}
+	}
+	f, err := os.Create(fmt.Sprintf("%s%s.%d", *profile, suffix, n))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatalf("-push-cpuprofile (not with go test's -cpuprofile): %v", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
 	}
 }
 
@@ -553,6 +580,7 @@ func rawFanOut(b *testing.B, n int) {
 	ready.Wait()
 	binds := []string{"127.0.0.3", "127.0.0.2"}
 	var total time.Duration
+	stopProfile := startProfile(b, ".raw", n)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		bind := binds[i%2]
@@ -571,6 +599,7 @@ func rawFanOut(b *testing.B, n int) {
 		total += time.Since(start)
 	}
 	b.StopTimer()
+	stopProfile()
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/push")
 	b.ReportMetric(float64(n), "workloads")
 }

@@ -3,9 +3,7 @@ package configsource
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"slices"
-	"sync"
 	"time"
 
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -25,8 +23,8 @@ import (
 type Pusher interface {
 	// Proxies are the connected proxies.
 	Proxies() []*xds.Proxy
-	// Refresh recomputes the configuration of a workload's proxies.
-	Refresh(ctx context.Context, key types.NamespacedName)
+	// Refresh recomputes the configuration of the workloads' proxies.
+	Refresh(ctx context.Context, keys ...types.NamespacedName)
 }
 
 // Watched are the objects whose changes Run watches; add their lists to the
@@ -151,21 +149,7 @@ func (s *Source) push(ctx context.Context, push Pusher, changes []change, first 
 	}
 	keys := affectedWorkloads(sc, proxies, s.workloadOf, s.log)
 	ctx = withListed(ctx) // each namespace's selecting objects listed once per push
-	// Translations are CPU-bound and independent: one worker per CPU.
-	work := make(chan types.NamespacedName)
-	var workers sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(keys)) {
-		workers.Go(func() {
-			for key := range work {
-				push.Refresh(ctx, key)
-			}
-		})
-	}
-	for _, key := range keys {
-		work <- key
-	}
-	close(work)
-	workers.Wait()
+	push.Refresh(ctx, keys...)
 	if m := s.opts.Metrics; m != nil {
 		m.pushed.Add(float64(len(keys)))
 		m.push.Observe(s.opts.Clock().Sub(first).Seconds())

@@ -106,6 +106,9 @@ type scopeTranslation struct {
 	invalid error
 	// types are the shared resources of each type, with their digest.
 	types map[resource.Type]*sharedType
+	// parts are the digests of the messages the proxies' own resources
+	// share.
+	parts sharedParts
 }
 
 // sharedType are the shared resources of one type.
@@ -136,8 +139,14 @@ func (s *Source) translateScope(ctx context.Context, in *translate.Inputs) (*sco
 		return t, nil // For returns the error
 	}
 	t.invalid = common.Validate()
+	parts, err := newSharedParts(t.shared.Parts())
+	if err != nil {
+		t.invalid = err
+		return t, nil
+	}
+	t.parts = parts
 	for typ, rs := range common.ByType() {
-		d, err := digest(typ, rs)
+		d, err := digest(typ, rs, nil)
 		if err != nil {
 			t.invalid = err
 			return t, nil
@@ -157,7 +166,7 @@ func (t *scopeTranslation) snapshot(own *translate.Result) (*cache.Snapshot, err
 		st := t.types[typ]
 		if st == nil { // no Sidecar: an empty configuration
 			st = &sharedType{}
-			d, err := digest(typ, nil)
+			d, err := digest(typ, nil, nil)
 			if err != nil {
 				return nil, err
 			}
@@ -168,7 +177,7 @@ func (t *scopeTranslation) snapshot(own *translate.Result) (*cache.Snapshot, err
 			snap.Resources[cache.GetResponseType(typ)] = st.resources
 			continue
 		}
-		d, err := digest(typ, mine)
+		d, err := digest(typ, mine, t.parts)
 		if err != nil {
 			return nil, err
 		}

@@ -3,13 +3,11 @@ package configsource
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,7 +15,6 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/protobuf/proto"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -492,7 +489,7 @@ func versioned(byType map[resource.Type][]types.Resource) (*cache.Snapshot, erro
 	for t, rs := range byType {
 		rs = slices.Clone(rs)
 		sortByName(rs)
-		d, err := digest(t, rs)
+		d, err := digest(t, rs, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -503,28 +500,6 @@ func versioned(byType map[resource.Type][]types.Resource) (*cache.Snapshot, erro
 
 func sortByName(rs []types.Resource) {
 	slices.SortFunc(rs, func(a, b types.Resource) int { return cmp.Compare(cache.GetResourceName(a), cache.GetResourceName(b)) })
-}
-
-// digest is the SHA-256 of resources of type t sorted by name: each one's
-// name and deterministic encoding, length-prefixed.
-func digest(t resource.Type, rs []types.Resource) ([]byte, error) {
-	h := sha256.New()
-	var buf, head []byte // reused: one encoding buffer for all resources
-	for _, r := range rs {
-		var err error
-		buf, err = proto.MarshalOptions{Deterministic: true}.MarshalAppend(buf[:0], r)
-		if err != nil {
-			return nil, fmt.Errorf("marshal %s %q: %w", t, cache.GetResourceName(r), err)
-		}
-		name := cache.GetResourceName(r)
-		// "<len(name)>:<name><len(encoding)>:"
-		head = strconv.AppendInt(head[:0], int64(len(name)), 10)
-		head = append(append(head, ':'), name...)
-		head = append(strconv.AppendInt(head, int64(len(buf)), 10), ':')
-		h.Write(head)
-		h.Write(buf)
-	}
-	return h.Sum(nil), nil
 }
 
 // emptySnapshot is a valid configuration with nothing in it.

@@ -1,0 +1,110 @@
+package xds
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// gatedConfig is a settableConfig whose Snapshot of one workload, once
+// armed, waits until the test releases it.
+type gatedConfig struct {
+	settableConfig
+	mu      sync.Mutex
+	gated   types.NamespacedName
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (c *gatedConfig) arm(key types.NamespacedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gated, c.entered, c.release = key, make(chan struct{}), make(chan struct{})
+}
+
+func (c *gatedConfig) Snapshot(ctx context.Context, p *Proxy) (cache.ResourceSnapshot, error) {
+	c.mu.Lock()
+	gated, entered, release := p.Workload.Key == c.gated && c.release != nil, c.entered, c.release
+	c.mu.Unlock()
+	if gated {
+		close(entered)
+		<-release
+	}
+	return c.settableConfig.Snapshot(ctx, p)
+}
+
+// TestRefreshPublishesOnceAllAreComputed: a refresh of several workloads
+// sets no proxy's configuration before every one is computed, so the
+// streams send together instead of each waiting behind the computations
+// left (benchmarks/push); then every proxy gets the change.
+func TestRefreshPublishesOnceAllAreComputed(t *testing.T) {
+	cfg := &gatedConfig{}
+	cfg.set("v1", false, "a")
+	srv, addr := startConfigServer(t, cfg, nil)
+	ns := env.Namespace(t)
+	fast := register(t, ns, "i-00000000000000f01", "10.0.9.1")
+	slow := register(t, ns, "i-00000000000000f02", "10.0.9.2")
+	streams := map[string]discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient{}
+	for _, w := range []*workload{fast, slow} {
+		ctx, cancel := context.WithCancel(withToken(t.Context(), w.token))
+		t.Cleanup(cancel)
+		s, err := discovery.NewAggregatedDiscoveryServiceClient(dial(t, addr)).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&discovery.DiscoveryRequest{Node: sidecarNode(w.nodeID), TypeUrl: resource.ClusterType}); err != nil {
+			t.Fatal(err)
+		}
+		first := recvTimeout(t, s)
+		if first.GetVersionInfo() != "v1" {
+			t.Fatalf("%s: first response version %q, want v1", w.key, first.GetVersionInfo())
+		}
+		if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v1", ResponseNonce: first.GetNonce()}); err != nil {
+			t.Fatal(err)
+		}
+		streams[w.key.Name] = s
+	}
+
+	cfg.set("v2", false, "b")
+	cfg.arm(slow.key)
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Refresh(t.Context(), fast.key, slow.key) }()
+	select {
+	case <-cfg.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the slow workload's configuration was never computed")
+	}
+	// The fast workload's configuration is computed (or being computed by
+	// the other worker); while the slow one's is not done, none is sent.
+	got := make(chan *discovery.DiscoveryResponse, 1)
+	go func() {
+		r, err := streams[fast.key.Name].Recv()
+		if err == nil {
+			got <- r
+		}
+	}()
+	select {
+	case r := <-got:
+		t.Fatalf("the fast workload got version %q before the slow one's configuration was computed", r.GetVersionInfo())
+	case <-time.After(500 * time.Millisecond):
+	}
+	close(cfg.release)
+	select {
+	case r := <-got:
+		if r.GetVersionInfo() != "v2" {
+			t.Fatalf("fast workload: version %q, want v2", r.GetVersionInfo())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the fast workload never got v2")
+	}
+	if r := recvTimeout(t, streams[slow.key.Name]); r.GetVersionInfo() != "v2" {
+		t.Fatalf("slow workload: version %q, want v2", r.GetVersionInfo())
+	}
+	<-done
+}
