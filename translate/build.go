@@ -108,7 +108,10 @@ func newBuilder(in *Inputs) *builder {
 		clusters:  map[string]*clusterv3.Cluster{},
 		endpoints: map[string]*endpointv3.ClusterLoadAssignment{},
 		bound:     map[string]string{},
-		eps:       endpoints.NewIndex(in.EndpointSlices, in.Pods, in.WorkloadEntries),
+		eps:       in.Endpoints,
+	}
+	if b.eps == nil {
+		b.eps = endpoints.NewIndex(in.EndpointSlices, in.Pods, in.WorkloadEntries)
 	}
 	if b.root == "" {
 		b.root = DefaultRootNamespace

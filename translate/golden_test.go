@@ -18,6 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/embark-mesh/embark/translate/endpoints"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/ from the current output")
@@ -198,6 +200,16 @@ func TestGolden(t *testing.T) {
 			res2, _ := Translate(in)
 			if again, _ := renderResult(res2); !bytes.Equal(got, again) {
 				t.Fatal("two translations of the same inputs differ")
+			}
+			// So do translations sharing one endpoint index, the second
+			// reading the endpoints the first remembered.
+			shared := *in
+			shared.Endpoints = endpoints.NewIndex(in.EndpointSlices, in.Pods, in.WorkloadEntries)
+			for i := range 2 {
+				r, _ := Translate(&shared)
+				if again, _ := renderResult(r); !bytes.Equal(got, again) {
+					t.Fatalf("translation %d with a shared endpoint index differs", i+1)
+				}
 			}
 			golden := filepath.Join("testdata", name+".golden.json")
 			if *update {

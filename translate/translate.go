@@ -10,6 +10,8 @@ import (
 	istiosecurityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/embark-mesh/embark/translate/endpoints"
 )
 
 // Mesh holds the mesh-wide settings translation depends on.
@@ -65,6 +67,11 @@ type Inputs struct {
 	// by refusing all inbound traffic (Result.Unenforced).
 	AuthorizationPolicies  []*istiosecurityv1.AuthorizationPolicy
 	RequestAuthentications []*istiosecurityv1.RequestAuthentication
+	// Endpoints, when set, is endpoints.NewIndex of EndpointSlices, Pods
+	// and WorkloadEntries, built by the caller to be reused by its
+	// translations while those do not change (it remembers each port's
+	// endpoints). Default: built by each translation.
+	Endpoints *endpoints.Index
 }
 
 // Result is a workload's complete configuration, ready to be served.

@@ -25,9 +25,16 @@ type Target struct {
 // Targets are issue 18's targets.
 var Targets = []Target{
 	{Package: "benchmarks/push", Figure: "SidecarChange/workloads=1000", Unit: "ms/push",
-		Text: "after the debounce: ≤ 1,000 ms and ≤ 1.5 × raw fan-out",
+		Text: "from the change seen, after the debounce: ≤ 1,000 ms and ≤ 1.5 × raw fan-out",
 		Check: func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
-			f, ok1 := get("SidecarChange/workloads=1000", "ms/push")
+			// From the endpoint's informer seeing the change, as the raw
+			// fan-out is from its first SetSnapshot (neither includes the
+			// API server's write); ms/push, from the write, if that is all
+			// a report has.
+			f, ok1 := get("SidecarChange/workloads=1000", "seen-ms/push")
+			if !ok1 {
+				f, ok1 = get("SidecarChange/workloads=1000", "ms/push")
+			}
 			d, ok2 := get("SidecarChange/workloads=1000", "debounce-ms")
 			raw, ok3 := get("RawSnapshotFanOut/workloads=1000", "ms/push")
 			if !ok1 || !ok2 || !ok3 {

@@ -8,9 +8,9 @@
 package endpoints
 
 import (
-	"net"
-	"sort"
-	"strconv"
+	"cmp"
+	"slices"
+	"sync"
 
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
@@ -22,8 +22,12 @@ import (
 	"github.com/embark-mesh/embark/translate/selection"
 )
 
-// Index holds the objects endpoints are read from, indexed once per
-// translation.
+// Index holds the objects endpoints are read from, indexed once. It may be
+// reused by every translation while those objects do not change (a
+// Sidecar or Service change leaves it valid): it remembers the endpoints
+// of each Service and ServiceEntry port it was asked for, so the
+// WorkloadEntries and pods are scanned once per port, not once per
+// translation. Safe for concurrent use.
 type Index struct {
 	workloadEntries []*istionetworkingv1.WorkloadEntry
 	pods            []*corev1.Pod
@@ -31,12 +35,32 @@ type Index struct {
 	podSA map[string]string
 	// slices maps "<namespace>/<service>" to the Service's EndpointSlices.
 	slices map[string][]*discoveryv1.EndpointSlice
+
+	mu sync.Mutex
+	// ofService and ofEntry remember the endpoints by the object and port
+	// asked for. Keys hold the objects, which are immutable (informer
+	// cache objects are replaced, not modified), so an address names one
+	// object for the Index's lifetime; a changed Service is a new object,
+	// a new key.
+	ofService map[serviceKey][]Endpoint
+	ofEntry   map[entryKey][]Endpoint
+}
+
+type serviceKey struct {
+	svc *corev1.Service
+	sp  corev1.ServicePort
+}
+
+type entryKey struct {
+	se *istionetworkingv1.ServiceEntry
+	sp *networkingv1alpha3.ServicePort
 }
 
 // NewIndex indexes the EndpointSlices by Service and the pods' service
 // accounts. The slices are not modified; nil entries are skipped.
 func NewIndex(slices []*discoveryv1.EndpointSlice, pods []*corev1.Pod, wes []*istionetworkingv1.WorkloadEntry) *Index {
-	x := &Index{workloadEntries: wes, pods: pods, podSA: map[string]string{}, slices: map[string][]*discoveryv1.EndpointSlice{}}
+	x := &Index{workloadEntries: wes, pods: pods, podSA: map[string]string{}, slices: map[string][]*discoveryv1.EndpointSlice{},
+		ofService: map[serviceKey][]Endpoint{}, ofEntry: map[entryKey][]Endpoint{}}
 	for _, es := range slices {
 		if es != nil && es.Labels[discoveryv1.LabelServiceName] != "" {
 			key := es.Namespace + "/" + es.Labels[discoveryv1.LabelServiceName]
@@ -75,26 +99,21 @@ type Endpoint struct {
 }
 
 // LoadAssignment is the cluster load assignment of eps, sorted by address
-// and port, without duplicates; eps is sorted in place.
+// and port, without duplicates (of one address and port, the one with the
+// lowest weight, then service account, is kept); eps is sorted in place.
 func LoadAssignment(name string, eps []Endpoint) *endpointv3.ClusterLoadAssignment {
-	sort.Slice(eps, func(i, j int) bool {
-		if eps[i].Addr != eps[j].Addr {
-			return eps[i].Addr < eps[j].Addr
-		}
-		return eps[i].Port < eps[j].Port
+	slices.SortFunc(eps, func(a, b Endpoint) int {
+		return cmp.Or(cmp.Compare(a.Addr, b.Addr), cmp.Compare(a.Port, b.Port), cmp.Compare(a.Weight, b.Weight), cmp.Compare(a.SA, b.SA))
 	})
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
 	if len(eps) == 0 {
 		return cla
 	}
-	loc := &endpointv3.LocalityLbEndpoints{}
-	seen := map[string]bool{}
-	for _, e := range eps {
-		key := net.JoinHostPort(e.Addr, strconv.Itoa(int(e.Port)))
-		if seen[key] {
-			continue
+	loc := &endpointv3.LocalityLbEndpoints{LbEndpoints: make([]*endpointv3.LbEndpoint, 0, len(eps))}
+	for i, e := range eps {
+		if i > 0 && e.Addr == eps[i-1].Addr && e.Port == eps[i-1].Port {
+			continue // sorted: duplicates are adjacent
 		}
-		seen[key] = true
 		loc.LbEndpoints = append(loc.LbEndpoints, envoyconf.LBEndpoint(envoyconf.SocketAddress(e.Addr, e.Port), e.Weight))
 	}
 	cla.Endpoints = []*endpointv3.LocalityLbEndpoints{loc}
@@ -103,8 +122,22 @@ func LoadAssignment(name string, eps []Endpoint) *endpointv3.ClusterLoadAssignme
 
 // OfService are the ready endpoints of the Service's EndpointSlices
 // for the port (matched by name) plus the healthy WorkloadEntries of the
-// Service's namespace its selector selects.
+// Service's namespace its selector selects. The slice is the caller's.
 func (x *Index) OfService(svc *corev1.Service, sp corev1.ServicePort) []Endpoint {
+	k := serviceKey{svc, sp}
+	x.mu.Lock()
+	eps, ok := x.ofService[k]
+	x.mu.Unlock()
+	if !ok {
+		eps = x.ofServiceUncached(svc, sp)
+		x.mu.Lock()
+		x.ofService[k] = eps
+		x.mu.Unlock()
+	}
+	return slices.Clone(eps)
+}
+
+func (x *Index) ofServiceUncached(svc *corev1.Service, sp corev1.ServicePort) []Endpoint {
 	var out []Endpoint
 	for _, es := range x.slices[svc.Namespace+"/"+svc.Name] {
 		if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
@@ -165,7 +198,22 @@ func (x *Index) OfService(svc *corev1.Service, sp corev1.ServicePort) []Endpoint
 
 // OfServiceEntry are a ServiceEntry's inline endpoints plus the
 // healthy WorkloadEntries of its namespace its workloadSelector selects.
+// The slice is the caller's.
 func (x *Index) OfServiceEntry(se *istionetworkingv1.ServiceEntry, sp *networkingv1alpha3.ServicePort) []Endpoint {
+	k := entryKey{se, sp}
+	x.mu.Lock()
+	eps, ok := x.ofEntry[k]
+	x.mu.Unlock()
+	if !ok {
+		eps = x.ofServiceEntryUncached(se, sp)
+		x.mu.Lock()
+		x.ofEntry[k] = eps
+		x.mu.Unlock()
+	}
+	return slices.Clone(eps)
+}
+
+func (x *Index) ofServiceEntryUncached(se *istionetworkingv1.ServiceEntry, sp *networkingv1alpha3.ServicePort) []Endpoint {
 	out := Inline(se, sp)
 	sel := se.Spec.GetWorkloadSelector().GetLabels()
 	if len(sel) == 0 {

@@ -1,10 +1,13 @@
 package endpoints
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 
 	metav1alpha1 "istio.io/api/meta/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
 )
 
 func TestWorkloadEntryHealth(t *testing.T) {
@@ -33,5 +36,72 @@ func TestWorkloadEntryHealth(t *testing.T) {
 				t.Errorf("Healthy = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestLoadAssignmentSortsAndDeduplicates(t *testing.T) {
+	tests := []struct {
+		name string
+		eps  []Endpoint
+		want []string // "<addr>:<port>/<weight>"
+	}{
+		{name: "none"},
+		{name: "sorted by address, then port", eps: []Endpoint{{Addr: "10.0.0.2", Port: 80}, {Addr: "10.0.0.1", Port: 90}, {Addr: "10.0.0.1", Port: 80}},
+			want: []string{"10.0.0.1:80/0", "10.0.0.1:90/0", "10.0.0.2:80/0"}},
+		{name: "a duplicate address and port once, the lowest weight kept whatever the order",
+			eps:  []Endpoint{{Addr: "10.0.0.1", Port: 80, Weight: 5}, {Addr: "10.0.0.2", Port: 80}, {Addr: "10.0.0.1", Port: 80, Weight: 2}},
+			want: []string{"10.0.0.1:80/2", "10.0.0.2:80/0"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cla := LoadAssignment("c", tt.eps)
+			var got []string
+			for _, l := range cla.GetEndpoints() {
+				for _, e := range l.GetLbEndpoints() {
+					a := e.GetEndpoint().GetAddress().GetSocketAddress()
+					got = append(got, fmt.Sprintf("%s:%d/%d", a.GetAddress(), a.GetPortValue(), e.GetLoadBalancingWeight().GetValue()))
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("endpoints %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestIndexRemembersEachPort: a port's endpoints are computed once per
+// Index; callers own what they get (sorting it changes nothing for the
+// next); a changed Service (a new object) is asked anew.
+func TestIndexRemembersEachPort(t *testing.T) {
+	we := func(name, addr, app string) *istionetworkingv1.WorkloadEntry {
+		w := &istionetworkingv1.WorkloadEntry{}
+		w.Name, w.Namespace = name, "shop"
+		w.Spec.Address, w.Spec.Labels = addr, map[string]string{"app": app}
+		return w
+	}
+	x := NewIndex(nil, nil, []*istionetworkingv1.WorkloadEntry{we("b", "10.0.0.2", "reviews"), we("a", "10.0.0.1", "reviews"), we("c", "10.0.0.3", "ratings")})
+	svc := &corev1.Service{}
+	svc.Name, svc.Namespace = "reviews", "shop"
+	svc.Spec.Selector = map[string]string{"app": "reviews"}
+	svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 8080}}
+	addrs := func(eps []Endpoint) []string {
+		var out []string
+		for _, e := range eps {
+			out = append(out, e.Addr)
+		}
+		return out
+	}
+	first := x.OfService(svc, svc.Spec.Ports[0])
+	if got := addrs(first); !slices.Equal(got, []string{"10.0.0.2", "10.0.0.1"}) {
+		t.Fatalf("endpoints %v, want the two reviews entries in index order", got)
+	}
+	LoadAssignment("c", first) // sorts the caller's slice in place
+	if got := addrs(x.OfService(svc, svc.Spec.Ports[0])); !slices.Equal(got, []string{"10.0.0.2", "10.0.0.1"}) {
+		t.Errorf("after the caller sorted its copy: %v, want the remembered order", got)
+	}
+	changed := svc.DeepCopy()
+	changed.Spec.Selector = map[string]string{"app": "ratings"}
+	if got := addrs(x.OfService(changed, changed.Spec.Ports[0])); !slices.Equal(got, []string{"10.0.0.3"}) {
+		t.Errorf("changed Service: %v, want its own selection", got)
 	}
 }

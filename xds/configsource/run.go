@@ -72,9 +72,13 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 		// the proxy, not the cache): its changes leave every scope's
 		// translation as it is.
 		_, isRegistration := obj.(*runtimev1alpha1.WorkloadAutoRegistration)
+		indexed := isIndexed(obj)
 		add := func(old, new client.Object) {
 			if !isRegistration {
 				s.scopes.changed()
+			}
+			if indexed {
+				s.endpoints.changed()
 			}
 			d.add(kind, old, new, s.opts.Clock())
 		}
@@ -105,6 +109,8 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 	// scope can be shared until the next one.
 	s.scopes.watch(true)
 	defer s.scopes.watch(false)
+	s.endpoints.watch(true)
+	defer s.endpoints.watch(false)
 
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -133,6 +139,15 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 		changes, first := d.take()
 		s.push(ctx, push, changes, first)
 	}
+}
+
+// isIndexed says whether obj is of a kind endpoints.Index indexes.
+func isIndexed(obj client.Object) bool {
+	switch obj.(type) {
+	case *discoveryv1.EndpointSlice, *corev1.Pod, *istionetworkingv1.WorkloadEntry:
+		return true
+	}
+	return false
 }
 
 // push recomputes the proxies that changes affect.

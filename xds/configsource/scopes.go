@@ -12,6 +12,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/embark-mesh/embark/translate"
+	"github.com/embark-mesh/embark/translate/endpoints"
 )
 
 // scopes remembers the translation of each scope (translate.ScopeKey) while
@@ -126,10 +127,14 @@ var servedTypes = []resource.Type{resource.ListenerType, resource.RouteType, res
 // in (the scope's inputs for its first proxy), translates the scope,
 // validates and hashes the shared resources.
 func (s *Source) translateScope(ctx context.Context, in *translate.Inputs) (*scopeTranslation, error) {
+	gen := s.endpoints.generation() // before the inputs are read
 	full := *in
 	if err := s.meshInputs(ctx, &full); err != nil {
 		return nil, err
 	}
+	full.Endpoints = s.endpoints.index(gen, func() *endpoints.Index {
+		return endpoints.NewIndex(full.EndpointSlices, full.Pods, full.WorkloadEntries)
+	})
 	if m := s.opts.Metrics; m != nil {
 		m.translations.Inc()
 	}
@@ -194,4 +199,62 @@ func (t *scopeTranslation) snapshot(own *translate.Result) (*cache.Snapshot, err
 		snap.Resources[cache.GetResponseType(typ)] = cache.Resources{Version: hex.EncodeToString(h.Sum(nil))[:16], Items: items}
 	}
 	return snap, nil
+}
+
+// endpointIndex is the endpoints.Index the scopes' translations share while
+// the objects it indexes (EndpointSlices, Pods, WorkloadEntries) do not
+// change: a Sidecar, Service or policy change translates the scopes again
+// without scanning every WorkloadEntry and pod for each port again. Only
+// while Run watches the inputs, as scopes.
+type endpointIndex struct {
+	mu       sync.Mutex
+	watching bool
+	// gen counts the changes of the indexed objects Run has seen.
+	gen uint64
+	// idx was built from the objects of generation idxGen.
+	idx    *endpoints.Index
+	idxGen uint64
+}
+
+// changed says an indexed object changed: the index is built again.
+func (e *endpointIndex) changed() {
+	e.mu.Lock()
+	e.gen++
+	e.mu.Unlock()
+}
+
+// watch turns reuse on (Run's handlers are registered) or off.
+func (e *endpointIndex) watch(on bool) {
+	e.mu.Lock()
+	e.watching = on
+	e.gen++
+	e.idx = nil
+	e.mu.Unlock()
+}
+
+// generation is the current generation, read before the objects are.
+func (e *endpointIndex) generation() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.gen
+}
+
+// index returns the index of generation gen: the remembered one if it is
+// of gen and nothing changed since, else build's, remembered if nothing
+// changed since gen.
+func (e *endpointIndex) index(gen uint64, build func() *endpoints.Index) *endpoints.Index {
+	e.mu.Lock()
+	if e.watching && e.idx != nil && e.idxGen == gen && e.gen == gen {
+		idx := e.idx
+		e.mu.Unlock()
+		return idx
+	}
+	e.mu.Unlock()
+	idx := build()
+	e.mu.Lock()
+	if e.watching && e.gen == gen {
+		e.idx, e.idxGen = idx, gen
+	}
+	e.mu.Unlock()
+	return idx
 }

@@ -105,6 +105,9 @@ type Source struct {
 	// scopes are the translations of the scopes proxies were served from,
 	// shared while the inputs do not change.
 	scopes scopes
+	// endpoints is the endpoint index translations share while the
+	// EndpointSlices, Pods and WorkloadEntries do not change.
+	endpoints endpointIndex
 }
 
 // served is what a node was last served successfully, and its last error.
