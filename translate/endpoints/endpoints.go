@@ -9,6 +9,7 @@ package endpoints
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -17,6 +18,8 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/embark-mesh/embark/translate/internal/envoyconf"
 	"github.com/embark-mesh/embark/translate/selection"
@@ -25,9 +28,9 @@ import (
 // Index holds the objects endpoints are read from, indexed once. It may be
 // reused by every translation while those objects do not change (a
 // Sidecar or Service change leaves it valid): it remembers the endpoints
-// of each Service and ServiceEntry port it was asked for, so the
-// WorkloadEntries and pods are scanned once per port, not once per
-// translation. Safe for concurrent use.
+// of each Service and ServiceEntry port it was asked for (by the object's
+// resourceVersion), so the WorkloadEntries and pods are scanned once per
+// port, not once per translation. Safe for concurrent use.
 type Index struct {
 	workloadEntries []*istionetworkingv1.WorkloadEntry
 	pods            []*corev1.Pod
@@ -37,30 +40,52 @@ type Index struct {
 	slices map[string][]*discoveryv1.EndpointSlice
 
 	mu sync.Mutex
-	// ofService and ofEntry remember the endpoints by the object and port
-	// asked for. Keys hold the objects, which are immutable (informer
-	// cache objects are replaced, not modified), so an address names one
-	// object for the Index's lifetime; a changed Service is a new object,
-	// a new key.
-	ofService map[serviceKey][]Endpoint
-	ofEntry   map[entryKey][]Endpoint
+	// ofService and ofEntry remember the endpoints by the object's
+	// identity and resourceVersion (equal resourceVersions, equal
+	// objects; a changed object is a new key) and the port asked for.
+	// Objects without a resourceVersion are not remembered.
+	ofService map[portKey][]Endpoint
+	ofEntry   map[portKey][]Endpoint
 }
 
-type serviceKey struct {
-	svc *corev1.Service
-	sp  corev1.ServicePort
+// portKey names one port of one version of a Service or ServiceEntry.
+type portKey struct {
+	uid             types.UID
+	namespace, name string
+	resourceVersion string
+	port            string // the port as asked for, see keyOf
 }
 
-type entryKey struct {
-	se *istionetworkingv1.ServiceEntry
-	sp *networkingv1alpha3.ServicePort
+// keyOf is the key of obj's port, ok false when obj has no resourceVersion.
+func keyOf(obj metav1.Object, port string) (portKey, bool) {
+	if obj.GetResourceVersion() == "" {
+		return portKey{}, false
+	}
+	return portKey{obj.GetUID(), obj.GetNamespace(), obj.GetName(), obj.GetResourceVersion(), port}, true
+}
+
+// remembered returns m's endpoints for k, computing them once.
+func (x *Index) remembered(m map[portKey][]Endpoint, k portKey, ok bool, compute func() []Endpoint) []Endpoint {
+	if !ok {
+		return compute()
+	}
+	x.mu.Lock()
+	eps, found := m[k]
+	x.mu.Unlock()
+	if !found {
+		eps = compute()
+		x.mu.Lock()
+		m[k] = eps
+		x.mu.Unlock()
+	}
+	return slices.Clone(eps)
 }
 
 // NewIndex indexes the EndpointSlices by Service and the pods' service
 // accounts. The slices are not modified; nil entries are skipped.
 func NewIndex(slices []*discoveryv1.EndpointSlice, pods []*corev1.Pod, wes []*istionetworkingv1.WorkloadEntry) *Index {
 	x := &Index{workloadEntries: wes, pods: pods, podSA: map[string]string{}, slices: map[string][]*discoveryv1.EndpointSlice{},
-		ofService: map[serviceKey][]Endpoint{}, ofEntry: map[entryKey][]Endpoint{}}
+		ofService: map[portKey][]Endpoint{}, ofEntry: map[portKey][]Endpoint{}}
 	for _, es := range slices {
 		if es != nil && es.Labels[discoveryv1.LabelServiceName] != "" {
 			key := es.Namespace + "/" + es.Labels[discoveryv1.LabelServiceName]
@@ -124,17 +149,8 @@ func LoadAssignment(name string, eps []Endpoint) *endpointv3.ClusterLoadAssignme
 // for the port (matched by name) plus the healthy WorkloadEntries of the
 // Service's namespace its selector selects. The slice is the caller's.
 func (x *Index) OfService(svc *corev1.Service, sp corev1.ServicePort) []Endpoint {
-	k := serviceKey{svc, sp}
-	x.mu.Lock()
-	eps, ok := x.ofService[k]
-	x.mu.Unlock()
-	if !ok {
-		eps = x.ofServiceUncached(svc, sp)
-		x.mu.Lock()
-		x.ofService[k] = eps
-		x.mu.Unlock()
-	}
-	return slices.Clone(eps)
+	k, ok := keyOf(svc, fmt.Sprintf("%s|%d|%s|%s", sp.Name, sp.Port, sp.TargetPort.String(), sp.Protocol))
+	return x.remembered(x.ofService, k, ok, func() []Endpoint { return x.ofServiceUncached(svc, sp) })
 }
 
 func (x *Index) ofServiceUncached(svc *corev1.Service, sp corev1.ServicePort) []Endpoint {
@@ -200,17 +216,8 @@ func (x *Index) ofServiceUncached(svc *corev1.Service, sp corev1.ServicePort) []
 // healthy WorkloadEntries of its namespace its workloadSelector selects.
 // The slice is the caller's.
 func (x *Index) OfServiceEntry(se *istionetworkingv1.ServiceEntry, sp *networkingv1alpha3.ServicePort) []Endpoint {
-	k := entryKey{se, sp}
-	x.mu.Lock()
-	eps, ok := x.ofEntry[k]
-	x.mu.Unlock()
-	if !ok {
-		eps = x.ofServiceEntryUncached(se, sp)
-		x.mu.Lock()
-		x.ofEntry[k] = eps
-		x.mu.Unlock()
-	}
-	return slices.Clone(eps)
+	k, ok := keyOf(se, fmt.Sprintf("%s|%d|%d|%s", sp.GetName(), sp.GetNumber(), sp.GetTargetPort(), sp.GetProtocol()))
+	return x.remembered(x.ofEntry, k, ok, func() []Endpoint { return x.ofServiceEntryUncached(se, sp) })
 }
 
 func (x *Index) ofServiceEntryUncached(se *istionetworkingv1.ServiceEntry, sp *networkingv1alpha3.ServicePort) []Endpoint {

@@ -70,8 +70,10 @@ func TestLoadAssignmentSortsAndDeduplicates(t *testing.T) {
 }
 
 // TestIndexRemembersEachPort: a port's endpoints are computed once per
-// Index; callers own what they get (sorting it changes nothing for the
-// next); a changed Service (a new object) is asked anew.
+// version of the Service (its resourceVersion; a copy of the same version
+// is the same Service); callers own what they get (sorting it changes
+// nothing for the next); another version, or an object without one, is
+// computed anew.
 func TestIndexRemembersEachPort(t *testing.T) {
 	we := func(name, addr, app string) *istionetworkingv1.WorkloadEntry {
 		w := &istionetworkingv1.WorkloadEntry{}
@@ -81,7 +83,7 @@ func TestIndexRemembersEachPort(t *testing.T) {
 	}
 	x := NewIndex(nil, nil, []*istionetworkingv1.WorkloadEntry{we("b", "10.0.0.2", "reviews"), we("a", "10.0.0.1", "reviews"), we("c", "10.0.0.3", "ratings")})
 	svc := &corev1.Service{}
-	svc.Name, svc.Namespace = "reviews", "shop"
+	svc.Name, svc.Namespace, svc.UID, svc.ResourceVersion = "reviews", "shop", "u1", "1"
 	svc.Spec.Selector = map[string]string{"app": "reviews"}
 	svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 8080}}
 	addrs := func(eps []Endpoint) []string {
@@ -91,17 +93,31 @@ func TestIndexRemembersEachPort(t *testing.T) {
 		}
 		return out
 	}
+	reviews, ratings := []string{"10.0.0.2", "10.0.0.1"}, []string{"10.0.0.3"}
 	first := x.OfService(svc, svc.Spec.Ports[0])
-	if got := addrs(first); !slices.Equal(got, []string{"10.0.0.2", "10.0.0.1"}) {
+	if got := addrs(first); !slices.Equal(got, reviews) {
 		t.Fatalf("endpoints %v, want the two reviews entries in index order", got)
 	}
 	LoadAssignment("c", first) // sorts the caller's slice in place
-	if got := addrs(x.OfService(svc, svc.Spec.Ports[0])); !slices.Equal(got, []string{"10.0.0.2", "10.0.0.1"}) {
+	if got := addrs(x.OfService(svc, svc.Spec.Ports[0])); !slices.Equal(got, reviews) {
 		t.Errorf("after the caller sorted its copy: %v, want the remembered order", got)
 	}
-	changed := svc.DeepCopy()
-	changed.Spec.Selector = map[string]string{"app": "ratings"}
-	if got := addrs(x.OfService(changed, changed.Spec.Ports[0])); !slices.Equal(got, []string{"10.0.0.3"}) {
-		t.Errorf("changed Service: %v, want its own selection", got)
+	// Only the version names the Service: a copy claiming version 1 with
+	// another selector gets what version 1 selected (never the case for
+	// objects read from the API server, where a change is a new version).
+	sameVersion := svc.DeepCopy()
+	sameVersion.Spec.Selector = map[string]string{"app": "ratings"}
+	if got := addrs(x.OfService(sameVersion, sameVersion.Spec.Ports[0])); !slices.Equal(got, reviews) {
+		t.Errorf("the same version again: %v, want the remembered %v", got, reviews)
+	}
+	next := sameVersion.DeepCopy()
+	next.ResourceVersion = "2"
+	if got := addrs(x.OfService(next, next.Spec.Ports[0])); !slices.Equal(got, ratings) {
+		t.Errorf("a new version: %v, want its own selection %v", got, ratings)
+	}
+	unversioned := sameVersion.DeepCopy()
+	unversioned.ResourceVersion = ""
+	if got := addrs(x.OfService(unversioned, unversioned.Spec.Ports[0])); !slices.Equal(got, ratings) {
+		t.Errorf("no version: %v, want its own selection %v", got, ratings)
 	}
 }
