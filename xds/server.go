@@ -270,9 +270,8 @@ func (s *Server) Run(ctx context.Context) error {
 // is CPU-bound and the proxies' configurations are independent), then all
 // are set at once: the streams send while nothing else competes for the
 // CPUs, and their writes to a connection are batched, instead of each send
-// waiting behind the computations still to come (measured in
-// benchmarks/push: the last of 1,000 proxies gets a change about a third
-// sooner).
+// waiting behind the computations still to come (see benchmarks/push and
+// docs/translate.md).
 func (s *Server) Refresh(ctx context.Context, keys ...types.NamespacedName) {
 	proxies := s.proxiesOf(keys)
 	snaps := make([]cache.ResourceSnapshot, len(proxies))
