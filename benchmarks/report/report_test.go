@@ -140,6 +140,9 @@ func TestTargetsAndRefusedFigures(t *testing.T) {
 		{name: "baseline refused", figure: "Held/streams=10000 B/stream", wantFound: true, wantRefused: true, wantValue: 20000, wantLimit: 1.3 * 14000},
 		{name: "not measured", figure: "Onboarding/agents=50 onboardings/s"},
 	}
+	if got := byFigure["SidecarChange/workloads=1000 ms/push"].Embark.Median; got != 400 {
+		t.Errorf("push row shows Embark %v, want its ms/push (400) beside the judged value", got)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, ok := byFigure[tt.figure]

@@ -139,6 +139,7 @@ func EvaluateTargets(figs []Figure, targets []Target) []TargetRow {
 			}
 			return Figure{}, false
 		}
+		get(t.Figure, t.Unit) // shown as Embark's figure even when Check judges another
 		row.Value, row.Limit, row.Met, row.Found = t.Check(get)
 		for _, f := range used {
 			row.Load = math.Max(row.Load, f.Load)
