@@ -20,6 +20,9 @@ type gatedConfig struct {
 	gated   types.NamespacedName
 	entered chan struct{}
 	release chan struct{}
+	// computed, when set, receives the key of every workload whose
+	// configuration was computed without waiting.
+	computed chan types.NamespacedName
 }
 
 func (c *gatedConfig) arm(key types.NamespacedName) {
@@ -30,13 +33,116 @@ func (c *gatedConfig) arm(key types.NamespacedName) {
 
 func (c *gatedConfig) Snapshot(ctx context.Context, p *Proxy) (cache.ResourceSnapshot, error) {
 	c.mu.Lock()
-	gated, entered, release := p.Workload.Key == c.gated && c.release != nil, c.entered, c.release
+	gated, entered, release, computed := p.Workload.Key == c.gated && c.release != nil, c.entered, c.release, c.computed
 	c.mu.Unlock()
 	if gated {
 		close(entered)
 		<-release
 	}
-	return c.settableConfig.Snapshot(ctx, p)
+	snap, err := c.settableConfig.Snapshot(ctx, p)
+	if !gated && computed != nil {
+		computed <- p.Workload.Key
+	}
+	return snap, err
+}
+
+// openStream opens w's ADS stream for clusters and ACKs its first
+// response, which must be of version want.
+func openStream(t *testing.T, addr string, w *workload, want string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(withToken(t.Context(), w.token))
+	t.Cleanup(cancel)
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(dial(t, addr)).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&discovery.DiscoveryRequest{Node: sidecarNode(w.nodeID), TypeUrl: resource.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	first := recvTimeout(t, s)
+	if first.GetVersionInfo() != want {
+		t.Fatalf("%s: first response version %q, want %s", w.key, first.GetVersionInfo(), want)
+	}
+	if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: want, ResponseNonce: first.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	return s, cancel
+}
+
+// TestRefreshKeepsAReconnectedNodesNewerConfiguration: a node whose stream
+// closes and reconnects while a refresh computes the others' configurations
+// keeps what its new stream was given (computed from newer inputs, perhaps
+// for another registration of the workload); the refresh does not set the
+// configuration it computed for the closed stream over it.
+func TestRefreshKeepsAReconnectedNodesNewerConfiguration(t *testing.T) {
+	cfg := &gatedConfig{}
+	cfg.set("v1", false, "a")
+	srv, addr := startConfigServer(t, cfg, nil)
+	ns := env.Namespace(t)
+	fast := register(t, ns, "i-00000000000000f11", "10.0.9.11")
+	slow := register(t, ns, "i-00000000000000f12", "10.0.9.12")
+	_, closeFast := openStream(t, addr, fast, "v1")
+	slowStream, _ := openStream(t, addr, slow, "v1")
+
+	computed := make(chan types.NamespacedName, 16)
+	cfg.mu.Lock()
+	cfg.computed = computed
+	cfg.mu.Unlock()
+	cfg.set("v2", false, "b")
+	cfg.arm(slow.key)
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Refresh(t.Context(), fast.key, slow.key) }()
+	for seen := false; !seen; {
+		select {
+		case k := <-computed:
+			seen = k == fast.key
+		case <-time.After(20 * time.Second):
+			t.Fatal("the fast workload's configuration was never computed")
+		}
+	}
+	select {
+	case <-cfg.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the slow workload's configuration was never computed")
+	}
+
+	// While the slow one is computed, the fast node's stream closes and the
+	// node reconnects with newer inputs.
+	closeFast()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		srv.mu.Lock()
+		attached := srv.nodes[fast.nodeID]
+		srv.mu.Unlock()
+		if attached == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fast node's closed stream was never detached")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cfg.set("v3", false, "c")
+	again, _ := openStream(t, addr, fast, "v3")
+
+	close(cfg.release)
+	<-done
+	if r := recvTimeout(t, slowStream); r.GetVersionInfo() != "v3" {
+		t.Fatalf("slow workload: version %q, want v3", r.GetVersionInfo())
+	}
+	got := make(chan *discovery.DiscoveryResponse, 1)
+	go func() {
+		if r, err := again.Recv(); err == nil {
+			got <- r
+		}
+	}()
+	select {
+	case r := <-got:
+		if r.GetVersionInfo() != "v3" {
+			t.Fatalf("the reconnected fast node got version %q after v3: the refresh set what it computed for the closed stream", r.GetVersionInfo())
+		}
+	case <-time.After(time.Second):
+	}
 }
 
 // TestRefreshPublishesOnceAllAreComputed: a refresh of several workloads

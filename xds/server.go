@@ -294,10 +294,39 @@ func (s *Server) Refresh(ctx context.Context, keys ...types.NamespacedName) {
 		if snaps[i] == nil {
 			continue
 		}
-		if err := s.publish(ctx, p, snaps[i]); err != nil {
+		var err error
+		switch cur := s.currentProxy(p); {
+		case cur == p:
+			err = s.publish(ctx, p, snaps[i])
+		case cur != nil:
+			// The stream p came from closed while the others were computed
+			// and the node reconnected: what was computed for p (perhaps
+			// another registration of the workload) must not replace what
+			// the new stream was given; compute for the stream it has now.
+			err = s.setSnapshot(ctx, cur)
+		}
+		if err != nil {
 			s.log.Error("refresh proxy configuration", "node", p.NodeID, "error", err)
 		}
 	}
+}
+
+// currentProxy is p when a stream of p's node still holds it, else the
+// proxy of another stream of the node bound to the same registration key
+// (nil: none, the node is gone).
+func (s *Server) currentProxy(p *Proxy) *Proxy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var other *Proxy
+	for _, st := range s.byWorkload[p.Workload.Key] {
+		switch {
+		case st.proxy == p:
+			return p
+		case other == nil && st.proxy.NodeID == p.NodeID:
+			other = st.proxy
+		}
+	}
+	return other
 }
 
 // proxiesOf are the proxies of the registrations keys, each node once.
