@@ -158,23 +158,7 @@ func TestRefreshPublishesOnceAllAreComputed(t *testing.T) {
 	slow := register(t, ns, "i-00000000000000f02", "10.0.9.2")
 	streams := map[string]discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient{}
 	for _, w := range []*workload{fast, slow} {
-		ctx, cancel := context.WithCancel(withToken(t.Context(), w.token))
-		t.Cleanup(cancel)
-		s, err := discovery.NewAggregatedDiscoveryServiceClient(dial(t, addr)).StreamAggregatedResources(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Send(&discovery.DiscoveryRequest{Node: sidecarNode(w.nodeID), TypeUrl: resource.ClusterType}); err != nil {
-			t.Fatal(err)
-		}
-		first := recvTimeout(t, s)
-		if first.GetVersionInfo() != "v1" {
-			t.Fatalf("%s: first response version %q, want v1", w.key, first.GetVersionInfo())
-		}
-		if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: "v1", ResponseNonce: first.GetNonce()}); err != nil {
-			t.Fatal(err)
-		}
-		streams[w.key.Name] = s
+		streams[w.key.Name], _ = openStream(t, addr, w, "v1")
 	}
 
 	cfg.set("v2", false, "b")
