@@ -155,7 +155,7 @@ func parseProtocol(s string) (protocol, bool) {
 func (b *builder) claim(ip string, port uint32, field string) error {
 	key := listenerKey(ip, port)
 	if b.record != nil {
-		*b.record = append(*b.record, claimed{key: key, field: field})
+		*b.record = append(*b.record, claimed{key: key, field: field, ip: ip, port: port})
 	}
 	if prev, ok := b.bound[key]; ok {
 		return b.fail(field, "%s is already used by %s", key, prev)

@@ -1,8 +1,10 @@
 package translate
 
 import (
+	"crypto/sha256"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -57,8 +59,36 @@ func ScopeKey(in *Inputs) string {
 			sel = append(sel, "AuthorizationPolicy/"+ap.Namespace+"/"+ap.Name)
 		}
 	}
+	if portlessEgressBinds(in.Sidecars)[w.Address] {
+		// An egress listener without a port on the workload's own address
+		// yields to its ingress listeners (see Prepare): the scope is the
+		// address's alone.
+		sel = append(sel, "Address/"+w.Address)
+	}
 	sort.Strings(sel)
 	return w.Namespace + "|" + strings.Join(sel, ",")
+}
+
+// portlessEgressBinds are the addresses the egress listeners without a port
+// of sidecars bind to.
+func portlessEgressBinds(sidecars []*istionetworkingv1.Sidecar) map[string]bool {
+	var out map[string]bool
+	for _, sc := range sidecars {
+		for _, eg := range sc.Spec.GetEgress() {
+			if eg.GetPort() != nil {
+				continue
+			}
+			if out == nil {
+				out = map[string]bool{}
+			}
+			bind := eg.GetBind()
+			if bind == "" {
+				bind = DefaultEgressBind
+			}
+			out[bind] = true
+		}
+	}
+	return out
 }
 
 // Shared is the translation of one scope (see ScopeKey): everything but the
@@ -89,6 +119,10 @@ type Shared struct {
 	// inbound are the other workload-independent parts of the ingress
 	// listeners and inbound clusters, built once for the scope.
 	inbound *inboundParts
+	// ownInputs is the part of OwnInputs every workload shares
+	// (ownInputsOK: it could be taken).
+	ownInputs   [sha256.Size]byte
+	ownInputsOK bool
 }
 
 // inboundChainKey is what an ingress listener's filter chains depend on.
@@ -99,7 +133,12 @@ type inboundChainKey struct {
 }
 
 // claimed is one "<ip>:<port>" an egress listener claimed, and its field.
-type claimed struct{ key, field string }
+type claimed struct {
+	key, field string
+	// ip and port are key's parts.
+	ip   string
+	port uint32
+}
 
 // Prepare translates the scope of in's workload. It never fails: a
 // translation error is returned by For, in the order Translate would
@@ -112,17 +151,44 @@ func Prepare(in *Inputs) *Shared {
 	s := &Shared{in: *in, root: b.root, trust: b.trust, suffix: b.suffix, authz: b.authz}
 	s.sidecar = selectSidecar(in.Sidecars, in.Workload, b.root)
 	s.common = Result{Sidecar: s.sidecar, Unenforced: b.authz.unenforced}
+	defer func() { s.ownInputs, s.ownInputsOK = s.ownInputsDigest() }()
 	if s.sidecar == nil {
 		return s
 	}
 	b.sidecarName = s.sidecar.Namespace + "/" + s.sidecar.Name
 	s.chains = prepareChains(b, s.sidecar)
 	s.inbound = prepareInbound(b, s.sidecar)
+	b.claimIngress(s.sidecar)
 	b.record = &s.claims
 	b.warnIgnored(s.sidecar)
 	s.err = b.egress(s.sidecar)
 	b.finish(&s.common)
 	return s
+}
+
+// claimIngress claims, before egress does, the addresses of sc's valid
+// ingress listeners that are the same for every workload of the scope (an
+// explicit bind) and, when an egress listener without a port binds to the
+// workload's own address (which ScopeKey then makes the scope's alone),
+// the ones on that address: egress listeners without a port leave out the
+// ports ingress listeners took, as in Translate, where ingress claims first.
+// For claims each workload's own again.
+func (b *builder) claimIngress(sc *istionetworkingv1.Sidecar) {
+	ownAddress := portlessEgressBinds([]*istionetworkingv1.Sidecar{sc})[b.in.Workload.Address]
+	for i, ing := range sc.Spec.GetIngress() {
+		port := ing.GetPort().GetNumber()
+		if _, ok := parseProtocol(ing.GetPort().GetProtocol()); !ok || port == 0 || port > 65535 {
+			continue // For fails
+		}
+		bind := ing.GetBind()
+		if bind == "" && ownAddress {
+			bind = b.in.Workload.Address
+		}
+		if _, err := parseIP(bind); err != nil {
+			continue
+		}
+		_ = b.claim(bind, port, "spec.ingress["+strconv.Itoa(i)+"]")
+	}
 }
 
 // prepareChains builds the filter chains of sc's valid ingress listeners:

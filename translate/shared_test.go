@@ -12,6 +12,8 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // variants are workloads to translate the inputs for: every combination of
@@ -108,10 +110,17 @@ func TestSharedEqualsTranslate(t *testing.T) {
   egress: [{bind: "300.0.0.1", port: {number: 80, protocol: HTTP, name: x}, hosts: ["./*"]}]`,
 		`
   ingress: [{port: {number: 80, protocol: UDP, name: x}, defaultEndpoint: "127.0.0.1:80"}]`,
+		// Egress listeners without a port on the workload's own address
+		// or an ingress bind: the ingress listeners keep their ports.
+		`
+  ingress: [{port: {number: 8080, protocol: HTTP, name: a}, defaultEndpoint: "127.0.0.1:8080"}, {port: {number: 81, protocol: TCP, name: b}, bind: 10.9.9.8, defaultEndpoint: "127.0.0.1:81"}]
+  egress: [{bind: 10.9.9.9, hosts: ["./*"]}, {bind: 10.9.9.8, hosts: ["./*"]}]`,
 	} {
 		in := &Inputs{
 			Workload: Workload{Name: "w", Namespace: "shop", Address: "10.0.0.1", Labels: map[string]string{"app": "a"}},
 			Sidecars: []*istionetworkingv1.Sidecar{sidecarYAML(t, spec)},
+			Services: []*corev1.Service{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
+				Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 8080}, {Name: "tcp", Port: 81}}}}},
 		}
 		cases = append(cases, testCase{fmt.Sprintf("sidecar-%d", i), in})
 	}

@@ -21,6 +21,7 @@ type Metrics struct {
 	translate      prometheus.Histogram
 	push           prometheus.Histogram
 	pushed         prometheus.Counter
+	ownReused      prometheus.Counter
 }
 
 // NewMetrics registers the embark_xds_config_* metrics with reg.
@@ -52,8 +53,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "embark_xds_config_recomputed_proxies_total",
 			Help: "Proxies whose configuration was recomputed after a change of the inputs.",
 		}),
+		ownReused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "embark_xds_config_own_reused_total",
+			Help: "Configurations computed whose proxy's own resources (ingress listeners, inbound clusters) were kept from its previous configuration, their inputs unchanged: not translated, validated or hashed again.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.translations, m.configurations, m.errors, m.translate, m.push, m.pushed} {
+	for _, c := range []prometheus.Collector{m.translations, m.configurations, m.errors, m.translate, m.push, m.pushed, m.ownReused} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register xDS configuration metrics: %w", err)
 		}

@@ -218,4 +218,9 @@ func (s *Source) prune(proxies []*xds.Proxy) {
 			delete(s.workloads, id)
 		}
 	}
+	for id := range s.owns {
+		if !live[id] {
+			delete(s.owns, id)
+		}
+	}
 }

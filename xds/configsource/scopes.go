@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"maps"
 	"sync"
 
@@ -105,8 +106,9 @@ type scopeTranslation struct {
 	shared *translate.Shared
 	// invalid is why a shared resource does not validate (nil: all do).
 	invalid error
-	// types are the shared resources of each type, with their digest.
-	types map[resource.Type]*sharedType
+	// types are the shared resources of each of servedTypes, with their
+	// digest (nil: none of the type).
+	types [len(servedTypes)]*sharedType
 	// parts are the digests of the messages the proxies' own resources
 	// share.
 	parts sharedParts
@@ -120,8 +122,18 @@ type sharedType struct {
 	resources cache.Resources
 }
 
-// served are the types of a proxy's snapshot.
-var servedTypes = []resource.Type{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
+// servedTypes are the types of a proxy's snapshot.
+var servedTypes = [...]resource.Type{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
+
+// servedIndex is typ's index in servedTypes (-1: not served).
+func servedIndex(typ resource.Type) int {
+	for i, t := range servedTypes {
+		if t == typ {
+			return i
+		}
+	}
+	return -1
+}
 
 // translateScope reads the inputs every workload reads alike, adds them to
 // in (the scope's inputs for its first proxy), translates the scope,
@@ -138,7 +150,7 @@ func (s *Source) translateScope(ctx context.Context, in *translate.Inputs) (*sco
 	if m := s.opts.Metrics; m != nil {
 		m.translations.Inc()
 	}
-	t := &scopeTranslation{shared: translate.Prepare(&full), types: map[resource.Type]*sharedType{}}
+	t := &scopeTranslation{shared: translate.Prepare(&full)}
 	common := t.shared.Common()
 	if common == nil {
 		return t, nil // For returns the error
@@ -151,55 +163,58 @@ func (s *Source) translateScope(ctx context.Context, in *translate.Inputs) (*sco
 	}
 	t.parts = parts
 	for typ, rs := range common.ByType() {
+		i := servedIndex(typ)
+		if i < 0 {
+			t.invalid = fmt.Errorf("translation gave resources of type %s, which is not served", typ)
+			return t, nil
+		}
 		d, err := digest(typ, rs, nil)
 		if err != nil {
 			t.invalid = err
 			return t, nil
 		}
-		t.types[typ] = &sharedType{digest: d, resources: cache.NewResources(hex.EncodeToString(d)[:16], rs)}
+		t.types[i] = &sharedType{digest: d, resources: cache.NewResources(hex.EncodeToString(d)[:16], rs)}
 	}
 	return t, nil
 }
 
 // snapshot is the configuration of a proxy of the scope whose own resources
-// are own (sorted by name, as translate returns them): each type's version hashes the shared digest and, when the proxy
+// are own: each type's version hashes the shared digest and, when the proxy
 // has resources of its own of that type, theirs.
-func (t *scopeTranslation) snapshot(own *translate.Result) (*cache.Snapshot, error) {
-	byType := own.ByType()
+func (t *scopeTranslation) snapshot(own *ownParts) *cache.Snapshot {
 	snap := &cache.Snapshot{}
-	for _, typ := range servedTypes {
-		st := t.types[typ]
-		if st == nil { // no Sidecar: an empty configuration
-			st = &sharedType{}
-			d, err := digest(typ, nil, nil)
-			if err != nil {
-				return nil, err
-			}
-			st.digest, st.resources = d, cache.NewResources(hex.EncodeToString(d)[:16], nil)
+	for i, typ := range servedTypes {
+		st := t.types[i]
+		if st == nil { // none of the type
+			st = emptyTypes[i]
 		}
-		mine := byType[typ]
+		mine := own.types[i].resources
 		if len(mine) == 0 {
 			snap.Resources[cache.GetResponseType(typ)] = st.resources
 			continue
 		}
-		d, err := digest(typ, mine, t.parts)
-		if err != nil {
-			return nil, err
-		}
 		h := sha256.New()
 		h.Write(st.digest)
-		h.Write(d)
-		items := maps.Clone(st.resources.Items)
-		if items == nil {
-			items = map[string]types.ResourceWithTTL{}
-		}
+		h.Write(own.types[i].digest)
+		items := make(map[string]types.ResourceWithTTL, len(st.resources.Items)+len(mine))
+		maps.Copy(items, st.resources.Items)
 		for _, r := range mine {
 			items[cache.GetResourceName(r)] = types.ResourceWithTTL{Resource: r}
 		}
 		snap.Resources[cache.GetResponseType(typ)] = cache.Resources{Version: hex.EncodeToString(h.Sum(nil))[:16], Items: items}
 	}
-	return snap, nil
+	return snap
 }
+
+// emptyTypes are servedTypes with no resources (the digest of nothing, see
+// digest).
+var emptyTypes = func() (out [len(servedTypes)]*sharedType) {
+	d := sha256.Sum256(nil)
+	for i := range out {
+		out[i] = &sharedType{digest: d[:], resources: cache.NewResources(hex.EncodeToString(d[:])[:16], nil)}
+	}
+	return out
+}()
 
 // endpointIndex is the endpoints.Index the scopes' translations share while
 // the objects it indexes (EndpointSlices, Pods, WorkloadEntries) do not

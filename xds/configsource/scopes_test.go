@@ -1,6 +1,7 @@
 package configsource
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -8,12 +9,14 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
@@ -151,6 +154,8 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 		change func() error
 		ok     func([]string) bool
 		typ    string
+		// reused is how many workloads keep their own resources.
+		reused int
 	}{
 		{"Sidecar egress bind changed", func() error {
 			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); err != nil {
@@ -158,7 +163,15 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 			}
 			sc.Spec.Egress[0].Bind = "127.0.0.3"
 			return env.Client.Update(ctx, sc)
-		}, has("127.0.0.3_8080"), resource.ListenerType},
+		}, has("127.0.0.3_8080"), resource.ListenerType, n},
+		// The inbound cluster of each workload changes: none is kept.
+		{"Sidecar ingress defaultEndpoint changed", func() error {
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); err != nil {
+				return err
+			}
+			sc.Spec.Ingress[0].DefaultEndpoint = "127.0.0.1:9090"
+			return env.Client.Update(ctx, sc)
+		}, func([]string) bool { return true }, resource.ClusterType, 0},
 		// A ServiceEntry: no controller reacts to it with writes of its
 		// own (a Service would get EndpointSlices from the controller
 		// manager, a second change).
@@ -168,7 +181,7 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 			se.Spec.Ports = []*istioapi.ServicePort{{Number: 8080, Protocol: "HTTP", Name: "http"}}
 			se.Spec.Resolution = istioapi.ServiceEntry_DNS
 			return env.Client.Create(ctx, se)
-		}, has("outbound|8080||api.example.com"), resource.ClusterType},
+		}, has("outbound|8080||api.example.com"), resource.ClusterType, n},
 	}
 	for _, c := range changes {
 		// Measure from a quiet state: the controller manager's
@@ -177,6 +190,7 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 		waitQuiet(t, e)
 		translations := testutil.ToFloat64(e.metrics.translations)
 		configurations := testutil.ToFloat64(e.metrics.configurations)
+		reused := testutil.ToFloat64(e.metrics.ownReused)
 		if err := c.change(); err != nil {
 			t.Fatal(err)
 		}
@@ -185,12 +199,18 @@ func TestOneTranslationPerScopeAndChange(t *testing.T) {
 			if c.typ == resource.ListenerType {
 				s.waitNames(t, c.name, c.typ, has(fmt.Sprintf("10.0.1.%d_8080", i+1)))
 			}
+			if c.reused == 0 {
+				s.waitInboundPort(t, c.name, 9090)
+			}
 		}
 		if got := testutil.ToFloat64(e.metrics.translations) - translations; got != 1 {
 			t.Errorf("%s: %v translations for %d workloads of one scope, want 1", c.name, got, n)
 		}
 		if got := testutil.ToFloat64(e.metrics.configurations) - configurations; got != n {
 			t.Errorf("%s: %v configurations computed, want %d (one per workload)", c.name, got, n)
+		}
+		if got := testutil.ToFloat64(e.metrics.ownReused) - reused; got != float64(c.reused) {
+			t.Errorf("%s: %v workloads kept their own resources, want %d", c.name, got, c.reused)
 		}
 	}
 }
@@ -210,4 +230,28 @@ func waitQuiet(t *testing.T, e *endpoint) {
 		}
 	}
 	t.Fatal("configurations still being computed after a minute")
+}
+
+// waitInboundPort waits until the stream's inbound|8080|| cluster forwards
+// to 127.0.0.1:port.
+func (s *stream) waitInboundPort(t *testing.T, what string, port uint32) {
+	t.Helper()
+	var got uint32
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, a := range s.latest[resource.ClusterType].GetResources() {
+			c := &clusterv3.Cluster{}
+			if err := a.UnmarshalTo(c); err != nil {
+				return false, err
+			}
+			if c.GetName() == "inbound|8080||" {
+				got = c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress().GetPortValue()
+			}
+		}
+		return got == port, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: inbound|8080|| forwards to port %d, want %d: %v", what, got, port, err)
+	}
 }

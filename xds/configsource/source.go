@@ -101,6 +101,9 @@ type Source struct {
 	// workloads are the nodes' workloads as their registrations describe
 	// them, by node ID (see workloadOf).
 	workloads map[string]*workloadOf
+	// owns are the nodes' own resources as last built, by node ID (see
+	// own).
+	owns map[string]*ownParts
 
 	// scopes are the translations of the scopes proxies were served from,
 	// shared while the inputs do not change.
@@ -141,7 +144,7 @@ func New(opts Options) (*Source, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
-	return &Source{opts: opts, log: opts.Logger, served: map[string]*served{}, workloads: map[string]*workloadOf{}}, nil
+	return &Source{opts: opts, log: opts.Logger, served: map[string]*served{}, workloads: map[string]*workloadOf{}, owns: map[string]*ownParts{}}, nil
 }
 
 // Snapshot implements xds.ConfigSource: the proxy's translated
@@ -227,6 +230,7 @@ func (s *Source) Forget(nodeID string) {
 	defer s.mu.Unlock()
 	delete(s.served, nodeID)
 	delete(s.workloads, nodeID)
+	delete(s.owns, nodeID)
 }
 
 // workloadOf is a node's workload labels and service account, read from
@@ -290,7 +294,7 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 	if err != nil {
 		return nil, w, nil, reasonInputs, err
 	}
-	res, own, err := sc.shared.For(in.Workload)
+	res, mine, err := s.own(p.NodeID, sc, in.Workload)
 	if err != nil {
 		return nil, w, blameFor(err, in, p), reasonSidecar, err
 	}
@@ -301,18 +305,85 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 	if sc.invalid != nil {
 		return nil, w, subject, reasonValidation, sc.invalid
 	}
-	if err := own.Validate(); err != nil {
-		return nil, w, subject, reasonValidation, err
+	if mine.invalid != nil {
+		return nil, w, subject, reasonValidation, mine.invalid
 	}
-	snap, err = sc.snapshot(own)
-	if err != nil {
-		return nil, w, p.Registration, reasonValidation, err
+	if mine.hashErr != nil {
+		return nil, w, p.Registration, reasonValidation, mine.hashErr
 	}
+	snap = sc.snapshot(mine)
 	var unenforced []string
 	for _, u := range res.Unenforced {
 		unenforced = append(unenforced, u.String())
 	}
 	return snap, warned{warnings: res.Warnings, on: subject, unenforced: unenforced}, nil, "", nil
+}
+
+// ownParts are a workload's own resources (translate.Shared.For's own),
+// validated and hashed by type.
+type ownParts struct {
+	// inputs are what they were built from (translate.Shared.OwnInputs;
+	// inputsOK: it was taken).
+	inputs   translate.OwnInputs
+	inputsOK bool
+
+	// types are the resources of each of servedTypes, sorted by name,
+	// with their digest (see digest).
+	types [len(servedTypes)]ownType
+	// invalid is why they do not validate; hashErr why they could not
+	// be hashed (nil: they could).
+	invalid, hashErr error
+}
+
+// ownType are a workload's own resources of one type.
+type ownType struct {
+	resources []types.Resource
+	digest    []byte
+}
+
+// own returns the result of sc's translation for w and w's own resources:
+// the node's last ones when neither the scope's inputs of them
+// (translate.Shared.OwnInputs) nor the workload changed, else For's, checked
+// and hashed and kept for the node's next configuration. A Sidecar change
+// that leaves the ingress listeners alone thus costs each workload no
+// translation, validation or hashing of its own.
+func (s *Source) own(nodeID string, sc *scopeTranslation, w translate.Workload) (*translate.Result, *ownParts, error) {
+	inputs, ok := sc.shared.OwnInputs(w)
+	if common := sc.shared.Common(); ok && common != nil {
+		s.mu.Lock()
+		last := s.owns[nodeID]
+		s.mu.Unlock()
+		if last != nil && last.inputsOK && last.inputs.Equal(inputs) {
+			if m := s.opts.Metrics; m != nil {
+				m.ownReused.Inc()
+			}
+			return common, last, nil
+		}
+	}
+	res, own, err := sc.shared.For(w)
+	if err != nil {
+		return nil, nil, err
+	}
+	parts := &ownParts{inputs: inputs, inputsOK: ok}
+	if parts.invalid = own.Validate(); parts.invalid == nil {
+		for typ, rs := range own.ByType() {
+			i := servedIndex(typ)
+			if i < 0 {
+				parts.invalid = fmt.Errorf("translation gave resources of type %s, which is not served", typ)
+				break
+			}
+			d, err := digest(typ, rs, sc.parts)
+			if err != nil {
+				parts.hashErr = err
+				break
+			}
+			parts.types[i] = ownType{resources: rs, digest: d}
+		}
+	}
+	s.mu.Lock()
+	s.owns[nodeID] = parts
+	s.mu.Unlock()
+	return res, parts, nil
 }
 
 // Inputs reads what translation needs for p from the cache. The objects are
