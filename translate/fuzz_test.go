@@ -30,8 +30,9 @@ func FuzzParseHostForm(f *testing.F) {
 
 // FuzzTranslateSidecar translates a fuzzed Sidecar against the bookinfo
 // golden inputs: it must never panic, the scope's shared translation
-// (Prepare, For) gives the same result or error, and whenever it succeeds
-// every resource passes ValidateAll.
+// (Prepare, For) gives the workload and another one of its scope the same
+// result or error as Translate, OwnInputs are deterministic, and whenever
+// it succeeds every resource passes ValidateAll.
 func FuzzTranslateSidecar(f *testing.F) {
 	seed, err := os.ReadFile("../api/crds/testdata/seed004/sidecar.yaml")
 	if err != nil {
@@ -47,6 +48,9 @@ func FuzzTranslateSidecar(f *testing.F) {
 	}
 	f.Add([]byte("spec: {egress: [{port: {number: 1, protocol: tcp}, hosts: ['*/*']}], ingress: [{port: {number: 65535, protocol: grpc}, defaultEndpoint: '[::1]:1'}]}"))
 	f.Add([]byte("spec: {egress: [{bind: '::1', hosts: ['~/*', './*']}]}"))
+	// An egress listener without a port on another workload's address,
+	// where its ingress listener is: the ingress keeps the port.
+	f.Add([]byte("spec: {ingress: [{port: {number: 8080, protocol: HTTP}, defaultEndpoint: '127.0.0.1:8080'}], egress: [{bind: '10.9.9.9', hosts: ['./*']}]}"))
 	base, err := os.ReadFile("testdata/seed004-bookinfo.input.yaml")
 	if err != nil {
 		f.Fatal(err)
@@ -67,9 +71,36 @@ func FuzzTranslateSidecar(f *testing.F) {
 		fuzzed.Sidecars = []*istionetworkingv1.Sidecar{sc}
 		res, err := Translate(&fuzzed)
 		// The scope's shared translation gives the workload the same.
-		shared, _, sharedErr := Prepare(&fuzzed).For(fuzzed.Workload)
+		prepared := Prepare(&fuzzed)
+		shared, _, sharedErr := prepared.For(fuzzed.Workload)
 		if want, got := render(t, res, err), render(t, shared, sharedErr); !bytes.Equal(got, want) {
 			t.Fatalf("Prepare+For of %q differs from Translate:\n%s\nwant:\n%s", doc, got, want)
+		}
+		// And another workload, on an address the Sidecar binds to when it
+		// names one, what Translate gives it, from this scope when it is of
+		// it.
+		other := fuzzed
+		other.Workload.Name, other.Workload.Address = "other", "10.9.9.9"
+		for _, eg := range sc.Spec.GetEgress() {
+			if eg.GetBind() != "" {
+				other.Workload.Address = eg.GetBind()
+				break
+			}
+		}
+		scope := prepared
+		if ScopeKey(&other) != ScopeKey(&fuzzed) {
+			scope = Prepare(&other)
+		}
+		res2, err2 := Translate(&other)
+		shared, _, sharedErr = scope.For(other.Workload)
+		if want, got := render(t, res2, err2), render(t, shared, sharedErr); !bytes.Equal(got, want) {
+			t.Fatalf("Prepare+For of %q for %s differs from Translate:\n%s\nwant:\n%s", doc, other.Workload.Address, got, want)
+		}
+		// OwnInputs are deterministic.
+		a, okA := prepared.OwnInputs(fuzzed.Workload)
+		b, okB := Prepare(&fuzzed).OwnInputs(fuzzed.Workload)
+		if !okA || !okB || !a.Equal(b) {
+			t.Fatalf("OwnInputs of %q: two Prepares of the same inputs differ (taken: %v, %v)", doc, okA, okB)
 		}
 		if err != nil {
 			return
