@@ -1,6 +1,7 @@
 package configsource
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/embark-mesh/embark/translate/endpoints"
@@ -8,13 +9,19 @@ import (
 
 // TestEndpointIndexReuse: the index is reused while no indexed object
 // changed, built again after a change, not remembered when a change came
-// while it was built (its objects may predate it), and never reused while
-// Run does not watch.
+// while it was built (its objects may predate it) or when the build failed,
+// and never reused while Run does not watch.
 func TestEndpointIndexReuse(t *testing.T) {
 	var e endpointIndex
 	builds := 0
-	build := func() *endpoints.Index { builds++; return endpoints.NewIndex(nil, nil, nil) }
-	get := func() *endpoints.Index { return e.index(e.generation(), build) }
+	build := func() (*endpoints.Index, error) { builds++; return endpoints.NewIndex(nil, nil, nil), nil }
+	get := func() *endpoints.Index {
+		idx, err := e.index(e.generation(), build)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return idx
+	}
 
 	get()
 	get()
@@ -37,9 +44,20 @@ func TestEndpointIndexReuse(t *testing.T) {
 	// A change while the index is built: used once, not remembered.
 	e.changed()
 	gen := e.generation()
-	d := e.index(gen, func() *endpoints.Index { e.changed(); return build() })
+	d, _ := e.index(gen, func() (*endpoints.Index, error) { e.changed(); return build() })
 	if f := get(); f == d || f == c || builds != 4 {
 		t.Fatalf("after a change during the build: %d builds; want 4 and a new index", builds)
+	}
+
+	// A build that fails to read the objects: its error, nothing
+	// remembered.
+	e.changed()
+	builds = 0
+	if _, err := e.index(e.generation(), func() (*endpoints.Index, error) { builds++; return nil, errors.New("cache not readable") }); err == nil {
+		t.Fatal("a failed build returned no error")
+	}
+	if get(); builds != 2 {
+		t.Fatalf("after a failed build: %d builds, want 2 (nothing remembered)", builds)
 	}
 
 	e.watch(false)

@@ -141,12 +141,22 @@ func servedIndex(typ resource.Type) int {
 func (s *Source) translateScope(ctx context.Context, in *translate.Inputs) (*scopeTranslation, error) {
 	gen := s.endpoints.generation() // before the inputs are read
 	full := *in
-	if err := s.meshInputs(ctx, &full); err != nil {
+	if err := s.serviceInputs(ctx, &full); err != nil {
 		return nil, err
 	}
-	full.Endpoints = s.endpoints.index(gen, func() *endpoints.Index {
-		return endpoints.NewIndex(full.EndpointSlices, full.Pods, full.WorkloadEntries)
+	// The indexed objects are read only to build the index: translation
+	// reads them through it (translate.Inputs.Endpoints).
+	idx, err := s.endpoints.index(gen, func() (*endpoints.Index, error) {
+		var eps translate.Inputs
+		if err := s.endpointInputs(ctx, &eps); err != nil {
+			return nil, err
+		}
+		return endpoints.NewIndex(eps.EndpointSlices, eps.Pods, eps.WorkloadEntries), nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	full.Endpoints = idx
 	if m := s.opts.Metrics; m != nil {
 		m.translations.Inc()
 	}
@@ -255,21 +265,24 @@ func (e *endpointIndex) generation() uint64 {
 }
 
 // index returns the index of generation gen: the remembered one if it is
-// of gen and nothing changed since, else build's, remembered if nothing
-// changed since gen.
-func (e *endpointIndex) index(gen uint64, build func() *endpoints.Index) *endpoints.Index {
+// of gen and nothing changed since, else build's (which reads the objects),
+// remembered if nothing changed since gen.
+func (e *endpointIndex) index(gen uint64, build func() (*endpoints.Index, error)) (*endpoints.Index, error) {
 	e.mu.Lock()
 	if e.watching && e.idx != nil && e.idxGen == gen && e.gen == gen {
 		idx := e.idx
 		e.mu.Unlock()
-		return idx
+		return idx, nil
 	}
 	e.mu.Unlock()
-	idx := build()
+	idx, err := build()
+	if err != nil {
+		return nil, err
+	}
 	e.mu.Lock()
 	if e.watching && e.gen == gen {
 		e.idx, e.idxGen = idx, gen
 	}
 	e.mu.Unlock()
-	return idx
+	return idx, nil
 }

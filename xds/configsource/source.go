@@ -519,21 +519,36 @@ func (s *Source) listSelecting(ctx context.Context, ns string) (*selectingObject
 // EndpointSlices, ServiceEntries, WorkloadEntries and Pods of every
 // namespace.
 func (s *Source) meshInputs(ctx context.Context, in *translate.Inputs) error {
+	if err := s.serviceInputs(ctx, in); err != nil {
+		return err
+	}
+	return s.endpointInputs(ctx, in)
+}
+
+// serviceInputs adds to in the Services and ServiceEntries of every
+// namespace.
+func (s *Source) serviceInputs(ctx context.Context, in *translate.Inputs) error {
 	services := &corev1.ServiceList{}
 	if err := s.opts.Cache.List(ctx, services, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list Services: %w", err)
 	}
 	in.Services = pointers(services.Items)
-	slicesList := &discoveryv1.EndpointSliceList{}
-	if err := s.opts.Cache.List(ctx, slicesList, client.UnsafeDisableDeepCopy); err != nil {
-		return fmt.Errorf("list EndpointSlices: %w", err)
-	}
-	in.EndpointSlices = pointers(slicesList.Items)
 	ses := &istionetworkingv1.ServiceEntryList{}
 	if err := s.opts.Cache.List(ctx, ses, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list ServiceEntries: %w", err)
 	}
 	in.ServiceEntries = ses.Items
+	return nil
+}
+
+// endpointInputs adds to in the objects endpoints.Index indexes:
+// EndpointSlices, WorkloadEntries and Pods of every namespace.
+func (s *Source) endpointInputs(ctx context.Context, in *translate.Inputs) error {
+	slicesList := &discoveryv1.EndpointSliceList{}
+	if err := s.opts.Cache.List(ctx, slicesList, client.UnsafeDisableDeepCopy); err != nil {
+		return fmt.Errorf("list EndpointSlices: %w", err)
+	}
+	in.EndpointSlices = pointers(slicesList.Items)
 	wes := &istionetworkingv1.WorkloadEntryList{}
 	if err := s.opts.Cache.List(ctx, wes, client.UnsafeDisableDeepCopy); err != nil {
 		return fmt.Errorf("list WorkloadEntries: %w", err)
