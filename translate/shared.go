@@ -59,7 +59,7 @@ func ScopeKey(in *Inputs) string {
 			sel = append(sel, "AuthorizationPolicy/"+ap.Namespace+"/"+ap.Name)
 		}
 	}
-	if portlessEgressBinds(in.Sidecars)[w.Address] {
+	if bindsPortlessEgress(in.Sidecars, w.Address) {
 		// An egress listener without a port on the workload's own address
 		// yields to its ingress listeners (see Prepare): the scope is the
 		// address's alone.
@@ -69,26 +69,24 @@ func ScopeKey(in *Inputs) string {
 	return w.Namespace + "|" + strings.Join(sel, ",")
 }
 
-// portlessEgressBinds are the addresses the egress listeners without a port
-// of sidecars bind to.
-func portlessEgressBinds(sidecars []*istionetworkingv1.Sidecar) map[string]bool {
-	var out map[string]bool
+// bindsPortlessEgress says whether an egress listener without a port of
+// sidecars binds to addr.
+func bindsPortlessEgress(sidecars []*istionetworkingv1.Sidecar, addr string) bool {
 	for _, sc := range sidecars {
 		for _, eg := range sc.Spec.GetEgress() {
 			if eg.GetPort() != nil {
 				continue
 			}
-			if out == nil {
-				out = map[string]bool{}
-			}
 			bind := eg.GetBind()
 			if bind == "" {
 				bind = DefaultEgressBind
 			}
-			out[bind] = true
+			if bind == addr {
+				return true
+			}
 		}
 	}
-	return out
+	return false
 }
 
 // Shared is the translation of one scope (see ScopeKey): everything but the
@@ -174,7 +172,7 @@ func Prepare(in *Inputs) *Shared {
 // ports ingress listeners took, as in Translate, where ingress claims first.
 // For claims each workload's own again.
 func (b *builder) claimIngress(sc *istionetworkingv1.Sidecar) {
-	ownAddress := portlessEgressBinds([]*istionetworkingv1.Sidecar{sc})[b.in.Workload.Address]
+	ownAddress := bindsPortlessEgress([]*istionetworkingv1.Sidecar{sc}, b.in.Workload.Address)
 	for i, ing := range sc.Spec.GetIngress() {
 		port := ing.GetPort().GetNumber()
 		if _, ok := parseProtocol(ing.GetPort().GetProtocol()); !ok || port == 0 || port > 65535 {

@@ -135,19 +135,7 @@ func TestANACKHoldsTheConfiguration(t *testing.T) {
 	}
 	srv, addr := startConfigServer(t, cfg, nacks)
 	w := register(t, env.Namespace(t), "i-0000000000000000a", "10.0.8.1")
-	ctx, cancel := context.WithCancel(withToken(t.Context(), w.token))
-	defer cancel()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(dial(t, addr)).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Send(&discovery.DiscoveryRequest{Node: sidecarNode(w.nodeID), TypeUrl: resource.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
-	first := recvTimeout(t, s)
-	if first.GetVersionInfo() != "v1" {
-		t.Fatalf("first response version %q, want v1", first.GetVersionInfo())
-	}
+	s, first, _ := openUnacked(t, addr, w, "v1")
 	// NACK as Envoy does: the last accepted version (none) and an error.
 	if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, ResponseNonce: first.GetNonce(),
 		ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "cluster bad: rejected"}}); err != nil {

@@ -46,9 +46,9 @@ func (c *gatedConfig) Snapshot(ctx context.Context, p *Proxy) (cache.ResourceSna
 	return snap, err
 }
 
-// openStream opens w's ADS stream for clusters and ACKs its first
-// response, which must be of version want.
-func openStream(t *testing.T, addr string, w *workload, want string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, context.CancelFunc) {
+// openUnacked opens w's stream on addr, asks for clusters and returns the
+// first response, which must be of version want, not yet acknowledged.
+func openUnacked(t *testing.T, addr string, w *workload, want string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discovery.DiscoveryResponse, context.CancelFunc) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(withToken(t.Context(), w.token))
 	t.Cleanup(cancel)
@@ -63,6 +63,13 @@ func openStream(t *testing.T, addr string, w *workload, want string) (discovery.
 	if first.GetVersionInfo() != want {
 		t.Fatalf("%s: first response version %q, want %s", w.key, first.GetVersionInfo(), want)
 	}
+	return s, first, cancel
+}
+
+// openStream is openUnacked, the first response ACKed.
+func openStream(t *testing.T, addr string, w *workload, want string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, context.CancelFunc) {
+	t.Helper()
+	s, first, cancel := openUnacked(t, addr, w, want)
 	if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: want, ResponseNonce: first.GetNonce()}); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"maps"
 	"sync"
 
@@ -125,16 +124,6 @@ type sharedType struct {
 // servedTypes are the types of a proxy's snapshot.
 var servedTypes = [...]resource.Type{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
 
-// servedIndex is typ's index in servedTypes (-1: not served).
-func servedIndex(typ resource.Type) int {
-	for i, t := range servedTypes {
-		if t == typ {
-			return i
-		}
-	}
-	return -1
-}
-
 // translateScope reads the inputs every workload reads alike, adds them to
 // in (the scope's inputs for its first proxy), translates the scope,
 // validates and hashes the shared resources.
@@ -172,12 +161,9 @@ func (s *Source) translateScope(ctx context.Context, in *translate.Inputs) (*sco
 		return t, nil
 	}
 	t.parts = parts
-	for typ, rs := range common.ByType() {
-		i := servedIndex(typ)
-		if i < 0 {
-			t.invalid = fmt.Errorf("translation gave resources of type %s, which is not served", typ)
-			return t, nil
-		}
+	byType := common.ByType()
+	for i, typ := range servedTypes {
+		rs := byType[typ]
 		d, err := digest(typ, rs, nil)
 		if err != nil {
 			t.invalid = err

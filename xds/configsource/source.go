@@ -366,12 +366,9 @@ func (s *Source) own(nodeID string, sc *scopeTranslation, w translate.Workload) 
 	}
 	parts := &ownParts{inputs: inputs, inputsOK: ok}
 	if parts.invalid = own.Validate(); parts.invalid == nil {
-		for typ, rs := range own.ByType() {
-			i := servedIndex(typ)
-			if i < 0 {
-				parts.invalid = fmt.Errorf("translation gave resources of type %s, which is not served", typ)
-				break
-			}
+		byType := own.ByType()
+		for i, typ := range servedTypes {
+			rs := byType[typ]
 			d, err := digest(typ, rs, sc.parts)
 			if err != nil {
 				parts.hashErr = err
