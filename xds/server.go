@@ -35,6 +35,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/xds/internal/snapcache"
 	"github.com/embark-mesh/embark/xds/internal/watch"
 	"github.com/embark-mesh/embark/xds/nodepin"
 	"github.com/embark-mesh/embark/xds/relay"
@@ -162,7 +163,7 @@ type Server struct {
 	opts      Options
 	log       *slog.Logger
 	auth      *tokenauth.Authenticator
-	snapshots cache.SnapshotCache
+	snapshots *snapcache.Cache
 	watcher   *watcher
 	ctx       context.Context
 
@@ -187,10 +188,11 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
+	cacheLog := opts.Logger.With("component", "snapshot-cache")
 	s := &Server{
 		opts: opts, log: opts.Logger, ctx: ctx,
 		auth:       tokenauth.New(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
-		snapshots:  cache.NewSnapshotCache(false, cache.IDHash{}, cacheLogger{ctx, opts.Logger.With("component", "snapshot-cache")}),
+		snapshots:  snapcache.New(cache.NewSnapshotCache(false, cache.IDHash{}, cacheLogger{ctx, cacheLog}), cacheLog),
 		byWorkload: map[types.NamespacedName][]*stream{},
 		nodes:      map[string]int{},
 	}

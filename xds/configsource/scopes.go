@@ -4,15 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"maps"
+	"fmt"
 	"sync"
 
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/translate/endpoints"
+	"github.com/embark-mesh/embark/xds/internal/snapcache"
 )
 
 // scopes remembers the translation of each scope (translate.ScopeKey) while
@@ -115,10 +114,9 @@ type scopeTranslation struct {
 
 // sharedType are the shared resources of one type.
 type sharedType struct {
-	digest []byte
-	// resources are served as they are to a proxy with none of its own of
-	// this type.
-	resources cache.Resources
+	digest  []byte
+	version string // of the type for a proxy with none of its own
+	set     *snapcache.Set
 }
 
 // servedTypes are the types of a proxy's snapshot.
@@ -169,45 +167,51 @@ func (s *Source) translateScope(ctx context.Context, in *translate.Inputs) (*sco
 			t.invalid = err
 			return t, nil
 		}
-		t.types[i] = &sharedType{digest: d, resources: cache.NewResources(hex.EncodeToString(d)[:16], rs)}
+		t.types[i] = &sharedType{digest: d, version: hex.EncodeToString(d)[:16], set: snapcache.NewSet(typ, rs)}
 	}
 	return t, nil
 }
 
 // snapshot is the configuration of a proxy of the scope whose own resources
-// are own: each type's version hashes the shared digest and, when the proxy
-// has resources of its own of that type, theirs.
-func (t *scopeTranslation) snapshot(own *ownParts) *cache.Snapshot {
-	snap := &cache.Snapshot{}
+// are own: each type's shared set (one for the scope, encoded once for all
+// its proxies) and the proxy's own set; the type's version hashes the
+// shared digest and, when the proxy has resources of its own of that type,
+// theirs.
+func (t *scopeTranslation) snapshot(own *ownParts) (*snapcache.Snapshot, error) {
+	snap := snapcache.NewSnapshot()
 	for i, typ := range servedTypes {
 		st := t.types[i]
 		if st == nil { // none of the type
 			st = emptyTypes[i]
 		}
-		mine := own.types[i].resources
-		if len(mine) == 0 {
-			snap.Resources[cache.GetResponseType(typ)] = st.resources
+		mine := own.types[i]
+		if len(mine.resources) == 0 {
+			if err := snap.SetType(typ, st.version, st.set); err != nil {
+				return nil, err
+			}
 			continue
+		}
+		for _, name := range mine.set.Names() {
+			if st.set.Has(name) {
+				return nil, fmt.Errorf("%s %q is both shared by the scope and the workload's own", typ, name)
+			}
 		}
 		h := sha256.New()
 		h.Write(st.digest)
-		h.Write(own.types[i].digest)
-		items := make(map[string]types.ResourceWithTTL, len(st.resources.Items)+len(mine))
-		maps.Copy(items, st.resources.Items)
-		for _, r := range mine {
-			items[cache.GetResourceName(r)] = types.ResourceWithTTL{Resource: r}
+		h.Write(mine.digest)
+		if err := snap.SetType(typ, hex.EncodeToString(h.Sum(nil))[:16], st.set, mine.set); err != nil {
+			return nil, err
 		}
-		snap.Resources[cache.GetResponseType(typ)] = cache.Resources{Version: hex.EncodeToString(h.Sum(nil))[:16], Items: items}
 	}
-	return snap
+	return snap, nil
 }
 
 // emptyTypes are servedTypes with no resources (the digest of nothing, see
 // digest).
 var emptyTypes = func() (out [len(servedTypes)]*sharedType) {
 	d := sha256.Sum256(nil)
-	for i := range out {
-		out[i] = &sharedType{digest: d[:], resources: cache.NewResources(hex.EncodeToString(d[:])[:16], nil)}
+	for i, typ := range servedTypes {
+		out[i] = &sharedType{digest: d[:], version: hex.EncodeToString(d[:])[:16], set: snapcache.NewSet(typ, nil)}
 	}
 	return out
 }()

@@ -2,6 +2,7 @@ package configsource
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -10,8 +11,10 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +24,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/xds/internal/snapcache"
 )
 
 // TestScopesTranslateOncePerGeneration: concurrent proxies of one scope
@@ -253,5 +257,59 @@ func (s *stream) waitInboundPort(t *testing.T, what string, port uint32) {
 	})
 	if err != nil {
 		t.Fatalf("%s: inbound|8080|| forwards to port %d, want %d: %v", what, got, port, err)
+	}
+}
+
+// TestSnapshotSetsAndVersions: a proxy's snapshot holds its scope's shared
+// set of each type and its own; a type's version changes with either; a
+// name both shared and the proxy's own is refused.
+func TestSnapshotSetsAndVersions(t *testing.T) {
+	cluster := func(name string, limit uint32) types.Resource {
+		return &clusterv3.Cluster{Name: name, PerConnectionBufferLimitBytes: wrapperspb.UInt32(limit)}
+	}
+	scope := func(rs ...types.Resource) *scopeTranslation {
+		d, err := digest(resource.ClusterType, rs, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := &scopeTranslation{}
+		st.types[2] = &sharedType{digest: d, version: hex.EncodeToString(d)[:16], set: snapcache.NewSet(resource.ClusterType, rs)}
+		return st
+	}
+	own := func(rs ...types.Resource) *ownParts {
+		d, err := digest(resource.ClusterType, rs, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &ownParts{}
+		p.types[2] = ownType{resources: rs, digest: d, set: snapcache.NewSet(resource.ClusterType, rs)}
+		return p
+	}
+	if servedTypes[2] != resource.ClusterType {
+		t.Fatal("servedTypes changed: the test puts clusters at 2")
+	}
+	version := func(sc *scopeTranslation, o *ownParts) string {
+		t.Helper()
+		snap, err := sc.snapshot(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(snap.GetResources(resource.ClusterType)); got != len(sc.types[2].set.Names())+len(o.types[2].resources) {
+			t.Fatalf("%d clusters, want the shared and own ones", got)
+		}
+		return snap.GetVersion(resource.ClusterType)
+	}
+	base := version(scope(cluster("out", 1)), own())
+	if base != scope(cluster("out", 1)).types[2].version {
+		t.Error("without own clusters the version is not the shared one's")
+	}
+	withOwn := version(scope(cluster("out", 1)), own(cluster("in", 1)))
+	ownChanged := version(scope(cluster("out", 1)), own(cluster("in", 2)))
+	sharedChanged := version(scope(cluster("out", 2)), own(cluster("in", 1)))
+	if len(map[string]bool{base: true, withOwn: true, ownChanged: true, sharedChanged: true}) != 4 {
+		t.Errorf("versions %s %s %s %s: want four different", base, withOwn, ownChanged, sharedChanged)
+	}
+	if _, err := scope(cluster("dup", 1)).snapshot(own(cluster("dup", 2))); err == nil {
+		t.Error("a cluster both shared and the proxy's own was served")
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/internal/snapcache"
 )
 
 // Defaults.
@@ -115,7 +116,7 @@ type Source struct {
 
 // served is what a node was last served successfully, and its last error.
 type served struct {
-	snap     *cache.Snapshot
+	snap     cache.ResourceSnapshot
 	lastErr  string
 	lastWarn string
 	// unenforced is what was last reported of the policies not enforced.
@@ -285,7 +286,7 @@ type warned struct {
 // resources (its ingress listeners and inbound clusters) are built, validated
 // and hashed per proxy. On error it says which object to blame (nil: none)
 // and why.
-func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapshot, w warned, blame runtime.Object, reason string, err error) {
+func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap cache.ResourceSnapshot, w warned, blame runtime.Object, reason string, err error) {
 	in, err := s.scopeInputs(ctx, p)
 	if err != nil {
 		return nil, w, nil, reasonInputs, err
@@ -311,7 +312,9 @@ func (s *Source) compute(ctx context.Context, p *xds.Proxy) (snap *cache.Snapsho
 	if mine.hashErr != nil {
 		return nil, w, p.Registration, reasonValidation, mine.hashErr
 	}
-	snap = sc.snapshot(mine)
+	if snap, err = sc.snapshot(mine); err != nil {
+		return nil, w, subject, reasonValidation, err
+	}
 	var unenforced []string
 	for _, u := range res.Unenforced {
 		unenforced = append(unenforced, u.String())
@@ -339,6 +342,7 @@ type ownParts struct {
 type ownType struct {
 	resources []types.Resource
 	digest    []byte
+	set       *snapcache.Set
 }
 
 // own returns the result of sc's translation for w and w's own resources:
@@ -374,7 +378,7 @@ func (s *Source) own(nodeID string, sc *scopeTranslation, w translate.Workload) 
 				parts.hashErr = err
 				break
 			}
-			parts.types[i] = ownType{resources: rs, digest: d}
+			parts.types[i] = ownType{resources: rs, digest: d, set: snapcache.NewSet(typ, rs)}
 		}
 	}
 	s.mu.Lock()
