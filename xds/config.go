@@ -5,13 +5,13 @@ import (
 	"log/slog"
 	"sync"
 
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/xds/internal/snapcache"
 )
 
 // Type URLs the server treats specially.
@@ -87,18 +87,15 @@ func (EmptyConfig) Snapshot(context.Context, *Proxy) (cache.ResourceSnapshot, er
 	return emptySnapshot()
 }
 
-// emptySnapshot is EmptyConfig's one snapshot. The snapshot cache never
-// modifies a snapshot but for building its version map once, which is done
-// here, before the cache can read it from several goroutines.
+// emptySnapshot is EmptyConfig's one snapshot, whose empty sets every node
+// shares. The version map (for delta streams) is built here, before the
+// cache can read it from several goroutines.
 var emptySnapshot = sync.OnceValues(func() (cache.ResourceSnapshot, error) {
-	snap, err := cache.NewSnapshot("empty", map[resource.Type][]types.Resource{
-		resource.ClusterType:  {},
-		resource.ListenerType: {},
-		resource.RouteType:    {},
-		resource.EndpointType: {},
-	})
-	if err != nil {
-		return nil, err
+	snap := snapcache.NewSnapshot()
+	for _, typ := range []resource.Type{resource.ClusterType, resource.ListenerType, resource.RouteType, resource.EndpointType} {
+		if err := snap.SetType(typ, "empty", snapcache.NewSet(typ, nil)); err != nil {
+			return nil, err
+		}
 	}
 	if err := snap.ConstructVersionMap(); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package snapcache
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -352,5 +353,24 @@ func TestStatusKeysAndClear(t *testing.T) {
 	}
 	if _, err := c.GetSnapshot("s"); err == nil {
 		t.Error("a cleared node's snapshot is still there")
+	}
+}
+
+// TestSetHas: by scanning small sets and by index large ones.
+func TestSetHas(t *testing.T) {
+	for _, n := range []int{0, 3, 20} {
+		var rs []types.Resource
+		for i := range n {
+			rs = append(rs, clusterOf(fmt.Sprintf("c%d", i)))
+		}
+		s := NewSet(resource.ClusterType, rs)
+		for i := range n {
+			if !s.Has(fmt.Sprintf("c%d", i)) {
+				t.Errorf("set of %d lacks c%d", n, i)
+			}
+		}
+		if s.Has("missing") || s.Has(fmt.Sprintf("c%d", n)) {
+			t.Errorf("set of %d has a name it lacks", n)
+		}
 	}
 }

@@ -28,11 +28,15 @@ type Set struct {
 	typeURL   string
 	resources []types.Resource
 	names     []string
-	// encoded are the resources' deterministic encodings (as
-	// cache.MarshalResource's), made on first use.
-	encoded func() ([]*anypb.Any, error)
+
+	// anys are the resources' deterministic encodings (as
+	// cache.MarshalResource's), made on first use (encodeErr: why not).
+	encodeOnce sync.Once
+	anys       []*anypb.Any
+	encodeErr  error
 	// index maps a name to its position, made on first use.
-	index func() map[string]int
+	indexOnce sync.Once
+	index     map[string]int
 }
 
 // NewSet returns the set of resources, all of type typeURL.
@@ -41,27 +45,24 @@ func NewSet(typeURL string, resources []types.Resource) *Set {
 	for i, r := range resources {
 		s.names[i] = cache.GetResourceName(r)
 	}
-	s.encoded = sync.OnceValues(s.encode)
-	s.index = sync.OnceValue(func() map[string]int {
-		m := make(map[string]int, len(s.names))
-		for i, n := range s.names {
-			m[n] = i
-		}
-		return m
-	})
 	return s
 }
 
-func (s *Set) encode() ([]*anypb.Any, error) {
-	out := make([]*anypb.Any, len(s.resources))
-	for i, r := range s.resources {
-		b, err := cache.MarshalResource(r)
-		if err != nil {
-			return nil, fmt.Errorf("marshal %s %q: %w", s.typeURL, s.names[i], err)
+// encoded returns the resources encoded, encoding them on the first call.
+func (s *Set) encoded() ([]*anypb.Any, error) {
+	s.encodeOnce.Do(func() {
+		anys := make([]*anypb.Any, len(s.resources))
+		for i, r := range s.resources {
+			b, err := cache.MarshalResource(r)
+			if err != nil {
+				s.encodeErr = fmt.Errorf("marshal %s %q: %w", s.typeURL, s.names[i], err)
+				return
+			}
+			anys[i] = &anypb.Any{TypeUrl: s.typeURL, Value: b}
 		}
-		out[i] = &anypb.Any{TypeUrl: s.typeURL, Value: b}
-	}
-	return out, nil
+		s.anys = anys
+	})
+	return s.anys, s.encodeErr
 }
 
 // Names are the names of the set's resources, in its order. Read-only.
@@ -69,7 +70,21 @@ func (s *Set) Names() []string { return s.names }
 
 // Has says whether the set holds a resource named name.
 func (s *Set) Has(name string) bool {
-	_, ok := s.index()[name]
+	if len(s.names) < 8 { // a scan is cheaper than a map
+		for _, n := range s.names {
+			if n == name {
+				return true
+			}
+		}
+		return false
+	}
+	s.indexOnce.Do(func() {
+		s.index = make(map[string]int, len(s.names))
+		for i, n := range s.names {
+			s.index[n] = i
+		}
+	})
+	_, ok := s.index[name]
 	return ok
 }
 
@@ -79,8 +94,12 @@ func (s *Set) Has(name string) bool {
 // on demand. Build it with SetType before handing it over; it is immutable
 // afterwards.
 type Snapshot struct {
-	byType     [types.UnknownType]typeSets
-	versionMap func() (map[string]map[string]string, error)
+	byType [types.UnknownType]typeSets
+
+	// versions are ConstructVersionMap's, made on first use.
+	versionsOnce sync.Once
+	versions     map[string]map[string]string
+	versionsErr  error
 }
 
 // typeSets are a snapshot's resources of one type.
@@ -93,11 +112,7 @@ var _ cache.ResourceSnapshot = (*Snapshot)(nil)
 
 // NewSnapshot returns a snapshot with no resources of any type (and an
 // empty version for each).
-func NewSnapshot() *Snapshot {
-	s := &Snapshot{}
-	s.versionMap = sync.OnceValues(s.buildVersionMap)
-	return s
-}
+func NewSnapshot() *Snapshot { return &Snapshot{} }
 
 // SetType sets typeURL's version and resources.
 func (s *Snapshot) SetType(typeURL, version string, sets ...*Set) error {
@@ -127,12 +142,15 @@ func FromResourceSnapshot(snap cache.ResourceSnapshot) *Snapshot {
 		if err != nil {
 			continue
 		}
-		rs := snap.GetResources(typeURL)
+		rs, version := snap.GetResources(typeURL), snap.GetVersion(typeURL)
+		if len(rs) == 0 && version == "" {
+			continue // as the zero typeSets
+		}
 		list := make([]types.Resource, 0, len(rs))
 		for _, r := range rs {
 			list = append(list, r)
 		}
-		out.byType[i] = typeSets{version: snap.GetVersion(typeURL), sets: []*Set{NewSet(typeURL, list)}}
+		out.byType[i] = typeSets{version: version, sets: []*Set{NewSet(typeURL, list)}}
 	}
 	return out
 }
@@ -185,17 +203,16 @@ func (s *Snapshot) GetResources(typeURL string) map[string]types.Resource {
 // ConstructVersionMap implements cache.ResourceSnapshot: each resource's
 // version is the hash of its encoding (as go-control-plane's).
 func (s *Snapshot) ConstructVersionMap() error {
-	_, err := s.versionMap()
-	return err
+	s.versionsOnce.Do(func() { s.versions, s.versionsErr = s.buildVersionMap() })
+	return s.versionsErr
 }
 
 // GetVersionMap implements cache.ResourceSnapshot.
 func (s *Snapshot) GetVersionMap(typeURL string) map[string]string {
-	m, err := s.versionMap()
-	if err != nil {
+	if s.ConstructVersionMap() != nil {
 		return nil
 	}
-	return m[typeURL]
+	return s.versions[typeURL]
 }
 
 func (s *Snapshot) buildVersionMap() (map[string]map[string]string, error) {
