@@ -45,6 +45,6 @@ while IFS='|' read -r pkg imports; do
   deps=$(for i in $imports; do
     case $i in "$mod"/api|"$mod"/api/*|"$mod"/version) ;; "$mod"/*) printf '%s ' "${i#"$mod"/}" ;; esac
   done)
-  [ -n "$deps" ] && printf '%-40s -> %s\n' "$rel" "${deps% }"
+  if [ -n "$deps" ]; then printf '%-40s -> %s\n' "$rel" "${deps% }"; fi
 done
 echo '```'
