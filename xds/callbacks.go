@@ -112,8 +112,8 @@ func (s *Server) checkType(st *stream, typeURL string, errorDetail *rpcstatus.St
 //
 // A NACK of the latest response holds the configuration: hold, when given
 // (SotW under go-control-plane), replaces the request's version_info (the
-// last version the proxy accepted) by the rejected version before
-// go-control-plane's cache sees it, so the cache answers when the type's
+// last version the proxy accepted) by the rejected version before the
+// snapshot cache (snapcache) sees it, so the cache answers when the type's
 // version changes rather than at once with the same rejected resources
 // again (which would loop).
 func (s *Server) request(st *stream, ri requestInfo, hold func(version string)) (track bool, err error) {
