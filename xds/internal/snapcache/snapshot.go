@@ -34,9 +34,9 @@ type Set struct {
 	encodeOnce sync.Once
 	anys       []*anypb.Any
 	encodeErr  error
-	// index maps a name to its position, made on first use.
+	// index holds the names, made on first use by Has on a large set.
 	indexOnce sync.Once
-	index     map[string]int
+	index     map[string]struct{}
 }
 
 // NewSet returns the set of resources, all of type typeURL.
@@ -79,9 +79,9 @@ func (s *Set) Has(name string) bool {
 		return false
 	}
 	s.indexOnce.Do(func() {
-		s.index = make(map[string]int, len(s.names))
-		for i, n := range s.names {
-			s.index[n] = i
+		s.index = make(map[string]struct{}, len(s.names))
+		for _, n := range s.names {
+			s.index[n] = struct{}{}
 		}
 	})
 	_, ok := s.index[name]
