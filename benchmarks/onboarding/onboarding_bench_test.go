@@ -2,24 +2,35 @@
 // through the gRPC API) against a real kube-apiserver + etcd, next to the
 // API server's raw create rate of the same objects measured in the same run.
 //
-//	go test -run='^$' -bench=. -benchtime=400x ./benchmarks/onboarding/
+//	go test -run='^$' -bench=. -benchtime=1500x ./benchmarks/onboarding/
 //
-// (`make bench` passes the benchtime of the directive at the end of this comment: at 200
-// concurrent agents each agent onboards twice.)
+// (`make bench` passes the benchtime of the directive at the end of this
+// comment: at 200 concurrent agents each agent onboards 7 or 8 times. With
+// 400 per run, as before 2026-11-28, a run at 50 agents lasted under 3 s and
+// its rate moved by a third between runs; 1,500 last about 10 s.)
 //
 // Each benchmark reports onboardings/s (or creates/s), p50-ms and p99-ms of
 // one operation, and for onboardings the stored API writes and the
 // TokenRequests (not stored) per onboarding.
 //
-//embark:bench -test.benchtime=400x
+// -apiserver-cpuprofile=file writes the kube-apiserver's CPU profile (its
+// /debug/pprof) of the first -apiserver-profile-seconds (default 5) of
+// Onboarding/agents=50 to file and of RawCreate/clients=50 to file.raw; give
+// a -benchtime long enough that both runs outlast it (e.g. 2000x), so that
+// each profile covers its run only. The profiles' total samples divided by
+// the API calls made while they ran is the API server's CPU per call.
+//
+//embark:bench -test.benchtime=1500x
 package onboarding
 
 import (
 	"context"
 	"crypto/x509"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -35,6 +46,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -56,6 +68,9 @@ import (
 const audience = "onboarding-endpoint.bench"
 
 var (
+	apiProfile        = flag.String("apiserver-cpuprofile", "", "write the kube-apiserver's CPU profile during Onboarding/agents=50 to this file and during RawCreate/clients=50 to file.raw")
+	apiProfileSeconds = flag.Int("apiserver-profile-seconds", 5, "length of each -apiserver-cpuprofile profile")
+
 	env    *testenv.Env
 	cached cache.Cache
 	ca     *awstest.CA
@@ -288,7 +303,9 @@ func run(b *testing.B, conc, n int, unit string, op func(ctx context.Context, i 
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
 	errs := make(chan error, conc)
+	var done atomic.Int64
 	b.ResetTimer()
+	stopProfile := profileAPIServer(b, &done)
 	start := time.Now()
 	for range conc {
 		wg.Add(1)
@@ -305,12 +322,14 @@ func run(b *testing.B, conc, n int, unit string, op func(ctx context.Context, i 
 					return
 				}
 				lat[i] = time.Since(t0)
+				done.Add(1)
 			}
 		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
+	stopProfile()
 	close(errs)
 	if err := <-errs; err != nil {
 		b.Fatal(err)
@@ -319,6 +338,42 @@ func run(b *testing.B, conc, n int, unit string, op func(ctx context.Context, i 
 	b.ReportMetric(float64(n)/elapsed.Seconds(), unit+"/s")
 	b.ReportMetric(float64(lat[n/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[min(n-1, n*99/100)].Microseconds())/1000, "p99-ms")
+}
+
+// profileAPIServer starts the kube-apiserver's CPU profile of this run when
+// -apiserver-cpuprofile is set and b is one of the two runs it profiles;
+// the returned func waits for the profile, writes it and reports
+// profiled-ops: the operations completed while it ran.
+func profileAPIServer(b *testing.B, done *atomic.Int64) func() {
+	b.Helper()
+	file := map[string]string{"BenchmarkOnboarding/agents=50": *apiProfile, "BenchmarkRawCreate/clients=50": *apiProfile + ".raw"}[b.Name()]
+	if *apiProfile == "" || file == "" {
+		return func() {}
+	}
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	type profile struct {
+		body []byte
+		ops  int64
+		err  error
+	}
+	ch := make(chan profile, 1)
+	go func() { // reports only through ch: it may outlive a failed benchmark
+		body, err := cs.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", fmt.Sprint(*apiProfileSeconds)).DoRaw(context.Background())
+		ch <- profile{body, done.Load(), err}
+	}()
+	return func() {
+		p := <-ch
+		if p.err != nil {
+			b.Fatalf("kube-apiserver CPU profile: %v", p.err)
+		}
+		if err := os.WriteFile(file, p.body, 0o644); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(p.ops), "profiled-ops")
+	}
 }
 
 func BenchmarkOnboarding(b *testing.B) {
