@@ -15,13 +15,13 @@ cpu: Intel(R) Xeon(R) CPU @ 2.20GHz
 BenchmarkOnboarding/agents=10-2         	     200	   5404535 ns/op	       185.0 onboardings/s	        53.70 p50-ms
 BenchmarkOnboarding/agents=10-2         	     200	   5404535 ns/op	       175.0 onboardings/s	        50.00 p50-ms
 BenchmarkOnboarding/agents=10-2         	     200	   5404535 ns/op	       200.0 onboardings/s	        60.00 p50-ms
-BenchmarkRawCreate/clients=10
+BenchmarkOnboarding/raw/clients=10
     bench_test.go:12: a log line
-BenchmarkRawCreate/clients=10-2         	     200	   4000000 ns/op	       250.0 creates/s
-BenchmarkRawCreate/clients=10-2         	[controller-runtime] log.SetLogger(...) was never called
+BenchmarkOnboarding/raw/clients=10-2         	     200	   4000000 ns/op	       250.0 creates/s
+BenchmarkOnboarding/raw/clients=10-2         	[controller-runtime] log.SetLogger(...) was never called
 	>  goroutine 3532 [running]:
 	     200	   4000000 ns/op	       300.0 creates/s
-BenchmarkRawCreate/clients=10-2         	     200	   4000000 ns/op	       350.0 creates/s
+BenchmarkOnboarding/raw/clients=10-2         	     200	   4000000 ns/op	       350.0 creates/s
 Benchmark log line that is not a result
 PASS
 ok  	github.com/embark-mesh/embark/benchmarks/onboarding	12.3s
@@ -47,7 +47,7 @@ func TestParseAndSummarize(t *testing.T) {
 		byName[f.Name+" "+f.Unit] = f
 	}
 	on := byName["Onboarding/agents=10 onboardings/s"]
-	if on.Median != 185 || on.Min != 175 || on.Max != 200 || on.Baseline != "RawCreate/clients=10" || on.BaselineMedian != 300 {
+	if on.Median != 185 || on.Min != 175 || on.Max != 200 || on.Baseline != "Onboarding/raw/clients=10" || on.BaselineMedian != 300 {
 		t.Errorf("onboarding figure %+v", on)
 	}
 	if want := 185.0 / 300; on.Ratio != want {

@@ -49,7 +49,7 @@ type Rule struct {
 // Rules are the baselines of Embark's go-test benchmarks.
 var Rules = []Rule{
 	{Package: "benchmarks/onboarding", Name: regexp.MustCompile(`^Onboarding/agents=(\d+)$`), Unit: "onboardings/s",
-		Baseline: "RawCreate/clients=$1", BaselineUnit: "creates/s"},
+		Baseline: "Onboarding/raw/clients=$1", BaselineUnit: "creates/s"},
 	{Package: "benchmarks/authorize", Name: regexp.MustCompile(`^VerifyAndAuthorize$`), Unit: "ops/s/core",
 		Baseline: "BaselineRSA2048Verify", BaselineUnit: "ops/s/core"},
 	{Package: "benchmarks/identity", Name: regexp.MustCompile(`^(EC2|JWT)`), Unit: "verifications/s",

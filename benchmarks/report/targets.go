@@ -62,7 +62,7 @@ var Targets = []Target{
 		Text: "≥ 0.8 × raw API calls/s ÷ API calls per onboarding (writes + TokenRequests)",
 		Check: func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
 			f, ok1 := get("Onboarding/agents=50", "onboardings/s")
-			raw, ok2 := get("RawCreate/clients=50", "creates/s")
+			raw, ok2 := get("Onboarding/raw/clients=50", "creates/s")
 			w, ok3 := get("Onboarding/agents=50", "writes/onboarding")
 			tr, ok4 := get("Onboarding/agents=50", "tokenrequests/onboarding")
 			if !ok1 || !ok2 || !ok3 || !ok4 || w.Median+tr.Median == 0 {
@@ -75,7 +75,7 @@ var Targets = []Target{
 	{Package: "benchmarks/onboarding", Figure: "Onboarding/agents=50", Unit: "p99-ms", Text: "≤ 3 × raw p99",
 		Check: func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
 			f, ok1 := get("Onboarding/agents=50", "p99-ms")
-			raw, ok2 := get("RawCreate/clients=50", "p99-ms")
+			raw, ok2 := get("Onboarding/raw/clients=50", "p99-ms")
 			if !ok1 || !ok2 {
 				return 0, 0, false, false
 			}
