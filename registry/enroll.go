@@ -93,7 +93,7 @@ func (r *Registrar) Enroll(ctx context.Context, e Enrollment, policy Policy) (*R
 		}
 		return nil, fmt.Errorf("read WorkloadGroup %s/%s: %w", e.Namespace, e.Group, err)
 	}
-	if errs := ValidateRegistration(e.Registration, &group.Spec); len(errs) > 0 {
+	if errs := ValidateRegistration(e.Registration, group); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, errs.ToAggregate())
 	}
 	addrText, err := WorkloadAddress(e.Registration)

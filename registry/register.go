@@ -207,8 +207,7 @@ type Result struct {
 // bound to it; a missing service account fails with ErrServiceAccountMissing
 // before anything is written.
 func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) {
-	groupSpec := &req.Group.Spec
-	if errs := ValidateRegistration(req.Registration, groupSpec); len(errs) > 0 {
+	if errs := ValidateRegistration(req.Registration, req.Group); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, errs.ToAggregate())
 	}
 	name := Name(req.Group.Name, req.Identity)

@@ -10,7 +10,6 @@ import (
 	istioapi "istio.io/api/networking/v1alpha3"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
@@ -123,10 +122,11 @@ func WorkloadAddress(reg runtimev1alpha1.Registration) (string, error) {
 }
 
 // ValidateRegistration checks what a workload reported against the
-// WorkloadGroup it joins. The workload's own labels may add to the template's
-// labels but never change them: a workload cannot move itself into another
-// service's selection.
-func ValidateRegistration(reg runtimev1alpha1.Registration, group *istioapi.WorkloadGroup) field.ErrorList {
+// WorkloadGroup it joins. The workload's own labels are accepted only for
+// keys the group allows, never for a key the group sets to another value or
+// a reserved key (labels.go): a workload cannot move itself into another
+// service's selection or set Istio's own labels.
+func ValidateRegistration(reg runtimev1alpha1.Registration, group *istionetworkingv1.WorkloadGroup) field.ErrorList {
 	var errs field.ErrorList
 	addrs := field.NewPath("registration", "host", "addresses")
 	if len(reg.Host.Addresses) == 0 {
@@ -163,25 +163,7 @@ func ValidateRegistration(reg runtimev1alpha1.Registration, group *istioapi.Work
 			errs = append(errs, field.TooLong(v.path, v.value, 128))
 		}
 	}
-	labels := field.NewPath("registration", "workload", "labels")
-	if len(reg.Workload.Labels) > 64 {
-		errs = append(errs, field.TooMany(labels, len(reg.Workload.Labels), 64))
-	}
-	template := group.GetTemplate().GetLabels()
-	for k, v := range reg.Workload.Labels {
-		for _, msg := range validation.IsQualifiedName(k) {
-			errs = append(errs, field.Invalid(labels.Key(k), k, msg))
-		}
-		for _, msg := range validation.IsValidLabelValue(v) {
-			errs = append(errs, field.Invalid(labels.Key(k), v, msg))
-		}
-		if tv, ok := template[k]; ok && tv != v {
-			errs = append(errs, field.Forbidden(labels.Key(k), fmt.Sprintf("the WorkloadGroup template sets %s=%s; a workload cannot change it", k, tv)))
-		}
-		if k == LabelNetwork {
-			errs = append(errs, field.Forbidden(labels.Key(k), "the network comes from the WorkloadGroup template"))
-		}
-	}
+	errs = append(errs, validateAgentLabels(field.NewPath("registration", "workload", "labels"), reg.Workload.Labels, group)...)
 	return errs
 }
 
@@ -199,25 +181,20 @@ func BuildWorkloadEntry(war *runtimev1alpha1.WorkloadAutoRegistration) (*istione
 		return nil, err
 	}
 	tmpl := group.GetTemplate()
-	labels := make(map[string]string, len(tmpl.GetLabels())+len(war.Spec.Registration.Workload.Labels)+1)
-	maps.Copy(labels, war.Spec.Registration.Workload.Labels)
-	maps.Copy(labels, tmpl.GetLabels()) // the template wins
-	if tmpl.GetNetwork() != "" {
-		labels[LabelNetwork] = tmpl.GetNetwork()
-	}
+	labels := WorkloadLabels(war, group)
+	annotations := entryAnnotations(group)
+	annotations[AnnotationWorkloadGroup] = war.Spec.WorkloadGroup.Name
+	annotations[AnnotationRegistrationGeneration] = strconv.FormatInt(war.Generation, 10)
 	sa := tmpl.GetServiceAccount()
 	if sa == "" {
 		sa = DefaultServiceAccount
 	}
 	we := &istionetworkingv1.WorkloadEntry{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      war.Name,
-			Namespace: war.Namespace,
-			Labels:    labels,
-			Annotations: map[string]string{
-				AnnotationWorkloadGroup:          war.Spec.WorkloadGroup.Name,
-				AnnotationRegistrationGeneration: strconv.FormatInt(war.Generation, 10),
-			},
+			Name:        war.Name,
+			Namespace:   war.Namespace,
+			Labels:      labels,
+			Annotations: annotations,
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion:         runtimev1alpha1.SchemeGroupVersion.String(),
 				Kind:               "WorkloadAutoRegistration",

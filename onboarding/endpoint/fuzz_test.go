@@ -5,6 +5,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	istioapi "istio.io/api/networking/v1alpha3"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
@@ -70,7 +71,9 @@ func FuzzRegisterRequest(f *testing.F) {
 	}
 	f.Add(b)
 	f.Add([]byte{0x0a, 0x00})
-	group := &istioapi.WorkloadGroup{Template: &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}}}
+	group := &istionetworkingv1.WorkloadGroup{}
+	group.Name = "ratings"
+	group.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req := &onboardingv1alpha1.RegisterRequest{}
 		if err := proto.Unmarshal(data, req); err != nil {
@@ -83,9 +86,15 @@ func FuzzRegisterRequest(f *testing.F) {
 		if errs := registry.ValidateRegistration(reg, group); len(errs) > 0 {
 			return
 		}
-		// Whatever passes both has an address to put in the mesh.
+		// Whatever passes both has an address to put in the mesh, and
+		// no label the group did not allow.
 		if _, err := registry.WorkloadAddress(reg); err != nil {
 			t.Fatalf("validated registration has no workload address: %v", err)
+		}
+		for k, v := range reg.Workload.Labels {
+			if registry.ReservedLabel(k) || (k != "version" && !(k == "app" && v == "ratings")) {
+				t.Fatalf("validated registration sets label %s=%s, which the group does not allow", k, v)
+			}
 		}
 	})
 }

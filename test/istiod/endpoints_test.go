@@ -29,6 +29,13 @@ type podProxy struct {
 
 func startPodProxy(t *testing.T, ns, service string, port int) *podProxy {
 	t.Helper()
+	return startPodProxyFor(t, ns, fmt.Sprintf("outbound|%d||%s.%s.svc.cluster.local", port, service, ns))
+}
+
+// startPodProxyFor starts a pod's proxy in ns subscribed to the endpoints of
+// cluster.
+func startPodProxyFor(t *testing.T, ns, cluster string) *podProxy {
+	t.Helper()
 	conn, err := grpc.NewClient(istiod.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +46,7 @@ func startPodProxy(t *testing.T, ns, service string, port int) *podProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &podProxy{st: st, cluster: fmt.Sprintf("outbound|%d||%s.%s.svc.cluster.local", port, service, ns), updates: make(chan *endpointv3.ClusterLoadAssignment, 16)}
+	p := &podProxy{st: st, cluster: cluster, updates: make(chan *endpointv3.ClusterLoadAssignment, 16)}
 	node := &core.Node{
 		Id: "sidecar~10.244.0.9~productpage-v1-5d9c8b7f6-x2v4k." + ns + "~" + ns + ".svc.cluster.local",
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{

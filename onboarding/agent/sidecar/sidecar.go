@@ -128,6 +128,18 @@ var fixedEnv = map[string]string{
 	"ISTIO_META_INTERCEPTION_MODE":    "NONE",
 }
 
+// firstLabel returns the value of the first of keys that labels sets, or
+// "". The endpoint computes Istio's canonical service labels for every
+// workload; app and version are what endpoints of earlier versions sent.
+func firstLabel(labels map[string]string, keys ...string) string {
+	for _, k := range keys {
+		if v := labels[k]; v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
 // ClusterEnv renders cluster.env, which Istio's istio-start.sh sources
 // before starting pilot-agent: PILOT_ADDRESS (the discovery address,
 // which istio-start.sh puts in PROXY_CONFIG over the mesh config; CA_ADDR
@@ -152,8 +164,8 @@ func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, opts Env
 		"ISTIO_META_CLUSTER_ID":    boot.GetClusterId(),
 		"ISTIO_META_NETWORK":       boot.GetNetwork(),
 		"ISTIO_METAJSON_LABELS":    string(labels),
-		"CANONICAL_SERVICE":        boot.GetLabels()["app"],
-		"CANONICAL_REVISION":       boot.GetLabels()["version"],
+		"CANONICAL_SERVICE":        firstLabel(boot.GetLabels(), "service.istio.io/canonical-name", "app"),
+		"CANONICAL_REVISION":       firstLabel(boot.GetLabels(), "service.istio.io/canonical-revision", "version"),
 		"ISTIO_META_WORKLOAD_NAME": id.RegistrationName,
 	}
 	if opts.Revision != "" {
