@@ -25,8 +25,9 @@ import (
 // for keys the group allows (AnnotationAgentLabels; by default "version"),
 // never for a key the group sets to another value, and never for a reserved
 // key (ReservedLabel). The owned labels are computed last and always win:
-// the network, the host name proven by the identity, and Istio's canonical
-// service name and revision.
+// the network, the host name proven by the identity, Istio's canonical
+// service name and revision, and the control-plane revision when Embark
+// runs beside a revisioned istiod.
 const (
 	// AnnotationAgentLabels on a WorkloadGroup lists, comma-separated, the
 	// label keys its workloads' agents may report (onboarding-agent's
@@ -41,6 +42,10 @@ const (
 	LabelCanonicalRevision = "service.istio.io/canonical-revision"
 	// LabelRevision is Istio's control-plane revision label.
 	LabelRevision = "istio.io/rev"
+	// AnnotationIstioRevision on a registration is the Istio revision of
+	// the istiod beside the Embark that registered it (Options.Revision);
+	// its WorkloadEntry carries it as LabelRevision.
+	AnnotationIstioRevision = "onboarding.tetrate.io/istio-revision"
 )
 
 // DefaultAgentLabelKeys are the label keys an agent may report when its
@@ -167,6 +172,9 @@ func WorkloadLabels(war *runtimev1alpha1.WorkloadAutoRegistration, group *istioa
 	}
 	if h := HostnameOf(war); h != "" {
 		labels[LabelHostname] = h
+	}
+	if rev := war.Annotations[AnnotationIstioRevision]; rev != "" {
+		labels[LabelRevision] = rev
 	}
 	labels[LabelCanonicalName] = canonicalName(set, labels, war.Spec.WorkloadGroup.Name)
 	labels[LabelCanonicalRevision] = canonicalRevision(set, labels)

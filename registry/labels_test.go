@@ -240,3 +240,23 @@ func TestHostnameOf(t *testing.T) {
 		}
 	}
 }
+
+// The revision Embark records on a registration is its entry's istio.io/rev,
+// over the group's; without one the group's stays.
+func TestWorkloadLabelsRevision(t *testing.T) {
+	g := decodeGroup(t, analyticsGroup)
+	g.Spec.Metadata.Labels[LabelRevision] = "stable"
+	war := registrationFor(t, g, ec2Identity, nil)
+	if got := WorkloadLabels(war, &g.Spec)[LabelRevision]; got != "stable" {
+		t.Errorf("no recorded revision: istio.io/rev %q, want the group's stable", got)
+	}
+	war.Annotations = map[string]string{AnnotationIstioRevision: "canary"}
+	if got := WorkloadLabels(war, &g.Spec)[LabelRevision]; got != "canary" {
+		t.Errorf("recorded revision canary: istio.io/rev %q", got)
+	}
+	for in, want := range map[string]string{"": "", "default": "", "canary": "canary"} {
+		if got := revisionOf(in); got != want {
+			t.Errorf("revisionOf(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -81,6 +81,10 @@ type Options struct {
 	// Sidecar configures the sidecar's token. Default: see
 	// SidecarCredentialOptions.
 	Sidecar SidecarCredentialOptions
+	// Revision is the Istio revision of the istiod beside Embark ("" or
+	// "default": none). Registrations record it (AnnotationIstioRevision)
+	// and their WorkloadEntries carry it as istio.io/rev.
+	Revision string
 }
 
 // Registrar creates and updates WorkloadAutoRegistrations and their
@@ -93,6 +97,7 @@ type Registrar struct {
 	writer   *write.Writer
 	now      func() time.Time
 	sidecar  SidecarCredentialOptions
+	revision string
 }
 
 // NewRegistrar returns a Registrar.
@@ -118,6 +123,7 @@ func NewRegistrar(opts Options) (*Registrar, error) {
 		writer:   write.OrDefault(opts.Writer),
 		now:      opts.Clock,
 		sidecar:  opts.Sidecar,
+		revision: revisionOf(opts.Revision),
 	}, nil
 }
 
@@ -225,7 +231,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
 			Namespace:   req.Group.Namespace,
-			Annotations: sessionAnnotations(req.SessionHash),
+			Annotations: r.registrationAnnotations(req.SessionHash),
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: istionetworkingv1.SchemeGroupVersion.String(),
 				Kind:       "WorkloadGroup",
@@ -338,14 +344,18 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 			}
 			rekey = true
 		}
-		if !rekey && reflect.DeepEqual(cur.Spec.Registration, want.Spec.Registration) {
+		revised := cur.Annotations[AnnotationIstioRevision] != r.revision
+		if !rekey && !revised && reflect.DeepEqual(cur.Spec.Registration, want.Spec.Registration) {
 			return nil
 		}
+		if cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
 		if rekey {
-			if cur.Annotations == nil {
-				cur.Annotations = map[string]string{}
-			}
 			cur.Annotations[AnnotationSessionHash] = req.SessionHash
+		}
+		if revised {
+			setOrDelete(cur.Annotations, AnnotationIstioRevision, r.revision)
 		}
 		cur.Spec.Registration = want.Spec.Registration
 		return r.client.Update(ctx, cur)
@@ -356,11 +366,34 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 	return cur, nil
 }
 
-func sessionAnnotations(hash string) map[string]string {
-	if hash == "" {
+// registrationAnnotations are a new registration's annotations: the agent
+// session's key hash and the Istio revision.
+func (r *Registrar) registrationAnnotations(hash string) map[string]string {
+	out := map[string]string{}
+	setOrDelete(out, AnnotationSessionHash, hash)
+	setOrDelete(out, AnnotationIstioRevision, r.revision)
+	if len(out) == 0 {
 		return nil
 	}
-	return map[string]string{AnnotationSessionHash: hash}
+	return out
+}
+
+// setOrDelete sets m[k] = v, or deletes k when v is empty.
+func setOrDelete(m map[string]string, k, v string) {
+	if v == "" {
+		delete(m, k)
+		return
+	}
+	m[k] = v
+}
+
+// revisionOf is the revision an istio.io/rev label names: none for "" and
+// Istio's "default".
+func revisionOf(rev string) string {
+	if rev == "default" {
+		return ""
+	}
+	return rev
 }
 
 // ensureWorkloadEntry creates or updates the registration's WorkloadEntry,

@@ -102,7 +102,8 @@ func TestRegisterCreatesRegistrationAndWorkloadEntry(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: seedName}, we); err != nil {
 		t.Fatal(err)
 	}
-	wantLabels := map[string]string{"app": "ratings", "class": "vm", "version": "v5", LabelNetwork: "virtual-machines"}
+	wantLabels := map[string]string{"app": "ratings", "class": "vm", "version": "v5", LabelNetwork: "virtual-machines",
+		LabelHostname: "ip-172-31-5-254", LabelCanonicalName: "ratings", LabelCanonicalRevision: "v5"}
 	if fmt.Sprint(we.Labels) != fmt.Sprint(wantLabels) || fmt.Sprint(we.Spec.Labels) != fmt.Sprint(wantLabels) {
 		t.Errorf("labels = %v / spec %v, want %v", we.Labels, we.Spec.Labels, wantLabels)
 	}
@@ -486,6 +487,40 @@ func assertNoRegistrations(t *testing.T, ns string) {
 	for _, e := range entries.Items {
 		if _, managed := OwnedBy(e.OwnerReferences, ""); managed {
 			t.Errorf("WorkloadEntry %s left behind", e.Name)
+		}
+	}
+}
+
+// Beside a revisioned istiod the registration records the revision and its
+// WorkloadEntry carries istio.io/rev; registering again after the revision
+// changed moves it.
+func TestRegisterRecordsTheIstioRevision(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	register := func(rev string) *Result {
+		t.Helper()
+		r, err := NewRegistrar(Options{Client: env.Client, Cache: cached, Recorder: recorder, Logger: fixtures.Logger(t), Revision: rev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: fixtures.Registration("172.31.5.254")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for _, step := range []struct{ configured, want string }{{"canary", "canary"}, {"stable", "stable"}, {"default", ""}} {
+		res := register(step.configured)
+		if got := res.Registration.Annotations[AnnotationIstioRevision]; got != step.want {
+			t.Errorf("revision %q: registration records %q, want %q", step.configured, got, step.want)
+		}
+		we := &istionetworkingv1.WorkloadEntry{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: seedName}, we); err != nil {
+			t.Fatal(err)
+		}
+		if got := we.Labels[LabelRevision]; got != step.want || we.Spec.Labels[LabelRevision] != step.want {
+			t.Errorf("revision %q: WorkloadEntry istio.io/rev %q (spec %q), want %q", step.configured, got, we.Spec.Labels[LabelRevision], step.want)
 		}
 	}
 }

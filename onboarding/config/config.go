@@ -130,6 +130,11 @@ type Istiod struct {
 	// configuration itself. Default: true when Address is set; requires
 	// Address.
 	RelayXDS *bool `json:"relayXDS,omitempty"`
+	// Revision is the Istio control-plane revision of this istiod (its
+	// istio.io/rev), e.g. canary; empty or "default" for none. Every
+	// WorkloadEntry Embark writes carries it as its istio.io/rev label, as
+	// Istio's own VM entries do.
+	Revision string `json:"revision,omitempty"`
 }
 
 // Enabled reports whether an istiod is configured.
@@ -637,8 +642,11 @@ func (c *Configuration) Validate() field.ErrorList {
 		if c.Istiod.RootCertFile == "" {
 			errs = append(errs, field.Required(ip.Child("rootCertFile"), "istiod's root certificates (root-cert.pem of the istio-ca-root-cert ConfigMap)"))
 		}
-	} else if c.Istiod.ServerName != "" || c.Istiod.RootCertFile != "" || (c.Istiod.RelayXDS != nil && *c.Istiod.RelayXDS) {
-		errs = append(errs, field.Required(field.NewPath("istiod", "address"), "serverName, rootCertFile and relayXDS need istiod's address"))
+		for _, msg := range validation.IsValidLabelValue(c.Istiod.Revision) {
+			errs = append(errs, field.Invalid(ip.Child("revision"), c.Istiod.Revision, msg))
+		}
+	} else if c.Istiod.ServerName != "" || c.Istiod.RootCertFile != "" || c.Istiod.Revision != "" || (c.Istiod.RelayXDS != nil && *c.Istiod.RelayXDS) {
+		errs = append(errs, field.Required(field.NewPath("istiod", "address"), "serverName, rootCertFile, revision and relayXDS need istiod's address"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}, {"repository", c.Listen.Repository}} {
 		host, _, err := net.SplitHostPort(l.addr)

@@ -291,6 +291,7 @@ func (b *build) onboarding(ctx context.Context) error {
 	b.deferUndo(func() { stopStatus(); <-statusDone })
 	registrar, err := registry.NewRegistrar(registry.Options{
 		Client: b.kc, Cache: b.informers, Recorder: b.recorder, Logger: log, Writer: b.writer,
+		Revision: cfg.Istiod.Revision,
 	})
 	if err != nil {
 		return err

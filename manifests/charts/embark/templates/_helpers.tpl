@@ -70,6 +70,9 @@ istiod:
   {{- if not .relayXDS }}
   relayXDS: false
   {{- end }}
+  {{- if and $.Values.istiodRevision (ne $.Values.istiodRevision "default") }}
+  revision: {{ $.Values.istiodRevision }}
+  {{- end }}
 {{- end }}
 {{- end }}
 registration:
