@@ -42,6 +42,12 @@ var trafficHosts atomic.Int32
 
 func startTraffic(t *testing.T, probe bool) *trafficHarness {
 	t.Helper()
+	return startTrafficAfter(t, probe, testOutOfTrafficAfter)
+}
+
+// startTrafficAfter is startTraffic with the out-of-traffic delay.
+func startTrafficAfter(t *testing.T, probe bool, delay time.Duration) *trafficHarness {
+	t.Helper()
 	ns := env.Namespace(t)
 	wg := fixtures.SeedGroup(ns)
 	if probe {
@@ -66,7 +72,7 @@ func startTraffic(t *testing.T, probe bool) *trafficHarness {
 	}
 	h.conns, err = NewConnections(ctx, ConnectionOptions{
 		Client: h.cc, Cache: cached, Replica: "replica-a", Logger: log, Metrics: h.metrics,
-		DisconnectDelay: -1, OutOfTrafficAfter: testOutOfTrafficAfter,
+		DisconnectDelay: -1, OutOfTrafficAfter: delay,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +109,9 @@ func (h *trafficHarness) report(t *testing.T, healthy bool) {
 	waitHealth(t, h.w.Key, at)
 }
 
-// settle waits for every pending state and forgets the API calls so far.
+// settle waits for every pending state and for the cache to show the
+// stored registration and entry (a lagging cache's copy would cost a
+// conflicting write more), and forgets the API calls so far.
 func (h *trafficHarness) settle(t *testing.T) {
 	t.Helper()
 	if err := h.conns.Flush(t.Context()); err != nil {
@@ -112,6 +120,19 @@ func (h *trafficHarness) settle(t *testing.T) {
 	if err := h.mirror.Flush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	fixtures.Eventually(t, 30*time.Second, "the cache in sync", func() bool {
+		for _, obj := range []func() client.Object{
+			func() client.Object { return &runtimev1alpha1.WorkloadAutoRegistration{} },
+			func() client.Object { return &istionetworkingv1.WorkloadEntry{} },
+		} {
+			live, seen := obj(), obj()
+			if env.Client.Get(t.Context(), h.w.Key, live) != nil || cached.Get(t.Context(), h.w.Key, seen) != nil ||
+				live.GetResourceVersion() != seen.GetResourceVersion() {
+				return false
+			}
+		}
+		return true
+	})
 	h.cc.take()
 }
 
@@ -226,7 +247,10 @@ func TestReconnectWithinTheDelayTakesNothingOut(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := startTraffic(t, false)
+			// Long enough for the other replica's connect to be stored
+			// first on a loaded machine.
+			const delay = 3 * time.Second
+			h := startTrafficAfter(t, false, delay)
 			other := h.conns
 			if tt.replica != "replica-a" {
 				ctx, cancel := context.WithCancel(t.Context())
@@ -241,7 +265,7 @@ func TestReconnectWithinTheDelayTakesNothingOut(t *testing.T) {
 			other.Opened(h.w, 2)
 			waitObserved(t, h.w.Key, connectedTo(tt.replica))
 			// Past the delay: the timer, if any is left, has fired.
-			time.Sleep(3 * testOutOfTrafficAfter)
+			time.Sleep(2 * delay)
 			h.settle(t)
 			if we := entry(t, h.w.Key); !routed(we) || we.Annotations[registry.AnnotationOutOfTraffic] != "" {
 				t.Errorf("entry after a reconnect within the delay: routed %v, annotations %v", routed(we), we.Annotations)
@@ -260,11 +284,15 @@ func TestReconnectWithinTheDelayTakesNothingOut(t *testing.T) {
 // reconnect to another replica, so it takes none of them out of traffic,
 // and the timers pending when it begins to drain stop.
 func TestDrainingReplicaTakesNothingOut(t *testing.T) {
-	h := startTraffic(t, false)
-	pending := startTraffic(t, false)
+	const delay = 2 * time.Second // long enough for the timer to be seen pending
+	h := startTrafficAfter(t, false, delay)
+	pending := startTrafficAfter(t, false, delay)
 	pending.conns.Closed(pending.w, 1)
 	if err := pending.conns.Flush(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+	if got := pending.conns.pendingOutOfTraffic(); got != 1 {
+		t.Fatalf("pending timers after a stored disconnect = %d, want 1", got)
 	}
 	pending.conns.Drain()
 	if got := pending.conns.pendingOutOfTraffic(); got != 0 {
@@ -280,7 +308,7 @@ func TestDrainingReplicaTakesNothingOut(t *testing.T) {
 	if got := h.conns.pendingOutOfTraffic(); got != 0 {
 		t.Errorf("a draining replica started %d out-of-traffic timers, want 0", got)
 	}
-	time.Sleep(3 * testOutOfTrafficAfter)
+	time.Sleep(delay + time.Second)
 	for _, x := range []*trafficHarness{h, pending} {
 		if err := x.conns.Flush(t.Context()); err != nil {
 			t.Fatal(err)
