@@ -18,7 +18,8 @@ func (p *podProxy) watchFor(t *testing.T, d time.Duration, what string, bad func
 		select {
 		case cla, open := <-p.updates:
 			if !open {
-				t.Fatalf("istiod closed the pod's stream while watching that %s", what)
+				*p = *startPodProxy(t, p.ns, p.service, p.port) // istiod's max connection age: connect again
+				continue
 			}
 			if m := endpointsOf(cla); bad(m) {
 				t.Fatalf("%s: istiod served %+v", what, m)

@@ -25,6 +25,10 @@ type podProxy struct {
 	st      discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	cluster string
 	updates chan *endpointv3.ClusterLoadAssignment
+	// ns, service and port are what it subscribed to, to subscribe again
+	// when istiod closes the stream (its max connection age is short here).
+	ns, service string
+	port        int
 }
 
 func startPodProxy(t *testing.T, ns, service string, port int) *podProxy {
@@ -39,7 +43,8 @@ func startPodProxy(t *testing.T, ns, service string, port int) *podProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &podProxy{st: st, cluster: fmt.Sprintf("outbound|%d||%s.%s.svc.cluster.local", port, service, ns), updates: make(chan *endpointv3.ClusterLoadAssignment, 16)}
+	p := &podProxy{st: st, cluster: fmt.Sprintf("outbound|%d||%s.%s.svc.cluster.local", port, service, ns), updates: make(chan *endpointv3.ClusterLoadAssignment, 16),
+		ns: ns, service: service, port: port}
 	node := &core.Node{
 		Id: "sidecar~10.244.0.9~productpage-v1-5d9c8b7f6-x2v4k." + ns + "~" + ns + ".svc.cluster.local",
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -109,7 +114,10 @@ func (p *podProxy) waitFor(t *testing.T, what string, ok func(map[string]vmEndpo
 		select {
 		case cla, open := <-p.updates:
 			if !open {
-				t.Fatalf("istiod closed the pod's stream while waiting until %s", what)
+				// istiod closed the stream (max connection age): the pod's
+				// proxy connects again and gets the whole state first.
+				*p = *startPodProxy(t, p.ns, p.service, p.port)
+				continue
 			}
 			last = endpointsOf(cla)
 			if ok(last) {
