@@ -38,6 +38,14 @@ const (
 	// AnnotationConnectedReplica is the endpoint replica holding (or last
 	// holding) the workload's stream.
 	AnnotationConnectedReplica = "onboarding.tetrate.io/connected-replica"
+	// AnnotationOutOfTraffic marks a WorkloadEntry of a group without a
+	// probe that the replica whose stream of the workload closed took out
+	// of traffic (its value is the reason, AgentDisconnected): it is written
+	// together with AnnotationHealthChecksEnabled, which, with no Healthy
+	// condition True, makes istiod stop routing to the entry. A connect
+	// removes both. Entries of groups with a probe are taken out of traffic
+	// through their Healthy condition instead (docs/lifecycle.md).
+	AnnotationOutOfTraffic = "onboarding.tetrate.io/out-of-traffic"
 	// AnnotationRegistrationGeneration is the registration's generation the
 	// WorkloadEntry was built from, so a concurrent older write never
 	// replaces a newer one.

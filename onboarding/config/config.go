@@ -31,6 +31,11 @@ const (
 // DefaultNeverConnectedAfter is registration.neverConnectedAfter's default.
 const DefaultNeverConnectedAfter = time.Minute
 
+// DefaultOutOfTrafficAfter is registration.outOfTrafficAfter's default
+// (capped at registration.gracePeriod): Istio's own auto-registration
+// removes a disconnected workload's entry after its clean-up grace of 10s.
+const DefaultOutOfTrafficAfter = 10 * time.Second
+
 // Defaults.
 const (
 	DefaultListenAddress     = ":15443"
@@ -311,6 +316,13 @@ type Registration struct {
 	// reason AgentNeverConnected (it is still removed at the end of the grace
 	// period from its registration). Zero or unset: 1m.
 	NeverConnectedAfter *metav1.Duration `json:"neverConnectedAfter,omitempty"`
+	// OutOfTrafficAfter is how long after a workload's last stream on a
+	// replica closed, with no stream of it since, that replica takes its
+	// WorkloadEntry out of traffic (pods stop being sent the workload; the
+	// registration lives on for GracePeriod; a reconnect puts it back).
+	// A replica that shuts down or dies takes nothing out. At most
+	// GracePeriod. Zero or unset: 10s, or GracePeriod when shorter.
+	OutOfTrafficAfter *metav1.Duration `json:"outOfTrafficAfter,omitempty"`
 	// PropagationDelay the agent waits after unregistering. Default 5s.
 	PropagationDelay *metav1.Duration `json:"propagationDelay,omitempty"`
 	// WriteQPS and WriteBurst are the write budget of one replica: every
@@ -498,6 +510,9 @@ func (c *Configuration) SetDefaults() {
 	if r.NeverConnectedAfter == nil || r.NeverConnectedAfter.Duration == 0 {
 		r.NeverConnectedAfter = &metav1.Duration{Duration: DefaultNeverConnectedAfter}
 	}
+	if r.OutOfTrafficAfter == nil || r.OutOfTrafficAfter.Duration == 0 {
+		r.OutOfTrafficAfter = &metav1.Duration{Duration: min(DefaultOutOfTrafficAfter, r.GracePeriod.Duration)}
+	}
 	if r.PropagationDelay == nil {
 		r.PropagationDelay = &metav1.Duration{Duration: DefaultPropagationDelay}
 	}
@@ -594,6 +609,13 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.Registration.NeverConnectedAfter.Duration < 0 {
 		errs = append(errs, field.Invalid(r.Child("neverConnectedAfter"), c.Registration.NeverConnectedAfter.Duration.String(), "must not be negative"))
+	}
+	switch d := c.Registration.OutOfTrafficAfter.Duration; {
+	case d < 0:
+		errs = append(errs, field.Invalid(r.Child("outOfTrafficAfter"), d.String(), "must not be negative"))
+	case d > c.Registration.GracePeriod.Duration:
+		errs = append(errs, field.Invalid(r.Child("outOfTrafficAfter"), d.String(),
+			"must not exceed registration.gracePeriod ("+c.Registration.GracePeriod.Duration.String()+"): the registration is removed by then"))
 	}
 	if c.Registration.PropagationDelay.Duration < 0 {
 		errs = append(errs, field.Invalid(r.Child("propagationDelay"), c.Registration.PropagationDelay.Duration.String(), "must not be negative"))

@@ -27,6 +27,7 @@ func TestParseDefaults(t *testing.T) {
 		{"token expiration", cfg.TokenIssuer.JWT.Expiration.Duration, time.Hour},
 		{"grace period", cfg.Registration.GracePeriod.Duration, 5 * time.Minute},
 		{"never connected after", cfg.Registration.NeverConnectedAfter.Duration, time.Minute},
+		{"out of traffic after", cfg.Registration.OutOfTrafficAfter.Duration, 10 * time.Second},
 		{"health damping", cfg.Registration.HealthDamping.Duration, 10 * time.Second},
 		{"namespace", cfg.Namespace, "istio-system"},
 		{"discovery address", cfg.Mesh.DiscoveryAddress, "onboarding-endpoint.example.corp:15012"},
@@ -41,6 +42,33 @@ func TestParseDefaults(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if tt.got != tt.want {
 				t.Errorf("got %v, want %v", tt.got, tt.want)
+			}
+		})
+	}
+}
+
+// registration.outOfTrafficAfter defaults to 10s, capped at the grace
+// period; an explicit value stands.
+func TestOutOfTrafficAfterDefaults(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want time.Duration
+	}{
+		{name: "default", yaml: "", want: 10 * time.Second},
+		{name: "zero is the default", yaml: "registration: {outOfTrafficAfter: 0s}\n", want: 10 * time.Second},
+		{name: "short grace period caps the default", yaml: "registration: {gracePeriod: 4s}\n", want: 4 * time.Second},
+		{name: "explicit", yaml: "registration: {outOfTrafficAfter: 3s}\n", want: 3 * time.Second},
+		{name: "explicit equal to the grace period", yaml: "registration: {gracePeriod: 30s, outOfTrafficAfter: 30s}\n", want: 30 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal + tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.Registration.OutOfTrafficAfter.Duration; got != tt.want {
+				t.Errorf("outOfTrafficAfter = %v, want %v", got, tt.want)
 			}
 		})
 	}
@@ -178,6 +206,8 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "negative health damping", yaml: minimal + "registration: {healthDamping: -1s}\n", wantErr: "registration.healthDamping"},
 		{name: "jwt issuer with both jwks and jwksURL", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, jwks: '{}', jwksURL: 'https://idp.example/keys'}]}\n", wantErr: "identity.jwt[0].jwks"},
 		{name: "jwt negative maxTokenLifetime", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, maxTokenLifetime: -1m}]}\n", wantErr: "identity.jwt[0].maxTokenLifetime"},
+		{name: "negative outOfTrafficAfter", yaml: minimal + "registration: {outOfTrafficAfter: -1s}\n", wantErr: "registration.outOfTrafficAfter: Invalid value"},
+		{name: "outOfTrafficAfter beyond the grace period", yaml: minimal + "registration: {gracePeriod: 1m, outOfTrafficAfter: 2m}\n", wantErr: "must not exceed registration.gracePeriod"},
 		{name: "negative neverConnectedAfter", yaml: minimal + "registration: {neverConnectedAfter: -1s}\n", wantErr: "registration.neverConnectedAfter"},
 		{name: "istiod without roots", yaml: minimal + "istiod: {address: 'istiod.istio-system.svc:15012'}\n", wantErr: "istiod.rootCertFile: Required value"},
 		{name: "istiod without port", yaml: minimal + "istiod: {address: istiod, rootCertFile: /r}\n", wantErr: "istiod.address: Invalid value"},

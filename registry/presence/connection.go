@@ -73,6 +73,14 @@ type ConnectionOptions struct {
 	// held disconnects at once. Zero means the default; negative, no delay.
 	// Default 1s.
 	DisconnectDelay time.Duration
+	// OutOfTrafficAfter takes a workload out of traffic when its last
+	// stream on this replica closed this long ago and it has not connected
+	// again (to any replica): one write to its WorkloadEntry (traffic.go,
+	// docs/lifecycle.md), undone by its next connect. The timer starts
+	// once the disconnect is stored; a draining replica (Drain) starts
+	// none. Zero means the default; negative, never. Default
+	// DefaultOutOfTrafficAfter (10s).
+	OutOfTrafficAfter time.Duration
 	// Metrics. Default: not recorded.
 	Metrics *ConnectionMetrics
 	// Clock. Default time.Now.
@@ -110,6 +118,8 @@ type Connections struct {
 	metrics *ConnectionMetrics
 	now     func() time.Time
 	delay   time.Duration
+	// outAfter is OutOfTrafficAfter (<= 0: never).
+	outAfter time.Duration
 	// started is when this tracker started; a stored connection of this
 	// replica from before it belongs to an earlier process of the replica.
 	started time.Time
@@ -123,6 +133,12 @@ type Connections struct {
 	// idle are called (without mu) when a workload's last stream on this
 	// replica closes, so that per-workload state elsewhere is dropped.
 	idle []func(Workload)
+	// outTimers are the pending out-of-traffic timers, one per workload
+	// whose disconnect this replica stored less than outAfter ago; a
+	// connect or Drain cancels them.
+	outTimers map[types.NamespacedName]*outTimer
+	// draining: the replica shuts down; no out-of-traffic timer starts.
+	draining bool
 }
 
 // connEntry is one workload's streams on this replica and its pending state.
@@ -141,6 +157,12 @@ type connState struct {
 	disconnectedAt time.Time
 	// holdUntil (real time) is when a held disconnect may be written.
 	holdUntil time.Time
+	// closed (real time) is when the last stream closed; the
+	// out-of-traffic delay runs from it.
+	closed time.Time
+	// outOfTraffic: take the workload out of traffic (the disconnect is
+	// stored already).
+	outOfTraffic bool
 }
 
 // NewConnections returns a tracker whose writes run until ctx ends.
@@ -163,11 +185,14 @@ func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, 
 	case opts.DisconnectDelay < 0:
 		opts.DisconnectDelay = 0
 	}
+	if opts.OutOfTrafficAfter == 0 {
+		opts.OutOfTrafficAfter = DefaultOutOfTrafficAfter
+	}
 	c := &Connections{
 		ctx: ctx, client: opts.Client, cache: opts.Cache, replica: opts.Replica, log: opts.Logger,
 		writer: write.OrDefault(opts.Writer), retry: opts.Retry, metrics: opts.Metrics, now: opts.Clock,
-		delay: opts.DisconnectDelay, started: opts.Clock(),
-		entries: map[types.NamespacedName]*connEntry{},
+		delay: opts.DisconnectDelay, outAfter: opts.OutOfTrafficAfter, started: opts.Clock(),
+		entries: map[types.NamespacedName]*connEntry{}, outTimers: map[types.NamespacedName]*outTimer{},
 	}
 	c.queue = &latest[*connEntry, connState]{ctx: ctx, mu: &c.mu, retry: opts.Retry, store: c.store, retrying: c.retrying, ended: c.ended}
 	return c, nil
@@ -195,6 +220,7 @@ func (c *Connections) NewStreamID() int64 { return c.streamIDs.Add(1) }
 func (c *Connections) Opened(w Workload, streamID int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.cancelOutOfTrafficLocked(w.Key)
 	e := c.entries[w.Key]
 	if e == nil || (e.workload.UID != w.UID && len(e.streams) == 0) {
 		if e != nil && e.slot.running {
@@ -239,9 +265,10 @@ func (c *Connections) Closed(w Workload, streamID int64) {
 		c.mu.Unlock()
 		return
 	}
-	now := c.now()
+	now, closed := c.now(), time.Now()
 	c.metrics.closed(e.workload)
-	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now, holdUntil: time.Now().Add(c.delay)})
+	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now,
+		holdUntil: closed.Add(c.delay), closed: closed})
 	idle, workload := c.idle, e.workload
 	c.mu.Unlock()
 	for _, f := range idle {
@@ -346,9 +373,12 @@ func (c *Connections) Flush(ctx context.Context) error {
 	return write.WaitIdle(ctx, "connection states", c.queue.busy)
 }
 
-// Wait waits for every writer goroutine to end; call it after the tracker's
-// context ended.
-func (c *Connections) Wait() { c.queue.wait() }
+// Wait waits for every writer goroutine to end and stops the pending
+// out-of-traffic timers; call it after the tracker's context ended.
+func (c *Connections) Wait() {
+	c.Drain()
+	c.queue.wait()
+}
 
 // enqueueLocked replaces e's pending state and starts its writer (a held
 // disconnect replaced by a connect is dropped unwritten).
@@ -373,10 +403,19 @@ var errRegistrationReplaced = errors.New("registration replaced by a newer one o
 
 // store stores one state (the latest queue's store): a disconnect is held
 // for DisconnectDelay unless Flush waits or the tracker stops, then written
-// to the registration only; a connection is written to the registration,
-// then to its WorkloadEntry. A registration gone or replaced drops the
-// state.
+// to the registration only, and starts the out-of-traffic timer; a
+// connection is written to the registration, then to its WorkloadEntry
+// (which puts an entry taken out of traffic back); an out-of-traffic
+// decision is at most one write to the WorkloadEntry (traffic.go). A
+// registration gone or replaced drops the state.
 func (c *Connections) store(_ *connEntry, st *connState) (time.Duration, error) {
+	if st.outOfTraffic {
+		err := c.storeOutOfTraffic(st)
+		if err != nil && (apierrors.IsNotFound(err) || errors.Is(err, errRegistrationReplaced)) {
+			return 0, nil // gone: nothing to take out
+		}
+		return 0, err
+	}
 	if !st.connected {
 		c.mu.Lock()
 		flushing := c.flushing > 0
@@ -393,6 +432,7 @@ func (c *Connections) store(_ *connEntry, st *connState) (time.Duration, error) 
 	case err == nil:
 		if !st.connected && shown != nil {
 			c.metrics.statusWritten(c.now().Sub(st.disconnectedAt))
+			c.startOutOfTraffic(st)
 		}
 		return 0, nil
 	case apierrors.IsNotFound(err) || errors.Is(err, errRegistrationReplaced):
@@ -563,6 +603,7 @@ func (c *Connections) storeWorkloadEntry(st *connState, shown *runtimev1alpha1.C
 			want = map[string]string{}
 		}
 		delete(want, registry.AnnotationDisconnectedAt)
+		backInTraffic(want)
 		if holder != c.replica || !heldSince.Truncate(time.Second).Equal(since.Truncate(time.Second)) {
 			want[registry.AnnotationConnectedAt] = since.UTC().Format(time.RFC3339Nano)
 			want[registry.AnnotationConnectedReplica] = c.replica
@@ -609,6 +650,7 @@ type ConnectionMetrics struct {
 	connects         *prometheus.CounterVec
 	disconnects      *prometheus.CounterVec
 	latency          prometheus.Histogram
+	outOfTraffic     prometheus.Counter
 }
 
 type groupKey struct{ namespace, group string }
@@ -621,7 +663,9 @@ type groupKey struct{ namespace, group string }
 // counters 15 minutes later if none connected since: a deleted group
 // leaves no series) and
 // embark_registry_disconnect_status_write_seconds (from a workload's last
-// stream closing to its registration showing it).
+// stream closing to its registration showing it) and
+// embark_registry_out_of_traffic_total (WorkloadEntries taken out of
+// traffic because their sidecar did not reconnect in time).
 func NewConnectionMetrics(reg prometheus.Registerer) (*ConnectionMetrics, error) {
 	labels := []string{WorkloadNamespaceLabel, "group"}
 	m := &ConnectionMetrics{
@@ -644,8 +688,12 @@ func NewConnectionMetrics(reg prometheus.Registerer) (*ConnectionMetrics, error)
 			Help:    "Time from a workload's last stream closing to its registration's status saying so.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
+		outOfTraffic: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "embark_registry_out_of_traffic_total",
+			Help: "WorkloadEntries this replica took out of traffic because their sidecar's last stream here closed and did not come back within registration.outOfTrafficAfter.",
+		}),
 	}
-	for _, col := range []prometheus.Collector{m.connected, m.connects, m.disconnects, m.latency} {
+	for _, col := range []prometheus.Collector{m.connected, m.connects, m.disconnects, m.latency, m.outOfTraffic} {
 		if err := reg.Register(col); err != nil {
 			return nil, fmt.Errorf("register connection metrics: %w", err)
 		}
@@ -696,4 +744,11 @@ func (m *ConnectionMetrics) statusWritten(d time.Duration) {
 		return
 	}
 	m.latency.Observe(d.Seconds())
+}
+
+func (m *ConnectionMetrics) tookOutOfTraffic() {
+	if m == nil {
+		return
+	}
+	m.outOfTraffic.Inc()
 }

@@ -6,7 +6,10 @@
 //     the onboarding.tetrate.io/connected-at and /connected-replica
 //     annotations of its WorkloadEntry (a disconnect writes the
 //     registration's status only); Watch reasserts a live connection whose
-//     stored status another component lost;
+//     stored status another component lost; a workload whose last stream
+//     here closed and which has not connected again after
+//     OutOfTrafficAfter is taken out of traffic with one write to its
+//     WorkloadEntry, put back by its next connect (traffic.go);
 //   - HealthMirror (health.go, damping.go): the sidecar's health reports
 //     mirrored onto the WorkloadEntry's Healthy condition (what istiod
 //     routes by) and the registration's, with flap damping;

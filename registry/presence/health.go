@@ -76,7 +76,10 @@ type HealthOptions struct {
 // goroutine of its own stores with optimistic concurrency, retrying with
 // backoff until it is stored or a newer report replaces it. Flips of flapping
 // workloads are damped (see damper). On disconnect the condition stays as it
-// was last stored; AgentConnected tells the rest.
+// was last stored until the connection tracker takes the workload out of
+// traffic (Healthy False, reason AgentDisconnected, when it does not come
+// back in time); a report of a stream closed before that is not stored over
+// it.
 type HealthMirror struct {
 	ctx     context.Context
 	client  client.Client
@@ -273,6 +276,12 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 		}
 		if ref, ok := registry.OwnedBy(we.OwnerReferences, w.Key.Name); !ok || (w.UID != "" && ref.UID != w.UID) {
 			return errNoEntry
+		}
+		if takenOutOfTraffic(we) && m.conns.Streams(w.Key) == 0 {
+			// A report of a stream closed since (held by damping, or
+			// retried) must not put back in traffic a workload taken out
+			// because it did not reconnect.
+			return errNotHolder
 		}
 		prev = registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy)
 		m.mu.Lock()

@@ -43,6 +43,10 @@ const (
 	// gracePeriod is shortened from the default 5m so that the demo shows
 	// the removal of a workload that stays disconnected.
 	gracePeriod = 15 * time.Second
+	// outOfTrafficAfter is registration.outOfTrafficAfter, its default:
+	// a VM whose sidecar stays away this long leaves the pods' endpoints,
+	// its registration kept for the grace period.
+	outOfTrafficAfter = 10 * time.Second
 	// waitFor bounds every wait for the system to reach a state.
 	waitFor = 30 * time.Second
 	// pollInterval is how often a wait checks (checks run kubectl and
@@ -72,6 +76,8 @@ type demo struct {
 	istiod     *testenv.Istiod      // see istiod.go
 	istiodRoot string               // its CA root, as a file
 	pod        *istiodview.PodProxy // productpage's proxy on istiod
+
+	poweredOff time.Time // when the powered-off VM's sidecar stopped
 }
 
 // run runs the demo and cleans up everything it started before returning.
@@ -145,6 +151,8 @@ func (d *demo) steps() []step.Step {
 			Run: d.rollingUpdate},
 		step.Step{Title: "power off " + last.Name + " (onboarding agent killed, sidecar stopped): its registration shows the disconnect",
 			Run: func(ctx context.Context, out io.Writer) error { return d.disconnect(ctx, out, last) }},
+		step.Step{Title: fmt.Sprintf("%s leaves the pod's endpoints within outOfTrafficAfter (%v): WorkloadEntry Healthy False (AgentDisconnected), registration kept", last.Name, outOfTrafficAfter),
+			Run: func(ctx context.Context, out io.Writer) error { return d.outOfTraffic(ctx, out, last) }},
 		step.Step{Title: fmt.Sprintf("%s stays away for the grace period (%v): registration and WorkloadEntry removed", last.Name, gracePeriod),
 			Run: func(ctx context.Context, out io.Writer) error { return d.gracePeriodRemoval(ctx, out, last) }},
 		step.Step{Title: "an on-prem host (" + onPremHost + ") onboards with an OIDC JWT of the kube-apiserver's service-account issuer, next to the EC2 instances",
@@ -259,12 +267,13 @@ registration:
   # Health flips are stored at once (no damping), to show them quickly.
   healthDamping: 0s
   gracePeriod: %s
+  outOfTrafficAfter: %s
   propagationDelay: 1s
 listen:
   onboarding: %s
   metrics: %s
   xds: %s
-%s`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, d.serving.caFile, gracePeriod, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds, d.istiodConfig())
+%s`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, d.serving.caFile, gracePeriod, outOfTrafficAfter, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds, d.istiodConfig())
 	if cfg, err = d.withOnPremIssuer(ctx, cfg); err != nil {
 		return err
 	}
@@ -462,6 +471,7 @@ func (d *demo) disconnect(ctx context.Context, out io.Writer, v *vm.VM) error {
 	if err := v.PowerOff(); err != nil {
 		return err
 	}
+	d.poweredOff = time.Now()
 	fmt.Fprintf(out, "%s: onboarding-agent killed (it does not unregister), pilot-agent stopped\n", v.Name)
 	want := map[string]string{}
 	for _, o := range d.vms {
@@ -471,11 +481,47 @@ func (d *demo) disconnect(ctx context.Context, out io.Writer, v *vm.VM) error {
 	if err := d.showChecked(ctx, out, func(s string) error { return check.WARs(s, want) }, "get", "war", "-A"); err != nil {
 		return err
 	}
-	// Like istiod's own auto-registration, Embark keeps a disconnected
-	// workload's WorkloadEntry (and its Healthy condition) until the grace
-	// period ends: istiod still serves it; the next step shows it leave.
-	fmt.Fprintf(out, "%s's WorkloadEntry stays until the grace period ends, so istiod still serves it:\n", v.Name)
+	// A sidecar that comes back within outOfTrafficAfter (a restart, a
+	// network blip, a replica rolled) never leaves traffic: istiod still
+	// serves the VM; the next step shows it leave.
+	fmt.Fprintf(out, "%s stays in traffic for outOfTrafficAfter (%v), in case its sidecar comes back:\n", v.Name, outOfTrafficAfter)
 	return d.showRatingsEndpoints(ctx, out, d.wantEndpoints(nil, nil))
+}
+
+// outOfTraffic shows the powered-off VM leave the pod's endpoints once its
+// sidecar has stayed away for outOfTrafficAfter, well before the grace
+// period removes its registration, and checks when it left.
+func (d *demo) outOfTraffic(ctx context.Context, out io.Writer, v *vm.VM) error {
+	fmt.Fprintf(out, "waiting for %s to leave the pod's endpoints ...\n", v.Name)
+	if err := d.showRatingsEndpoints(ctx, out, d.wantEndpoints(v, nil)); err != nil {
+		return err
+	}
+	took := time.Since(d.poweredOff)
+	fmt.Fprintf(out, "%s left the pod's endpoints %.1fs after its sidecar stopped (outOfTrafficAfter %v, grace period %v)\n", v.Name, took.Seconds(), outOfTrafficAfter, gracePeriod)
+	if took >= gracePeriod {
+		return fmt.Errorf("%s left the endpoints only %v after its sidecar stopped, not before the grace period (%v)", v.Name, took, gracePeriod)
+	}
+	cols := `NAME:.metadata.name,HEALTHY:.status.conditions[?(@.type=="Healthy")].status,REASON:.status.conditions[?(@.type=="Healthy")].reason`
+	healthy, reasons := map[string]string{}, map[string]string{}
+	for _, o := range d.vms {
+		healthy[o.Reg()], reasons[o.Reg()] = "True", runtimev1alpha1.ReasonProbeSucceeded
+	}
+	healthy[v.Reg()], reasons[v.Reg()] = "False", runtimev1alpha1.ReasonAgentDisconnected
+	if err := d.showChecked(ctx, out, func(s string) error {
+		if err := check.Column(s, "WorkloadEntry", "NAME", "HEALTHY", healthy); err != nil {
+			return err
+		}
+		return check.Column(s, "WorkloadEntry", "NAME", "REASON", reasons)
+	}, "get", "workloadentries", "-n", "bookinfo", "-o", "custom-columns="+cols); err != nil {
+		return err
+	}
+	want := map[string]string{}
+	for _, o := range d.vms {
+		want["bookinfo/"+o.Reg()] = "True"
+	}
+	want["bookinfo/"+v.Reg()] = "False"
+	fmt.Fprintf(out, "its registration stays for the grace period: the VM comes back without onboarding again if its sidecar reconnects\n")
+	return d.showChecked(ctx, out, func(s string) error { return check.WARs(s, want) }, "get", "war", "-A")
 }
 
 func (d *demo) deleteRegistration(ctx context.Context, out io.Writer, v *vm.VM) error {

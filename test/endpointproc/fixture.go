@@ -12,6 +12,7 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -51,6 +52,11 @@ type Workload struct {
 	Deleting bool
 	// WorkloadEntry says whether its WorkloadEntry exists.
 	WorkloadEntry bool
+	// OutOfTraffic says whether a replica took its WorkloadEntry out of
+	// traffic because the sidecar did not reconnect (the entry carries
+	// onboarding.tetrate.io/out-of-traffic, or Healthy False with reason
+	// AgentDisconnected).
+	OutOfTraffic bool
 }
 
 // Workloads reads every registration of namespace and its WorkloadEntry
@@ -64,20 +70,22 @@ func Workloads(ctx context.Context, c client.Client, namespace string) (map[stri
 	if err := c.List(ctx, wes, client.InNamespace(namespace)); err != nil {
 		return nil, err
 	}
-	entries := map[string]bool{}
+	entries, out := map[string]bool{}, map[string]bool{}
 	for _, we := range wes.Items {
 		entries[we.Name] = true
+		c := registry.IstioCondition(we.Status.Conditions, registry.ConditionHealthy)
+		out[we.Name] = we.Annotations[registry.AnnotationOutOfTraffic] != "" || c.GetReason() == runtimev1alpha1.ReasonAgentDisconnected
 	}
-	out := map[string]Workload{}
+	ws := map[string]Workload{}
 	for _, war := range wars.Items {
-		w := Workload{UID: war.UID, Deleting: war.DeletionTimestamp != nil, WorkloadEntry: entries[war.Name]}
+		w := Workload{UID: war.UID, Deleting: war.DeletionTimestamp != nil, WorkloadEntry: entries[war.Name], OutOfTraffic: out[war.Name]}
 		if cond := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected); cond != nil {
 			w.Connected = cond.Status
 		}
 		if war.Status.Connection != nil {
 			w.Replica = war.Status.Connection.Replica
 		}
-		out[war.Name] = w
+		ws[war.Name] = w
 	}
-	return out, nil
+	return ws, nil
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/config"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/endpointproc"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -303,6 +304,33 @@ func (f *fixture) expect(timeout time.Duration, truth map[*endpointproc.Agent]wa
 	}
 }
 
+// noneOutOfTraffic waits until since + outOfTrafficAfter (10s, the
+// replicas' default) + 5s, when any out-of-traffic timer started by
+// what happened at since has fired, then fails the test if any WorkloadEntry
+// of agents is missing or was taken out of traffic.
+func (f *fixture) noneOutOfTraffic(since time.Time, agents []*endpointproc.Agent) {
+	f.t.Helper()
+	time.Sleep(time.Until(since.Add(config.DefaultOutOfTrafficAfter + 5*time.Second)))
+	ws, err := endpointproc.Workloads(f.t.Context(), env.Client, f.ns)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var out []string
+	for _, a := range agents {
+		if w, ok := ws[a.Registration]; !ok || !w.WorkloadEntry || w.OutOfTraffic {
+			out = append(out, fmt.Sprintf("%s (registration %v, WorkloadEntry %v, out of traffic %v)", a.Registration, ok, w.WorkloadEntry, w.OutOfTraffic))
+		}
+	}
+	if len(out) > 0 {
+		sort.Strings(out)
+		if len(out) > 10 {
+			out = append(out[:10], fmt.Sprintf("... and %d more", len(out)-10))
+		}
+		f.t.Fatalf("%d of %d workloads left pods' endpoints:\n%s", len(out), len(agents), strings.Join(out, "\n"))
+	}
+	f.t.Logf("0 of %d workloads left traffic (%v after the fault)", len(agents), time.Since(since).Round(time.Second))
+}
+
 func truthOf(groups ...map[*endpointproc.Agent]want) map[*endpointproc.Agent]want {
 	out := map[*endpointproc.Agent]want{}
 	for _, g := range groups {
@@ -341,6 +369,9 @@ func TestEndpointRestartKeepsRegistrations(t *testing.T) {
 	t.Logf("stopped in %v", time.Since(start))
 	// No replica runs: every stream closed and the shutdown stored it.
 	t.Logf("disconnects stored %v after the stop", f.expect(30*time.Second, all(agents, want{connected: false})))
+	// A replica that shuts down takes no VM out of traffic, even when
+	// the sidecars find no replica for longer than outOfTrafficAfter.
+	f.noneOutOfTraffic(start, agents)
 
 	start = time.Now()
 	if err := r.Start(t.Context()); err != nil {
@@ -377,6 +408,9 @@ func TestKillOfStreamOwnerHandsOver(t *testing.T) {
 	}
 	took := f.expect(30*time.Second, all(agents, want{connected: true, replica: survivor.Name}))
 	t.Logf("all %d workloads held by the survivor %v after the SIGKILL (%d moved; %v with the kill)", len(agents), took, len(onOwner), time.Since(start))
+	// Neither the killed replica (nothing runs there) nor the survivor
+	// (the moved workloads connected to it) takes a VM out of traffic.
+	f.noneOutOfTraffic(start, agents)
 
 	// A later disconnect is stored by the survivor.
 	gone := onOwner[:5]

@@ -25,6 +25,9 @@ type podProxy struct {
 	st      discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	cluster string
 	updates chan *endpointv3.ClusterLoadAssignment
+	// ns is the pod's namespace, to subscribe again when istiod closes the
+	// stream (its max connection age is short here).
+	ns string
 }
 
 func startPodProxy(t *testing.T, ns, service string, port int) *podProxy {
@@ -46,7 +49,7 @@ func startPodProxyFor(t *testing.T, ns, cluster string) *podProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &podProxy{st: st, cluster: cluster, updates: make(chan *endpointv3.ClusterLoadAssignment, 16)}
+	p := &podProxy{st: st, cluster: cluster, updates: make(chan *endpointv3.ClusterLoadAssignment, 16), ns: ns}
 	node := &core.Node{
 		Id: "sidecar~10.244.0.9~productpage-v1-5d9c8b7f6-x2v4k." + ns + "~" + ns + ".svc.cluster.local",
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -116,7 +119,10 @@ func (p *podProxy) waitFor(t *testing.T, what string, ok func(map[string]vmEndpo
 		select {
 		case cla, open := <-p.updates:
 			if !open {
-				t.Fatalf("istiod closed the pod's stream while waiting until %s", what)
+				// istiod closed the stream (max connection age): the pod's
+				// proxy connects again and gets the whole state first.
+				*p = *startPodProxyFor(t, p.ns, p.cluster)
+				continue
 			}
 			last = endpointsOf(cla)
 			if ok(last) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,12 +65,21 @@ func freeAddr(t *testing.T) string {
 type endpoint struct {
 	xds      string
 	rootFile string // PEM root of the endpoint's xDS serving certificate
+	// stop shuts the endpoint down as a SIGTERM does (its streams closed,
+	// states flushed) and waits for it; the test's clean-up calls it too.
+	stop func()
 }
 
 // startEndpoint runs the endpoint for ns with istiod configured; its xDS
 // listener serves TLS with a certificate for 127.0.0.1 (what a VM's
 // pilot-agent verifies), the onboarding API plaintext.
 func startEndpoint(t *testing.T, ns string) *endpoint {
+	t.Helper()
+	return startEndpointAs(t, ns, "replica-"+ns)
+}
+
+// startEndpointAs is startEndpoint with the replica's name.
+func startEndpointAs(t *testing.T, ns, replica string) *endpoint {
 	t.Helper()
 	dir := t.TempDir()
 	istiodRoots := filepath.Join(dir, "istiod-root-cert.pem")
@@ -105,7 +115,7 @@ listen:
 	done := make(chan error, 1)
 	ready := make(chan struct{})
 	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: "replica-" + ns, DebugXDS: "off",
+		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: replica, DebugXDS: "off",
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
 	}()
 	select {
@@ -117,17 +127,21 @@ listen:
 		cancel()
 		t.Fatal("endpoint not ready")
 	}
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("endpoint returned %v after shutdown", err)
+	var once sync.Once
+	e.stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("endpoint returned %v after shutdown", err)
+				}
+			case <-time.After(time.Minute):
+				t.Error("endpoint did not stop")
 			}
-		case <-time.After(time.Minute):
-			t.Error("endpoint did not stop")
-		}
-	})
+		})
+	}
+	t.Cleanup(e.stop)
 	return e
 }
 

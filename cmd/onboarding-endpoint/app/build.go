@@ -340,6 +340,7 @@ func (b *build) registry(ctx context.Context) error {
 	}
 	if b.conns, err = presence.NewConnections(trackerCtx, presence.ConnectionOptions{
 		Client: b.apiReader, Cache: b.informers, Replica: b.opts.Replica, Logger: log, Metrics: connMetrics, Writer: b.writer,
+		OutOfTrafficAfter: cfg.Registration.OutOfTrafficAfter.Duration,
 	}); err != nil {
 		return err
 	}
@@ -560,6 +561,9 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	case <-ctx.Done():
 	case err = <-errc:
 	}
+	// The replica closes its streams itself from here on: their sidecars
+	// reconnect to another replica, and none is taken out of traffic.
+	b.conns.Drain()
 	hs.Shutdown()
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
