@@ -215,12 +215,20 @@ func (f *frontend) DeltaAggregatedResources(ss discovery.AggregatedDiscoveryServ
 // startFrontend runs a relay to u behind a gRPC server.
 func startFrontend(t *testing.T, u *upstream) *frontend {
 	t.Helper()
+	return startFrontendWith(t, u, relay.Options{})
+}
+
+// startFrontendWith runs a relay to u with opts (Conn and backoffs set
+// here).
+func startFrontendWith(t *testing.T, u *upstream, opts relay.Options) *frontend {
+	t.Helper()
 	conn, err := grpc.NewClient(u.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, MaxDelay: 200 * time.Millisecond}, MinConnectTimeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(relay.Options{Conn: conn, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	opts.Conn, opts.MinBackoff, opts.MaxBackoff = conn, 10*time.Millisecond, 100*time.Millisecond
+	r, err := relay.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
