@@ -68,14 +68,16 @@ type Subscriptions[Req any] interface {
 	Release()
 }
 
-// NewSotwSubscriptions returns the subscriptions of a SotW stream.
-func NewSotwSubscriptions(l Limits) Subscriptions[discovery.DiscoveryRequest] {
-	return newSotwState(l, nil)
+// NewSotwSubscriptions returns the subscriptions of a SotW stream; total,
+// when not nil, counts the names it holds (with other streams').
+func NewSotwSubscriptions(l Limits, total *atomic.Int64) Subscriptions[discovery.DiscoveryRequest] {
+	return newSotwState(l, total)
 }
 
-// NewDeltaSubscriptions returns the subscriptions of a Delta stream.
-func NewDeltaSubscriptions(l Limits) Subscriptions[discovery.DeltaDiscoveryRequest] {
-	return newDeltaState(l, nil)
+// NewDeltaSubscriptions returns the subscriptions of a Delta stream; see
+// NewSotwSubscriptions.
+func NewDeltaSubscriptions(l Limits, total *atomic.Int64) Subscriptions[discovery.DeltaDiscoveryRequest] {
+	return newDeltaState(l, total)
 }
 
 // usage is what one stream's subscriptions hold: names and their bytes,
