@@ -59,6 +59,26 @@ func FuzzDeltaRequests(f *testing.F) {
 		for _, limit := range []int{DefaultMaxRequestBytes, 64} {
 			checkDeltaResync(t, s, s.resync(limit, 0), limit)
 		}
+		// Under tight limits, whatever is accepted stays within them and
+		// the count of names held is exactly what the state keeps.
+		tight := newDeltaState(Limits{MaxNamesPerType: 3, MaxNameBytesPerStream: 24}, nil)
+		for _, data := range [][]byte{a, b, a} {
+			req := &discovery.DeltaDiscoveryRequest{}
+			if proto.Unmarshal(data, req) != nil {
+				return
+			}
+			_ = tight.Observe(req)
+		}
+		held := 0
+		for typ, sub := range tight.subs {
+			if len(sub.names) > 3 || sub.initial > 3 {
+				t.Fatalf("type %q holds %d names and %d initial versions, over the limit of 3", typ, len(sub.names), sub.initial)
+			}
+			held += len(sub.names) + sub.initial
+		}
+		if tight.Names() != held || tight.use.bytes > 24 {
+			t.Fatalf("Names() = %d for %d held, %d bytes (limit 24)", tight.Names(), held, tight.use.bytes)
+		}
 	})
 }
 
