@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -120,7 +121,9 @@ func (u *upstream) serve(t *testing.T, lis net.Listener) {
 				u.seen[id] = true
 				u.nodes = append(u.nodes, r.GetNode())
 			}
-			u.deltas = append(u.deltas, r)
+			// A copy: go-control-plane sets the stream's node on the request
+			// after this callback, while the test may be reading it.
+			u.deltas = append(u.deltas, proto.CloneOf(r))
 			return nil
 		},
 	})
