@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +23,9 @@ type CertificateCaller struct {
 	ServiceAccount types.NamespacedName
 	// Token is the caller's bearer token, to be presented to istiod.
 	Token string
+	// Expires is the token's exp: deleting the registration voids the
+	// token, so a certificate that ends no later is revoked with it.
+	Expires time.Time
 }
 
 // AuthorizeCertificate authenticates the caller of a certificate request
@@ -56,7 +60,7 @@ func (s *Server) AuthorizeCertificate(ctx context.Context) (*CertificateCaller, 
 		s.log.Info("refused certificate request", "registration", key.String(), "serviceAccount", cred.ServiceAccount.String(), "reason", err.Error())
 		return nil, err
 	}
-	return &CertificateCaller{Registration: key, ServiceAccount: cred.ServiceAccount, Token: raw}, nil
+	return &CertificateCaller{Registration: key, ServiceAccount: cred.ServiceAccount, Token: raw, Expires: cred.Expires}, nil
 }
 
 // served refuses a namespace outside Options.Namespaces: the cache does

@@ -30,6 +30,7 @@ const (
 	closeCredentialDeleted   = "credential_deleted"
 	closeCredentialExpired   = "credential_expired"
 	closeNodeSwitched        = "node_switched"
+	closeSubscriptionLimit   = "subscription_limit"
 )
 
 // refusal is a refused stream's gRPC status and the reason metrics count it

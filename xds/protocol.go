@@ -2,6 +2,7 @@ package xds
 
 import (
 	"context"
+	"sync/atomic"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -32,6 +33,10 @@ type protocol[Req, Resp any] struct {
 	serve func(ctx context.Context, w cache.ConfigWatcher, cb hooks, bs *boundStream[Req, Resp]) error
 	// relay is the relay's handler (istiod mode).
 	relay func(r *relay.Relay, bs *boundStream[Req, Resp], authorization string, h relay.Hooks[Req, Resp]) error
+	// subscriptions tracks a standalone stream's subscriptions within the
+	// limits the relay applies to its own (go-control-plane keeps every
+	// name a Delta stream subscribes to, without bound).
+	subscriptions func(l relay.Limits, total *atomic.Int64) relay.Subscriptions[Req]
 }
 
 // requestInfo is what the server reads of a request, SotW or Delta.
@@ -61,6 +66,7 @@ var sotw = &protocol[discovery.DiscoveryRequest, discovery.DiscoveryResponse]{
 	relay: func(r *relay.Relay, bs *boundStream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], authorization string, h relay.Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
 		return r.SotW(bs.Context(), bs, authorization, h)
 	},
+	subscriptions: relay.NewSotwSubscriptions,
 }
 
 var delta = &protocol[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]{
@@ -76,6 +82,7 @@ var delta = &protocol[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryR
 	relay: func(r *relay.Relay, bs *boundStream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], authorization string, h relay.Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
 		return r.Delta(bs.Context(), bs, authorization, h)
 	},
+	subscriptions: relay.NewDeltaSubscriptions,
 }
 
 // onRequest is go-control-plane's request callback of protocol p.

@@ -100,6 +100,12 @@ type Options struct {
 	// first request, which names the node, before it is closed
 	// DeadlineExceeded. Default limits.DefaultFirstRequestTimeout (10s).
 	FirstRequestTimeout time.Duration
+	// Subscriptions bound what one workload stream may subscribe to
+	// (limits.xds.maxSubscribedNamesPerType and
+	// maxSubscribedNameBytesPerStream): a request over them ends the stream
+	// ResourceExhausted. Standalone mode; in istiod mode the relay applies
+	// its own Options.Limits. Default: relay.Limits' defaults.
+	Subscriptions relay.Limits
 	// Namespaces are the only namespaces whose workloads are served (the
 	// configuration's workloadNamespaces; Reader watches only these): a
 	// sidecar token of a service account elsewhere is refused
@@ -172,7 +178,8 @@ type Server struct {
 	byWorkload map[types.NamespacedName][]*stream // bound workload streams (one or a few each)
 	nodes      map[string]int                     // streams per node ID holding a snapshot
 
-	relayed atomic.Int64 // relayed streams opened so far
+	relayed    atomic.Int64 // relayed streams opened so far
+	subscribed atomic.Int64 // resource names standalone streams subscribe to
 }
 
 var (
@@ -743,6 +750,8 @@ func serveADS[Req, Resp any](s *Server, p *protocol[Req, Resp], ss grpc.BidiStre
 		if s.opts.Relay != nil {
 			return relayed(s, p, bs, st)
 		}
+		bs.subs = p.subscriptions(s.opts.Subscriptions, &s.subscribed)
+		defer bs.subs.Release()
 		return p.serve(st.ctx, s.watcher, hooks{s, st}, bs)
 	})
 }
@@ -765,12 +774,14 @@ func (d *debugService) StreamAggregatedResources(ss discovery.AggregatedDiscover
 // boundStream hands the stream's handler (go-control-plane's or the
 // relay's) a stream whose requests all carry the first request's node (or
 // none): its single reader, Recv, checks every request with the node guard
-// before the handler or the callbacks see it.
+// before the handler or the callbacks see it, and, in standalone mode, with
+// the stream's subscription limits.
 type boundStream[Req, Resp any] struct {
 	grpc.BidiStreamingServer[Req, Resp]
 	first *Req
 	st    *stream
 	guard nodepin.Guard
+	subs  relay.Subscriptions[Req] // standalone mode; nil: not checked here
 }
 
 func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], first *Req, st *stream) *boundStream[Req, Resp] {
@@ -784,34 +795,54 @@ func newBoundStream[Req, Resp any](ss grpc.BidiStreamingServer[Req, Resp], first
 // Recv returns the first request (already read), then what the client
 // sends, until the client ends the stream or a request carries another node
 // than the first (the stream is then closed PermissionDenied before
-// anything else sees that request). Only the handler's single receiving
+// anything else sees that request) or subscribes over the stream's limits
+// (closed ResourceExhausted). Only the handler's single receiving
 // goroutine calls it.
 func (b *boundStream[Req, Resp]) Recv() (*Req, error) {
-	if f := b.first; f != nil {
+	r := b.first
+	if r != nil {
 		b.first = nil
-		return f, nil
+	} else {
+		var err error
+		if r, err = b.BidiStreamingServer.Recv(); err != nil {
+			return nil, err
+		}
+		if err := b.guard.Check(r); err != nil {
+			return nil, b.refuse(codes.PermissionDenied, closeNodeSwitched, err.Error())
+		}
 	}
-	r, err := b.BidiStreamingServer.Recv()
-	if err != nil {
-		return nil, err
-	}
-	if err := b.guard.Check(r); err != nil {
-		refused := &refusal{code: codes.PermissionDenied, reason: closeNodeSwitched, msg: err.Error()}
-		b.st.close(refused.code, refused.reason, refused.msg)
-		return nil, refused
+	if b.subs != nil {
+		if err := b.subs.Observe(r); err != nil {
+			return nil, b.refuse(codes.ResourceExhausted, closeSubscriptionLimit, status.Convert(err).Message())
+		}
 	}
 	return r, nil
 }
 
+// refuse closes the stream: code, reason (a metrics label) and msg are its
+// status.
+func (b *boundStream[Req, Resp]) refuse(code codes.Code, reason, msg string) error {
+	refused := &refusal{code: code, reason: reason, msg: msg}
+	b.st.close(refused.code, refused.reason, refused.msg)
+	return refused
+}
+
 // State counts what the server holds: open streams, bound workloads, nodes
-// with a snapshot, and the snapshot cache's per-node status entries.
+// with a snapshot, the snapshot cache's per-node status entries, and the
+// resource names its streams subscribe to (standalone streams' and the
+// relay's).
 type State struct {
 	Streams, Workloads, Nodes, CacheStatuses int
+	SubscribedNames                          int64
 }
 
 // State returns what the server holds now.
 func (s *Server) State() State {
+	names := s.subscribed.Load()
+	if s.opts.Relay != nil {
+		names += s.opts.Relay.SubscribedNames()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return State{Streams: s.open, Workloads: len(s.byWorkload), Nodes: len(s.nodes), CacheStatuses: len(s.snapshots.GetStatusKeys())}
+	return State{Streams: s.open, Workloads: len(s.byWorkload), Nodes: len(s.nodes), CacheStatuses: len(s.snapshots.GetStatusKeys()), SubscribedNames: names}
 }

@@ -60,6 +60,17 @@ const (
 	minGracePeriod           = time.Second
 )
 
+const (
+	// DefaultMaxCertificateValidity is istiod.maxCertificateValidity's
+	// default.
+	DefaultMaxCertificateValidity = 24 * time.Hour
+	// minCertificateValidity and maxCertificateValidity bound
+	// istiod.maxCertificateValidity: the API server's shortest token
+	// lifetime, and the CA relay's bound (xds/ca.MaxValidity).
+	minCertificateValidity = 10 * time.Minute
+	maxCertificateValidity = 90 * 24 * time.Hour
+)
+
 // Configuration is the onboarding endpoint's configuration file.
 type Configuration struct {
 	metav1.TypeMeta `json:",inline"`
@@ -140,6 +151,12 @@ type Istiod struct {
 	// WorkloadEntry Embark writes carries it as its istio.io/rev label, as
 	// Istio's own VM entries do.
 	Revision string `json:"revision,omitempty"`
+	// MaxCertificateValidity caps the validity of the workload certificates
+	// relayed from istiod's CA: a VM is certified for at most this and at
+	// most its sidecar token's remaining lifetime, whatever it asks for
+	// (docs/security.md, "Revocation bound"). Default 24h; between 10m and
+	// 2160h (90 days).
+	MaxCertificateValidity *metav1.Duration `json:"maxCertificateValidity,omitempty"`
 }
 
 // Enabled reports whether an istiod is configured.
@@ -498,6 +515,9 @@ func (c *Configuration) SetDefaults() {
 	c.Limits.Onboarding.SetDefaults()
 	c.Limits.XDS.SetDefaults()
 	c.Limits.Repository.SetDefaults()
+	if c.Istiod.MaxCertificateValidity == nil {
+		c.Istiod.MaxCertificateValidity = &metav1.Duration{Duration: DefaultMaxCertificateValidity}
+	}
 	if c.Istiod.Address != "" && c.Istiod.ServerName == "" {
 		if host, _, err := net.SplitHostPort(c.Istiod.Address); err == nil {
 			c.Istiod.ServerName = host
@@ -649,6 +669,9 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if d := c.XDS.Debounce.Duration; d < minXDSDebounce || d > maxXDSDebounce {
 		errs = append(errs, field.Invalid(field.NewPath("xds", "debounce"), d.String(), fmt.Sprintf("must be between %s and %s", minXDSDebounce, maxXDSDebounce)))
+	}
+	if d := c.Istiod.MaxCertificateValidity.Duration; d < minCertificateValidity || d > maxCertificateValidity {
+		errs = append(errs, field.Invalid(field.NewPath("istiod", "maxCertificateValidity"), d.String(), fmt.Sprintf("must be between %s and %s", minCertificateValidity, maxCertificateValidity)))
 	}
 	for _, msg := range validation.IsDNS1123Label(c.Mesh.RootNamespace) {
 		errs = append(errs, field.Invalid(field.NewPath("mesh", "rootNamespace"), c.Mesh.RootNamespace, msg))

@@ -37,6 +37,7 @@ func TestParseDefaults(t *testing.T) {
 		{"xds debounce", cfg.XDS.Debounce.Duration, 100 * time.Millisecond},
 		{"root namespace", cfg.Mesh.RootNamespace, "istio-system"},
 		{"no istiod", cfg.Istiod.Enabled(), false},
+		{"certificate validity cap", cfg.Istiod.MaxCertificateValidity.Duration, 24 * time.Hour},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -115,6 +116,8 @@ func TestLimitsDefaults(t *testing.T) {
 		{"repository write timeout", cfg.Limits.Repository.HTTPWriteTimeout.Duration, limits.DefaultHTTPWriteTimeout},
 		{"repository read-header timeout", cfg.Limits.Repository.HTTPReadHeaderTimeout.Duration, limits.DefaultHTTPReadHeaderTimeout},
 		{"repository connections", cfg.Limits.Repository.MaxConnections, limits.DefaultMaxConnections},
+		{"xds subscribed names per type", cfg.Limits.XDS.MaxSubscribedNamesPerType, 10_000},
+		{"xds subscribed name bytes per stream", cfg.Limits.XDS.MaxSubscribedNameBytesPerStream, 1 << 20},
 	} {
 		if tt.got != tt.want {
 			t.Errorf("%s = %v, want %v", tt.name, tt.got, tt.want)
@@ -226,6 +229,10 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "published repository keys without a signing key", yaml: minimal + "localRepository: {publicKeyFiles: [/keys/next.asc]}\n", wantErr: "localRepository.signingKeyFile: Required value"},
 		{name: "negative per-source connections", yaml: minimal + "limits: {xds: {maxConnectionsPerSource: -1}}\n", wantErr: "limits.xds.maxConnectionsPerSource"},
 		{name: "negative first request timeout", yaml: minimal + "limits: {xds: {firstRequestTimeout: -1s}}\n", wantErr: "limits.xds.firstRequestTimeout"},
+		{name: "certificate validity over 90 days", yaml: minimal + "istiod: {maxCertificateValidity: 2161h}\n", wantErr: "istiod.maxCertificateValidity: Invalid value: \"2161h0m0s\": must be between 10m0s and 2160h0m0s"},
+		{name: "certificate validity under 10 minutes", yaml: minimal + "istiod: {maxCertificateValidity: 1m}\n", wantErr: "istiod.maxCertificateValidity"},
+		{name: "negative subscribed names per type", yaml: minimal + "limits: {xds: {maxSubscribedNamesPerType: -1}}\n", wantErr: "limits.xds.maxSubscribedNamesPerType"},
+		{name: "subscribed name bytes over the message limit", yaml: minimal + "limits: {xds: {maxSubscribedNameBytesPerStream: 4194304}}\n", wantErr: "limits.xds.maxSubscribedNameBytesPerStream"},
 		{name: "per-source above total", yaml: minimal + "limits: {onboarding: {maxConnectionsPerSource: 20, maxConnections: 10}}\n", wantErr: "limits.onboarding.maxConnectionsPerSource"},
 	}
 	for _, tt := range tests {

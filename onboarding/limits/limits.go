@@ -60,6 +60,18 @@ type Options struct {
 	// MaxRecvMessageBytes is the largest message a client may send.
 	// Default 4 MiB.
 	MaxRecvMessageBytes int `json:"maxRecvMessageBytes,omitempty"`
+	// MaxSubscribedNamesPerType bounds the resource names one xDS stream
+	// subscribes to per type URL (SotW: a request's names; Delta: the names
+	// subscribed and not unsubscribed); a request over it ends the stream
+	// ResourceExhausted. xDS server only. Default 10000.
+	MaxSubscribedNamesPerType int `json:"maxSubscribedNamesPerType,omitempty"`
+	// MaxSubscribedNameBytesPerStream bounds the bytes of the resource names
+	// (and Delta initial_resource_versions) one xDS stream subscribes to,
+	// over all its types; a request over it ends the stream
+	// ResourceExhausted. At most 2 MiB (half of istiod's message limit: the
+	// relay restores a SotW type's subscription in one request). xDS server
+	// only. Default 1 MiB.
+	MaxSubscribedNameBytesPerStream int `json:"maxSubscribedNameBytesPerStream,omitempty"`
 	// HTTPWriteTimeout is how long an HTTP response (a package download)
 	// may take to write. Default 10m.
 	HTTPWriteTimeout *Duration `json:"httpWriteTimeout,omitempty"`
@@ -86,6 +98,11 @@ const (
 	DefaultMaxRecvMessageBytes        = 4 << 20
 	DefaultHTTPWriteTimeout           = 10 * time.Minute
 	DefaultHTTPReadHeaderTimeout      = 10 * time.Second
+	// The subscription bounds are the relay's (xds/relay Limits), which
+	// both modes enforce.
+	DefaultMaxSubscribedNamesPerType       = 10_000
+	DefaultMaxSubscribedNameBytesPerStream = 1 << 20
+	MaxSubscribedNameBytesPerStream        = 2 << 20
 )
 
 // SetDefaults fills every zero field with its default.
@@ -101,6 +118,8 @@ func (o *Options) SetDefaults() {
 		o.MaxConcurrentStreams = DefaultMaxConcurrentStreams
 	}
 	setInt(&o.MaxRecvMessageBytes, DefaultMaxRecvMessageBytes)
+	setInt(&o.MaxSubscribedNamesPerType, DefaultMaxSubscribedNamesPerType)
+	setInt(&o.MaxSubscribedNameBytesPerStream, DefaultMaxSubscribedNameBytesPerStream)
 	setDuration(&o.SourceExpiry, DefaultSourceExpiry)
 	setDuration(&o.FirstRequestTimeout, DefaultFirstRequestTimeout)
 	setDuration(&o.MaxConnectionIdle, DefaultMaxConnectionIdle)
@@ -128,6 +147,12 @@ func (o *Options) Validate() (field string, msg string, ok bool) {
 		return "maxSources", "must be positive", false
 	case o.MaxRecvMessageBytes < 0:
 		return "maxRecvMessageBytes", "must be positive", false
+	case o.MaxSubscribedNamesPerType < 0:
+		return "maxSubscribedNamesPerType", "must be positive", false
+	case o.MaxSubscribedNameBytesPerStream < 0:
+		return "maxSubscribedNameBytesPerStream", "must be positive", false
+	case o.MaxSubscribedNameBytesPerStream > MaxSubscribedNameBytesPerStream:
+		return "maxSubscribedNameBytesPerStream", "must be at most 2097152 (2 MiB, half of istiod's message limit)", false
 	}
 	for _, d := range []struct {
 		name string

@@ -36,6 +36,7 @@ import (
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds"
+	"github.com/embark-mesh/embark/xds/relay"
 )
 
 // xdsPlane is the real xDS server, with the endpoint's limits, on loopback.
@@ -49,6 +50,13 @@ type xdsPlane struct {
 // startXDS starts the xDS server as the endpoint wires it: the same limits
 // (tightened by tweak), its listener wrapped by the limiter.
 func startXDS(t *testing.T, opts limits.Options) *xdsPlane {
+	t.Helper()
+	return startXDSWith(t, opts, nil)
+}
+
+// startXDSWith starts the xDS server as startXDS does, in istiod mode when
+// r is not nil.
+func startXDSWith(t *testing.T, opts limits.Options, r *relay.Relay) *xdsPlane {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) },
@@ -71,7 +79,7 @@ func startXDS(t *testing.T, opts limits.Options) *xdsPlane {
 	srv, err := xds.NewServer(ctx, xds.Options{
 		Connections: conns, TokenReviews: cs.AuthenticationV1().TokenReviews(),
 		Reader: c, APIReader: env.Client, Informers: c, Logger: slog.New(slog.DiscardHandler),
-		FirstRequestTimeout: lim.Options().FirstRequestTimeout.Duration,
+		FirstRequestTimeout: lim.Options().FirstRequestTimeout.Duration, Relay: r,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -97,9 +105,10 @@ func startXDS(t *testing.T, opts limits.Options) *xdsPlane {
 
 // sidecar is a registered workload's sidecar credential and node ID.
 type sidecar struct {
-	key    types.NamespacedName
-	token  string
-	nodeID string
+	key     types.NamespacedName
+	token   string
+	expires time.Time // the token's
+	nodeID  string
 }
 
 // registerWorkload registers an EC2 workload of group in ns, as the
@@ -122,7 +131,7 @@ func registerWorkload(t *testing.T, p *xdsPlane, ns, group, instance, ip string)
 		t.Fatalf("register %s/%s: %v", ns, group, err)
 	}
 	key := client.ObjectKeyFromObject(res.Registration)
-	return &sidecar{key: key, token: res.SidecarToken.Token, nodeID: fixtures.NodeID(ip, key)}
+	return &sidecar{key: key, token: res.SidecarToken.Token, expires: res.SidecarToken.ExpiresAt, nodeID: fixtures.NodeID(ip, key)}
 }
 
 func nodeOf(id string) *core.Node {

@@ -6,7 +6,10 @@
 // xds.Server.AuthorizeCertificate), then the request is sent to istiod's CA
 // with the caller's own token: istiod reviews that token (audience istio-ca)
 // and certifies the token's service account, never anything the request
-// claims. Requests are bounded in size, rate, concurrency and time; the
+// claims. The validity it asks istiod for is capped (see CappedValidity):
+// never beyond the caller's token, which deleting the registration voids,
+// nor beyond MaxValidity, so a deleted registration's mesh identity ends
+// within that bound. Requests are bounded in size, rate, concurrency and time; the
 // shared rate is charged only after the caller is authenticated, so an
 // unauthenticated flood (bounded per source by the server's limits) cannot
 // starve registered sidecars.
@@ -38,8 +41,11 @@ const (
 	DefaultBurst           = 100
 	DefaultMaxInFlight     = 64
 	DefaultTimeout         = 10 * time.Second
-	// MaxValidity bounds the validity a caller may ask for (istiod applies
-	// its own maximum as well).
+	// DefaultMaxValidity caps the validity relayed to istiod.
+	DefaultMaxValidity = 24 * time.Hour
+	// MaxValidity bounds the validity a caller may ask for (a request
+	// asking for more is refused InvalidArgument; istiod applies its own
+	// maximum as well) and Options.MaxValidity.
 	MaxValidity = 90 * 24 * time.Hour
 )
 
@@ -71,6 +77,14 @@ type Options struct {
 	MaxInFlight int
 	// Timeout bounds one request to istiod. Default 10s.
 	Timeout time.Duration
+	// MaxValidity caps the validity of the certificates relayed: istiod
+	// is asked for at most this, and at most the caller's token's remaining
+	// lifetime (see CappedValidity). At most MaxValidity (the constant).
+	// Default DefaultMaxValidity (24h).
+	MaxValidity time.Duration
+	// Clock tells the time the token's remaining lifetime is counted
+	// from. Default time.Now.
+	Clock func() time.Time
 	// Metrics. Default: not recorded.
 	Metrics *Metrics
 	// Logger. Default slog.Default().
@@ -95,6 +109,15 @@ func (o *Options) setDefaults() error {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
+	}
+	if o.MaxValidity <= 0 {
+		o.MaxValidity = DefaultMaxValidity
+	}
+	if o.MaxValidity > MaxValidity {
+		return fmt.Errorf("ca: MaxValidity %s is over %s", o.MaxValidity, MaxValidity)
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -172,6 +195,8 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	default:
 		return nil, status.Error(codes.ResourceExhausted, "too many certificate requests waiting for istiod; retry later")
 	}
+	asked := req.GetValidityDuration()
+	req.ValidityDuration = CappedValidity(asked, r.opts.MaxValidity, caller.Expires.Sub(r.opts.Clock()))
 	md := metadata.Pairs("authorization", "Bearer "+caller.Token)
 	if in, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := in.Get(clusterIDHeader); len(v) == 1 && len(v[0]) <= 253 {
@@ -193,8 +218,24 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	if len(resp.GetCertChain()) == 0 {
 		return nil, status.Error(codes.Internal, "istiod's CA answered without a certificate chain")
 	}
-	r.opts.Logger.Debug("relayed a certificate", "registration", caller.Registration.String(), "serviceAccount", caller.ServiceAccount.String())
+	r.opts.Logger.Debug("relayed a certificate", "registration", caller.Registration.String(), "serviceAccount", caller.ServiceAccount.String(),
+		"askedSeconds", asked, "validitySeconds", req.GetValidityDuration())
 	return resp, nil
+}
+
+// CappedValidity is the validity, in seconds, the relay asks istiod for when
+// a caller asks for asked seconds (0: istiod's default) holding a token
+// valid for tokenLeft more: asked, capped at maxValidity and at tokenLeft
+// (whole seconds, at least 1), and the cap itself for 0, so that istiod's
+// default (which may be longer) never applies. A deleted registration's
+// token is void at once; its certificates end at the latest with the
+// token's lifetime.
+func CappedValidity(asked int64, maxValidity, tokenLeft time.Duration) int64 {
+	limit := max(int64(min(maxValidity, tokenLeft)/time.Second), 1)
+	if asked <= 0 {
+		return limit
+	}
+	return min(asked, limit)
 }
 
 // Metrics are the relay's metrics.

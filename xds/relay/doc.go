@@ -12,7 +12,13 @@
 // the ACKed resource versions as initial_resource_versions) on the new stream,
 // so istiod answers each type afresh. Nonces sent downstream carry the
 // upstream stream's generation, so a late ACK of a response from an earlier
-// upstream stream is never mistaken for one of the current stream.
+// upstream stream is never mistaken for one of the current stream. A Delta
+// resynchronisation is split into requests under istiod's message limit.
+//
+// What a sidecar subscribes to is bounded per stream (Limits: names per type,
+// bytes of names per stream); a request over the bounds ends the stream
+// ResourceExhausted before anything of it is kept or relayed. The standalone
+// server keeps its streams within the same bounds (Subscriptions).
 //
 // The relay strips the node metadata that would make istiod register or
 // health-check a WorkloadEntry of its own (AUTO_REGISTER_GROUP,

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -25,20 +27,25 @@ func FuzzParseNonce(f *testing.F) {
 
 // FuzzDeltaRequests: any sequence of Delta requests from a sidecar, and of
 // responses, keeps the state consistent: bounded pending responses, a
-// resync of every type the sidecar asked for.
+// resync of every type the sidecar asked for that restores its names and
+// versions, split under any message limit (a request over it holds one
+// name or version only).
 func FuzzDeltaRequests(f *testing.F) {
 	seed, _ := proto.Marshal(&discovery.DeltaDiscoveryRequest{TypeUrl: "t", ResourceNamesSubscribe: []string{"a"}, ResponseNonce: "1:n"})
 	f.Add(seed, seed, uint8(3))
 	f.Fuzz(func(t *testing.T, a, b []byte, responses uint8) {
-		s := newDeltaState()
-		types := map[string]bool{}
+		s := newDeltaState(Limits{}, nil)
 		for _, data := range [][]byte{a, b} {
 			req := &discovery.DeltaDiscoveryRequest{}
 			if proto.Unmarshal(data, req) != nil {
 				return
 			}
-			s.observe(req)
-			types[req.GetTypeUrl()] = true
+			if err := s.Observe(req); err != nil {
+				if status.Code(err) != codes.ResourceExhausted {
+					t.Fatalf("refused %v", err)
+				}
+				continue
+			}
 			_ = s.upstream(req, 1)
 			for k := range responses % 40 {
 				s.sent(&discovery.DeltaDiscoveryResponse{TypeUrl: req.GetTypeUrl(), Nonce: genNonce(1, string(rune('a'+k)))})
@@ -49,8 +56,28 @@ func FuzzDeltaRequests(f *testing.F) {
 				t.Fatalf("type %q keeps %d pending responses", typ, len(sub.pending))
 			}
 		}
-		if got := len(s.resync()); got != len(s.subs) {
-			t.Fatalf("resync of %d types, %d known", got, len(s.subs))
+		for _, limit := range []int{DefaultMaxRequestBytes, 64} {
+			checkDeltaResync(t, s, s.resync(limit, 0), limit)
+		}
+		// Under tight limits, whatever is accepted stays within them and
+		// the count of names held is exactly what the state keeps.
+		tight := newDeltaState(Limits{MaxNamesPerType: 3, MaxNameBytesPerStream: 24}, nil)
+		for _, data := range [][]byte{a, b, a} {
+			req := &discovery.DeltaDiscoveryRequest{}
+			if proto.Unmarshal(data, req) != nil {
+				return
+			}
+			_ = tight.Observe(req)
+		}
+		held := 0
+		for typ, sub := range tight.subs {
+			if len(sub.names) > 3 || sub.initial > 3 {
+				t.Fatalf("type %q holds %d names and %d initial versions, over the limit of 3", typ, len(sub.names), sub.initial)
+			}
+			held += len(sub.names) + sub.initial
+		}
+		if tight.Names() != held || tight.use.bytes > 24 {
+			t.Fatalf("Names() = %d for %d held, %d bytes (limit 24)", tight.Names(), held, tight.use.bytes)
 		}
 	})
 }
@@ -65,14 +92,19 @@ func FuzzSotwRequests(f *testing.F) {
 	other, _ := proto.Marshal(&discovery.DiscoveryRequest{TypeUrl: "t", ResponseNonce: genNonce(2, "n")})
 	f.Add(seed, other)
 	f.Fuzz(func(t *testing.T, a, b []byte) {
-		s := newSotwState()
+		s := newSotwState(Limits{}, nil)
 		latest := map[string]*discovery.DiscoveryRequest{}
 		for _, data := range [][]byte{a, b} {
 			req := &discovery.DiscoveryRequest{}
 			if proto.Unmarshal(data, req) != nil {
 				return
 			}
-			s.observe(req)
+			if err := s.Observe(req); err != nil {
+				if status.Code(err) != codes.ResourceExhausted {
+					t.Fatalf("refused %v", err)
+				}
+				continue
+			}
 			latest[req.GetTypeUrl()] = proto.Clone(req).(*discovery.DiscoveryRequest)
 			nonce := req.GetResponseNonce()
 			relayed := s.upstream(req, 1)
@@ -92,7 +124,7 @@ func FuzzSotwRequests(f *testing.F) {
 				}
 			}
 		}
-		resync := s.resync()
+		resync := s.resync(DefaultMaxRequestBytes, 0)
 		if len(resync) != len(latest) {
 			t.Fatalf("resync of %d types, %d asked for", len(resync), len(latest))
 		}

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -32,6 +33,13 @@ type Options struct {
 	MinBackoff time.Duration
 	// MaxBackoff caps the wait between reconnects. Default 10s.
 	MaxBackoff time.Duration
+	// Limits bound what one stream may subscribe to; a request over them
+	// ends the stream ResourceExhausted. Default: see Limits.
+	Limits Limits
+	// MaxRequestBytes bounds each request the relay builds to restore a
+	// Delta stream's subscriptions on a new upstream stream: istiod's limit
+	// on a received message. Default DefaultMaxRequestBytes (4 MiB).
+	MaxRequestBytes int
 	// Metrics. Default: not recorded.
 	Metrics *Metrics
 	// Logger. Default slog.Default().
@@ -51,6 +59,10 @@ func (o *Options) setDefaults() error {
 	if o.MaxBackoff < o.MinBackoff {
 		o.MaxBackoff = o.MinBackoff
 	}
+	o.Limits.setDefaults()
+	if o.MaxRequestBytes <= 0 {
+		o.MaxRequestBytes = DefaultMaxRequestBytes
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -59,10 +71,15 @@ func (o *Options) setDefaults() error {
 
 // Relay relays sidecar ADS streams to istiod.
 type Relay struct {
-	opts Options
-	log  *slog.Logger
-	ads  discovery.AggregatedDiscoveryServiceClient
+	opts  Options
+	log   *slog.Logger
+	ads   discovery.AggregatedDiscoveryServiceClient
+	names atomic.Int64 // resource names the open streams subscribe to
 }
+
+// SubscribedNames is how many resource names the relay holds for its open
+// streams' subscriptions (each stream's, within Options.Limits).
+func (r *Relay) SubscribedNames() int64 { return r.names.Load() }
 
 // New returns a Relay.
 func New(opts Options) (*Relay, error) {
@@ -121,14 +138,14 @@ func upstreamNode(wire []byte) (*core.Node, error) {
 // it ("Bearer <token>"), sent to istiod unchanged on every upstream stream.
 // It returns the downstream's end (nil when the sidecar closed the stream).
 func (r *Relay) SotW(ctx context.Context, down Downstream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], authorization string, hooks Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-	return run(ctx, r, down, authorization, hooks, newSotwState(), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse], error) {
+	return run(ctx, r, down, authorization, hooks, newSotwState(r.opts.Limits, &r.names), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse], error) {
 		return r.ads.StreamAggregatedResources(ctx, grpc.WaitForReady(true))
 	})
 }
 
 // Delta relays a Delta ADS stream; see SotW.
 func (r *Relay) Delta(ctx context.Context, down Downstream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], authorization string, hooks Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
-	return run(ctx, r, down, authorization, hooks, newDeltaState(), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], error) {
+	return run(ctx, r, down, authorization, hooks, newDeltaState(r.opts.Limits, &r.names), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], error) {
 		return r.ads.DeltaAggregatedResources(ctx, grpc.WaitForReady(true))
 	})
 }
@@ -138,9 +155,10 @@ func (r *Relay) Delta(ctx context.Context, down Downstream[discovery.DeltaDiscov
 type protocol[Req, Resp any] interface {
 	// node returns the node a request carries, or nil.
 	node(*Req) *core.Node
-	// observe records a relayed request of the sidecar (nonce as the
-	// sidecar sent it).
-	observe(*Req)
+	// Observe records a relayed request of the sidecar (nonce as the
+	// sidecar sent it), or refuses it over the stream's Limits; Names and
+	// Release as Subscriptions.
+	Subscriptions[Req]
 	// upstream rewrites a request for the current upstream stream of
 	// generation gen: false drops it (the resynchronisation already carries
 	// what it says).
@@ -148,8 +166,10 @@ type protocol[Req, Resp any] interface {
 	// sent records a response sent to the sidecar (nonce rewritten).
 	sent(*Resp)
 	// resync returns the requests that restore the sidecar's subscriptions
-	// on a new upstream stream.
-	resync() []*Req
+	// on a new upstream stream, each of at most maxBytes where the protocol
+	// can split them (the first of at most maxBytes - reserve: it carries
+	// the node).
+	resync(maxBytes, reserve int) []*Req
 	setNode(req *Req, n *core.Node)
 	nonce(*Resp) *string
 }
@@ -249,6 +269,7 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 	}
 	defer func() {
 		close(s.done)
+		p.Release()
 		m.upstreamClosed(s.up != nil)
 		s.upCancel()
 		if s.openCancel != nil {
@@ -344,7 +365,10 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 		if s.node == nil {
 			return true, status.Error(codes.InvalidArgument, "the first request of an ADS stream must carry the node")
 		}
-		s.p.observe(req)
+		if err := s.p.Observe(req); err != nil {
+			s.r.log.Info("refused a sidecar's subscription", "node", s.nodeID, "error", err)
+			return true, err
+		}
 		if !s.wantUp {
 			// The first request opens the upstream stream, whose
 			// resynchronisation carries it.
@@ -373,7 +397,11 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 		if err != nil {
 			return true, status.Error(codes.Internal, err.Error())
 		}
-		for i, req := range s.p.resync() {
+		reserve := 0
+		if node != nil {
+			reserve = fieldSize(proto.Size(node))
+		}
+		for i, req := range s.p.resync(s.r.opts.MaxRequestBytes, reserve) {
 			if i == 0 {
 				s.p.setNode(req, node)
 			}

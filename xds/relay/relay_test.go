@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -120,7 +121,9 @@ func (u *upstream) serve(t *testing.T, lis net.Listener) {
 				u.seen[id] = true
 				u.nodes = append(u.nodes, r.GetNode())
 			}
-			u.deltas = append(u.deltas, r)
+			// A copy: go-control-plane sets the stream's node on the request
+			// after this callback, while the test may be reading it.
+			u.deltas = append(u.deltas, proto.CloneOf(r))
 			return nil
 		},
 	})
@@ -215,12 +218,20 @@ func (f *frontend) DeltaAggregatedResources(ss discovery.AggregatedDiscoveryServ
 // startFrontend runs a relay to u behind a gRPC server.
 func startFrontend(t *testing.T, u *upstream) *frontend {
 	t.Helper()
+	return startFrontendWith(t, u, relay.Options{})
+}
+
+// startFrontendWith runs a relay to u with opts (Conn and backoffs set
+// here).
+func startFrontendWith(t *testing.T, u *upstream, opts relay.Options) *frontend {
+	t.Helper()
 	conn, err := grpc.NewClient(u.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, MaxDelay: 200 * time.Millisecond}, MinConnectTimeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(relay.Options{Conn: conn, MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	opts.Conn, opts.MinBackoff, opts.MaxBackoff = conn, 10*time.Millisecond, 100*time.Millisecond
+	r, err := relay.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

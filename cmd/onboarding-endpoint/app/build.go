@@ -444,6 +444,7 @@ func (b *build) xds(ctx context.Context) error {
 		NACKMetrics: nackMetrics, Metrics: xdsMetrics, Relay: xdsRelay,
 		FirstRequestTimeout: cfg.Limits.XDS.FirstRequestTimeout.Duration,
 		Namespaces:          cfg.WorkloadNamespaces,
+		Subscriptions:       subscriptionLimits(cfg),
 	}
 	if b.configSource != nil {
 		serverOpts.Config = b.configSource

@@ -23,11 +23,11 @@ func serveCertificates(cfg *config.Configuration, conn *grpc.ClientConn, g *grpc
 	if err != nil {
 		return err
 	}
-	relay, err := ca.New(ca.Options{Upstream: conn, Authorizer: auth, Metrics: metrics, Logger: log.With("component", "ca-relay")})
+	relay, err := ca.New(ca.Options{Upstream: conn, Authorizer: auth, MaxValidity: cfg.Istiod.MaxCertificateValidity.Duration, Metrics: metrics, Logger: log.With("component", "ca-relay")})
 	if err != nil {
 		return err
 	}
 	relay.Register(g)
-	log.Info("relaying istiod's certificate service on the xDS address", "istiod", cfg.Istiod.Address, "serverName", cfg.Istiod.ServerName)
+	log.Info("relaying istiod's certificate service on the xDS address", "istiod", cfg.Istiod.Address, "serverName", cfg.Istiod.ServerName, "maxCertificateValidity", cfg.Istiod.MaxCertificateValidity.Duration)
 	return nil
 }

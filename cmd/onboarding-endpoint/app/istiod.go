@@ -45,12 +45,19 @@ func newRelay(cfg *config.Configuration, conn *grpc.ClientConn, reg prometheus.R
 	if err != nil {
 		return nil, err
 	}
-	r, err := relay.New(relay.Options{Conn: conn, Metrics: m, Logger: log})
+	r, err := relay.New(relay.Options{Conn: conn, Limits: subscriptionLimits(cfg), Metrics: m, Logger: log})
 	if err != nil {
 		return nil, err
 	}
 	log.Info("istiod mode: relaying sidecar discovery requests to istiod", "istiod", cfg.Istiod.Address)
 	return r, nil
+}
+
+// subscriptionLimits are the bounds of one xDS stream's subscriptions
+// (limits.xds), enforced by the relay in istiod mode and by the server in
+// standalone mode.
+func subscriptionLimits(cfg *config.Configuration) relay.Limits {
+	return relay.Limits{MaxNamesPerType: cfg.Limits.XDS.MaxSubscribedNamesPerType, MaxNameBytesPerStream: cfg.Limits.XDS.MaxSubscribedNameBytesPerStream}
 }
 
 // newConfigSource is standalone mode's configuration: translated from the
