@@ -12,35 +12,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
-
-// analyticsGroup is the analytics-v1 WorkloadGroup of Istio's VM
-// documentation (labels under spec.metadata, a probe, network
-// vm-network-1), verbatim but for the apiVersion.
-const analyticsGroup = `
-apiVersion: networking.istio.io/v1
-kind: WorkloadGroup
-metadata:
-  labels:
-    app: analytics
-    version: v1
-  name: analytics-v1
-  namespace: smm-demo
-spec:
-  metadata:
-    labels:
-      app: analytics
-      version: v1
-  probe:
-    httpGet:
-      host: 127.0.0.1
-      path: /
-      port: 8080
-      scheme: HTTP
-  template:
-    network: vm-network-1
-    serviceAccount: default
-`
 
 func decodeGroup(t *testing.T, doc string) *istionetworkingv1.WorkloadGroup {
 	t.Helper()
@@ -75,7 +48,7 @@ var ec2Identity = runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIden
 // auto-registration gives it: the spec.metadata labels, the network, the
 // host name and the canonical service labels, and its annotations.
 func TestWorkloadEntryOfTheDocumentedGroup(t *testing.T) {
-	g := decodeGroup(t, analyticsGroup)
+	g := decodeGroup(t, fixtures.AnalyticsGroup)
 	g.Spec.Metadata.Annotations = map[string]string{
 		"example.com/owner":              "team-a",
 		"istio.io/autoRegistrationGroup": "analytics-v1",                   // istiod's: would make it delete the entry
@@ -174,7 +147,7 @@ func TestWorkloadLabels(t *testing.T) {
 
 func TestValidateAgentLabels(t *testing.T) {
 	group := func(ann map[string]string) *istionetworkingv1.WorkloadGroup {
-		g := decodeGroup(t, analyticsGroup)
+		g := decodeGroup(t, fixtures.AnalyticsGroup)
 		g.Spec.Template.Labels = map[string]string{"tier": "analytics"}
 		g.Annotations = ann
 		return g
@@ -244,7 +217,7 @@ func TestHostnameOf(t *testing.T) {
 // The revision Embark records on a registration is its entry's istio.io/rev,
 // over the group's; without one the group's stays.
 func TestWorkloadLabelsRevision(t *testing.T) {
-	g := decodeGroup(t, analyticsGroup)
+	g := decodeGroup(t, fixtures.AnalyticsGroup)
 	g.Spec.Metadata.Labels[LabelRevision] = "stable"
 	war := registrationFor(t, g, ec2Identity, nil)
 	if got := WorkloadLabels(war, &g.Spec)[LabelRevision]; got != "stable" {

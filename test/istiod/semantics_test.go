@@ -16,32 +16,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // The objects of Istio's VM documentation, verbatim but for the namespace
 // (smm-demo, ns1), which each test replaces with its own.
 const (
-	// analyticsGroup carries its labels under spec.metadata only; the
-	// analytics Service selects app=analytics.
-	analyticsGroup = `
-apiVersion: networking.istio.io/v1alpha3
-kind: WorkloadGroup
-metadata:
-  labels:
-    app: analytics
-    version: v1
-  name: analytics-v1
-  namespace: smm-demo
-spec:
-  metadata:
-    labels:
-      app: analytics
-      version: v1
-  template:
-    ports:
-      http: 8080
-    serviceAccount: default
-`
+	// analyticsService selects the VMs of fixtures.AnalyticsGroup.
 	analyticsService = `
 apiVersion: v1
 kind: Service
@@ -95,6 +76,19 @@ spec:
 `
 )
 
+// world creates a namespace with its default service account, the
+// WorkloadGroup of groupDoc and the object of doc (a Service or a
+// ServiceEntry), and returns the namespace and the group.
+func world(t *testing.T, groupDoc, doc string, obj client.Object) (string, *istionetworkingv1.WorkloadGroup) {
+	t.Helper()
+	ns := env.Namespace(t)
+	defaultServiceAccount(t, ns)
+	wg := &istionetworkingv1.WorkloadGroup{}
+	createDoc(t, groupDoc, ns, wg)
+	createDoc(t, doc, ns, obj)
+	return ns, wg
+}
+
 // createDoc decodes a YAML document into obj, puts it in namespace ns and
 // creates it.
 func createDoc(t *testing.T, doc, ns string, obj client.Object) {
@@ -124,17 +118,13 @@ func defaultServiceAccount(t *testing.T, ns string) {
 // documentation): its VMs' entries carry them, and the analytics Service,
 // as istiod serves it to a pod, has the VM as its endpoint.
 func TestMetadataLabelsSelectTheVMForAService(t *testing.T) {
-	ns := env.Namespace(t)
-	defaultServiceAccount(t, ns)
-	wg := &istionetworkingv1.WorkloadGroup{}
-	createDoc(t, analyticsGroup, ns, wg)
-	createDoc(t, analyticsService, ns, &corev1.Service{})
+	ns, wg := world(t, fixtures.AnalyticsGroup, analyticsService, &corev1.Service{})
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 31)
-	vm.connect(t, ep)
+	vm.connect(t, ep).reportHealth(t, true) // the group has a probe: routed once it passes
 
 	want := map[string]string{
-		"app": "analytics", "version": "v1", registry.LabelHostname: "ip-10-0-0-31",
+		"app": "analytics", "version": "v1", registry.LabelHostname: "ip-10-0-0-31", registry.LabelNetwork: "vm-network-1",
 		registry.LabelCanonicalName: "analytics", registry.LabelCanonicalRevision: "v1",
 	}
 	we, err := getEntry(t, vm.key)
@@ -152,11 +142,7 @@ func TestMetadataLabelsSelectTheVMForAService(t *testing.T) {
 // WorkloadEntry introduction) has a VM of a group with those labels as its
 // endpoint.
 func TestServiceEntryWorkloadSelectorSelectsTheVM(t *testing.T) {
-	ns := env.Namespace(t)
-	defaultServiceAccount(t, ns)
-	wg := &istionetworkingv1.WorkloadGroup{}
-	createDoc(t, fooGroup, ns, wg)
-	createDoc(t, svc1ServiceEntry, ns, &istionetworkingv1.ServiceEntry{})
+	ns, wg := world(t, fooGroup, svc1ServiceEntry, &istionetworkingv1.ServiceEntry{})
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 32)
 	vm.connect(t, ep)
@@ -169,11 +155,7 @@ func TestServiceEntryWorkloadSelectorSelectsTheVM(t *testing.T) {
 // endpoints, each with its own locality (the pod's from its node's
 // topology labels, the VM's from its EC2 zone).
 func TestOneServiceSelectsAPodAndAVM(t *testing.T) {
-	ns := env.Namespace(t)
-	defaultServiceAccount(t, ns)
-	wg := &istionetworkingv1.WorkloadGroup{}
-	createDoc(t, analyticsGroup, ns, wg)
-	createDoc(t, analyticsService, ns, &corev1.Service{})
+	ns, wg := world(t, fixtures.AnalyticsGroup, analyticsService, &corev1.Service{})
 
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-" + ns, Labels: map[string]string{
 		corev1.LabelTopologyRegion: "eu-west-1", corev1.LabelTopologyZone: "eu-west-1c",
@@ -210,7 +192,7 @@ func TestOneServiceSelectsAPodAndAVM(t *testing.T) {
 
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 33)
-	vm.connect(t, ep)
+	vm.connect(t, ep).reportHealth(t, true)
 
 	viewer := startPodProxy(t, ns, "analytics", 8080)
 	got := viewer.waitFor(t, "the pod and the VM as endpoints of analytics", func(m map[string]vmEndpoint) bool {
