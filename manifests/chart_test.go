@@ -75,7 +75,8 @@ func TestChartServerSideDryRun(t *testing.T) {
 }
 
 // The chart and the kustomize base deploy the same thing: the same RBAC
-// rules, container (ports, probes, security), Services and configuration;
+// rules, container (ports, probes, security), Services (an internal load
+// balancer), NetworkPolicy and configuration;
 // the chart's CRDs, alerts and dashboard are the repository's; the chart,
 // the base and the Makefile name the version of the VERSION file.
 func TestChartMatchesKustomizeBase(t *testing.T) {
@@ -97,6 +98,10 @@ func TestChartMatchesKustomizeBase(t *testing.T) {
 		{"RoleBinding", "embark-onboarding-endpoint", []string{"subjects"}},
 		{"Service", "vmgateway", []string{"spec", "ports"}},
 		{"Service", "vmgateway", []string{"spec", "selector"}},
+		{"Service", "vmgateway", []string{"metadata", "annotations"}},
+		{"Service", "vmgateway", []string{"spec", "type"}},
+		{"Service", "vmgateway", []string{"spec", "externalTrafficPolicy"}},
+		{"NetworkPolicy", "onboarding-endpoint", []string{"spec"}},
 		{"Service", "onboarding-endpoint-metrics", []string{"spec", "ports"}},
 		{"Deployment", "onboarding-endpoint", []string{"spec", "replicas"}},
 		{"Deployment", "onboarding-endpoint", []string{"spec", "selector"}},

@@ -207,6 +207,17 @@ func TestIstioOperatorOverlayRunsTheEndpointBesideIstiod(t *testing.T) {
 			}
 		}
 	}
+	// vmgateway is an internal load balancer, as the base's; no
+	// NetworkPolicy of the base's (made for the endpoint's own Pods) lands
+	// on istiod's.
+	if ann := mustFind(t, kobjs, "Service", "vmgateway").GetAnnotations(); ann["service.beta.kubernetes.io/aws-load-balancer-internal"] != "true" {
+		t.Errorf("vmgateway annotations %v: not an internal load balancer", ann)
+	}
+	for _, o := range kobjs {
+		if o.GetKind() == "NetworkPolicy" {
+			t.Errorf("the overlay ships NetworkPolicy %s, which would govern istiod's Pods", o.GetName())
+		}
+	}
 	// The RBAC is bound to istiod's ServiceAccount.
 	crb := mustFind(t, kobjs, "ClusterRoleBinding", "embark-onboarding-endpoint")
 	subjects, _ := crb.Object["subjects"].([]any)

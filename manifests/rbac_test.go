@@ -132,6 +132,7 @@ func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
 		{"list", "", "secrets", "", wl},
 		{"watch", "", "secrets", "", wl},
 		{"create", "", "secrets", "", wl},
+		{"delete", "", "secrets", "", wl},
 		{"get", "", "serviceaccounts", "", wl},
 		{"watch", "", "serviceaccounts", "", wl},
 		{"create", "", "serviceaccounts", "token", wl},
@@ -172,7 +173,9 @@ func TestRBACGrantsExactlyWhatTheCodeCalls(t *testing.T) {
 		{"watch", "discovery.k8s.io", "endpointslices", "", ""},
 		// What the workload rights never include.
 		{"update", "", "secrets", "", wl},
-		{"delete", "", "secrets", "", wl},
+		{"delete", "", "secrets", "", other},
+		{"delete", "", "secrets", "", "kube-system"},
+		{"delete", "", "secrets", "", "istio-system"},
 		{"create", "", "pods", "", wl},
 		{"create", "", "pods", "exec", wl},
 		{"get", "", "pods", "log", wl},

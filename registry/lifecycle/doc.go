@@ -11,10 +11,13 @@
 //     (sweeper.go, neverconnected.go);
 //   - drift: the WorkloadGroupOutOfDate condition (drift.go);
 //   - entries: a WorkloadEntry deleted while its registration lives is
-//     created again (entries.go).
+//     created again (entries.go);
+//   - orphans: a sidecar credential Secret or WorkloadEntry whose
+//     registration is gone (deleted with orphan propagation) is removed,
+//     which revokes the tokens bound to the Secret (orphans.go).
 //
 // Every status write goes through registry.UpdateRegistrationStatus and the
-// replica's one write.Writer; deletions are paced by RemovalQPS within that
-// budget. The replica Lease's renewal alone has a writer of its own, so a
+// replica's one write.Writer; deletions (of registrations and of orphans)
+// are paced by RemovalQPS within that budget. The replica Lease's renewal alone has a writer of its own, so a
 // saturated write budget never lets it lapse.
 package lifecycle

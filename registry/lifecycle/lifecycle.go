@@ -67,8 +67,9 @@ type LifecycleOptions struct {
 	// period from its registration either way. Default: 1m
 	// (DefaultNeverConnectedAfter).
 	NeverConnectedAfter time.Duration
-	// RemovalQPS bounds the steady rate of removals (token bucket).
-	// Default: 20.
+	// RemovalQPS bounds the steady rate of removals (token bucket): of
+	// expired registrations, and of the credential Secrets and
+	// WorkloadEntries whose registration is gone, together. Default: 20.
 	RemovalQPS float64
 	// RemovalBurst is how many removals may happen at once before
 	// RemovalQPS applies (e.g. after an outage expired many registrations at
@@ -187,8 +188,9 @@ func (o *LifecycleOptions) setDefaults() error {
 // keeps the replica's Lease, and, on the one replica elected through the
 // embark-sweeper Lease, removes registrations whose workload had no ADS
 // stream for the grace period, keeps every registration's
-// WorkloadGroupOutOfDate condition, and creates again a WorkloadEntry deleted
-// while its registration lives.
+// WorkloadGroupOutOfDate condition, creates again a WorkloadEntry deleted
+// while its registration lives, and removes the credential Secrets and
+// WorkloadEntries whose registration is gone.
 type Lifecycle struct {
 	opts      LifecycleOptions
 	leases    *replica.Leases
@@ -196,6 +198,7 @@ type Lifecycle struct {
 	sweeper   *sweeper
 	drift     *driftReconciler
 	entries   *entryReconciler
+	orphans   []*orphanCollector
 	election  *replica.Election
 	ready     chan struct{}
 }
@@ -233,6 +236,13 @@ func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
 		recorder: opts.Recorder, limit: rate.NewLimiter(rate.Limit(opts.RecreateQPS), 10),
 		metrics: opts.Metrics, resync: opts.ResyncPeriod, workers: opts.Workers, now: opts.Clock,
 		log: log.With("component", "entries"),
+	}
+	for _, kind := range []dependentKind{sidecarCredentials, workloadEntries} {
+		l.orphans = append(l.orphans, &orphanCollector{
+			kind: kind, client: opts.Client, reader: opts.APIReader, cache: opts.Cache, writer: writes,
+			removals: l.sweeper.removals, metrics: opts.Metrics, resync: opts.ResyncPeriod, workers: opts.Workers,
+			now: opts.Clock, minAge: orphanMinAge, log: log.With("component", "orphans", "kind", kind.name),
+		})
 	}
 	election, err := replica.NewElection(opts.Kube, opts.LeaseNamespace, SweeperLeaseName, opts.Replica, opts.Election, log)
 	if err != nil {
@@ -301,6 +311,9 @@ func (l *Lifecycle) lead(ctx context.Context) {
 	wg.Go(func() { runWhileLeading(ctx, l.sweeper.run, log) })
 	wg.Go(func() { runWhileLeading(ctx, l.drift.run, l.drift.log) })
 	wg.Go(func() { runWhileLeading(ctx, l.entries.run, l.entries.log) })
+	for _, o := range l.orphans {
+		wg.Go(func() { runWhileLeading(ctx, o.run, o.log) })
+	}
 	for _, fn := range l.opts.Leading {
 		wg.Go(func() { runWhileLeading(ctx, fn, log) })
 	}

@@ -20,18 +20,22 @@ import (
 // loop is the informer and work-queue set-up the lifecycle's level-based
 // reconcilers share: informers whose events queue registration keys, one
 // rate-limited queue (failures retried 100ms to 1m), workers, and a periodic
-// resync of every registration. Make it with newLoop, add watches, then run.
+// resync of every registration (or of what keys lists). Make it with
+// newLoop, add watches, then run.
 type loop struct {
 	cache   cache.Cache
 	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	synced  []toolscache.InformerSynced
 	removes []func()
+	// keys lists what a resync queues. Default: every registration.
+	keys func(context.Context) ([]types.NamespacedName, error)
 }
 
 func newLoop(c cache.Cache) *loop {
 	return &loop{
 		cache: c,
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, time.Minute)),
+		keys:  func(ctx context.Context) ([]types.NamespacedName, error) { return registrationKeys(ctx, c) },
 	}
 }
 
@@ -74,7 +78,7 @@ func (l *loop) run(ctx context.Context, workers int, reconcile func(context.Cont
 			}
 		})
 	}
-	resyncAll(ctx, l.cache, l.queue, resync, log)
+	resyncAll(ctx, l.keys, l.queue, resync, log)
 	l.queue.ShutDown()
 	wg.Wait()
 }
@@ -95,20 +99,34 @@ func enqueueObject(queue workqueue.TypedInterface[types.NamespacedName], obj any
 	}
 }
 
-// resyncAll queues every registration now and every period until ctx ends.
-func resyncAll(ctx context.Context, c cache.Cache, queue workqueue.TypedInterface[types.NamespacedName], period time.Duration, log *slog.Logger) {
+// registrationKeys lists the keys of every registration in the cache.
+func registrationKeys(ctx context.Context, c cache.Cache) ([]types.NamespacedName, error) {
+	list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+	if err := c.List(ctx, list); err != nil {
+		return nil, fmt.Errorf("list registrations: %w", err)
+	}
+	keys := make([]types.NamespacedName, len(list.Items))
+	for i := range list.Items {
+		keys[i] = client.ObjectKeyFromObject(&list.Items[i])
+	}
+	return keys, nil
+}
+
+// resyncAll queues every key keys lists now and every period until ctx
+// ends.
+func resyncAll(ctx context.Context, keys func(context.Context) ([]types.NamespacedName, error), queue workqueue.TypedInterface[types.NamespacedName], period time.Duration, log *slog.Logger) {
 	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
-		list := &runtimev1alpha1.WorkloadAutoRegistrationList{}
-		if err := c.List(ctx, list); err != nil {
+		all, err := keys(ctx)
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			log.Error("list registrations for a resync", "error", err)
+			log.Error("list for a resync", "error", err)
 		}
-		for i := range list.Items {
-			queue.Add(client.ObjectKeyFromObject(&list.Items[i]))
+		for _, k := range all {
+			queue.Add(k)
 		}
 		select {
 		case <-ctx.Done():

@@ -15,6 +15,7 @@ type LifecycleMetrics struct {
 	leader      prometheus.Gauge
 	drift       *prometheus.CounterVec
 	recreations prometheus.Counter
+	orphans     *prometheus.CounterVec
 }
 
 // NewLifecycleMetrics creates the metrics and registers them with reg.
@@ -40,8 +41,12 @@ func NewLifecycleMetrics(reg prometheus.Registerer) (*LifecycleMetrics, error) {
 			Namespace: "embark", Subsystem: "registry", Name: "workloadentry_recreations_total",
 			Help: "WorkloadEntries created again after someone else deleted them while their registration lived.",
 		}),
+		orphans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "embark", Subsystem: "registry", Name: "orphans_removed_total",
+			Help: "Objects Embark wrote for a registration removed after the registration was gone without them (deleted with orphan propagation), by kind: secret (the sidecar credential), workloadentry.",
+		}, []string{"kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.removals, m.replicaLost, m.leader, m.drift, m.recreations} {
+	for _, c := range []prometheus.Collector{m.removals, m.replicaLost, m.leader, m.drift, m.recreations, m.orphans} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register lifecycle metrics: %w", err)
 		}
@@ -81,5 +86,11 @@ func (m *LifecycleMetrics) recreated() {
 func (m *LifecycleMetrics) driftWritten(status metav1.ConditionStatus) {
 	if m != nil {
 		m.drift.WithLabelValues(string(status)).Inc()
+	}
+}
+
+func (m *LifecycleMetrics) orphanRemoved(kind string) {
+	if m != nil {
+		m.orphans.WithLabelValues(kind).Inc()
 	}
 }

@@ -30,6 +30,12 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "no workload namespaces", vals: map[string]any{"workloadNamespaces": []any{}}, wantErr: "workloadNamespaces"},
 		{name: "workload namespace not a DNS label", vals: map[string]any{"workloadNamespaces": []any{"Book_Info"}}, wantErr: "workloadNamespaces"},
 		{name: "misspelt istiod key", vals: map[string]any{"istiod": map[string]any{"relayXds": true}}, wantErr: "relayXds"},
+		{name: "source range not a CIDR", vals: map[string]any{"service": map[string]any{"loadBalancerSourceRanges": []any{"everyone"}}}, wantErr: "loadBalancerSourceRanges"},
+		{name: "internal not a boolean", vals: map[string]any{"service": map[string]any{"internal": "no"}}, wantErr: "internal"},
+		{name: "unknown traffic policy", vals: map[string]any{"service": map[string]any{"externalTrafficPolicy": "Nearest"}}, wantErr: "externalTrafficPolicy"},
+		{name: "VM source not a CIDR", vals: map[string]any{"networkPolicy": map[string]any{"vmSources": []any{"10.0.0.1"}}}, wantErr: "vmSources"},
+		{name: "misspelt networkPolicy key", vals: map[string]any{"networkPolicy": map[string]any{"enable": false}}, wantErr: "enable"},
+		{name: "metrics selector misspelt", vals: map[string]any{"networkPolicy": map[string]any{"metrics": map[string]any{"namespaceSelector": map[string]any{"matchLabel": map[string]any{"a": "b"}}}}}, wantErr: "matchLabel"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,6 +88,81 @@ func TestRenders(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := Render(chartDir, "embark", "istio-system", tc.vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.wants {
+				if !strings.Contains(out, w) {
+					t.Errorf("rendered chart lacks %q", w)
+				}
+			}
+			for _, n := range tc.nots {
+				if strings.Contains(out, n) {
+					t.Errorf("rendered chart has %q", n)
+				}
+			}
+		})
+	}
+}
+
+// internalAnnotations are what makes AWS, GCP and Azure provision an
+// internal load balancer.
+var internalAnnotations = []string{
+	"service.beta.kubernetes.io/aws-load-balancer-internal: \"true\"",
+	"service.beta.kubernetes.io/aws-load-balancer-scheme: internal",
+	"networking.gke.io/load-balancer-type: Internal",
+	"service.beta.kubernetes.io/azure-load-balancer-internal: \"true\"",
+}
+
+// vmgateway is internal by default; an internet-facing one needs source
+// ranges; the NetworkPolicy is on by default, admits the VM-facing ports
+// (from vmSources when set) and metrics only from the monitoring pods.
+func TestExposure(t *testing.T) {
+	networkPolicy := "kind: NetworkPolicy\nmetadata:\n  name: onboarding-endpoint\n"
+	metricsFromMonitoring := "  - ports:\n    - port: http-metrics\n      protocol: TCP\n    from:\n    - namespaceSelector:\n        matchLabels:\n          kubernetes.io/metadata.name: monitoring\n"
+	tests := []struct {
+		name    string
+		vals    map[string]any
+		wants   []string
+		nots    []string
+		wantErr string
+	}{
+		{name: "defaults: internal load balancer, NetworkPolicy",
+			wants: append([]string{"type: LoadBalancer", "externalTrafficPolicy: Cluster", networkPolicy, "policyTypes: [Ingress]",
+				"    - port: grpc-onboard\n      protocol: TCP\n    - port: grpc-xds\n      protocol: TCP\n    - port: https-repo\n      protocol: TCP\n  - ports:",
+				metricsFromMonitoring}, internalAnnotations...),
+			nots: []string{"loadBalancerSourceRanges:", "ipBlock"}},
+		{name: "internet-facing without source ranges", vals: map[string]any{"service": map[string]any{"internal": false}},
+			wantErr: "service.internal is false, which makes vmgateway an internet-facing load balancer, and service.loadBalancerSourceRanges is empty"},
+		{name: "internet-facing with source ranges", vals: map[string]any{"service": map[string]any{"internal": false, "loadBalancerSourceRanges": []any{"203.0.113.0/24", "2001:db8::/32"}, "externalTrafficPolicy": "Local"}},
+			wants: []string{"loadBalancerSourceRanges:\n    - 203.0.113.0/24\n    - 2001:db8::/32\n", "externalTrafficPolicy: Local"},
+			nots:  internalAnnotations},
+		{name: "internal with source ranges too", vals: map[string]any{"service": map[string]any{"loadBalancerSourceRanges": []any{"10.0.0.0/8"}}},
+			wants: append([]string{"loadBalancerSourceRanges:\n    - 10.0.0.0/8\n"}, internalAnnotations...)},
+		{name: "an annotation of the operator's wins", vals: map[string]any{"service": map[string]any{"annotations": map[string]any{"networking.gke.io/load-balancer-type": "External", "example.com/team": "mesh"}}},
+			wants: []string{"networking.gke.io/load-balancer-type: External", "example.com/team: mesh", "service.beta.kubernetes.io/aws-load-balancer-internal: \"true\""}},
+		{name: "ClusterIP: no load balancer settings", vals: map[string]any{"service": map[string]any{"type": "ClusterIP", "internal": false}},
+			wants: []string{"type: ClusterIP"}, nots: append([]string{"externalTrafficPolicy", "loadBalancerSourceRanges:"}, internalAnnotations...)},
+		{name: "NodePort", vals: map[string]any{"service": map[string]any{"type": "NodePort"}},
+			wants: []string{"type: NodePort", "externalTrafficPolicy: Cluster"}, nots: internalAnnotations},
+		{name: "VM sources and a Prometheus selector", vals: map[string]any{"networkPolicy": map[string]any{
+			"vmSources": []any{"10.20.0.0/16", "192.168.1.0/24"},
+			"metrics":   map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "observability"}}, "podSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "prometheus"}}},
+		}},
+			wants: []string{"    from:\n    - ipBlock:\n        cidr: 10.20.0.0/16\n    - ipBlock:\n        cidr: 192.168.1.0/24\n",
+				"kubernetes.io/metadata.name: observability\n      podSelector:\n        matchLabels:\n          app.kubernetes.io/name: prometheus\n"},
+			nots: []string{"kubernetes.io/metadata.name: monitoring"}},
+		{name: "NetworkPolicy off", vals: map[string]any{"networkPolicy": map[string]any{"enabled": false}}, nots: []string{"kind: NetworkPolicy"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := Render(chartDir, "embark", "istio-system", tc.vals)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Render: %v, want an error containing %q", err, tc.wantErr)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

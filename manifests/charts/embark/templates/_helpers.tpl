@@ -16,6 +16,17 @@ istio.io/rev: {{ . }}
 app.kubernetes.io/name: onboarding-endpoint
 {{- end -}}
 
+{{/* The annotations that make the cloud providers' load balancer
+controllers provision an internal load balancer: AWS (the in-tree
+controller; the AWS Load Balancer Controller), GCP (GKE), Azure (AKS).
+Each controller reads only its own; service.annotations win over them. */}}
+{{- define "embark.internalLoadBalancerAnnotations" -}}
+service.beta.kubernetes.io/aws-load-balancer-internal: "true"
+service.beta.kubernetes.io/aws-load-balancer-scheme: internal
+networking.gke.io/load-balancer-type: Internal
+service.beta.kubernetes.io/azure-load-balancer-internal: "true"
+{{- end -}}
+
 {{- define "embark.image" -}}
 {{- if .Values.image.digest -}}
 {{ .Values.image.repository }}@{{ .Values.image.digest }}
