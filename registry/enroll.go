@@ -21,9 +21,10 @@ var (
 	// ErrWorkloadGroupNotFound: the WorkloadGroup the workload was
 	// authorized for no longer exists.
 	ErrWorkloadGroupNotFound = errors.New("WorkloadGroup not found")
-	// ErrAddressNotProven: the workload address is neither proven by the
-	// identity nor listed in the addressCIDRs of a policy rule allowing it.
-	ErrAddressNotProven = errors.New("workload address not proven")
+	// ErrAddressNotProven: a host address (the workload address or another)
+	// is neither proven by the identity nor listed in the addressCIDRs of a
+	// policy rule allowing the workload.
+	ErrAddressNotProven = errors.New("host address not proven")
 	// ErrOtherWorkload: the registration holds another workload's identity.
 	ErrOtherWorkload = errors.New("registration belongs to another workload")
 	// ErrWrongSession: the request's session key is missing or is not the

@@ -14,8 +14,10 @@
 // upstream stream's generation, so a late ACK of a response from an earlier
 // upstream stream is never mistaken for one of the current stream.
 //
-// The relay strips the node metadata that would make istiod register or
-// health-check a WorkloadEntry of its own (AUTO_REGISTER_GROUP,
+// The node sent to istiod is the caller's (Hooks.Node: Embark builds it from
+// the sidecar's registration, see package istiodnode), else the sidecar's;
+// either way the relay strips the node metadata that would make istiod
+// register or health-check a WorkloadEntry of its own (AUTO_REGISTER_GROUP,
 // WORKLOAD_ENTRY): Embark owns the VM's WorkloadEntry. What is relayed is
 // decided by the caller's Hooks (Embark keeps health reports and refuses debug
 // types on sidecar streams).
