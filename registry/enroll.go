@@ -21,9 +21,10 @@ var (
 	// ErrWorkloadGroupNotFound: the WorkloadGroup the workload was
 	// authorized for no longer exists.
 	ErrWorkloadGroupNotFound = errors.New("WorkloadGroup not found")
-	// ErrAddressNotProven: the workload address is neither proven by the
-	// identity nor listed in the addressCIDRs of a policy rule allowing it.
-	ErrAddressNotProven = errors.New("workload address not proven")
+	// ErrAddressNotProven: a host address (the workload address or another)
+	// is neither proven by the identity nor listed in the addressCIDRs of a
+	// policy rule allowing the workload.
+	ErrAddressNotProven = errors.New("host address not proven")
 	// ErrOtherWorkload: the registration holds another workload's identity.
 	ErrOtherWorkload = errors.New("registration belongs to another workload")
 	// ErrWrongSession: the request's session key is missing or is not the
@@ -74,11 +75,12 @@ type Enrollment struct {
 // have changed since the token was issued; a refusal is a *PolicyError);
 // the WorkloadGroup is read from the cache (ErrWorkloadGroupNotFound); what
 // the workload reported is validated against it (ErrInvalidRegistration);
-// the workload address must be proven by the identity or allowed by a
+// every host address must be proven by the identity or allowed by a
 // policy's addressCIDRs (ErrAddressNotProven); then Register writes, reusing
 // a registration of the same session, or of another session when the
 // identity carries a fresh proof (FreshProof; else ErrSessionMismatch), and
-// fencing older registrations only for a proven address.
+// fencing older registrations only for a workload address the identity
+// proves.
 func (r *Registrar) Enroll(ctx context.Context, e Enrollment, policy Policy) (*Result, error) {
 	if policy == nil {
 		return nil, errors.New("registry: Enroll needs a Policy")
@@ -96,15 +98,7 @@ func (r *Registrar) Enroll(ctx context.Context, e Enrollment, policy Policy) (*R
 	if errs := ValidateRegistration(e.Registration, group); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, errs.ToAggregate())
 	}
-	addrText, err := WorkloadAddress(e.Registration)
-	if err != nil {
-		return nil, fmt.Errorf("%w: connected_over: %w", ErrInvalidRegistration, err)
-	}
-	addr, err := netip.ParseAddr(addrText)
-	if err != nil {
-		return nil, fmt.Errorf("%w: workload address %q: %w", ErrInvalidRegistration, addrText, err)
-	}
-	proven, err := provenAddress(ctx, e, addr, policy)
+	proven, err := proveAddresses(ctx, e, policy)
 	if err != nil {
 		return nil, err
 	}
@@ -114,28 +108,59 @@ func (r *Registrar) Enroll(ctx context.Context, e Enrollment, policy Policy) (*R
 	})
 }
 
-// provenAddress decides whether the workload address addr may be
-// registered: it is proven when the identity proves it (an EC2 document's
-// signed privateIp, for a VPC address); otherwise a policy rule allowing the
-// workload must list it in addressCIDRs. It returns whether addr is proven.
-func provenAddress(ctx context.Context, e Enrollment, addr netip.Addr, policy Policy) (bool, error) {
-	typ := e.Registration.Settings.ConnectedOver
-	if e.Identity.AWS != nil && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String() {
-		return true, nil
+// proveAddresses decides whether the host addresses of e may be stored:
+// each must be proven by the identity (identityProves) or listed in the
+// addressCIDRs of a policy rule allowing the workload. Every stored address
+// is one the workload may be taken for, so the first that is neither is
+// refused (ErrAddressNotProven, naming registration.host.addresses[i].ip),
+// whether it is the workload address or an extra one. It returns whether
+// the workload address (the first of the settings.connectedOver type, see
+// WorkloadAddress) is proven by the identity itself, not only allowed: only
+// such an address fences older holders.
+func proveAddresses(ctx context.Context, e Enrollment, policy Policy) (bool, error) {
+	want := e.Registration.Settings.ConnectedOver
+	if want == "" {
+		want = runtimev1alpha1.AddressTypeVPC
 	}
-	ok, err := policy.AllowsAddress(ctx, e.Namespace, e.Group, e.Identity, addr)
-	if err != nil {
-		return false, &PolicyError{Err: err}
-	}
-	if !ok {
-		what := "its identity proves no address (a JWT host)"
-		if e.Identity.AWS != nil {
-			what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
+	workload, found := false, false
+	for i, a := range e.Registration.Host.Addresses {
+		addr, err := netip.ParseAddr(a.IP)
+		if err != nil {
+			return false, fmt.Errorf("%w: registration.host.addresses[%d].ip %q: %w", ErrInvalidRegistration, i, a.IP, err)
 		}
-		return false, fmt.Errorf("%w: addresses: workload address %s (%s) is not proven: %s, and no OnboardingPolicy rule allowing it in namespace %s lists it in addressCIDRs",
-			ErrAddressNotProven, addr, typ, what, e.Namespace)
+		byIdentity := identityProves(e, a.Type, addr)
+		if a.Type == want && !found {
+			workload, found = byIdentity, true
+		}
+		if byIdentity {
+			continue
+		}
+		ok, err := policy.AllowsAddress(ctx, e.Namespace, e.Group, e.Identity, addr)
+		if err != nil {
+			return false, &PolicyError{Err: err}
+		}
+		if !ok {
+			return false, notProven(e, i, a.Type, addr)
+		}
 	}
-	return false, nil
+	return workload, nil
+}
+
+// identityProves says whether the identity of e proves addr as an address
+// of type typ: an EC2 instance identity document proves its signed
+// privateIp, as a VPC address, and nothing else; a JWT proves no address.
+func identityProves(e Enrollment, typ runtimev1alpha1.AddressType, addr netip.Addr) bool {
+	return e.Identity.AWS != nil && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String()
+}
+
+// notProven is the refusal of host address i of e.
+func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.Addr) error {
+	what := "its identity proves no address (a JWT host)"
+	if e.Identity.AWS != nil {
+		what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
+	}
+	return fmt.Errorf("%w: registration.host.addresses[%d].ip: address %s (%s) is not proven: %s, and no OnboardingPolicy rule allowing it in namespace %s lists it in addressCIDRs",
+		ErrAddressNotProven, i, addr, typ, what, e.Namespace)
 }
 
 // SessionHash is what a registration stores of an agent's session key

@@ -1,7 +1,11 @@
 package registry
 
 import (
+	"context"
 	"errors"
+	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -78,6 +82,69 @@ func TestCheckHolder(t *testing.T) {
 			err := CheckHolder(tt.war, tt.id, tt.key)
 			if (tt.wantErr == nil) != (err == nil) || (tt.wantErr != nil && !errors.Is(err, tt.wantErr)) {
 				t.Errorf("CheckHolder = %v, want %v", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// cidrPolicy is a Policy whose rules allow every workload and list cidrs in
+// their addressCIDRs.
+type cidrPolicy []netip.Prefix
+
+func (cidrPolicy) Allow(context.Context, string, string, runtimev1alpha1.WorkloadIdentity) error {
+	return nil
+}
+
+func (p cidrPolicy) AllowsAddress(_ context.Context, _, _ string, _ runtimev1alpha1.WorkloadIdentity, addr netip.Addr) (bool, error) {
+	return slices.ContainsFunc(p, func(c netip.Prefix) bool { return c.Contains(addr) }), nil
+}
+
+func TestProveAddresses(t *testing.T) {
+	ec2 := fixtures.AWSIdentity("i-1234567890abcdef0")
+	host := func(connectedOver runtimev1alpha1.AddressType, addrs ...runtimev1alpha1.HostAddress) runtimev1alpha1.Registration {
+		return runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: addrs}, Settings: runtimev1alpha1.Settings{ConnectedOver: connectedOver}}
+	}
+	vpc := func(ip string) runtimev1alpha1.HostAddress {
+		return runtimev1alpha1.HostAddress{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}
+	}
+	internet := func(ip string) runtimev1alpha1.HostAddress {
+		return runtimev1alpha1.HostAddress{IP: ip, Type: runtimev1alpha1.AddressTypeInternet}
+	}
+	tests := []struct {
+		name        string
+		id          runtimev1alpha1.WorkloadIdentity
+		proven      string // Enrollment.ProvenAddress
+		reg         runtimev1alpha1.Registration
+		policy      cidrPolicy
+		wantProven  bool
+		wantRefused string // the field named in ErrAddressNotProven; "" accepted
+	}{
+		{name: "the document's privateIp", id: ec2, proven: "10.0.0.5", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5")), wantProven: true},
+		{name: "connectedOver defaults to VPC", id: ec2, proven: "10.0.0.5", reg: host("", vpc("10.0.0.5")), wantProven: true},
+		{name: "another VPC address", id: ec2, proven: "10.0.0.5", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.9.9.9")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "the privateIp claimed as INTERNET", id: ec2, proven: "10.0.0.5", reg: host(runtimev1alpha1.AddressTypeInternet, internet("10.0.0.5")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "an extra unproven address", id: ec2, proven: "10.0.0.5", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"), internet("10.9.9.9")), wantRefused: "registration.host.addresses[1].ip"},
+		{name: "an extra address in addressCIDRs", id: ec2, proven: "10.0.0.5", policy: cidrPolicy{netip.MustParsePrefix("10.9.9.0/24")},
+			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"), internet("10.9.9.9")), wantProven: true},
+		{name: "connected over an address in addressCIDRs", id: ec2, proven: "10.0.0.5", policy: cidrPolicy{netip.MustParsePrefix("203.0.113.0/24")},
+			reg: host(runtimev1alpha1.AddressTypeInternet, vpc("10.0.0.5"), internet("203.0.113.7"))},
+		{name: "the workload address proven, a second of its type not", id: ec2, proven: "10.0.0.5", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"), vpc("10.0.0.6")), wantRefused: "registration.host.addresses[1].ip"},
+		{name: "a JWT host in addressCIDRs", id: jwtIdentity("https://idp", "vm-1"), policy: cidrPolicy{netip.MustParsePrefix("10.0.0.0/8")},
+			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"))},
+		{name: "a JWT host outside addressCIDRs", id: jwtIdentity("https://idp", "vm-1"), policy: cidrPolicy{netip.MustParsePrefix("10.0.0.0/8")},
+			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"), internet("198.51.100.1")), wantRefused: "registration.host.addresses[1].ip"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := Enrollment{Namespace: "bookinfo", Group: "ratings", Identity: tt.id, ProvenAddress: tt.proven, Registration: tt.reg}
+			proven, err := proveAddresses(t.Context(), e, tt.policy)
+			switch {
+			case tt.wantRefused == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tt.wantRefused != "" && (!errors.Is(err, ErrAddressNotProven) || !strings.Contains(err.Error(), tt.wantRefused)):
+				t.Fatalf("err = %v, want ErrAddressNotProven naming %s", err, tt.wantRefused)
+			case err == nil && proven != tt.wantProven:
+				t.Errorf("workload address proven by the identity = %v, want %v", proven, tt.wantProven)
 			}
 		})
 	}

@@ -19,6 +19,7 @@ const (
 	reasonNamespaceNotServed  = "namespace_not_served"
 	reasonServiceAccount      = "wrong_service_account"
 	reasonAddress             = "wrong_address"
+	reasonBadMetadata         = "bad_metadata"
 	reasonUnavailable         = "unavailable"
 	reasonInternal            = "internal"
 	reasonNoFirstRequest      = "no_first_request"

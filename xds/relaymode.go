@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -28,7 +29,20 @@ func relayed[Req, Resp any](s *Server, p *protocol[Req, Resp], bs *boundStream[R
 		Request:  func(req *Req) (bool, error) { return s.request(st, p.request(req), nil) },
 		Response: func(resp *Resp) { s.responded(st, p.response(resp)) },
 		Stop:     st.ctx.Done(),
+		Node:     st.relayNode,
 	})
+}
+
+// relayNode hands the relay, once, the node built for istiod at admission
+// (Server.istiodNode) in place of the sidecar's, and forgets it: the relay
+// keeps it encoded.
+func (st *stream) relayNode(*core.Node) (*core.Node, error) {
+	n := st.upstream
+	st.upstream = nil
+	if n == nil {
+		return nil, status.Error(codes.Internal, "no node was built for istiod at admission")
+	}
+	return n, nil
 }
 
 // relayAuthorization is the authorization header sent to istiod: the

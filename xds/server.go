@@ -37,6 +37,7 @@ import (
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/xds/internal/snapcache"
 	"github.com/embark-mesh/embark/xds/internal/watch"
+	"github.com/embark-mesh/embark/xds/istiodnode"
 	"github.com/embark-mesh/embark/xds/nodepin"
 	"github.com/embark-mesh/embark/xds/relay"
 	"github.com/embark-mesh/embark/xds/syncstate"
@@ -364,6 +365,9 @@ type stream struct {
 	connID    int64 // the connection tracker's ID of a counted stream
 	debug     bool
 	counted   bool // a workload's sidecar (not a debug client): counts as connected
+	// upstream is, in istiod mode, the node relayed to istiod, built at
+	// admission; the relay takes it (relayNode) with the first request.
+	upstream *core.Node
 
 	// ctx ends when the server closes the stream (close) or the server's
 	// context ends: the stream's handler (go-control-plane's or the
@@ -423,6 +427,13 @@ func (s *Server) admit(ctx context.Context, node *core.Node) (*stream, error) {
 		return nil, err
 	}
 	st := s.newStream()
+	if s.opts.Relay != nil {
+		if st.upstream, err = s.istiodNode(node, proxy.Registration); err != nil {
+			st.cancel()
+			s.log.Info("refused xDS stream", "node", node.GetId(), "serviceAccount", cred.ServiceAccount.String(), "reason", err.Error())
+			return nil, err
+		}
+	}
 	st.proxy = proxy
 	st.secretUID = cred.SecretUID
 	st.expires = cred.Expires
@@ -468,8 +479,16 @@ func (s *Server) authorize(ctx context.Context, cred *tokenauth.Credential, node
 	if err != nil {
 		return nil, err
 	}
-	if !slices.ContainsFunc(war.Spec.Registration.Host.Addresses, func(a runtimev1alpha1.HostAddress) bool { return a.IP == info.IP }) {
-		return nil, denied(reasonAddress, "node ID address %s is not an address of registration %s", info.IP, key)
+	// The node ID's address is the one istiod takes the proxy's for (when
+	// no other metadata names one): it must be the registration's workload
+	// address, the one its identity or an addressCIDRs rule proved at every
+	// Register and its WorkloadEntry holds, not any host address it listed.
+	addr, err := registry.WorkloadAddress(war.Spec.Registration)
+	if err != nil {
+		return nil, denied(reasonAddress, "registration %s: %v", key, err)
+	}
+	if info.IP != addr {
+		return nil, denied(reasonAddress, "node ID address %s is not the proven workload address %s of registration %s", info.IP, addr, key)
 	}
 	// The stream keeps this copy while it lives: without the managed
 	// fields and the status, which no reader of a Proxy needs (most of the
@@ -483,6 +502,20 @@ func (s *Server) authorize(ctx context.Context, cred *tokenauth.Credential, node
 		Metadata:     keptMetadata(node.GetMetadata()),
 		Registration: war,
 	}, nil
+}
+
+// istiodNode is the node relayed to istiod for a stream of war whose first
+// request carried node (see package istiodnode): built from war, with only
+// the harmless metadata of node.
+func (s *Server) istiodNode(node *core.Node, war *runtimev1alpha1.WorkloadAutoRegistration) (*core.Node, error) {
+	up, err := istiodnode.Build(node, war, s.opts.ClusterID)
+	switch {
+	case errors.Is(err, istiodnode.ErrMetadata):
+		return nil, refuse(codes.InvalidArgument, reasonBadMetadata, "%v", err)
+	case err != nil:
+		return nil, refuse(codes.Internal, reasonInternal, "%v", err)
+	}
+	return up, nil
 }
 
 // proxyMetadataKeys are the node metadata a Proxy keeps (what syncz reports).

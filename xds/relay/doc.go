@@ -20,8 +20,10 @@
 // ResourceExhausted before anything of it is kept or relayed. The standalone
 // server keeps its streams within the same bounds (Subscriptions).
 //
-// The relay strips the node metadata that would make istiod register or
-// health-check a WorkloadEntry of its own (AUTO_REGISTER_GROUP,
+// The node sent to istiod is the caller's (Hooks.Node: Embark builds it from
+// the sidecar's registration, see package istiodnode), else the sidecar's;
+// either way the relay strips the node metadata that would make istiod
+// register or health-check a WorkloadEntry of its own (AUTO_REGISTER_GROUP,
 // WORKLOAD_ENTRY): Embark owns the VM's WorkloadEntry. What is relayed is
 // decided by the caller's Hooks (Embark keeps health reports and refuses debug
 // types on sidecar streams).

@@ -4,10 +4,12 @@ import (
 	"slices"
 	"testing"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // FuzzParseNonce: a sidecar's response nonce is outside input. Any string
@@ -132,6 +134,28 @@ func FuzzSotwRequests(f *testing.F) {
 			want := latest[r.GetTypeUrl()]
 			if want == nil || !slices.Equal(r.GetResourceNames(), want.GetResourceNames()) || r.GetVersionInfo() != want.GetVersionInfo() || r.GetResponseNonce() != "" {
 				t.Fatalf("resync %v, want the names and version of %v and no nonce", r, want)
+			}
+		}
+	})
+}
+
+// FuzzUpstreamNode: the node relayed to istiod is decoded from what a
+// sidecar (or Hooks.Node) produced. Any bytes decode without panicking, and
+// a decoded node never carries the auto-registration keys.
+func FuzzUpstreamNode(f *testing.F) {
+	seed, _ := proto.Marshal(&core.Node{Id: "sidecar~10.0.0.5~vm1.demo~demo.svc.cluster.local", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"AUTO_REGISTER_GROUP": structpb.NewStringValue("ratings"), "WORKLOAD_ENTRY": structpb.NewStringValue("vm1"), "ISTIO_VERSION": structpb.NewStringValue("1.30.0"),
+	}}})
+	f.Add(seed)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, wire []byte) {
+		n, err := upstreamNode(wire)
+		if err != nil {
+			return
+		}
+		for _, k := range strippedMetadata {
+			if _, ok := n.GetMetadata().GetFields()[k]; ok {
+				t.Fatalf("metadata %s kept", k)
 			}
 		}
 	})

@@ -109,6 +109,12 @@ type Hooks[Req, Resp any] struct {
 	// Stop, when closed, ends the stream: the relay returns ErrStopped
 	// (a server closing the sidecar's stream). Default: never.
 	Stop <-chan struct{}
+	// Node returns the node sent to istiod in place of the sidecar's. It
+	// is called once, with the node of the sidecar's first request; what
+	// it returns (without strippedMetadata) is sent on every upstream
+	// stream. An error ends the stream with that error. Default: the
+	// sidecar's node.
+	Node func(*core.Node) (*core.Node, error)
 }
 
 // ErrStopped is what SotW and Delta return when Hooks.Stop was closed.
@@ -118,14 +124,15 @@ var ErrStopped = errors.New("relay: stream stopped by the server")
 // (pilot/pkg/autoregistration: auto-registration, health-checked entries).
 var strippedMetadata = []string{"AUTO_REGISTER_GROUP", "WORKLOAD_ENTRY"}
 
-// upstreamNode decodes the sidecar's node (wire) without the metadata that
-// would make istiod register or health-check the proxy itself. It is made
-// for each upstream stream and dropped once sent: per stream the relay keeps
-// only the node's encoding, a fraction of its decoded size.
+// upstreamNode decodes the node sent to istiod (wire: Hooks.Node's, or the
+// sidecar's) without the metadata that would make istiod register or
+// health-check the proxy itself. It is made for each upstream stream and
+// dropped once sent: per stream the relay keeps only the node's encoding, a
+// fraction of its decoded size.
 func upstreamNode(wire []byte) (*core.Node, error) {
 	n := &core.Node{}
 	if err := proto.Unmarshal(wire, n); err != nil {
-		return nil, fmt.Errorf("decode the sidecar's node: %w", err)
+		return nil, fmt.Errorf("decode the node: %w", err)
 	}
 	for _, k := range strippedMetadata {
 		delete(n.GetMetadata().GetFields(), k)
@@ -236,7 +243,7 @@ type relayed[Req, Resp any] struct {
 	open   func(context.Context) (grpc.BidiStreamingClient[Req, Resp], error)
 	events chan event[Req, Resp]
 
-	node       []byte // the sidecar's node as it sent it, encoded; nil until the first request
+	node       []byte // the node sent to istiod (Hooks.Node's, or the sidecar's), encoded; nil until the first request
 	nodeID     string
 	gen        uint64                              // generation of the current or pending upstream stream
 	up         grpc.BidiStreamingClient[Req, Resp] // the current upstream stream; nil when none
@@ -343,13 +350,8 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 		req := ev.req
 		if s.node == nil {
 			if n := s.p.node(req); n != nil {
-				wire, err := proto.Marshal(n)
-				if err != nil {
-					return true, status.Errorf(codes.InvalidArgument, "the node does not encode: %v", err)
-				}
-				s.node, s.nodeID = wire, n.GetId()
-				if s.node == nil {
-					s.node = []byte{} // an empty node is a node
+				if err := s.keepNode(n); err != nil {
+					return true, err
 				}
 			}
 		}
@@ -435,6 +437,26 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 		} // else the reader reports the stream's status
 	}
 	return false, nil
+}
+
+// keepNode keeps, encoded, the node sent to istiod for the sidecar's node n.
+func (s *relayed[Req, Resp]) keepNode(n *core.Node) error {
+	up := n
+	if s.hooks.Node != nil {
+		var err error
+		if up, err = s.hooks.Node(n); err != nil {
+			return err
+		}
+	}
+	wire, err := proto.Marshal(up)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "the node does not encode: %v", err)
+	}
+	s.node, s.nodeID = wire, n.GetId()
+	if s.node == nil {
+		s.node = []byte{} // an empty node is a node
+	}
+	return nil
 }
 
 // connect opens a new upstream stream.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,8 +22,10 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -187,6 +190,8 @@ type frontend struct {
 	discovery.UnimplementedAggregatedDiscoveryServiceServer
 	relay *relay.Relay
 	addr  string
+	// node is the SotW streams' Hooks.Node. Default: none.
+	node func(*core.Node) (*core.Node, error)
 	// health records the HealthInformation requests the hook kept.
 	mu     sync.Mutex
 	health int
@@ -208,6 +213,7 @@ func (f *frontend) StreamAggregatedResources(ss discovery.AggregatedDiscoverySer
 			}
 			return true, nil
 		},
+		Node: f.node,
 	})
 }
 
@@ -504,5 +510,67 @@ func TestNoLeakAcrossStreams(t *testing.T) {
 	// would add megabytes; allow 256 KiB of noise.
 	if h1 > h0+256<<10 {
 		t.Errorf("live heap grew by %d KiB across 1,000 streams", (h1-h0)>>10)
+	}
+}
+
+// TestNodeHookReplacesTheSidecarsNode: with Hooks.Node, istiod gets the
+// node the hook returns (never the two auto-registration keys, even from
+// the hook), on the first upstream stream and on the one that replaces it;
+// the hook runs once per sidecar stream. A hook's error ends the sidecar's
+// stream with it before anything is relayed.
+func TestNodeHookReplacesTheSidecarsNode(t *testing.T) {
+	u := startUpstream(t)
+	u.publish(t, "v1", time.Second)
+	f := startFrontend(t, u)
+	var calls atomic.Int32
+	f.node = func(n *core.Node) (*core.Node, error) {
+		calls.Add(1)
+		if n.GetMetadata().GetFields()["REFUSE"] != nil {
+			return nil, status.Error(codes.InvalidArgument, "refused by the hook")
+		}
+		return &core.Node{Id: n.GetId(), Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+			"LABELS":              structpb.NewStringValue("built"),
+			"AUTO_REGISTER_GROUP": structpb.NewStringValue("ratings"),
+		}}}, nil
+	}
+	conn := dialFrontend(t, f)
+	open := func(node *core.Node) discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient {
+		t.Helper()
+		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := open(sidecarNode())
+	recvSotW(t, s)
+	u.stop()
+	u.publish(t, "v2", 2*time.Second)
+	u.restart(t)
+	recvSotW(t, s)
+	_, _, nodes, _, _ := u.snapshot()
+	if len(nodes) != 2 {
+		t.Fatalf("%d upstream streams recorded, want 2", len(nodes))
+	}
+	for i, n := range nodes {
+		md := n.GetMetadata().GetFields()
+		if n.GetId() != nodeID || md["LABELS"].GetStringValue() != "built" || md["ISTIO_VERSION"] != nil || md["AUTO_REGISTER_GROUP"] != nil {
+			t.Errorf("upstream stream %d got node %v, want the hook's without AUTO_REGISTER_GROUP", i+1, n)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("the hook ran %d times for one sidecar stream, want 1", n)
+	}
+
+	refused := sidecarNode()
+	refused.Metadata.Fields["REFUSE"] = structpb.NewBoolValue(true)
+	if _, err := open(refused).Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "refused by the hook") {
+		t.Fatalf("a node the hook refuses: %v, want its InvalidArgument", err)
+	}
+	if opened, _, _, _, _ := u.snapshot(); opened != 2 {
+		t.Errorf("%d upstream streams opened, want none for the refused node", opened-2)
 	}
 }
