@@ -91,8 +91,8 @@ func newAptUpdate(t *testing.T, keyFile, base string) *aptUpdate {
 		}
 	}
 	files := map[string]string{
-		"var/lib/dpkg/status":   "",
-		"apt.conf":              "",
+		"var/lib/dpkg/status":  "",
+		"apt.conf":             "",
 		"etc/apt/sources.list": fmt.Sprintf("deb [signed-by=%s] %s/install/ stable main\n", keyFile, base),
 	}
 	for name, data := range files {
