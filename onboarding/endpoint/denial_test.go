@@ -39,7 +39,7 @@ func TestDenialAnswers(t *testing.T) {
 			instance: awstest.Instance{InstanceID: "i-0ccccccccccccccc3"}, wantCode: codes.PermissionDenied, wantReason: "WorkloadGroupNotFound"},
 		{name: "trusted source: the closest rule", sources: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}, group: "ratings",
 			instance: awstest.Instance{Account: "999999999999", InstanceID: "i-0ccccccccccccccc4"}, wantCode: codes.PermissionDenied,
-			wantMsg: "account 999999999999 not in [123456789012]", wantReason: "PolicyDenied"},
+			wantMsg: "account 999999999999 not in [123456789012 234567890123]", wantReason: "PolicyDenied"},
 		{name: "trusted source: the missing group", sources: []netip.Prefix{netip.MustParsePrefix("::/0"), netip.MustParsePrefix("0.0.0.0/0")}, group: "no-such-group",
 			instance: awstest.Instance{InstanceID: "i-0ccccccccccccccc5"}, wantCode: codes.FailedPrecondition,
 			wantMsg: "WorkloadGroup not found: ", wantReason: "WorkloadGroupNotFound"},

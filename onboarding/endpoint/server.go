@@ -483,12 +483,13 @@ func (s *Server) session(ctx context.Context) (*token.Claims, error) {
 	return claims, nil
 }
 
-// confirmProfile checks that the IAM role an STS proof
-// showed is the role of the instance's current instance profile: the STS
-// proof alone shows only a session of that role named after the instance,
-// which anyone allowed to assume the role can create. It runs after the
-// policies allowed the identity, so no EC2 or IAM call is made for an
-// identity no policy admits.
+// confirmProfile checks that the IAM role an STS proof showed is the role
+// of the instance's current instance profile: the STS proof alone shows
+// only a session of that role named after the instance, which anyone
+// allowed to assume the role can create. It runs after the policies
+// allowed the identity, so no EC2 or IAM call is made for an identity no
+// policy admits. Without a checker no identity is STS-proven (verify drops
+// the proof), so there is nothing to confirm.
 func (s *Server) confirmProfile(ctx context.Context, id *identity.Identity) error {
 	if s.opts.InstanceProfiles == nil || id.AWS == nil || !id.AWS.STSProven {
 		return nil
