@@ -58,6 +58,9 @@ const (
 	minTokenExpiration       = time.Minute
 	maxTokenExpiration       = 24 * time.Hour
 	minGracePeriod           = time.Second
+	DefaultMetadataValidity  = 7 * 24 * time.Hour
+	minMetadataValidity      = time.Hour
+	maxMetadataValidity      = 365 * 24 * time.Hour
 )
 
 const (
@@ -191,6 +194,19 @@ type Endpoint struct {
 	// repository listen addresses must then be loopback addresses
 	// (127.0.0.0/8, ::1 or localhost), or the configuration is refused.
 	Plaintext bool `json:"plaintext,omitempty"`
+	// DetailedDenialSources are CIDRs of callers told why onboarding was
+	// denied: the closest OnboardingPolicy rules (their accounts, roles,
+	// zones, subjects) or a WorkloadGroup that does not exist. Any other
+	// caller gets PERMISSION_DENIED "not authorized to onboard (request id
+	// <id>)", the same for every denial and for a missing WorkloadGroup;
+	// the explanation is in the endpoint's log line carrying that request
+	// ID, in the OnboardingDenied Event on the WorkloadGroup and in
+	// embark_onboarding_denials_total. The endpoint is reachable by any AWS
+	// account and any holder of a trusted issuer's token, so details go
+	// only to networks an operator trusts, e.g. an admin subnet; the
+	// sources are the connections' peers (a load balancer that rewrites
+	// sources makes them its own). Default: none.
+	DetailedDenialSources []string `json:"detailedDenialSources,omitempty"`
 }
 
 // TokenIssuer is meshExpansion.onboarding.tokenIssuer.
@@ -224,6 +240,13 @@ type LocalRepository struct {
 	// /install/repository.asc beside the signing key's own: the next key
 	// before a rotation, the previous one after it. Default none.
 	PublicKeyFiles []string `json:"publicKeyFiles,omitempty"`
+	// MetadataValidity is how long signed apt metadata is valid: each
+	// Release carries Valid-Until = Date + this, after which apt refuses
+	// it (an old signed snapshot replayed to a VM stops working), and the
+	// endpoint signs fresh metadata once half of it has passed. VMs that
+	// cannot reach the endpoint for longer cannot apt-get update from
+	// cached lists. Default 168h (7 days); between 1h and 8760h.
+	MetadataValidity *metav1.Duration `json:"metadataValidity,omitempty"`
 }
 
 // Mesh describes the mesh.
@@ -477,6 +500,9 @@ func (c *Configuration) SetDefaults() {
 	if c.LocalRepository != nil && c.LocalRepository.Directory == "" {
 		c.LocalRepository.Directory = DefaultRepositoryDir
 	}
+	if c.LocalRepository != nil && c.LocalRepository.MetadataValidity == nil {
+		c.LocalRepository.MetadataValidity = &metav1.Duration{Duration: DefaultMetadataValidity}
+	}
 	if c.Mesh.ClusterID == "" {
 		c.Mesh.ClusterID = DefaultClusterID
 	}
@@ -576,6 +602,11 @@ func (c *Configuration) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(ep.Child("secretName"), c.Endpoint.SecretName, msg))
 		}
 	}
+	for i, cidr := range c.Endpoint.DetailedDenialSources {
+		if _, err := netip.ParsePrefix(cidr); err != nil {
+			errs = append(errs, field.Invalid(ep.Child("detailedDenialSources").Index(i), cidr, "must be a CIDR"))
+		}
+	}
 	exp := c.TokenIssuer.JWT.Expiration.Duration
 	if exp < minTokenExpiration || exp > maxTokenExpiration {
 		errs = append(errs, field.Invalid(field.NewPath("tokenIssuer", "jwt", "expiration"), exp.String(), fmt.Sprintf("must be between %s and %s", minTokenExpiration, maxTokenExpiration)))
@@ -596,6 +627,11 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.LocalRepository != nil && c.LocalRepository.Directory == "" {
 		errs = append(errs, field.Required(field.NewPath("localRepository", "directory"), ""))
+	}
+	if r := c.LocalRepository; r != nil && r.MetadataValidity != nil {
+		if d := r.MetadataValidity.Duration; d < minMetadataValidity || d > maxMetadataValidity {
+			errs = append(errs, field.Invalid(field.NewPath("localRepository", "metadataValidity"), d.String(), fmt.Sprintf("must be between %s and %s", minMetadataValidity, maxMetadataValidity)))
+		}
 	}
 	if c.LocalRepository != nil && c.LocalRepository.SigningKeyFile == "" && len(c.LocalRepository.PublicKeyFiles) > 0 {
 		errs = append(errs, field.Required(field.NewPath("localRepository", "signingKeyFile"), "publicKeyFiles are published only beside a signing key"))

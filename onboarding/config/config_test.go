@@ -38,6 +38,7 @@ func TestParseDefaults(t *testing.T) {
 		{"root namespace", cfg.Mesh.RootNamespace, "istio-system"},
 		{"no istiod", cfg.Istiod.Enabled(), false},
 		{"certificate validity cap", cfg.Istiod.MaxCertificateValidity.Duration, 24 * time.Hour},
+		{"generic denials for every source", len(cfg.Endpoint.DetailedDenialSources), 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -207,6 +208,8 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "expiration not a duration", yaml: minimal + "tokenIssuer: {jwt: {expiration: soon}}\n", wantErr: "soon"},
 		{name: "grace period too short", yaml: minimal + "registration: {gracePeriod: 10ms}\n", wantErr: "registration.gracePeriod"},
 		{name: "negative health damping", yaml: minimal + "registration: {healthDamping: -1s}\n", wantErr: "registration.healthDamping"},
+		{name: "metadata validity too short", yaml: minimal + "localRepository: {metadataValidity: 10m}\n", wantErr: "localRepository.metadataValidity"},
+		{name: "detailed denials not a CIDR", yaml: minimal + "  detailedDenialSources: [10.0.0.0/8, admins]\n", wantErr: "endpoint.detailedDenialSources[1]"},
 		{name: "jwt issuer with both jwks and jwksURL", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, jwks: '{}', jwksURL: 'https://idp.example/keys'}]}\n", wantErr: "identity.jwt[0].jwks"},
 		{name: "jwt negative maxTokenLifetime", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, maxTokenLifetime: -1m}]}\n", wantErr: "identity.jwt[0].maxTokenLifetime"},
 		{name: "negative outOfTrafficAfter", yaml: minimal + "registration: {outOfTrafficAfter: -1s}\n", wantErr: "registration.outOfTrafficAfter: Invalid value"},
@@ -263,4 +266,25 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("accepted an invalid configuration: %v", errs)
 		}
 	})
+}
+
+// localRepository.metadataValidity defaults to 7 days; a set value is kept.
+func TestMetadataValidity(t *testing.T) {
+	for _, tt := range []struct {
+		name, yaml string
+		want       time.Duration
+	}{
+		{name: "default", yaml: "localRepository: {}\n", want: 7 * 24 * time.Hour},
+		{name: "set", yaml: "localRepository: {metadataValidity: 36h}\n", want: 36 * time.Hour},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal + tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := cfg.LocalRepository.MetadataValidity.Duration; got != tt.want {
+				t.Errorf("metadataValidity %v, want %v", got, tt.want)
+			}
+		})
+	}
 }

@@ -119,10 +119,23 @@ type Options struct {
 	// AllowLoopbackAddresses accepts loopback workload addresses: for demos
 	// and tests that run their "VMs" on 127.0.0.0/8 only. Default false.
 	AllowLoopbackAddresses bool
-	// InstanceProfiles, when set, confirms with EC2 and IAM that the role
-	// an STS proof shows is the role of the instance's current instance
-	// profile. Default: not checked.
+	// InstanceProfiles confirms with EC2 and IAM that the role an STS
+	// proof shows is the role of the instance's current instance profile.
+	// An STS proof alone shows only a session of that role named after the
+	// instance, which anyone allowed to assume the role can create. Default
+	// (nil): STS proofs are not used at all, neither sent to STS nor
+	// counted: an EC2 identity carries no IAM role, so policies naming
+	// iamRoleNames or requireSTSProof admit no EC2 instance, and an STS
+	// proof takes over no registration.
 	InstanceProfiles InstanceProfileChecker
+	// DetailedDenialSources are the source address ranges whose callers
+	// are told why onboarding was denied (the closest policy rules, a
+	// WorkloadGroup that does not exist), as FailedPrecondition or
+	// PermissionDenied with the explanation. Every other caller gets
+	// GenericDenialFormat: PermissionDenied with a request ID only; the
+	// explanation is in the log line of that request ID, in the Event on
+	// the WorkloadGroup and in the denial metrics. Default: none.
+	DetailedDenialSources []netip.Prefix
 	// Namespaces are the only namespaces whose WorkloadGroups are served
 	// (the configuration's workloadNamespaces: the informers watch only
 	// these and RBAC grants only these). A request for another namespace
@@ -198,6 +211,7 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 		s.opts.Metrics.denied("authorize", "RateLimited")
 		return nil, status.Error(codes.ResourceExhausted, "too many platform credential verifications from this source; retry later")
 	}
+	unconfirmable := s.unconfirmableSTS(req)
 	id, err := s.verify(ctx, req, ns, group)
 	if err != nil {
 		if _, isStatus := status.FromError(err); isStatus {
@@ -214,8 +228,12 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 		return nil, status.Errorf(codes.Unauthenticated, "platform credential refused: %v", err)
 	}
 	apiID := APIIdentity(id)
-	if _, err := s.opts.Authorizer.Authorize(ctx, ns, group, apiID); err != nil {
-		return nil, s.authzStatus(err, "authorize")
+	if d, err := s.opts.Authorizer.Authorize(ctx, ns, group, apiID); err != nil {
+		if unconfirmable && d.NeedsIAMRoleProof {
+			s.log.Warn("an STS proof of an IAM role was not used: without identity.aws.instanceProfileCheck it does not show the session came from the instance, so policies naming iamRoleNames or requireSTSProof admit no EC2 instance",
+				"group", ns+"/"+group, "identity", policy.DescribeIdentity(apiID))
+		}
+		return nil, s.authzStatus(ctx, err, "authorize")
 	}
 	if err := s.confirmProfile(ctx, id); err != nil {
 		return nil, err
@@ -254,6 +272,9 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 			return nil, errors.New("this endpoint does not accept AWS credentials")
 		}
 		cred := awswire.FromProto(c.Aws)
+		if s.opts.InstanceProfiles == nil {
+			cred.STS = nil // see unconfirmableSTS
+		}
 		if cred.STS == nil {
 			return s.opts.AWS.Verify(ctx, cred)
 		}
@@ -265,7 +286,7 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 		}
 		d, err := s.opts.Authorizer.Precheck(ctx, ns, group, APIIdentity(docID))
 		if err != nil {
-			return nil, s.authzStatus(err, "authorize")
+			return nil, s.authzStatus(ctx, err, "authorize")
 		}
 		if !d.Allowed && !d.NeedsIAMRoleProof {
 			// Record the denial as Authorize does; STS is not called.
@@ -273,7 +294,7 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 			if err == nil {
 				err = &policy.DeniedError{Decision: d}
 			}
-			return nil, s.authzStatus(err, "authorize")
+			return nil, s.authzStatus(ctx, err, "authorize")
 		}
 		return s.opts.AWS.Verify(ctx, cred)
 	case *onboardingv1alpha1.AuthorizeRequest_Jwt:
@@ -284,6 +305,16 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 	default:
 		return nil, errors.New("no credential")
 	}
+}
+
+// unconfirmableSTS reports whether req carries an STS proof that the
+// endpoint does not use because no instance profile check is configured:
+// a role session named after an instance proves nothing about the
+// instance unless EC2 and IAM confirm its role is the instance profile's
+// (confirmProfile). Such a proof is never sent to STS, and the identity is
+// the instance identity document's alone.
+func (s *Server) unconfirmableSTS(req *onboardingv1alpha1.AuthorizeRequest) bool {
+	return s.opts.InstanceProfiles == nil && req.GetAws().GetStsGetCallerIdentity() != nil
 }
 
 // Register implements OnboardingService. The registry applies the
@@ -323,7 +354,7 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 		if errors.Is(err, registry.ErrSessionMismatch) {
 			s.reportTakeoverRefused(ctx, claims, addr, err)
 		}
-		return nil, s.registerStatus(err, "register")
+		return nil, s.registerStatus(ctx, err, "register")
 	}
 	boot, err := s.bootstrap(res)
 	if err != nil {
@@ -369,7 +400,7 @@ func (s *Server) Unregister(ctx context.Context, _ *onboardingv1alpha1.Unregiste
 		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", claims.Subject, err)
 	}
 	if err := registry.CheckHolder(war, *claims.Workload.Verified, sessionKey(ctx)); err != nil {
-		return nil, s.registerStatus(err, "unregister")
+		return nil, s.registerStatus(ctx, err, "unregister")
 	}
 	if err := s.opts.Client.Delete(ctx, war, client.Preconditions{UID: &war.UID}); client.IgnoreNotFound(err) != nil {
 		return nil, status.Errorf(codes.Unavailable, "delete registration %s: %v", claims.Subject, err)
@@ -396,16 +427,16 @@ func (s *Server) RenewSidecarToken(ctx context.Context, _ *onboardingv1alpha1.Re
 		return nil, status.Errorf(codes.NotFound, "registration %s is being deleted: register again", key)
 	}
 	if err := registry.CheckHolder(war, *claims.Workload.Verified, sessionKey(ctx)); err != nil {
-		return nil, s.registerStatus(err, "renew")
+		return nil, s.registerStatus(ctx, err, "renew")
 	}
 	// The policy may have changed since the workload registered.
 	ns, groupName, _ := strings.Cut(claims.Workload.WorkloadGroup, "/")
 	if _, err := s.opts.Authorizer.Authorize(ctx, ns, groupName, war.Spec.Identity); err != nil {
-		return nil, s.authzStatus(err, "renew")
+		return nil, s.authzStatus(ctx, err, "renew")
 	}
 	tok, err := s.opts.Registrar.RenewSidecarToken(ctx, key)
 	if err != nil {
-		return nil, s.registerStatus(err, "renew")
+		return nil, s.registerStatus(ctx, err, "renew")
 	}
 	return &onboardingv1alpha1.RenewSidecarTokenResponse{SidecarToken: tok.Token, ExpiresAt: timestamppb.New(tok.ExpiresAt)}, nil
 }
@@ -452,12 +483,13 @@ func (s *Server) session(ctx context.Context) (*token.Claims, error) {
 	return claims, nil
 }
 
-// confirmProfile checks, when configured, that the IAM role an STS proof
-// showed is the role of the instance's current instance profile: the STS
-// proof alone shows only a session of that role named after the instance,
-// which anyone allowed to assume the role can create. It runs after the
-// policies allowed the identity, so no EC2 or IAM call is made for an
-// identity no policy admits.
+// confirmProfile checks that the IAM role an STS proof showed is the role
+// of the instance's current instance profile: the STS proof alone shows
+// only a session of that role named after the instance, which anyone
+// allowed to assume the role can create. It runs after the policies
+// allowed the identity, so no EC2 or IAM call is made for an identity no
+// policy admits. Without a checker no identity is STS-proven (verify drops
+// the proof), so there is nothing to confirm.
 func (s *Server) confirmProfile(ctx context.Context, id *identity.Identity) error {
 	if s.opts.InstanceProfiles == nil || id.AWS == nil || !id.AWS.STSProven {
 		return nil
@@ -510,17 +542,15 @@ func bearer(ctx context.Context) (string, error) {
 	return tok, nil
 }
 
-// authzStatus maps a policy error to a gRPC status.
-func (s *Server) authzStatus(err error, stage string) error {
+// authzStatus maps a policy error to a gRPC status. A denial and a missing
+// WorkloadGroup get the same answer (see deny).
+func (s *Server) authzStatus(ctx context.Context, err error, stage string) error {
 	var denied *policy.DeniedError
 	switch {
 	case errors.Is(err, policy.ErrWorkloadGroupNotFound):
-		s.opts.Metrics.denied(stage, "WorkloadGroupNotFound")
-		return status.Error(codes.FailedPrecondition, err.Error())
+		return s.deny(ctx, denial{stage: stage, reason: "WorkloadGroupNotFound", detail: err.Error(), code: codes.FailedPrecondition})
 	case errors.As(err, &denied):
-		s.opts.Metrics.denied(stage, "PolicyDenied")
-		s.log.Info("onboarding denied", "stage", stage, "reason", denied.Error())
-		return status.Error(codes.PermissionDenied, denied.Error())
+		return s.deny(ctx, denial{stage: stage, reason: "PolicyDenied", detail: denied.Error(), code: codes.PermissionDenied})
 	default:
 		s.log.Error("authorize", "stage", stage, "error", err)
 		return status.Errorf(codes.Unavailable, "cannot check OnboardingPolicies right now: %v", err)
@@ -530,13 +560,13 @@ func (s *Server) authzStatus(err error, stage string) error {
 // registerStatus maps a registry error of the stage op (register, renew,
 // unregister) to a gRPC status: the one place the registry's rules become
 // codes.
-func (s *Server) registerStatus(err error, op string) error {
+func (s *Server) registerStatus(ctx context.Context, err error, op string) error {
 	var refused *registry.PolicyError
 	switch {
 	case errors.As(err, &refused):
-		return s.authzStatus(refused.Err, op)
+		return s.authzStatus(ctx, refused.Err, op)
 	case errors.Is(err, registry.ErrWorkloadGroupNotFound):
-		return status.Error(codes.FailedPrecondition, err.Error())
+		return s.deny(ctx, denial{stage: op, reason: "WorkloadGroupNotFound", detail: err.Error(), code: codes.FailedPrecondition})
 	case errors.Is(err, registry.ErrInvalidRegistration):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, registry.ErrAddressNotProven):
@@ -545,7 +575,7 @@ func (s *Server) registerStatus(err error, op string) error {
 	case errors.Is(err, registry.ErrIdentityConflict), errors.Is(err, registry.ErrAddressConflict), errors.Is(err, registry.ErrServiceAccountMissing):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, registry.ErrSessionMismatch):
-		return status.Errorf(codes.PermissionDenied, "%v: an instance identity document alone cannot take it over; present an STS proof (an instance profile) or send the session key of the agent that registered it", err)
+		return status.Errorf(codes.PermissionDenied, "%v: an instance identity document alone cannot take it over; present an STS proof of the instance profile's role (used only with the endpoint's instance profile check) or send the session key of the agent that registered it", err)
 	case errors.Is(err, registry.ErrWrongSession):
 		return status.Errorf(codes.PermissionDenied, "%v (metadata %s missing or wrong): register again", err, SessionKeyMetadata)
 	case errors.Is(err, registry.ErrOtherWorkload):

@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	awscredentials "github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"google.golang.org/grpc"
@@ -36,6 +38,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
@@ -67,7 +70,11 @@ func TestMain(m *testing.M) {
 
 // harness is an onboarding endpoint served over TLS on loopback, with the
 // real verifiers, policy authorizer, token issuer and registrar, plus an AWS
-// region (CA, STS) whose instances agents run on.
+// region (CA, STS, EC2/IAM) whose instances agents run on. Unless a test's
+// options say otherwise, it is configured as an operator who uses IAM
+// roles and debugs denials from a trusted network would: the instance
+// profile check on (every instance with a role has that role's instance
+// profile) and detailed denials for its loopback clients.
 type harness struct {
 	t      *testing.T
 	ns     string
@@ -116,6 +123,9 @@ func newHarness(t *testing.T, opts ...func(*Options)) *harness {
 		AWS: verifier, Authorizer: authz, Tokens: h.tokens, Registrar: reg, Client: cachedClient(t),
 		Bootstrap: BootstrapSettings{DiscoveryAddress: audience + ":15012", ClusterID: "Kubernetes", TrustDomain: "cluster.local"},
 		Logger:    slog.New(slog.DiscardHandler),
+
+		InstanceProfiles:      profileChecker(t, h.aws.EC2IAM),
+		DetailedDenialSources: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 	}
 	for _, f := range opts {
 		f(&o)
@@ -126,6 +136,23 @@ func newHarness(t *testing.T, opts ...func(*Options)) *harness {
 	}
 	h.client = serve(t, srv)
 	return h
+}
+
+// profileChecker is the instance profile check with the real EC2 and IAM
+// SDK clients pointed at fake (a loopback fake of EC2/IAM, the external
+// edge), with a rate the tests do not reach.
+func profileChecker(t *testing.T, fake *awstest.EC2IAM) *profile.Checker {
+	t.Helper()
+	clients, err := profile.NewClients(t.Context(), profile.ClientOptions{EC2Endpoint: fake.URL, IAMEndpoint: fake.URL,
+		Credentials: awscredentials.NewStaticCredentialsProvider(fake.AccessKeyID, fake.SecretAccessKey, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := profile.New(profile.Options{Clients: clients, Rate: 1000, Burst: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // cachedClient reads from the informer cache and writes to the API server,

@@ -93,7 +93,10 @@ func validSuite(s string) bool {
 type snapshot struct {
 	state string
 	at    time.Time
-	files map[string][]byte
+	// refreshAt is when the snapshot is generated and signed again though
+	// no package changed: half-way to its Valid-Until.
+	refreshAt time.Time
+	files     map[string][]byte
 	// old are the content-addressed files (by-hash, repodata/<sha256>-...)
 	// of the previous snapshot: a client that read the previous InRelease
 	// or repomd.xml finishes its update.
@@ -146,19 +149,20 @@ func (h *Handler) serveGenerated(w http.ResponseWriter, r *http.Request, name st
 }
 
 // current returns the snapshot of the directory as it is now, generating
-// it again when a package file was added, removed or changed.
+// it again when a package file was added, removed or changed, or when half
+// of its validity has passed (see WithValidity).
 func (h *Handler) current() (*snapshot, error) {
 	files, state, err := h.packageFiles()
 	if err != nil {
 		return nil, err
 	}
-	if s := h.snap.Load(); s != nil && s.state == state {
+	if s := h.snap.Load(); h.fresh(s, state) {
 		return s, nil
 	}
 	h.genMu.Lock()
 	defer h.genMu.Unlock()
 	prev := h.snap.Load()
-	if prev != nil && prev.state == state {
+	if h.fresh(prev, state) {
 		return prev, nil
 	}
 	s, err := h.generate(files, state, prev)
@@ -168,6 +172,12 @@ func (h *Handler) current() (*snapshot, error) {
 	h.snap.Store(s)
 	h.log.Info("local repository: metadata generated", "packages", len(files), "files", len(s.files))
 	return s, nil
+}
+
+// fresh reports whether s may still be served for the directory state:
+// same packages, and not yet half-way to its Valid-Until.
+func (h *Handler) fresh(s *snapshot, state string) bool {
+	return s != nil && s.state == state && h.now().Before(s.refreshAt)
 }
 
 // packageFiles lists the package files of the directory (paths below it)
@@ -314,7 +324,7 @@ func checkPackage(name string, d *described) error {
 // generate builds and signs the metadata of files.
 func (h *Handler) generate(files []string, state string, prev *snapshot) (*snapshot, error) {
 	now := h.now().UTC().Truncate(time.Second)
-	s := &snapshot{state: state, at: now, files: map[string][]byte{}, old: map[string][]byte{}}
+	s := &snapshot{state: state, at: now, refreshAt: now.Add(h.validity / 2), files: map[string][]byte{}, old: map[string][]byte{}}
 	if prev != nil {
 		for k, v := range prev.files {
 			if contentAddressed(k) {
@@ -367,7 +377,7 @@ func (h *Handler) generate(files []string, state string, prev *snapshot) (*snaps
 		}
 	}
 	for name, pkgs := range suites {
-		release, files := metadata.Apt(metadata.Suite{Name: name, Packages: pkgs, Date: now})
+		release, files := metadata.Apt(metadata.Suite{Name: name, Packages: pkgs, Date: now, ValidUntil: now.Add(h.validity)})
 		dir := "dists/" + name + "/"
 		inRelease, err := h.signer.ClearSign(release)
 		if err != nil {

@@ -14,7 +14,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ProtonMail/go-crypto/openpgp"
 	"github.com/ProtonMail/go-crypto/openpgp/clearsign"
@@ -375,4 +377,89 @@ func TestConcurrentRegeneration(t *testing.T) {
 	}
 	<-done
 	aptSuite(t, srv, keys, StableSuite)
+}
+
+// The apt Release is valid for the configured validity from its Date, and
+// is generated and signed again, with new dates, once half of it has
+// passed, although no package changed; until then it is served as it is.
+func TestReleaseValidUntilAndRefresh(t *testing.T) {
+	dir := t.TempDir()
+	fill(t, dir, "1.0")
+	priv, _ := pkgtest.Key(t, "repository")
+	s, err := signing.New(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const validity = 48 * time.Hour
+	start := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	var now atomic.Int64
+	now.Store(start.Unix())
+	h, err := New(dir, slog.New(slog.DiscardHandler), WithSigner(s), WithValidity(validity),
+		WithClock(func() time.Time { return time.Unix(now.Load(), 0) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	keys, err := openpgp.ReadArmoredKeyRing(bytes.NewReader(get(t, srv, "/install/repository.asc", http.StatusOK)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		at       time.Duration // since start
+		wantDate time.Duration // since start
+	}{
+		{name: "first generated", at: 0, wantDate: 0},
+		{name: "just before half its validity: the same", at: validity/2 - time.Second, wantDate: 0},
+		{name: "half its validity: signed again", at: validity / 2, wantDate: validity / 2},
+		{name: "later, before the new half: the same", at: validity/2 + 20*time.Hour, wantDate: validity / 2},
+		{name: "the new half: signed again", at: validity, wantDate: validity},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now.Store(start.Add(tt.at).Unix())
+			_, release := aptSuite(t, srv, keys, StableSuite)
+			date, validUntil := releaseTime(t, release, "Date"), releaseTime(t, release, "Valid-Until")
+			if want := start.Add(tt.wantDate); !date.Equal(want) {
+				t.Errorf("Date %v, want %v", date, want)
+			}
+			if got := validUntil.Sub(date); got != validity {
+				t.Errorf("Valid-Until - Date = %v, want %v", got, validity)
+			}
+			if !validUntil.After(start.Add(tt.at).Add(validity/2 - time.Second)) {
+				t.Errorf("served with Valid-Until %v, less than half its validity after %v", validUntil, start.Add(tt.at))
+			}
+		})
+	}
+}
+
+func TestDefaultValidity(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Hour} {
+		h, err := New(t.TempDir(), nil, WithValidity(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.validity != DefaultValidity {
+			t.Errorf("WithValidity(%v): validity %v, want %v", d, h.validity, DefaultValidity)
+		}
+		_ = h.Close()
+	}
+}
+
+// releaseTime parses the Release field name (an RFC 1123 date).
+func releaseTime(t *testing.T, release, name string) time.Time {
+	t.Helper()
+	for line := range strings.Lines(release) {
+		if v, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), name+": "); ok {
+			at, err := time.Parse(time.RFC1123, v)
+			if err != nil {
+				t.Fatalf("%s %q: %v", name, v, err)
+			}
+			return at
+		}
+	}
+	t.Fatalf("Release has no %s:\n%s", name, release)
+	return time.Time{}
 }

@@ -105,11 +105,12 @@ func validRevision(s string) bool { return len(validation.IsDNS1123Label(s)) == 
 
 // Handler serves the repository.
 type Handler struct {
-	root   *os.Root
-	dir    string
-	log    *slog.Logger
-	signer *signing.Signer
-	now    func() time.Time
+	root     *os.Root
+	dir      string
+	log      *slog.Logger
+	signer   *signing.Signer
+	now      func() time.Time
+	validity time.Duration
 
 	mu   sync.Mutex
 	sums map[string]digest
@@ -126,6 +127,29 @@ type Option func(*Handler)
 // keys at /install/repository.asc. Without it the server serves the
 // packages only: no unsigned metadata is ever served.
 func WithSigner(s *signing.Signer) Option { return func(h *Handler) { h.signer = s } }
+
+// DefaultValidity is how long a generated apt Release is valid (its
+// Valid-Until is its Date plus this), see WithValidity.
+const DefaultValidity = 7 * 24 * time.Hour
+
+// WithValidity sets how long generated apt metadata is valid: each Release
+// carries Valid-Until = Date + d, after which apt refuses it, so that an old
+// signed snapshot (replayed by a man in the middle or served by a stale
+// mirror) cannot hold a VM on old packages forever. The metadata is
+// generated and signed again once half of d has passed, at the first
+// request after that, so no client is ever served metadata with less than
+// d/2 left. Zero or less: DefaultValidity.
+func WithValidity(d time.Duration) Option {
+	return func(h *Handler) {
+		if d > 0 {
+			h.validity = d
+		}
+	}
+}
+
+// WithClock sets the clock the metadata's dates come from. Default
+// time.Now.
+func WithClock(now func() time.Time) Option { return func(h *Handler) { h.now = now } }
 
 // digest is a file's SHA-256 with the identity of the file version it was
 // computed from. A version is the inode with its size, modification time
@@ -150,7 +174,7 @@ func New(dir string, log *slog.Logger, opts ...Option) (*Handler, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &Handler{root: root, dir: dir, log: log, sums: map[string]digest{}, now: time.Now}
+	h := &Handler{root: root, dir: dir, log: log, sums: map[string]digest{}, now: time.Now, validity: DefaultValidity}
 	for _, o := range opts {
 		o(h)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -94,7 +95,7 @@ func TestCopiedIdentityDocumentTakesOverARegistration(t *testing.T) {
 // registration over (e.g. after its agent lost its session key): that is
 // the documented way back, and it must keep working.
 func TestSTSProofTakesOverItsOwnRegistration(t *testing.T) {
-	h := newOnboarding(t, onboardingOptions{})
+	h := newOnboarding(t, onboardingOptions{profileCheck: true})
 	h.policy("any-ec2", anyEC2())
 	h.group("ratings")
 	m := h.instance(awstest.Instance{InstanceID: "i-0aaaaaaaaaaaaaa02", PrivateIP: "10.0.0.11", Role: "ratings-role"})
@@ -189,7 +190,7 @@ func TestUnroutableWorkloadAddresses(t *testing.T) {
 // (any AWS customer's genuine document and a signed request).
 func TestSTSCalledForIdentitiesNoPolicyAllows(t *testing.T) {
 	Attack(t, "STS called for an identity no policy allows")
-	h := newOnboarding(t, onboardingOptions{})
+	h := newOnboarding(t, onboardingOptions{detailed: true, profileCheck: true})
 	h.policy("any-ec2", anyEC2())
 	h.group("ratings")
 	stranger := h.instance(awstest.Instance{Account: "999999999999", InstanceID: "i-0aaaaaaaaaaaaaa05", Role: "ratings-role"})
@@ -280,7 +281,7 @@ func TestEmptyListsMeanAnything(t *testing.T) {
 // admitted it is deleted.
 func TestRenewSidecarTokenAfterPolicyRemoved(t *testing.T) {
 	Attack(t, "RenewSidecarToken after the policy no longer allows the workload")
-	h := newOnboarding(t, onboardingOptions{})
+	h := newOnboarding(t, onboardingOptions{detailed: true})
 	p := h.policy("any-ec2", anyEC2())
 	h.group("ratings")
 	m := h.instance(awstest.Instance{InstanceID: "i-0aaaaaaaaaaaaaa07", PrivateIP: "10.0.0.30"})
@@ -379,16 +380,11 @@ func waitGone(t *testing.T, obj client.Object) {
 
 // profileChecker is the endpoint's instance profile check with the real
 // EC2 and IAM SDK clients pointed at fake, a loopback fake of EC2/IAM (a
-// true external edge), with the fake's credentials in the environment as
-// the SDK's default chain reads them.
+// true external edge), signing with the fake's credentials.
 func profileChecker(t *testing.T, fake *awstest.EC2IAM) *profile.Checker {
 	t.Helper()
-	t.Setenv("AWS_ACCESS_KEY_ID", fake.AccessKeyID)
-	t.Setenv("AWS_SECRET_ACCESS_KEY", fake.SecretAccessKey)
-	t.Setenv("AWS_SESSION_TOKEN", "")
-	t.Setenv("AWS_CONFIG_FILE", "/dev/null")
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-	clients, err := profile.NewClients(t.Context(), profile.ClientOptions{EC2Endpoint: fake.URL, IAMEndpoint: fake.URL})
+	clients, err := profile.NewClients(t.Context(), profile.ClientOptions{EC2Endpoint: fake.URL, IAMEndpoint: fake.URL,
+		Credentials: credentials.NewStaticCredentialsProvider(fake.AccessKeyID, fake.SecretAccessKey, "")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -152,6 +152,15 @@ type onboardingOptions struct {
 	jwksURL map[string]string
 	// profiles, when set, is the endpoint's EC2 instance profile check.
 	profiles endpoint.InstanceProfileChecker
+	// profileCheck, when profiles is nil, turns the instance profile check
+	// on against the harness's own EC2/IAM fake, which gives every
+	// instance with a role the instance profile of that role.
+	profileCheck bool
+	// detailed tells the attacker's own source (loopback) why it is
+	// denied, as endpoint.detailedDenialSources does for trusted networks.
+	detailed bool
+	// logger, when set, is the endpoint's logger. Default: discard.
+	logger *slog.Logger
 }
 
 func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
@@ -166,6 +175,9 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 		t.Fatal(err)
 	}
 	opts := endpoint.Options{AWS: verifier, InstanceProfiles: o.profiles}
+	if o.profiles == nil && o.profileCheck {
+		opts.InstanceProfiles = profileChecker(t, h.aws.EC2IAM)
+	}
 	if len(o.issuers) > 0 {
 		var cfgs []jwtidentity.IssuerConfig
 		pool := x509.NewCertPool()
@@ -206,6 +218,12 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 	}
 	opts.Bootstrap = endpoint.BootstrapSettings{DiscoveryAddress: audience + ":15012", ClusterID: "Kubernetes", TrustDomain: "cluster.local"}
 	opts.Logger = slog.New(slog.DiscardHandler)
+	if o.logger != nil {
+		opts.Logger = o.logger
+	}
+	if o.detailed {
+		opts.DetailedDenialSources = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	}
 	opts.ServiceCIDRs = []netip.Prefix{serviceCIDR}
 	opts.Recorder = recorder
 	srv, err := endpoint.NewServer(opts)

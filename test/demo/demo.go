@@ -208,6 +208,7 @@ func (d *demo) simulateAWS(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	d.aws.sts = awstest.NewSTS()
+	d.aws.ec2iam = awstest.NewEC2IAM()
 	// Each VM's private IP is a loopback address of its own, where its
 	// application listens: pilot-agent's INSTANCE_IP and the readiness probe
 	// reach it on this machine.
@@ -224,7 +225,7 @@ func (d *demo) simulateAWS(ctx context.Context, out io.Writer) error {
 	if d.denied.IMDS, err = d.aws.instance(awstest.Instance{Account: "999999999999", Role: "ratings-role", PrivateIP: "127.0.1.99", InstanceID: "i-0de99999999999999"}); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "STS %s\n", d.aws.sts.URL)
+	fmt.Fprintf(out, "STS %s\nEC2/IAM %s (instance profiles, for the endpoint's instance profile check)\n", d.aws.sts.URL, d.aws.ec2iam.URL)
 	for _, v := range append(d.vms, d.denied) {
 		in := v.IMDS.Instance()
 		fmt.Fprintf(out, "%-10s %s  account %s  zone %s  role %s  private IP %-12s IMDS %s\n", v.Name, in.InstanceID, in.Account, in.Zone, in.Role, in.PrivateIP, v.IMDS.URL)
@@ -256,6 +257,11 @@ identity:
   aws:
     certificatesDir: %s
     stsEndpoint: %s
+    # The seed's policy names iamRoleNames: an STS proof of a role counts
+    # only once EC2 and IAM confirm it is the instance profile's role.
+    instanceProfileCheck:
+      ec2Endpoint: %s
+      iamEndpoint: %s
 mesh:
   discoveryAddress: %s
   # Sent to every VM in its bootstrap, written there as the sidecar's root certificate.
@@ -273,9 +279,19 @@ listen:
   onboarding: %s
   metrics: %s
   xds: %s
-%s`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.addrs.xds, d.serving.caFile, gracePeriod, outOfTrafficAfter, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds, d.istiodConfig())
+%s`, endpointHost, d.serving.certFile, d.serving.keyFile, certs, d.aws.sts.URL, d.aws.ec2iam.URL, d.aws.ec2iam.URL, d.addrs.xds, d.serving.caFile, gracePeriod, outOfTrafficAfter, d.addrs.onboarding, d.addrs.metrics, d.addrs.xds, d.istiodConfig())
 	if cfg, err = d.withOnPremIssuer(ctx, cfg); err != nil {
 		return err
+	}
+	// The endpoint's own AWS credentials, for its instance profile check,
+	// come from the SDK's default chain: here the environment, with the
+	// key pair the EC2/IAM fake accepts. (The VMs' agents sign with their
+	// IMDS role credentials only.)
+	for k, v := range map[string]string{"AWS_ACCESS_KEY_ID": d.aws.ec2iam.AccessKeyID, "AWS_SECRET_ACCESS_KEY": d.aws.ec2iam.SecretAccessKey,
+		"AWS_SESSION_TOKEN": "", "AWS_CONFIG_FILE": os.DevNull, "AWS_SHARED_CREDENTIALS_FILE": os.DevNull} {
+		if err := os.Setenv(k, v); err != nil {
+			return err
+		}
 	}
 	cfgFile := filepath.Join(d.work, "endpoint.yaml")
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
@@ -460,11 +476,41 @@ func (d *demo) refuse(ctx context.Context, out io.Writer) error {
 	}
 	st := status.Convert(err)
 	fmt.Fprintf(out, "%s: %s\n", st.Code(), st.Message())
-	if err := check.Contains(st.Code().String()+": "+st.Message(), "PermissionDenied", "account 999999999999 not in [123456789012]"); err != nil {
+	// The instance learns nothing of the policy; the operator reads the
+	// reason in the endpoint's log line of that request ID and in the
+	// WorkloadGroup's Event.
+	if err := check.Contains(st.Code().String()+": "+st.Message(), "PermissionDenied", "not authorized to onboard (request id "); err != nil {
 		return err
 	}
-	return d.showChecked(ctx, out, func(s string) error { return check.Contains(s, "OnboardingDenied", "ratings") },
-		"get", "events", "-n", "bookinfo", "--field-selector", "reason=OnboardingDenied", "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,COUNT:.count")
+	if strings.Contains(st.Message(), "999999999999") || strings.Contains(st.Message(), "123456789012") {
+		return fmt.Errorf("the refused instance was told the policy: %q", st.Message())
+	}
+	id := strings.TrimSuffix(st.Message()[strings.LastIndex(st.Message(), " ")+1:], ")")
+	line, err := d.endpointLogLine("requestID=" + id)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "the endpoint's log line of request id %s:\n%s", id, step.Indent(line))
+	if err := check.Contains(line, "account 999999999999 not in [123456789012]"); err != nil {
+		return err
+	}
+	return d.showChecked(ctx, out, func(s string) error {
+		return check.Contains(s, "OnboardingDenied", "ratings", "account 999999999999 not in [123456789012]")
+	}, "get", "events", "-n", "bookinfo", "--field-selector", "reason=OnboardingDenied", "-o", "custom-columns=TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,COUNT:.count,MESSAGE:.message")
+}
+
+// endpointLogLine returns the first line of the endpoint's log holding s.
+func (d *demo) endpointLogLine(s string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(d.work, "endpoint.log"))
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, s) {
+			return line, nil
+		}
+	}
+	return "", fmt.Errorf("no line of the endpoint's log holds %q", s)
 }
 
 func (d *demo) disconnect(ctx context.Context, out io.Writer, v *vm.VM) error {

@@ -319,6 +319,7 @@ func (b *build) onboarding(ctx context.Context) error {
 		AllowLoopbackAddresses: cfg.Registration.AllowLoopbackAddresses,
 		VerifyLimit:            endpoint.RateLimit{PerSecond: cfg.Registration.VerifyPerSecond, Burst: cfg.Registration.VerifyBurst},
 		Namespaces:             cfg.WorkloadNamespaces,
+		DetailedDenialSources:  config.Prefixes(cfg.Endpoint.DetailedDenialSources),
 		InstanceProfiles:       profiles,
 	})
 	return err

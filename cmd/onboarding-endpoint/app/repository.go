@@ -44,6 +44,9 @@ func startRepository(cfg *config.Configuration, lis net.Listener, servingTLS *tl
 	} else {
 		log.Warn("local repository: no localRepository.signingKeyFile: serving the packages without apt or yum metadata")
 	}
+	if v := cfg.LocalRepository.MetadataValidity; v != nil {
+		opts = append(opts, repository.WithValidity(v.Duration))
+	}
 	h, err := repository.New(cfg.LocalRepository.Directory, log, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("localRepository.directory: %w", err)

@@ -90,6 +90,9 @@ identity:
   aws:
     certificatesDir: %s
     stsEndpoint: %s
+    instanceProfileCheck:
+      ec2Endpoint: %s
+      iamEndpoint: %s
 registration:
   gracePeriod: 1h
   propagationDelay: 1s
@@ -100,7 +103,14 @@ listen:
   onboarding: %s
   metrics: %s
   xds: %s
-`, w.ns, endpointHost, certFile, keyFile, certs, w.aws.STS.URL, w.repoDir, w.repoAddr, w.addr, freeAddr(t), freeAddr(t))
+`, w.ns, endpointHost, certFile, keyFile, certs, w.aws.STS.URL, w.aws.EC2IAM.URL, w.aws.EC2IAM.URL, w.repoDir, w.repoAddr, w.addr, freeAddr(t), freeAddr(t))
+	// The endpoint's own AWS credentials (the SDK's default chain, for the
+	// instance profile check): the pair the EC2/IAM fake accepts.
+	t.Setenv("AWS_ACCESS_KEY_ID", w.aws.EC2IAM.AccessKeyID)
+	t.Setenv("AWS_SECRET_ACCESS_KEY", w.aws.EC2IAM.SecretAccessKey)
+	t.Setenv("AWS_SESSION_TOKEN", "")
+	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)
 	must(t, os.WriteFile(w.cfgFile, []byte(cfg), 0o600))
 
 	wg := fixtures.SeedGroup(w.ns)

@@ -327,7 +327,7 @@ func newAptRoot(t *testing.T, ca, key, base string) *aptRoot {
 	must(t, os.WriteFile(filepath.Join(d, "var/lib/dpkg/status"), nil, 0o644))
 	must(t, os.WriteFile(filepath.Join(d, "apt.conf"), nil, 0o644))
 	// As on a VM (docs/vm-install.md): one source, signed-by the repository's key.
-	src := fmt.Sprintf("deb [signed-by=%s] %s/install/ stable main\n", key, base)
+	src := fmt.Sprintf("deb [signed-by=%s check-valid-until=yes] %s/install/ stable main\n", key, base)
 	must(t, os.WriteFile(filepath.Join(d, "etc/apt/sources.list"), []byte(src), 0o644))
 	return &aptRoot{t: t, dir: d, cwd: filepath.Join(d, "cwd"), opts: []string{
 		"-o", "Dir=" + d,

@@ -69,6 +69,10 @@ type Suite struct {
 	Packages map[string][]DebEntry
 	// Date is the Release file's date.
 	Date time.Time
+	// ValidUntil, when set, is the Release file's Valid-Until: apt refuses
+	// the suite's metadata after it (the Release is signed, so a replayed
+	// old snapshot cannot move it).
+	ValidUntil time.Time
 }
 
 // Apt returns the suite's files below dists/<suite>/: Release (unsigned;
@@ -88,6 +92,9 @@ func Apt(s Suite) (release []byte, files []File) {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "Origin: Embark\nLabel: Embark\nSuite: %s\nCodename: %s\n", s.Name, s.Name)
 	fmt.Fprintf(&b, "Date: %s\n", s.Date.UTC().Format(time.RFC1123))
+	if !s.ValidUntil.IsZero() {
+		fmt.Fprintf(&b, "Valid-Until: %s\n", s.ValidUntil.UTC().Format(time.RFC1123))
+	}
 	fmt.Fprintf(&b, "Architectures: %s\nComponents: main\n", strings.Join(archs, " "))
 	b.WriteString("Description: Embark onboarding endpoint's local repository\nAcquire-By-Hash: yes\n")
 	b.WriteString("SHA256:\n")

@@ -162,7 +162,7 @@ func (m *IMDS) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, map[string]string{
 			"Code":               "Success",
 			"LastUpdated":        m.now().UTC().Format(time.RFC3339),
-			"InstanceProfileArn": fmt.Sprintf("arn:%s:iam::%s:instance-profile/%s", inst.Partition(), inst.Account, inst.Role),
+			"InstanceProfileArn": InstanceProfileARN(inst),
 			"InstanceProfileId":  "AIPA" + strings.ToUpper(randomHex(8)),
 		})
 	case "/latest/meta-data/iam/security-credentials", "/latest/meta-data/iam/security-credentials/":

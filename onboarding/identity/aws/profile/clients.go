@@ -31,6 +31,9 @@ type ClientOptions struct {
 	EC2Endpoint, IAMEndpoint, STSEndpoint string
 	// HTTPClient. Default: the SDK's.
 	HTTPClient *http.Client
+	// Credentials are the endpoint's own AWS credentials. Default: the
+	// SDK's default chain.
+	Credentials aws.CredentialsProvider
 }
 
 // NewClients returns Clients with the endpoint's AWS credentials from the
@@ -41,6 +44,9 @@ func NewClients(ctx context.Context, opts ClientOptions) (Clients, error) {
 	var loadOpts []func(*config.LoadOptions) error
 	if opts.HTTPClient != nil {
 		loadOpts = append(loadOpts, config.WithHTTPClient(opts.HTTPClient))
+	}
+	if opts.Credentials != nil {
+		loadOpts = append(loadOpts, config.WithCredentialsProvider(opts.Credentials))
 	}
 	base, err := config.LoadDefaultConfig(ctx, loadOpts...)
 	if err != nil {
