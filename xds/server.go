@@ -783,10 +783,46 @@ func serveADS[Req, Resp any](s *Server, p *protocol[Req, Resp], ss grpc.BidiStre
 		if s.opts.Relay != nil {
 			return relayed(s, p, bs, st)
 		}
-		bs.subs = p.subscriptions(s.opts.Subscriptions, &s.subscribed)
-		defer bs.subs.Release()
+		subs := &streamSubscriptions[Req]{subs: p.subscriptions(s.opts.Subscriptions, &s.subscribed)}
+		bs.subs = subs
+		defer subs.Release()
 		return p.serve(st.ctx, s.watcher, hooks{s, st}, bs)
 	})
+}
+
+// streamSubscriptions guards a standalone stream's subscriptions:
+// go-control-plane receives on a goroutine of its own, which may still be
+// in Observe when the stream's handler returns and releases them. A
+// request observed after the release keeps nothing (the stream has ended),
+// so the server's count of subscribed names goes back to what it was.
+type streamSubscriptions[Req any] struct {
+	mu       sync.Mutex
+	subs     relay.Subscriptions[Req]
+	released bool
+}
+
+func (s *streamSubscriptions[Req]) Observe(r *Req) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.released {
+		return nil
+	}
+	return s.subs.Observe(r)
+}
+
+func (s *streamSubscriptions[Req]) Names() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.subs.Names()
+}
+
+func (s *streamSubscriptions[Req]) Release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.released {
+		s.released = true
+		s.subs.Release()
+	}
 }
 
 // debugService serves istio.io/debug/syncz without authentication.

@@ -28,6 +28,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/test/vmsim"
@@ -115,6 +116,8 @@ listen:
 
 	wg := fixtures.SeedGroup(w.ns)
 	wg.Spec.Template.Labels["version"] = "v1"
+	// The agent reports host=vm-1: the group lets its workloads set host.
+	wg.Annotations = map[string]string{registry.AnnotationAgentLabels: "host"}
 	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	t.Cleanup(w.stopEndpoint)
 	return w
