@@ -8,6 +8,7 @@ package endpoint
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -203,8 +204,7 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	ns, group := req.GetWorkloadGroup().GetNamespace(), req.GetWorkloadGroup().GetName()
-	if err := s.served(ns); err != nil {
-		s.opts.Metrics.denied("authorize", "NamespaceNotServed")
+	if err := s.served(ctx, "authorize", ns); err != nil {
 		return nil, err
 	}
 	if !s.limiter.allow(ctx) {
@@ -476,8 +476,7 @@ func (s *Server) session(ctx context.Context) (*token.Claims, error) {
 	}
 	// A namespace removed from the configuration since the token was issued.
 	ns, _, _ := strings.Cut(claims.Workload.WorkloadGroup, "/")
-	if err := s.served(ns); err != nil {
-		s.opts.Metrics.denied("token", "NamespaceNotServed")
+	if err := s.served(ctx, "token", ns); err != nil {
 		return nil, err
 	}
 	return claims, nil
@@ -519,13 +518,16 @@ func (s *Server) confirmProfile(ctx context.Context, id *identity.Identity) erro
 
 // served refuses a namespace outside Options.Namespaces: this endpoint
 // neither watches nor may write there, so the request could only fail
-// later, or wait on a cache that will never hold it.
-func (s *Server) served(ns string) error {
+// later, or wait on a cache that will never hold it. The refusal is a
+// denial (deny): the generic answer, unless the source may see details,
+// so that nobody learns the configured namespaces from it.
+func (s *Server) served(ctx context.Context, stage, ns string) error {
 	if len(s.opts.Namespaces) == 0 || slices.Contains(s.opts.Namespaces, ns) {
 		return nil
 	}
-	return status.Errorf(codes.FailedPrecondition,
-		"namespace %q is not one of this onboarding endpoint's workload namespaces (workloadNamespaces: %s); ask the platform team to add it", ns, strings.Join(s.opts.Namespaces, ", "))
+	return s.deny(ctx, denial{stage: stage, reason: "NamespaceNotServed", code: codes.FailedPrecondition,
+		detail: fmt.Sprintf("namespace %q is not one of this onboarding endpoint's workload namespaces (workloadNamespaces: %s); ask the platform team to add it",
+			ns, strings.Join(s.opts.Namespaces, ", "))})
 }
 
 // bearer returns the token of the `authorization: Bearer` metadata.

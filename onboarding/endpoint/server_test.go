@@ -501,6 +501,25 @@ func TestNamespaceNotServedIsAFailedPrecondition(t *testing.T) {
 	}
 }
 
+// For a source that may not see details (the default: every source), a
+// namespace the endpoint does not serve is answered as any denial: the
+// generic PERMISSION_DENIED, naming neither it nor the configured ones.
+func TestNamespaceNotServedIsAGenericDenial(t *testing.T) {
+	h := newHarness(t, func(o *Options) { o.Namespaces, o.DetailedDenialSources = []string{"bookinfo", "vms"}, nil })
+	h.group("ratings", map[string]string{"app": "ratings"})
+	h.apply(narrowPolicy)
+	_, err := h.authorize("ratings", h.aws.IMDS)
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.PermissionDenied || !strings.HasPrefix(msg, "not authorized to onboard (request id ") {
+		t.Errorf("Authorize in %s = %v, want the generic PermissionDenied", h.ns, err)
+	}
+	for _, s := range []string{h.ns, "bookinfo", "vms", "namespace"} {
+		if strings.Contains(msg, s) {
+			t.Errorf("the denial %q discloses %q", msg, s)
+		}
+	}
+}
+
 func TestPolicyChangesTakeEffectWithoutRestart(t *testing.T) {
 	h := newHarness(t)
 	h.group("ratings", map[string]string{"app": "ratings"})
