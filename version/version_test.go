@@ -31,7 +31,7 @@ embark_build_info{goversion="` + runtime.Version() + `",revision="` + i.Revision
 
 // TestBinariesPrintVersion builds both binaries with the Makefile's
 // stamping flags and runs them: --version prints the stamped version and
-// revision and exits 0; the agent's --help exits 0.
+// revision and exits 0; help and --help print the usage and exit 0.
 func TestBinariesPrintVersion(t *testing.T) {
 	dir := t.TempDir()
 	ldflags := "-X github.com/embark-mesh/embark/version.version=v9.8.7-test -X github.com/embark-mesh/embark/version.revision=abc123"
@@ -40,23 +40,19 @@ func TestBinariesPrintVersion(t *testing.T) {
 	if b, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, b)
 	}
-	for _, name := range []string{"onboarding-endpoint", "onboarding-agent"} {
+	// A flag each binary's usage names.
+	flags := map[string]string{"onboarding-endpoint": "--config", "onboarding-agent": "--agent-config"}
+	for name, flag := range flags {
 		out := filepath.Join(dir, name)
 		tests := []struct {
-			name     string
-			args     []string
-			wantOut  string
-			skipName bool
+			name      string
+			args      []string
+			wantOut   string
+			wantUsage bool
 		}{
 			{name: "version", args: []string{"--version"}, wantOut: name + " v9.8.7-test (revision abc123, " + runtime.Version() + ")\n"},
-		}
-		if name == "onboarding-agent" {
-			tests = append(tests, struct {
-				name     string
-				args     []string
-				wantOut  string
-				skipName bool
-			}{name: "help", args: []string{"--help"}, skipName: true})
+			{name: "help", args: []string{"help"}, wantUsage: true},
+			{name: "--help", args: []string{"--help"}, wantUsage: true},
 		}
 		for _, tc := range tests {
 			t.Run(name+"/"+tc.name, func(t *testing.T) {
@@ -65,9 +61,9 @@ func TestBinariesPrintVersion(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s %v: %v (want exit 0)\n%s", name, tc.args, err, b)
 				}
-				if tc.skipName {
-					if !strings.Contains(string(b), "-agent-config") {
-						t.Errorf("--help printed no usage:\n%s", b)
+				if tc.wantUsage {
+					if !strings.Contains(string(b), "\n  "+name+" [flags]") || !strings.Contains(string(b), "\n  "+flag+" file") {
+						t.Errorf("%s %v printed no usage:\n%s", name, tc.args, b)
 					}
 					return
 				}

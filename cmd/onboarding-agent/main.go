@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/embark-mesh/embark/cmd/internal/cli"
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
@@ -20,50 +21,76 @@ import (
 	"github.com/embark-mesh/embark/version"
 )
 
-// exitConfig (sysexits' EX_CONFIG) means a configuration error: the units
-// list it in RestartPreventExitStatus, so systemd does not restart-loop an
-// agent that cannot start until an operator fixes a file.
-const exitConfig = 78
-
-// configError marks errors that exit with exitConfig.
-type configError struct{ error }
-
-func (e configError) Unwrap() error { return e.error }
-
 func main() {
-	run := runAgent
-	args := os.Args[1:]
-	if len(args) > 0 && args[0] == "apply-sidecar" {
-		run, args = runApplySidecar, args[1:]
-	}
-	if err := run(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return // -h/--help printed the usage: not a failure
-		}
-		fmt.Fprintf(os.Stderr, "onboarding-agent: %v\n", err)
-		var ce configError
-		if errors.As(err, &ce) {
-			os.Exit(exitConfig)
-		}
-		os.Exit(1)
+	os.Exit(program(starters{agent: runAgent, applySidecar: runApplySidecar}).Main(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// agentFlags are the agent's command-line flags.
+type agentFlags struct {
+	agentFile, onboardingFile                   string
+	clusterEnv, meshConfig, rootCert, tokenFile string
+	jwtFile                                     string
+	verbose                                     bool
+}
+
+// starters start what a command line selects; tests replace them to see
+// that help, --version and command lines that are not accepted start
+// nothing.
+type starters struct {
+	agent        func(agentFlags) error
+	applySidecar func(agentFile string) error
+}
+
+// program is the agent's command line: the agent itself and apply-sidecar.
+func program(s starters) cli.Program {
+	var af agentFlags
+	agentFS := flag.NewFlagSet("onboarding-agent", flag.ContinueOnError)
+	agentFS.StringVar(&af.agentFile, "agent-config", config.DefaultAgentConfigFile, "agent configuration `file`")
+	agentFS.StringVar(&af.onboardingFile, "onboarding-config", config.DefaultOnboardingFile, "onboarding configuration `file`: the endpoint, the WorkloadGroup, the workload")
+	agentFS.StringVar(&af.clusterEnv, "cluster-env", "", "`path` of the sidecar's cluster.env to write (overrides sidecar.bootstrap.clusterEnv)")
+	agentFS.StringVar(&af.meshConfig, "mesh-config", "", "`path` of the sidecar's mesh configuration to write (overrides sidecar.bootstrap.meshConfig)")
+	agentFS.StringVar(&af.rootCert, "root-cert", "", "`path` of the sidecar's root certificate to write (overrides sidecar.bootstrap.rootCert)")
+	agentFS.StringVar(&af.tokenFile, "token", "", "`path` of the sidecar's token to write (overrides sidecar.bootstrap.token)")
+	agentFS.StringVar(&af.jwtFile, "jwt-token-file", "", "`file` holding the host's JWT (overrides host.jwt.tokenFile)")
+	agentFS.BoolVar(&af.verbose, "v", false, "debug logging")
+
+	var sidecarAgentFile string
+	sidecarFS := flag.NewFlagSet("onboarding-agent apply-sidecar", flag.ContinueOnError)
+	sidecarFS.StringVar(&sidecarAgentFile, "agent-config", config.DefaultAgentConfigFile, "agent configuration `file`: its sidecar section says where the staged files are installed")
+
+	return cli.Program{
+		Name:    "onboarding-agent",
+		Summary: "onboarding-agent joins this host to the Istio mesh through Embark's onboarding endpoint and keeps the Istio sidecar's bootstrap and tokens current.",
+		Version: version.Line("onboarding-agent"),
+		Commands: []cli.Command{
+			{
+				Summary: "run the agent (onboarding-agent.service): onboard, write the sidecar's bootstrap, renew its tokens; SIGTERM unregisters",
+				Flags:   agentFS, Run: func() error { return s.agent(af) },
+			},
+			{
+				Name: "apply-sidecar", Summary: "as root (onboarding-agent-sidecar.service): install the bootstrap the agent staged, restart or stop the sidecar",
+				Flags: sidecarFS, Run: func() error { return s.applySidecar(sidecarAgentFile) },
+			},
+		},
+		ExitCodes: []cli.ExitCode{
+			{Code: cli.ExitOK, Meaning: "done; or help or the version printed"},
+			{Code: cli.ExitFailure, Meaning: "failed at run time; onboarding-agent.service restarts it after 10 s"},
+			{Code: cli.ExitUsage, Meaning: "command line not accepted; nothing started, systemd does not restart"},
+			{Code: cli.ExitConfig, Meaning: "configuration file missing or invalid; systemd does not restart"},
+		},
 	}
 }
 
 // runApplySidecar is `onboarding-agent apply-sidecar`, run as root by
 // onboarding-agent-sidecar.service when the agent writes a request: it
 // installs the staged bootstrap and restarts, or stops, the sidecar's unit.
-func runApplySidecar(args []string) error {
-	fs := flag.NewFlagSet("onboarding-agent apply-sidecar", flag.ContinueOnError)
-	agentFile := fs.String("agent-config", config.DefaultAgentConfigFile, "agent configuration file")
-	if err := fs.Parse(args); err != nil {
-		return configError{err}
-	}
-	cfg, err := config.LoadAgent(*agentFile)
+func runApplySidecar(agentFile string) error {
+	cfg, err := config.LoadAgent(agentFile)
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError(err)
 	}
 	if cfg.Sidecar.Direct() {
-		return configError{errors.New("sidecar.restartCommand is set: the agent runs the sidecar's commands itself; apply-sidecar is not used")}
+		return cli.ConfigError(errors.New("sidecar.restartCommand is set: the agent runs the sidecar's commands itself; apply-sidecar is not used"))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	_, err = sidecar.Apply(context.Background(), sidecar.ApplyOptions{
@@ -73,49 +100,34 @@ func runApplySidecar(args []string) error {
 	return err
 }
 
-func runAgent(args []string) error {
-	fs := flag.NewFlagSet("onboarding-agent", flag.ContinueOnError)
-	agentFile := fs.String("agent-config", config.DefaultAgentConfigFile, "agent configuration file")
-	onboardingFile := fs.String("onboarding-config", config.DefaultOnboardingFile, "onboarding configuration file")
-	clusterEnv := fs.String("cluster-env", "", "override sidecar.bootstrap.clusterEnv")
-	meshConfig := fs.String("mesh-config", "", "override sidecar.bootstrap.meshConfig")
-	rootCert := fs.String("root-cert", "", "override sidecar.bootstrap.rootCert")
-	tokenFile := fs.String("token", "", "override sidecar.bootstrap.token")
-	jwtFile := fs.String("jwt-token-file", "", "override host.jwt.tokenFile")
-	verbose := fs.Bool("v", false, "debug logging")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return configError{err}
-	}
-	if *showVersion {
-		fmt.Println(version.Line("onboarding-agent"))
-		return nil
-	}
+// runAgent is the agent itself, onboarding-agent.service: it runs until
+// SIGTERM or a failure it cannot retry.
+func runAgent(f agentFlags) error {
 	level := slog.LevelInfo
-	if *verbose {
+	if f.verbose {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	agentCfg, err := config.LoadAgent(*agentFile)
+	agentCfg, err := config.LoadAgent(f.agentFile)
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError(err)
 	}
 	for _, o := range []struct {
 		flag string
 		into *string
-	}{{*clusterEnv, &agentCfg.Sidecar.Bootstrap.ClusterEnv}, {*meshConfig, &agentCfg.Sidecar.Bootstrap.MeshConfig},
-		{*rootCert, &agentCfg.Sidecar.Bootstrap.RootCert}, {*tokenFile, &agentCfg.Sidecar.Bootstrap.Token}, {*jwtFile, &agentCfg.Host.JWT.TokenFile}} {
+	}{{f.clusterEnv, &agentCfg.Sidecar.Bootstrap.ClusterEnv}, {f.meshConfig, &agentCfg.Sidecar.Bootstrap.MeshConfig},
+		{f.rootCert, &agentCfg.Sidecar.Bootstrap.RootCert}, {f.tokenFile, &agentCfg.Sidecar.Bootstrap.Token}, {f.jwtFile, &agentCfg.Host.JWT.TokenFile}} {
 		if o.flag != "" {
 			*o.into = o.flag
 		}
 	}
 	if errs := agentCfg.Validate(); len(errs) > 0 {
-		return configError{fmt.Errorf("agent configuration with flags: %w", errs.ToAggregate())}
+		return cli.ConfigError(fmt.Errorf("agent configuration with flags: %w", errs.ToAggregate()))
 	}
-	onbCfg, err := config.LoadOnboarding(*onboardingFile)
+	onbCfg, err := config.LoadOnboarding(f.onboardingFile)
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError(err)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -126,7 +138,7 @@ func runAgent(args []string) error {
 	}
 	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: version.Get().Version, Logger: log})
 	if err != nil {
-		return configError{err}
+		return cli.ConfigError(err)
 	}
 	return a.Run(ctx)
 }
