@@ -46,7 +46,27 @@ func renderChart(t *testing.T, vals map[string]any) ([]byte, []*unstructured.Uns
 	return out, objs
 }
 
-// The chart's default rendering, and one with the installation options
+// chartPodOptions are the chart's Pod, ServiceAccount and scaling options
+// (the options of Istio's charts), every one set, with the VMs' roots from
+// a ConfigMap.
+var chartPodOptions = map[string]any{
+	"global":            map[string]any{"hub": "registry.example.corp/istio"},
+	"serviceAccount":    map[string]any{"annotations": map[string]any{"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/embark"}},
+	"autoscaling":       map[string]any{"enabled": true, "minReplicas": 2, "maxReplicas": 6, "targetCPUUtilizationPercentage": 75},
+	"mesh":              map[string]any{"rootCerts": map[string]any{"configMapName": "vm-roots", "key": "roots.pem"}},
+	"priorityClassName": "system-cluster-critical",
+	"topologySpreadConstraints": []any{map[string]any{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+		"labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "onboarding-endpoint"}}}},
+	"affinity": map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": []any{
+		map[string]any{"matchExpressions": []any{map[string]any{"key": "kubernetes.io/arch", "operator": "In", "values": []any{"amd64", "arm64"}}}}}}}},
+	"tolerations":       []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "mesh", "effect": "NoSchedule"}},
+	"podLabels":         map[string]any{"team": "mesh"},
+	"extraEnv":          []any{map[string]any{"name": "AWS_REGION", "value": "eu-west-1"}},
+	"extraVolumes":      []any{map[string]any{"name": "proxy-ca", "configMap": map[string]any{"name": "corp-proxy-ca"}}},
+	"extraVolumeMounts": []any{map[string]any{"name": "proxy-ca", "mountPath": "/etc/proxy-ca", "readOnly": true}},
+}
+
+// The chart's default rendering, and ones with the installation options
 // the API server serves, are accepted by a server-side dry run.
 func TestChartServerSideDryRun(t *testing.T) {
 	tests := []struct {
@@ -59,6 +79,7 @@ func TestChartServerSideDryRun(t *testing.T) {
 			"image":   map[string]any{"repository": "registry.example.corp/embark", "digest": "sha256:" + strings.Repeat("b", 64)},
 			"service": map[string]any{"type": "LoadBalancer", "annotations": map[string]any{"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}},
 		}},
+		{name: "Pod options, autoscaling, roots from a ConfigMap", vals: chartPodOptions},
 	}
 	createBookinfo(t)
 	for _, tc := range tests {

@@ -168,6 +168,7 @@ func TestKubeconformAcceptsEveryObject(t *testing.T) {
 			"replicas": 3, "istiodRevision": "1-30",
 			"service": map[string]any{"type": "LoadBalancer", "annotations": map[string]any{"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}},
 		},
+		"chart Pod options, autoscaling, roots from a ConfigMap": chartPodOptions,
 	} {
 		t.Run(name, func(t *testing.T) {
 			out, objs := renderChart(t, vals)

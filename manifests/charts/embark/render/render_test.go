@@ -35,6 +35,18 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "unknown traffic policy", vals: map[string]any{"service": map[string]any{"externalTrafficPolicy": "Nearest"}}, wantErr: "externalTrafficPolicy"},
 		{name: "VM source not a CIDR", vals: map[string]any{"networkPolicy": map[string]any{"vmSources": []any{"10.0.0.1"}}}, wantErr: "vmSources"},
 		{name: "misspelt networkPolicy key", vals: map[string]any{"networkPolicy": map[string]any{"enable": false}}, wantErr: "enable"},
+		{name: "roots key a path", vals: map[string]any{"mesh": map[string]any{"rootCerts": map[string]any{"key": "../ca.crt"}}}, wantErr: "key"},
+		{name: "roots file relative", vals: map[string]any{"mesh": map[string]any{"rootCertFile": "roots/ca.crt"}}, wantErr: "rootCertFile"},
+		{name: "misspelt rootCerts key", vals: map[string]any{"mesh": map[string]any{"rootCerts": map[string]any{"secret": "x"}}}, wantErr: "secret"},
+		{name: "global not an object", vals: map[string]any{"global": "hub"}, wantErr: "global"},
+		{name: "serviceAccount annotation not a string", vals: map[string]any{"serviceAccount": map[string]any{"annotations": map[string]any{"a": 1}}}, wantErr: "annotations"},
+		{name: "priority class not a name", vals: map[string]any{"priorityClassName": "High Priority"}, wantErr: "priorityClassName"},
+		{name: "spread constraint without topologyKey", vals: map[string]any{"topologySpreadConstraints": []any{map[string]any{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}}}, wantErr: "topologyKey"},
+		{name: "env without a name", vals: map[string]any{"extraEnv": []any{map[string]any{"value": "x"}}}, wantErr: "name"},
+		{name: "volume name not a DNS label", vals: map[string]any{"extraVolumes": []any{map[string]any{"name": "My_Vol", "emptyDir": map[string]any{}}}}, wantErr: "extraVolumes"},
+		{name: "mount without a path", vals: map[string]any{"extraVolumeMounts": []any{map[string]any{"name": "v"}}}, wantErr: "mountPath"},
+		{name: "misspelt autoscaling key", vals: map[string]any{"autoscaling": map[string]any{"enable": true}}, wantErr: "enable"},
+		{name: "autoscaling to zero", vals: map[string]any{"autoscaling": map[string]any{"minReplicas": 0}}, wantErr: "minReplicas"},
 		{name: "metrics selector misspelt", vals: map[string]any{"networkPolicy": map[string]any{"metrics": map[string]any{"namespaceSelector": map[string]any{"matchLabel": map[string]any{"a": "b"}}}}}, wantErr: "matchLabel"},
 	}
 	for _, tc := range tests {
@@ -177,6 +189,152 @@ func TestExposure(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The roots VMs verify the discovery address with are mounted and sent by
+// default (the serving Secret's ca.crt); a ConfigMap or another Secret can
+// hold them instead; switched off, none are mounted or sent.
+func TestMeshRoots(t *testing.T) {
+	rootsMount := "        - name: mesh-roots\n          mountPath: /etc/onboarding-endpoint-roots\n          readOnly: true\n"
+	tests := []struct {
+		name    string
+		vals    map[string]any
+		wants   []string
+		nots    []string
+		wantErr string
+	}{
+		{name: "defaults: the serving Secret's ca.crt",
+			wants: []string{"rootCertFile: /etc/onboarding-endpoint-roots/ca.crt\n", rootsMount,
+				"      - name: mesh-roots\n        secret:\n          secretName: onboarding-endpoint-tls\n          items:\n          - key: ca.crt\n            path: ca.crt\n"}},
+		{name: "the serving Secret of tls.secretName", vals: map[string]any{"tls": map[string]any{"secretName": "embark-tls"}},
+			wants: []string{"        secret:\n          secretName: embark-tls\n          items:\n          - key: ca.crt\n"}},
+		{name: "a ConfigMap holding every root", vals: map[string]any{"mesh": map[string]any{"rootCerts": map[string]any{"configMapName": "vm-roots", "key": "roots.pem"}}},
+			wants: []string{"rootCertFile: /etc/onboarding-endpoint-roots/roots.pem\n", rootsMount,
+				"      - name: mesh-roots\n        configMap:\n          name: vm-roots\n          items:\n          - key: roots.pem\n            path: roots.pem\n"},
+			nots: []string{"secretName: onboarding-endpoint-tls\n          items"}},
+		{name: "another Secret", vals: map[string]any{"mesh": map[string]any{"rootCerts": map[string]any{"secretName": "corp-ca"}}},
+			wants: []string{"        secret:\n          secretName: corp-ca\n          items:\n          - key: ca.crt\n"}},
+		{name: "a file of the operator's volume", vals: map[string]any{"mesh": map[string]any{"rootCerts": map[string]any{"enabled": false}, "rootCertFile": "/etc/vm-roots/roots.pem"}},
+			wants: []string{"rootCertFile: /etc/vm-roots/roots.pem\n"}, nots: []string{"mesh-roots", "/etc/onboarding-endpoint-roots"}},
+		{name: "off: no roots sent", vals: map[string]any{"mesh": map[string]any{"rootCerts": map[string]any{"enabled": false}}},
+			nots: []string{"mesh-roots", "/etc/onboarding-endpoint-roots", "\n  rootCertFile:"}},
+		{name: "both a Secret and a ConfigMap", vals: map[string]any{"mesh": map[string]any{"rootCerts": map[string]any{"secretName": "a", "configMapName": "b"}}},
+			wantErr: "mesh.rootCerts: set secretName or configMapName, not both"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			checkRender(t, tc.vals, tc.wants, tc.nots, tc.wantErr)
+		})
+	}
+}
+
+// The Pod options of Istio's charts render where Kubernetes reads them and
+// render nothing when unset; global values are accepted (a subchart).
+func TestPodOptions(t *testing.T) {
+	tests := []struct {
+		name    string
+		vals    map[string]any
+		wants   []string
+		nots    []string
+		wantErr string
+	}{
+		{name: "defaults render none of them",
+			wants: []string{"replicas: 2\n", "podAntiAffinity:"},
+			nots:  []string{"kind: HorizontalPodAutoscaler", "priorityClassName", "topologySpreadConstraints"}},
+		{name: "global values of a parent chart", vals: map[string]any{"global": map[string]any{"hub": "registry.example.corp/istio", "tag": "1.30.0"}},
+			wants: []string{"kind: Deployment"}},
+		{name: "ServiceAccount annotations (IRSA)", vals: map[string]any{"serviceAccount": map[string]any{"annotations": map[string]any{"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/embark"}}},
+			wants: []string{"kind: ServiceAccount\nmetadata:\n  name: onboarding-endpoint\n", "  annotations:\n    eks.amazonaws.com/role-arn: arn:aws:iam::111122223333:role/embark\nautomountServiceAccountToken: true"}},
+		{name: "scheduling", vals: map[string]any{
+			"priorityClassName": "system-cluster-critical",
+			"topologySpreadConstraints": []any{map[string]any{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+				"labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "onboarding-endpoint"}}}},
+			"affinity": map[string]any{"nodeAffinity": map[string]any{"requiredDuringSchedulingIgnoredDuringExecution": map[string]any{"nodeSelectorTerms": []any{
+				map[string]any{"matchExpressions": []any{map[string]any{"key": "pool", "operator": "In", "values": []any{"mesh"}}}}}}}},
+			"tolerations":  []any{map[string]any{"key": "dedicated", "operator": "Equal", "value": "mesh", "effect": "NoSchedule"}},
+			"nodeSelector": map[string]any{"kubernetes.io/arch": "arm64"},
+		},
+			wants: []string{"      priorityClassName: system-cluster-critical\n",
+				"      topologySpreadConstraints:\n        - labelSelector:\n            matchLabels:\n              app.kubernetes.io/name: onboarding-endpoint\n          maxSkew: 1\n          topologyKey: topology.kubernetes.io/zone\n          whenUnsatisfiable: ScheduleAnyway\n",
+				"      affinity:\n        nodeAffinity:\n", "- key: pool\n", "      tolerations:\n        - effect: NoSchedule\n", "      nodeSelector:\n        kubernetes.io/arch: arm64\n"},
+			nots: []string{"podAntiAffinity"}},
+		{name: "Pod labels, extra env and volumes", vals: map[string]any{
+			"podLabels":         map[string]any{"team": "mesh"},
+			"extraEnv":          []any{map[string]any{"name": "AWS_REGION", "value": "eu-west-1"}},
+			"extraVolumes":      []any{map[string]any{"name": "proxy-ca", "configMap": map[string]any{"name": "corp-proxy-ca"}}},
+			"extraVolumeMounts": []any{map[string]any{"name": "proxy-ca", "mountPath": "/etc/proxy-ca", "readOnly": true}},
+		},
+			wants: []string{"        app.kubernetes.io/component: onboarding\n        team: mesh\n      annotations:",
+				"              resource: limits.cpu\n        - name: AWS_REGION\n          value: eu-west-1\n",
+				"        - mountPath: /etc/proxy-ca\n          name: proxy-ca\n          readOnly: true\n      volumes:",
+				"          sizeLimit: 64Mi\n      - configMap:\n          name: corp-proxy-ca\n        name: proxy-ca\n"},
+			// The selector stays the base's.
+			nots: []string{"matchLabels:\n      app.kubernetes.io/name: onboarding-endpoint\n      team: mesh"}},
+		{name: "autoscaling", vals: map[string]any{"autoscaling": map[string]any{"enabled": true, "minReplicas": 3, "maxReplicas": 10, "targetCPUUtilizationPercentage": 70}},
+			wants: []string{"apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: onboarding-endpoint\n",
+				"  scaleTargetRef:\n    apiVersion: apps/v1\n    kind: Deployment\n    name: onboarding-endpoint\n  minReplicas: 3\n  maxReplicas: 10\n",
+				"      name: cpu\n      target:\n        type: Utilization\n        averageUtilization: 70\n"},
+			nots: []string{"  replicas:"}},
+		{name: "autoscaling min over max", vals: map[string]any{"autoscaling": map[string]any{"enabled": true, "minReplicas": 6, "maxReplicas": 5}},
+			wantErr: "autoscaling.minReplicas (6) is greater than autoscaling.maxReplicas (5)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			checkRender(t, tc.vals, tc.wants, tc.nots, tc.wantErr)
+		})
+	}
+}
+
+// The ServiceAccount carries annotations only when serviceAccount.annotations
+// names some.
+func TestServiceAccountAnnotations(t *testing.T) {
+	serviceAccount := func(vals map[string]any) string {
+		t.Helper()
+		out, err := Render(chartDir, "embark", "istio-system", vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(out, "---\n") {
+			if strings.HasPrefix(doc, "# Source: embark/templates/serviceaccount.yaml\n") {
+				return doc
+			}
+		}
+		t.Fatal("no ServiceAccount rendered")
+		return ""
+	}
+	if sa := serviceAccount(nil); strings.Contains(sa, "annotations:") {
+		t.Errorf("the default ServiceAccount has annotations:\n%s", sa)
+	}
+	irsa := map[string]any{"serviceAccount": map[string]any{"annotations": map[string]any{"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/embark"}}}
+	if sa := serviceAccount(irsa); !strings.Contains(sa, "  annotations:\n    eks.amazonaws.com/role-arn: arn:aws:iam::111122223333:role/embark\n") {
+		t.Errorf("the ServiceAccount lacks the IRSA annotation:\n%s", sa)
+	}
+}
+
+// checkRender renders vals and checks the output has every want and no
+// not, or, with wantErr, that rendering fails with that message.
+func checkRender(t *testing.T, vals map[string]any, wants, nots []string, wantErr string) {
+	t.Helper()
+	out, err := Render(chartDir, "embark", "istio-system", vals)
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("Render: %v, want an error containing %q", err, wantErr)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range wants {
+		if !strings.Contains(out, w) {
+			t.Errorf("rendered chart lacks %q", w)
+		}
+	}
+	for _, n := range nots {
+		if strings.Contains(out, n) {
+			t.Errorf("rendered chart has %q", n)
+		}
 	}
 }
 

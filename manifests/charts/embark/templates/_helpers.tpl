@@ -47,6 +47,37 @@ istiod.{{ .Values.istiod.namespace }}.svc:15012
 {{- end -}}
 {{- end -}}
 
+{{/* The file of the roots sent to VMs (mesh.rootCertFile): the value, or
+the key mesh.rootCerts mounts; empty when neither. */}}
+{{- define "embark.meshRootCertFile" -}}
+{{- if .Values.mesh.rootCertFile -}}
+{{ .Values.mesh.rootCertFile }}
+{{- else if .Values.mesh.rootCerts.enabled -}}
+/etc/onboarding-endpoint-roots/{{ .Values.mesh.rootCerts.key }}
+{{- end -}}
+{{- end -}}
+
+{{/* The volume of mesh.rootCerts: one key of a ConfigMap or of a Secret
+(default: the serving Secret's ca.crt). */}}
+{{- define "embark.meshRootsVolume" -}}
+{{- with .Values.mesh.rootCerts -}}
+{{- if and .secretName .configMapName -}}
+{{- fail "mesh.rootCerts: set secretName or configMapName, not both (the endpoint reads one file: put every root into one key)" -}}
+{{- end -}}
+- name: mesh-roots
+  {{- if .configMapName }}
+  configMap:
+    name: {{ .configMapName }}
+  {{- else }}
+  secret:
+    secretName: {{ .secretName | default $.Values.tls.secretName }}
+  {{- end }}
+    items:
+    - key: {{ .key }}
+      path: {{ .key }}
+{{- end -}}
+{{- end -}}
+
 {{/* The endpoint's configuration file (onboarding/config). */}}
 {{- define "embark.config" -}}
 apiVersion: config.onboarding.tetrate.io/v1alpha1
@@ -65,7 +96,7 @@ mesh:
   clusterID: {{ .Values.mesh.clusterID }}
   trustDomain: {{ .Values.mesh.trustDomain }}
   discoveryAddress: {{ .Values.mesh.discoveryAddress | default (printf "%s:15012" (first .Values.hosts)) }}
-  {{- with .Values.mesh.rootCertFile }}
+  {{- with include "embark.meshRootCertFile" . }}
   rootCertFile: {{ . }}
   {{- end }}
 {{- with .Values.identity }}
