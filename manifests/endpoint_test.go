@@ -77,9 +77,10 @@ func newEndpointAddrs(t *testing.T) endpointAddrs {
 
 // writeEndpointConfig writes a configuration for an endpoint in namespace
 // ns serving host: the fixture's namespace as its only workload namespace,
-// loopback listeners, plaintext, the fixture's fake AWS instead of a
-// serving Secret and the real AWS; extra is appended (top-level YAML, e.g.
-// an istiod section). Without istiod the endpoint runs standalone.
+// loopback listeners, plaintext, denials explained to loopback callers,
+// the fixture's fake AWS instead of a serving Secret and the real AWS;
+// extra is appended (top-level YAML, e.g. an istiod section). Without
+// istiod the endpoint runs standalone.
 func writeEndpointConfig(t *testing.T, ns, host string, f *workloadFixture, a endpointAddrs, extra ...string) string {
 	t.Helper()
 	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
@@ -90,6 +91,8 @@ workloadNamespaces: [%s]
 endpoint:
   hosts: [%s]
   plaintext: true
+  # The tests read the endpoint's explanation in its denials (loopback).
+  detailedDenialSources: [127.0.0.0/8]
 identity:
   aws:
     certificatesDir: %s
