@@ -189,6 +189,38 @@ func Generate(opts Options) (*Document, error) {
 	return doc, nil
 }
 
+// ContainedIn makes the document describe file, a release artifact that
+// ships the binary (a DEB or RPM package): file becomes a package of the
+// document that CONTAINS the binary's main package, the document DESCRIBES
+// file instead of the binary, and the document's name and namespace become
+// file's so that each artifact has its own document.
+func (d *Document) ContainedIn(file Package) {
+	file.SPDXID = "SPDXRef-Package-artifact"
+	for i, r := range d.Relationships {
+		if r.Element == "SPDXRef-DOCUMENT" && r.Type == "DESCRIBES" {
+			d.Relationships[i].Related = file.SPDXID
+		}
+	}
+	d.Relationships = append(d.Relationships, Relationship{Element: file.SPDXID, Type: "CONTAINS", Related: "SPDXRef-Package-main"})
+	d.Packages = append([]Package{file}, d.Packages...)
+	d.Name = file.Name + " " + file.VersionInfo + " " + file.PackageFileName
+	d.DocumentNamespace = namespaceFor(d.DocumentNamespace, file)
+}
+
+// namespaceFor is the namespace of a document describing file: the
+// binary's namespace with the file's name and digest in place of the
+// binary's, so it is unique per file and the same for the same file.
+func namespaceFor(binaryNamespace string, file Package) string {
+	base := binaryNamespace[:strings.LastIndex(binaryNamespace, "/")+1]
+	digest := ""
+	for _, c := range file.Checksums {
+		if c.Algorithm == "SHA256" {
+			digest = c.ChecksumValue
+		}
+	}
+	return base + file.PackageFileName + "-" + digest
+}
+
 // Marshal is the document as indented JSON with a final newline.
 func (d *Document) Marshal() ([]byte, error) {
 	b, err := json.MarshalIndent(d, "", "  ")
