@@ -164,6 +164,26 @@ image: ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/ar
 		$(if $(wildcard $(ROOT)/LICENSE),-license-file $(ROOT)/LICENSE)
 	cd test/tools/image && EMBARK_IMAGE_DIR=$(IMAGE_OUTPUT) EMBARK_IMAGE_COLD_REBUILD=$(IMAGE_COLD_REBUILD) go test -count=1 -timeout 30m -v ./...
 
+##@ Release
+
+# The release signing key: a cosign-format key (`cosign generate-key-pair`,
+# its password in COSIGN_PASSWORD) or a PEM EC P-256 private key file.
+# Unset: a throwaway key, generated once in _output/test-signing-key/.
+RELEASE_SIGNING_KEY ?=
+TEST_RELEASE_KEY := $(OUTPUT)/test-signing-key/release.key
+RELEASE_OUTPUT := $(OUTPUT)/release/$(VERSION)
+
+.PHONY: release
+release: ## Write the release into _output/release/<version>/ from the outputs of make image and make packages (run those first; nothing is rebuilt): chart package, image archive, DEB/RPM packages, SBOMs, SHA256SUMS, cosign-format signatures; verify it offline with openssl and sha256sum -c.
+	@if [ -z "$(RELEASE_SIGNING_KEY)" ]; then \
+		echo "release: RELEASE_SIGNING_KEY unset: signing with a THROWAWAY key ($(TEST_RELEASE_KEY)); do not publish these signatures"; fi
+	cd test/tools/release && go run . -o $(RELEASE_OUTPUT) -version $(VERSION) -revision $(REVISION) \
+		-chart $(ROOT)/$(CHART_DIR) -image-dir $(IMAGE_OUTPUT) -image-name $(IMAGE_NAME) \
+		-packages-dir $(OUTPUT)/packages -packages-signing-key $(SIGNING_KEY) -bin-dir $(OUTPUT)/bin -arches "$(PACKAGE_ARCHES)" \
+		-source-date-epoch $(SOURCE_DATE_EPOCH) \
+		$(if $(RELEASE_SIGNING_KEY),-key $(RELEASE_SIGNING_KEY),-throwaway-key $(TEST_RELEASE_KEY))
+	cd test/tools/release && EMBARK_RELEASE_DIR=$(RELEASE_OUTPUT) go test -count=1 -v ./...
+
 ##@ Test
 
 .PHONY: testenv

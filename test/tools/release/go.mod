@@ -9,6 +9,7 @@ go 1.26.7
 replace github.com/embark-mesh/embark/test/tools/image => ../image
 
 require (
+	github.com/ProtonMail/go-crypto v1.4.0
 	github.com/embark-mesh/embark/test/tools/image v0.0.0-00010101000000-000000000000
 	github.com/sigstore/sigstore v1.10.11
 	helm.sh/helm/v4 v4.1.3
@@ -16,6 +17,7 @@ require (
 
 require (
 	github.com/Masterminds/semver/v3 v3.4.0 // indirect
+	github.com/cloudflare/circl v1.6.3 // indirect
 	github.com/cyphar/filepath-securejoin v0.6.1 // indirect
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/emicklei/go-restful/v3 v3.12.2 // indirect

@@ -35,8 +35,9 @@ func run(args []string) error {
 	fs.StringVar(&opts.ImageDir, "image-dir", "_output/image", "make image's output directory")
 	fs.StringVar(&opts.ImageName, "image-name", "embark-mesh/onboarding-endpoint", "image repository name")
 	fs.StringVar(&opts.PackagesDir, "packages-dir", "_output/packages", "make packages' output directory")
+	fs.StringVar(&opts.PackagesSigningKey, "packages-signing-key", "", "armored OpenPGP private key the packages were signed with (make packages' signing key); its public key is published")
 	fs.StringVar(&opts.BinDir, "bin-dir", "_output/bin", "directory of linux_<arch>/onboarding-agent, the binaries the packages ship")
-	fs.StringVar(&arches, "arches", "amd64,arm64", "comma-separated package architectures")
+	fs.StringVar(&arches, "arches", "amd64 arm64", "package architectures, separated by spaces or commas")
 	fs.StringVar(&epoch, "source-date-epoch", os.Getenv("SOURCE_DATE_EPOCH"), "SBOM creation time in Unix seconds (default $SOURCE_DATE_EPOCH)")
 	fs.StringVar(&key, "key", "", "signing key: cosign-format (password in $COSIGN_PASSWORD) or PEM EC P-256 private key file")
 	fs.StringVar(&throwawayKey, "throwaway-key", "", "without -key: sign with the unencrypted key in this file, generated when missing")
@@ -52,7 +53,7 @@ func run(args []string) error {
 		return fmt.Errorf("source date epoch %q: %w", epoch, err)
 	}
 	opts.Created = time.Unix(secs, 0).UTC()
-	opts.Arches = strings.Split(arches, ",")
+	opts.Arches = strings.FieldsFunc(arches, func(r rune) bool { return r == ',' || r == ' ' })
 	if opts.Signer, err = signer(key, throwawayKey); err != nil {
 		return err
 	}

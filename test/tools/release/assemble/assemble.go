@@ -1,7 +1,8 @@
 // Package assemble writes one release directory from what the build
 // already made: the Helm chart packaged with Helm's Go SDK, the image
 // archive and SBOMs `make image` wrote, the agent's DEB and RPM packages
-// `make packages` wrote with an SPDX SBOM each, an SPDX SBOM for the chart,
+// `make packages` wrote with an SPDX SBOM each and the public key of their
+// OpenPGP signatures (repository.asc), an SPDX SBOM for the chart,
 // SHA256SUMS, and a cosign-format signature (<file>.sig) for every file and
 // for SHA256SUMS, with the public key as cosign.pub. Nothing is rebuilt.
 package assemble
@@ -18,8 +19,8 @@ import (
 	"strings"
 	"time"
 
-	chartutil "helm.sh/helm/v4/pkg/chart/v2/util"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	chartutil "helm.sh/helm/v4/pkg/chart/v2/util"
 
 	"github.com/embark-mesh/embark/test/tools/image/sbom"
 	"github.com/embark-mesh/embark/test/tools/release/sign"
@@ -54,6 +55,9 @@ type Options struct {
 	ImageName string
 	// PackagesDir is `make packages`' output: {deb,rpm}/<arch>/onboarding-agent.{deb,rpm}.
 	PackagesDir string
+	// PackagesSigningKey is the armored OpenPGP private key the packages
+	// were signed with; its public key is published as repository.asc.
+	PackagesSigningKey string
 	// BinDir holds linux_<arch>/onboarding-agent, the binaries the packages
 	// ship (`make packages` builds them there).
 	BinDir string
@@ -87,6 +91,9 @@ func Assemble(opts Options, out string) ([]string, error) {
 	if err := copyPackages(opts, out); err != nil {
 		return nil, err
 	}
+	if err := writeRepositoryKey(opts.PackagesSigningKey, out); err != nil {
+		return nil, err
+	}
 	if err := os.WriteFile(filepath.Join(out, PublicKeyFile), opts.Signer.PublicKeyPEM(), 0o644); err != nil {
 		return nil, fmt.Errorf("write public key: %w", err)
 	}
@@ -101,6 +108,8 @@ func (o Options) check() error {
 		return fmt.Errorf("a signing key is required")
 	case len(o.Arches) == 0:
 		return fmt.Errorf("package architectures are required")
+	case o.PackagesSigningKey == "":
+		return fmt.Errorf("the packages' signing key is required")
 	}
 	return nil
 }
