@@ -69,18 +69,37 @@ type Options struct {
 	Signer *sign.Signer
 }
 
-// Assemble writes the release into out, emptied first, and returns the
-// names of the files it signed.
+// Assemble writes the release into out, replacing what was there, and
+// returns the names of the files it signed. It writes into out+".partial"
+// and renames that to out once every file is signed, so that out is never
+// a half-written release.
 func Assemble(opts Options, out string) ([]string, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	partial := out + ".partial"
+	if err := os.RemoveAll(partial); err != nil {
+		return nil, fmt.Errorf("empty %s: %w", partial, err)
+	}
+	if err := os.MkdirAll(partial, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", partial, err)
+	}
+	signed, err := writeRelease(opts, partial)
+	if err != nil {
+		os.RemoveAll(partial)
+		return nil, err
+	}
 	if err := os.RemoveAll(out); err != nil {
-		return nil, fmt.Errorf("empty %s: %w", out, err)
+		return nil, fmt.Errorf("replace %s: %w", out, err)
 	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", out, err)
+	if err := os.Rename(partial, out); err != nil {
+		return nil, fmt.Errorf("move the release into place: %w", err)
 	}
+	return signed, nil
+}
+
+// writeRelease writes every file of the release into the empty directory out.
+func writeRelease(opts Options, out string) ([]string, error) {
 	imageDigest, err := copyImage(opts, out)
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package main
+package assemble
 
 import (
 	"bytes"
@@ -18,11 +18,10 @@ import (
 	"github.com/ProtonMail/go-crypto/openpgp/armor"
 
 	"github.com/embark-mesh/embark/test/tools/image/sbom"
-	"github.com/embark-mesh/embark/test/tools/release/assemble"
 	"github.com/embark-mesh/embark/test/tools/release/sign"
 )
 
-const repoRoot = "../../.."
+const repoRoot = "../../../.."
 
 // release is the release directory under test: EMBARK_RELEASE_DIR (what
 // `make release` wrote from `make image` and `make packages`), or one the
@@ -34,11 +33,22 @@ func release(t *testing.T) (dir string, real bool) {
 	if dir := os.Getenv("EMBARK_RELEASE_DIR"); dir != "" {
 		return dir, true
 	}
-	version := version()
+	dir = filepath.Join(t.TempDir(), "release", version())
+	if _, err := Assemble(standIns(t), dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir, false
+}
+
+// standIns are the options of a release from the real chart and small
+// stand-ins for the image archive and the packages (the agent binary is
+// the test binary, a Go binary with build information).
+func standIns(t *testing.T) Options {
+	t.Helper()
 	in := t.TempDir()
-	write(t, filepath.Join(in, "image", "build.json"), []byte(`{"version":"`+version+`"}`))
+	write(t, filepath.Join(in, "image", "build.json"), []byte(`{"version":"`+version()+`"}`))
 	write(t, filepath.Join(in, "image", "digest"), []byte("sha256:"+strings.Repeat("ab", 32)+"\n"))
-	write(t, filepath.Join(in, "image", "onboarding-endpoint.oci.tar"), []byte("an OCI archive"))
+	write(t, filepath.Join(in, "image", imageArchive), []byte("an OCI archive"))
 	write(t, filepath.Join(in, "image", "sbom", "onboarding-endpoint_linux_amd64.spdx.json"), []byte("{}\n"))
 	exe := must(os.Executable())
 	for _, arch := range []string{"amd64", "arm64"} {
@@ -52,18 +62,61 @@ func release(t *testing.T) (dir string, real bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir = filepath.Join(t.TempDir(), "release", version)
-	_, err = assemble.Assemble(assemble.Options{
-		Version: version, Source: "https://github.com/embark-mesh/embark",
+	return Options{
+		Version: version(), Source: "https://github.com/embark-mesh/embark",
 		ChartDir: filepath.Join(repoRoot, "manifests/charts/embark"), ImageDir: filepath.Join(in, "image"),
 		ImageName: "embark-mesh/onboarding-endpoint", PackagesDir: filepath.Join(in, "packages"),
 		PackagesSigningKey: filepath.Join(in, "packages.asc"), BinDir: filepath.Join(in, "bin"),
 		Arches: []string{"amd64", "arm64"}, Created: time.Unix(0, 0), Signer: s,
-	}, dir)
-	if err != nil {
-		t.Fatal(err)
 	}
-	return dir, false
+}
+
+// TestAssembleRefuses: outputs of another version or missing outputs are
+// refused with an error that says what to run; the release directory is
+// not created and no partial one is left.
+func TestAssembleRefuses(t *testing.T) {
+	tests := []struct {
+		name    string
+		change  func(t *testing.T, o *Options)
+		wantErr string
+	}{
+		{name: "image of another version", change: func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.ImageDir, "build.json"), []byte(`{"version":"v9.9.9"}`))
+		}, wantErr: `is version "v9.9.9", want "` + version() + `": run make image`},
+		{name: "no image", change: func(t *testing.T, o *Options) { o.ImageDir = t.TempDir() }, wantErr: "run make image first"},
+		{name: "chart of another version", change: func(t *testing.T, o *Options) {
+			o.Version = "v9.9.9"
+			write(t, filepath.Join(o.ImageDir, "build.json"), []byte(`{"version":"v9.9.9"}`))
+		}, wantErr: "want v9.9.9: run make set-version"},
+		{name: "no package", change: func(t *testing.T, o *Options) {
+			if err := os.Remove(filepath.Join(o.PackagesDir, "rpm", "arm64", "onboarding-agent.rpm")); err != nil {
+				t.Fatal(err)
+			}
+		}, wantErr: "run make packages first"},
+		{name: "agent binary not a Go binary", change: func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.BinDir, "linux_amd64", "onboarding-agent"), []byte("#!/bin/sh\n"))
+		}, wantErr: "read Go build info"},
+		{name: "package signing key not OpenPGP", change: func(t *testing.T, o *Options) {
+			write(t, o.PackagesSigningKey, []byte("-----BEGIN EC PRIVATE KEY-----\n-----END EC PRIVATE KEY-----\n"))
+		}, wantErr: "package signing key"},
+		{name: "no signer", change: func(t *testing.T, o *Options) { o.Signer = nil }, wantErr: "signing key is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			opts := standIns(t)
+			tt.change(t, &opts)
+			out := filepath.Join(t.TempDir(), "release")
+			_, err := Assemble(opts, out)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %v, want one containing %q", err, tt.wantErr)
+			}
+			for _, dir := range []string{out, out + ".partial"} {
+				if _, err := os.Stat(dir); err == nil {
+					t.Errorf("%s exists after a refused release", dir)
+				}
+			}
+		})
+	}
 }
 
 // TestReleaseVerifiesOffline verifies a release with tools other than
@@ -79,16 +132,16 @@ func TestReleaseVerifiesOffline(t *testing.T) {
 	checkArtifacts(t, dir, names)
 
 	for _, name := range names {
-		if !strings.HasSuffix(name, assemble.SigSuffix) {
+		if !strings.HasSuffix(name, SigSuffix) {
 			continue
 		}
-		file := strings.TrimSuffix(name, assemble.SigSuffix)
+		file := strings.TrimSuffix(name, SigSuffix)
 		if out, err := opensslVerify(t, dir, file, filepath.Join(dir, file)); err != nil {
 			t.Errorf("openssl does not verify %s: %v\n%s", name, err, out)
 		}
 	}
 	if out, err := sha256sumCheck(dir); err != nil {
-		t.Errorf("sha256sum -c %s: %v\n%s", assemble.SumsFile, err, out)
+		t.Errorf("sha256sum -c %s: %v\n%s", SumsFile, err, out)
 	}
 
 	checkSBOMs(t, dir, real)
@@ -105,7 +158,7 @@ func checkArtifacts(t *testing.T, dir string, names []string) {
 	t.Helper()
 	version := version()
 	pkgVersion := strings.TrimPrefix(version, "v")
-	want := []string{assemble.SumsFile, assemble.PublicKeyFile, assemble.RepositoryKeyFile, "embark-" + pkgVersion + ".tgz", "embark-" + pkgVersion + ".tgz.spdx.json",
+	want := []string{SumsFile, PublicKeyFile, RepositoryKeyFile, "embark-" + pkgVersion + ".tgz", "embark-" + pkgVersion + ".tgz.spdx.json",
 		"onboarding-endpoint_" + version + ".oci.tar", "onboarding-endpoint_linux_amd64.spdx.json"}
 	for _, arch := range []string{"amd64", "arm64"} {
 		for _, format := range []string{"deb", "rpm"} {
@@ -123,8 +176,8 @@ func checkArtifacts(t *testing.T, dir string, names []string) {
 		}
 	}
 	for _, n := range names {
-		signed := have[n+assemble.SigSuffix]
-		if wantSigned := n != assemble.PublicKeyFile && !strings.HasSuffix(n, assemble.SigSuffix); signed != wantSigned {
+		signed := have[n+SigSuffix]
+		if wantSigned := n != PublicKeyFile && !strings.HasSuffix(n, SigSuffix); signed != wantSigned {
 			t.Errorf("%s: signed %v, want %v", n, signed, wantSigned)
 		}
 	}
@@ -146,7 +199,7 @@ func checkSBOMs(t *testing.T, dir string, real bool) {
 		if err := json.Unmarshal(must(os.ReadFile(path)), &doc); err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
-		artifact := strings.TrimSuffix(path, assemble.SBOMSuffix)
+		artifact := strings.TrimSuffix(path, SBOMSuffix)
 		described := describedPackage(t, doc)
 		if described.PackageFileName != filepath.Base(artifact) || checksum(described) != sha256File(t, artifact) {
 			t.Errorf("%s describes %s sha256 %s, want %s sha256 %s", filepath.Base(path), described.PackageFileName, checksum(described), filepath.Base(artifact), sha256File(t, artifact))
@@ -196,14 +249,14 @@ func packaged(t *testing.T, pkg string) string {
 func checkPackageSignatures(t *testing.T, dir string) {
 	t.Helper()
 	work := t.TempDir()
-	key := filepath.Join(dir, assemble.RepositoryKeyFile)
+	key := filepath.Join(dir, RepositoryKeyFile)
 	command(t, work, "rpmkeys", "--dbpath", filepath.Join(work, "rpmdb"), "--import", key)
 	command(t, work, "gpg", "--batch", "--yes", "--output", filepath.Join(work, "repository.gpg"), "--dearmor", key)
 	rpms, _ := filepath.Glob(filepath.Join(dir, "*.rpm"))
 	for _, rpm := range rpms {
 		out := command(t, work, "rpmkeys", "--dbpath", filepath.Join(work, "rpmdb"), "--checksig", "-v", rpm)
 		if !strings.Contains(out, "Signature, key ID") || !strings.Contains(out, ": OK") {
-			t.Errorf("%s: no signature verified by %s:\n%s", filepath.Base(rpm), assemble.RepositoryKeyFile, out)
+			t.Errorf("%s: no signature verified by %s:\n%s", filepath.Base(rpm), RepositoryKeyFile, out)
 		}
 	}
 	debs, _ := filepath.Glob(filepath.Join(dir, "*.deb"))
@@ -289,17 +342,17 @@ func checkTamperedFails(t *testing.T, dir string, names []string) {
 // dgst -sha256 -verify cosign.pub -signature <der> <path>`.
 func opensslVerify(t *testing.T, dir, file, path string) ([]byte, error) {
 	t.Helper()
-	der, err := base64.StdEncoding.DecodeString(string(must(os.ReadFile(filepath.Join(dir, file+assemble.SigSuffix)))))
+	der, err := base64.StdEncoding.DecodeString(string(must(os.ReadFile(filepath.Join(dir, file+SigSuffix)))))
 	if err != nil {
-		t.Fatalf("%s%s is not base64: %v", file, assemble.SigSuffix, err)
+		t.Fatalf("%s%s is not base64: %v", file, SigSuffix, err)
 	}
 	derFile := filepath.Join(t.TempDir(), file+".der")
 	write(t, derFile, der)
-	return exec.Command("openssl", "dgst", "-sha256", "-verify", filepath.Join(dir, assemble.PublicKeyFile), "-signature", derFile, path).CombinedOutput()
+	return exec.Command("openssl", "dgst", "-sha256", "-verify", filepath.Join(dir, PublicKeyFile), "-signature", derFile, path).CombinedOutput()
 }
 
 func sha256sumCheck(dir string) ([]byte, error) {
-	cmd := exec.Command("sha256sum", "--strict", "-c", assemble.SumsFile)
+	cmd := exec.Command("sha256sum", "--strict", "-c", SumsFile)
 	cmd.Dir = dir
 	return cmd.CombinedOutput()
 }
