@@ -137,7 +137,7 @@ func (o Options) check() error {
 // without its leading v.
 func (o Options) packageVersion() string { return strings.TrimPrefix(o.Version, "v") }
 
-// copyImage copies the image archive and its SBOMs after checking the
+// copyImage copies the image archive, its digest and its SBOMs after checking the
 // image is of this release; it returns the image index's digest.
 func copyImage(opts Options, out string) (string, error) {
 	var built struct {
@@ -159,6 +159,10 @@ func copyImage(opts Options, out string) (string, error) {
 	}
 	name := fmt.Sprintf("onboarding-endpoint_%s.oci.tar", opts.Version)
 	if err := copyFile(filepath.Join(opts.ImageDir, imageArchive), filepath.Join(out, name)); err != nil {
+		return "", err
+	}
+	// The digest a registry reports for the pushed image (crane digest).
+	if err := copyFile(filepath.Join(opts.ImageDir, "digest"), filepath.Join(out, fmt.Sprintf("onboarding-endpoint_%s.digest", opts.Version))); err != nil {
 		return "", err
 	}
 	sboms, err := filepath.Glob(filepath.Join(opts.ImageDir, "sbom", "*"+SBOMSuffix))

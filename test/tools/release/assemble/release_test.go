@@ -147,6 +147,7 @@ func TestReleaseVerifiesOffline(t *testing.T) {
 	checkSBOMs(t, dir, real)
 	if real {
 		checkPackageSignatures(t, dir)
+		checkImageDigest(t, dir)
 	}
 	checkTamperedFails(t, dir, names)
 }
@@ -159,7 +160,7 @@ func checkArtifacts(t *testing.T, dir string, names []string) {
 	version := version()
 	pkgVersion := strings.TrimPrefix(version, "v")
 	want := []string{SumsFile, PublicKeyFile, RepositoryKeyFile, "embark-" + pkgVersion + ".tgz", "embark-" + pkgVersion + ".tgz.spdx.json",
-		"onboarding-endpoint_" + version + ".oci.tar", "onboarding-endpoint_linux_amd64.spdx.json"}
+		"onboarding-endpoint_" + version + ".oci.tar", "onboarding-endpoint_" + version + ".digest", "onboarding-endpoint_linux_amd64.spdx.json"}
 	for _, arch := range []string{"amd64", "arm64"} {
 		for _, format := range []string{"deb", "rpm"} {
 			p := "onboarding-agent_" + pkgVersion + "_linux_" + arch + "." + format
@@ -308,6 +309,26 @@ func pgpPrivateKey(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// checkImageDigest fails unless the published digest is the one the OCI
+// archive's index.json names (read with tar), the digest a registry
+// reports once the archive is pushed.
+func checkImageDigest(t *testing.T, dir string) {
+	t.Helper()
+	prefix := filepath.Join(dir, "onboarding-endpoint_"+version())
+	index := command(t, dir, "tar", "-xOf", prefix+".oci.tar", "index.json")
+	var idx struct {
+		Manifests []struct {
+			Digest string `json:"digest"`
+		} `json:"manifests"`
+	}
+	if err := json.Unmarshal([]byte(index), &idx); err != nil || len(idx.Manifests) != 1 {
+		t.Fatalf("index.json of the archive: %v\n%s", err, index)
+	}
+	if want := strings.TrimSpace(string(must(os.ReadFile(prefix + ".digest")))); idx.Manifests[0].Digest != want {
+		t.Errorf("archive's index names %s, the release's digest file says %s", idx.Manifests[0].Digest, want)
+	}
 }
 
 // checkTamperedFails changes one artifact after signing (in a copy of the
