@@ -4,14 +4,56 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/embark-mesh/embark/cmd/internal/cli"
+	"github.com/embark-mesh/embark/cmd/internal/cli/clitest"
 	"github.com/embark-mesh/embark/version"
 )
 
 const hint = "run 'onboarding-agent --help' for usage\n"
+
+func TestMain(m *testing.M) { clitest.Main(m, main) }
+
+// TestBinaryStartsNothing runs the real main in a child process, as users
+// run the binary: help, -h, --help and --version print to stdout and exit
+// 0; an unknown flag or command exits 2 with the hint on stderr. The
+// configuration flag names a file that does not exist, so a start would
+// show: the last case, the same flag alone, starts and stops at that file
+// with exit 78 (ExitConfig).
+func TestBinaryStartsNothing(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	tests := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantStdout string // stdout contains it ("": stdout is empty)
+		wantStderr string // stderr contains it ("": stderr is empty)
+	}{
+		{name: "help", args: []string{"help"}, wantStdout: "Usage:"},
+		{name: "-h", args: []string{"--agent-config", missing, "-h"}, wantStdout: "Usage:"},
+		{name: "--help", args: []string{"--agent-config", missing, "--help"}, wantStdout: "Usage:"},
+		{name: "--version", args: []string{"--agent-config", missing, "--version"}, wantStdout: version.Line("onboarding-agent") + "\n"},
+		{name: "unknown flag", args: []string{"--agent-config", missing, "--no-such-flag"}, wantCode: cli.ExitUsage, wantStderr: "flag provided but not defined: -no-such-flag\n" + hint},
+		{name: "unknown command", args: []string{"frobnicate", "--agent-config", missing}, wantCode: cli.ExitUsage, wantStderr: "unknown command \"frobnicate\"\n" + hint},
+		{name: "starts", args: []string{"--agent-config", missing}, wantCode: cli.ExitConfig, wantStderr: missing},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := clitest.Run(t, tt.args...)
+			if got.Code != tt.wantCode {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", got.Code, tt.wantCode, got.Stderr)
+			}
+			for _, out := range []struct{ name, got, want string }{{"stdout", got.Stdout, tt.wantStdout}, {"stderr", got.Stderr, tt.wantStderr}} {
+				if (out.want == "" && out.got != "") || !strings.Contains(out.got, out.want) {
+					t.Errorf("%s %q, want it to contain %q (empty: nothing)", out.name, out.got, out.want)
+				}
+			}
+		})
+	}
+}
 
 // TestCommandLine runs the agent's real command line (program(...).Main)
 // with starters that record what they were asked to start: help, -h, --help

@@ -4,22 +4,65 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/embark-mesh/embark/cmd/internal/cli"
+	"github.com/embark-mesh/embark/cmd/internal/cli/clitest"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/version"
 )
 
 const hint = "run 'onboarding-endpoint --help' for usage\n"
 
+func TestMain(m *testing.M) { clitest.Main(m, main) }
+
+// TestBinaryStartsNothing runs the real main in a child process, as users
+// run the binary: help, -h, --help and --version print to stdout and exit
+// 0; an unknown flag or command exits 2 with the hint on stderr. The
+// configuration flag names a file that does not exist, so a start would
+// show: the last case, the same flag alone, starts and stops at that file
+// with exit 1.
+func TestBinaryStartsNothing(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	tests := []struct {
+		name       string
+		args       []string
+		wantCode   int
+		wantStdout string // stdout contains it ("": stdout is empty)
+		wantStderr string // stderr contains it ("": stderr is empty)
+	}{
+		{name: "help", args: []string{"help"}, wantStdout: "Usage:"},
+		{name: "-h", args: []string{"--config", missing, "-h"}, wantStdout: "Usage:"},
+		{name: "--help", args: []string{"--config", missing, "--help"}, wantStdout: "Usage:"},
+		{name: "--version", args: []string{"--config", missing, "--version"}, wantStdout: version.Line("onboarding-endpoint") + "\n"},
+		{name: "unknown flag", args: []string{"--config", missing, "--no-such-flag"}, wantCode: cli.ExitUsage, wantStderr: "flag provided but not defined: -no-such-flag\n" + hint},
+		{name: "unknown command", args: []string{"frobnicate", "--config", missing}, wantCode: cli.ExitUsage, wantStderr: "unknown command \"frobnicate\"\n" + hint},
+		{name: "starts", args: []string{"--config", missing}, wantCode: cli.ExitFailure, wantStderr: missing},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := clitest.Run(t, tt.args...)
+			if got.Code != tt.wantCode {
+				t.Errorf("exit code %d, want %d; stderr:\n%s", got.Code, tt.wantCode, got.Stderr)
+			}
+			for _, out := range []struct{ name, got, want string }{{"stdout", got.Stdout, tt.wantStdout}, {"stderr", got.Stderr, tt.wantStderr}} {
+				if (out.want == "" && out.got != "") || !strings.Contains(out.got, out.want) {
+					t.Errorf("%s %q, want it to contain %q (empty: nothing)", out.name, out.got, out.want)
+				}
+			}
+		})
+	}
+}
+
 // TestCommandLine runs the endpoint's real command line (program(...).Main)
 // with a start function that records whether it was called: help, -h,
-// --help and --version print to stdout and exit 0; an unknown command or
-// flag and an extra argument print one line and a hint to stderr and exit
-// 2; none of these starts the endpoint. An accepted command line starts it
-// with its flags, and its error exits 1.
+// --help and --version (also after a flag) print to stdout and exit 0; an
+// unknown command or flag, a bad flag value, help with an argument and an
+// extra argument print one line and a hint to stderr and exit 2; none of
+// these starts the endpoint. An accepted command line starts it with its
+// flags, and its error exits 1.
 func TestCommandLine(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -34,7 +77,13 @@ func TestCommandLine(t *testing.T) {
 		{name: "help", args: []string{"help"}, wantUsage: true},
 		{name: "-h", args: []string{"-h"}, wantUsage: true},
 		{name: "--help", args: []string{"--help"}, wantUsage: true},
+		{name: "--help after a flag", args: []string{"--config", "/c.yaml", "--help"}, wantUsage: true},
 		{name: "--version", args: []string{"--version"}, wantStdout: version.Line("onboarding-endpoint") + "\n"},
+		{name: "--version after a flag", args: []string{"--config", "/c.yaml", "--version"}, wantStdout: version.Line("onboarding-endpoint") + "\n"},
+		{name: "bad flag value", args: []string{"--event-cache-size=many"}, wantCode: cli.ExitUsage,
+			wantStderr: "onboarding-endpoint: invalid value \"many\" for flag -event-cache-size: parse error\n" + hint},
+		{name: "help with an argument", args: []string{"help", "config"}, wantCode: cli.ExitUsage,
+			wantStderr: "onboarding-endpoint: help takes no arguments, got \"config\"\n" + hint},
 		{name: "unknown command", args: []string{"serve"}, wantCode: cli.ExitUsage,
 			wantStderr: "onboarding-endpoint: unknown command \"serve\"\n" + hint},
 		{name: "unknown flag", args: []string{"--confg=/c.yaml"}, wantCode: cli.ExitUsage,
