@@ -164,6 +164,24 @@ image: ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/ar
 		$(if $(wildcard $(ROOT)/LICENSE),-license-file $(ROOT)/LICENSE)
 	cd test/tools/image && EMBARK_IMAGE_DIR=$(IMAGE_OUTPUT) EMBARK_IMAGE_COLD_REBUILD=$(IMAGE_COLD_REBUILD) go test -count=1 -timeout 30m -v ./...
 
+##@ Install test
+
+# The end-to-end install test (test/install, build tag install): the chart
+# rendered with the README's `helm install` values and applied to the real
+# API server, the endpoint run from `make image`'s image in runc, the VM
+# side following docs/vm-install.md. It uses the outputs of `make packages`
+# and `make image` (build them first; point these at another build's
+# outputs to reuse them) and needs root (network namespaces, runc).
+EMBARK_IMAGE_DIR ?= $(IMAGE_OUTPUT)
+PACKAGES_DIR ?= $(OUTPUT)/packages
+
+.PHONY: install-test
+install-test: testenv ## Run the end-to-end install test (root; after make packages and make image): the chart installed as the README says, the endpoint from the image in runc, a VM following docs/vm-install.md.
+	@test -f $(EMBARK_IMAGE_DIR)/layout/index.json || { echo "install-test: no image in $(EMBARK_IMAGE_DIR): run make image first"; exit 1; }
+	@test -d $(PACKAGES_DIR) || { echo "install-test: no packages in $(PACKAGES_DIR): run make packages first"; exit 1; }
+	EMBARK_IMAGE_DIR=$(EMBARK_IMAGE_DIR) PACKAGES_DIR=$(PACKAGES_DIR) PACKAGE_SIGNING_KEY=$(SIGNING_KEY) \
+		go test -tags install -count=1 -timeout 30m -v ./test/install/
+
 ##@ Test
 
 .PHONY: testenv
