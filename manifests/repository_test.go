@@ -210,3 +210,47 @@ func checkMountedSecretKey(t *testing.T, pod corev1.PodSpec, file, secretName st
 		t.Errorf("signing key mode %v, want 0440 (the Pod's group reads it, nobody else)", s.DefaultMode)
 	}
 }
+
+// repositoryWithSources turns the local repository on with its signing key
+// and Istio's istio-sidecar packages from a PersistentVolumeClaim.
+var repositoryWithSources = map[string]any{"localRepository": map[string]any{
+	"enabled":    true,
+	"signingKey": map[string]any{"secretName": "onboarding-endpoint-repository-key"},
+	"extraSources": []any{map[string]any{"name": "istio-sidecar",
+		"volume": map[string]any{"persistentVolumeClaim": map[string]any{"claimName": "istio-sidecar-packages", "readOnly": true}}}},
+}}
+
+// Every extra package directory the endpoint is configured with is a
+// volume mounted read-only at exactly that path, and the main directory
+// is the image's (no volume hides it).
+func TestRepositoryExtraSourcesAreMounted(t *testing.T) {
+	_, objs := renderChart(t, repositoryWithSources)
+	cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", "onboarding-endpoint"))
+	if cfg.LocalRepository == nil || len(cfg.LocalRepository.ExtraDirectories) != 1 {
+		t.Fatalf("localRepository %+v: want one extra directory", cfg.LocalRepository)
+	}
+	pod := endpointDeployment(t, objs).Spec.Template.Spec
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range pod.Containers[0].VolumeMounts {
+		mounts[path.Clean(m.MountPath)] = m
+	}
+	for _, d := range cfg.LocalRepository.ExtraDirectories {
+		m, ok := mounts[path.Clean(d)]
+		if !ok {
+			t.Errorf("extra directory %s: no volume is mounted there", d)
+			continue
+		}
+		if !m.ReadOnly {
+			t.Errorf("extra directory %s: volume %s is writable", d, m.Name)
+		}
+		i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if i < 0 || pod.Volumes[i].PersistentVolumeClaim == nil || pod.Volumes[i].PersistentVolumeClaim.ClaimName != "istio-sidecar-packages" {
+			t.Errorf("extra directory %s: volume %s is not the claim istio-sidecar-packages", d, m.Name)
+		}
+	}
+	for dir := path.Clean(cfg.LocalRepository.Directory); dir != "/"; dir = path.Dir(dir) {
+		if m, ok := mounts[dir]; ok {
+			t.Errorf("volume %s mounted at %s hides the image's packages in %s", m.Name, dir, cfg.LocalRepository.Directory)
+		}
+	}
+}

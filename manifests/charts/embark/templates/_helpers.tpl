@@ -127,6 +127,12 @@ localRepository:
   signingKeyFile: {{ include "embark.repositoryKeyDir" $ }}/{{ .signingKey.key }}
   {{- end }}
   metadataValidity: {{ .metadataValidity }}
+  {{- with .extraSources }}
+  extraDirectories:
+  {{- range . }}
+  - {{ include "embark.repositorySourcesDir" $ }}/{{ .name }}
+  {{- end }}
+  {{- end }}
 {{- end }}
 {{- end }}
 listen:
@@ -136,6 +142,11 @@ listen:
   {{- if .Values.localRepository.enabled }}
   repository: ":8443"
   {{- end }}
+{{- end -}}
+
+{{/* Where localRepository.extraSources are mounted, one directory each. */}}
+{{- define "embark.repositorySourcesDir" -}}
+/var/lib/onboarding-endpoint/repository-sources
 {{- end -}}
 
 {{/* Where the repository's signing key Secret is mounted. */}}
