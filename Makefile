@@ -156,11 +156,20 @@ IMAGE_OUTPUT := $(OUTPUT)/image
 IMAGE_COLD_REBUILD ?=
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
+# The image carries the agent's packages of both architectures (the local
+# repository's default directory): `make packages` builds them when they
+# are missing; run it again after changing the agent.
+IMAGE_PACKAGES := $(foreach fmt,deb rpm,$(foreach arch,amd64 arm64,$(OUTPUT)/packages/$(fmt)/$(arch)/onboarding-agent.$(fmt)))
+
+$(IMAGE_PACKAGES) &:
+	$(MAKE) packages
+
 .PHONY: image
-image: ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/arm64, SBOM) into _output/image/; rebuild it to compare digests; run its entrypoint.
+image: $(IMAGE_PACKAGES) ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/arm64, SBOM, the agent's packages) into _output/image/; rebuild it to compare digests; run its entrypoint.
 	cd test/tools/image && go run . -module-dir $(ROOT) -o $(IMAGE_OUTPUT) -name $(IMAGE_NAME) \
 		-version $(VERSION) -revision $(REVISION) -ldflags "$(VERSION_LDFLAGS)" \
 		-platforms $(IMAGE_PLATFORMS) -source-date-epoch $(SOURCE_DATE_EPOCH) \
+		-packages $(OUTPUT)/packages \
 		$(if $(wildcard $(ROOT)/LICENSE),-license-file $(ROOT)/LICENSE)
 	cd test/tools/image && EMBARK_IMAGE_DIR=$(IMAGE_OUTPUT) EMBARK_IMAGE_COLD_REBUILD=$(IMAGE_COLD_REBUILD) go test -count=1 -timeout 30m -v ./...
 
