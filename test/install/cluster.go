@@ -11,7 +11,9 @@ package install
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
 	"net/url"
@@ -125,7 +127,7 @@ func StartCluster(t *testing.T, o ClusterOptions) *Cluster {
 		t.Fatal(err)
 	}
 	if !o.ValuesFromREADME {
-		helm.Sets = nil
+		helm.Sets, helm.Before = nil, nil
 	}
 	c.Namespace = helm.Namespace
 	c.Rendered = renderChart(t, root, helm, o.ExtraValues)
@@ -134,7 +136,7 @@ func StartCluster(t *testing.T, o ClusterOptions) *Cluster {
 	cfg := endpointConfig(t, objs)
 	c.Host = cfg.Endpoint.Hosts[0]
 
-	ca := operatorSetup(t, env, root, helm, cfg)
+	ca := operatorSetup(t, env, helm, cfg, o.SigningKey)
 	c.ServingCA = ca.PEM
 	applyRelease(t, env, root, helm, c.Rendered)
 
@@ -282,11 +284,13 @@ func endpointConfig(t *testing.T, objs []*unstructured.Unstructured) renderedCon
 }
 
 // operatorSetup does what the README and docs/install.md ask of an
-// operator before `helm install`: the workload namespaces exist, and the
-// TLS Secret the values name holds a certificate for the host from a CA of
+// operator before `helm install`: the workload namespaces exist; the TLS
+// Secret the values name holds a certificate for the host from a CA of
 // the operator's own, with that CA as ca.crt (kubectl create secret, as
-// docs/install.md shows it).
-func operatorSetup(t *testing.T, env *testenv.Env, root string, h helmInstall, cfg renderedConfig) *fixtures.CA {
+// docs/install.md shows it); then the README's own commands before `helm
+// install`, run in a directory holding the repository's signing key as
+// signing.asc (the packages' key, PACKAGE_SIGNING_KEY).
+func operatorSetup(t *testing.T, env *testenv.Env, h helmInstall, cfg renderedConfig, signingKey string) *fixtures.CA {
 	t.Helper()
 	for _, ns := range append([]string{h.Namespace}, cfg.WorkloadNamespaces...) {
 		obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
@@ -311,7 +315,42 @@ func operatorSetup(t *testing.T, env *testenv.Env, root string, h helmInstall, c
 		"--type=kubernetes.io/tls", "--from-file=tls.crt="+certFile, "--from-file=tls.key="+keyFile, "--from-file=ca.crt="+caFile); err != nil {
 		t.Fatal(err)
 	}
+	work := t.TempDir()
+	if signingKey != "" {
+		data, err := os.ReadFile(signingKey)
+		if err != nil {
+			t.Fatalf("PACKAGE_SIGNING_KEY: %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(work, "signing.asc"), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, words := range h.Before {
+		if err := operatorCommand(t.Context(), env, work, words); err != nil {
+			t.Fatalf("README, before helm install: %v (PACKAGE_SIGNING_KEY=%q is signing.asc)", err, signingKey)
+		}
+	}
 	return ca
+}
+
+// operatorCommand runs a kubectl command of the docs, as written, in dir,
+// against the control plane; another command is an error naming it.
+func operatorCommand(ctx context.Context, env *testenv.Env, dir string, words []string) error {
+	if len(words) == 0 || words[0] != "kubectl" {
+		return fmt.Errorf("%q: only kubectl commands are run here", strings.Join(words, " "))
+	}
+	bin := "kubectl"
+	if assets, err := testenv.AssetsDir(""); err == nil {
+		if _, err := os.Stat(filepath.Join(assets, "kubectl")); err == nil {
+			bin = filepath.Join(assets, "kubectl")
+		}
+	}
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", env.KubeconfigPath}, words[1:]...)...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(words, " "), err, out)
+	}
+	return nil
 }
 
 // applyRelease applies the chart's CRDs, then its rendered objects, with

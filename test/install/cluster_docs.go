@@ -14,27 +14,35 @@ type helmInstall struct {
 	Release, Chart, Namespace string
 	// Sets are the --set values, verbatim (Helm's syntax).
 	Sets []string
+	// Before are the commands of the block before `helm install` (the
+	// operator's preparation, e.g. kubectl create secret), as words.
+	Before [][]string
 }
 
 // readmeHelmInstall reads the `helm install` command of the first ```sh
-// block of the file at path that has one.
+// block of the file at path that has one, and the commands before it.
 func readmeHelmInstall(path string) (helmInstall, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return helmInstall{}, err
 	}
 	for _, block := range codeBlocks(string(data), "sh") {
+		var before [][]string
 		for _, line := range shellLines(block) {
 			words, err := shellWords(line)
 			if err != nil {
-				return helmInstall{}, fmt.Errorf("%s: %w", path, err)
+				return helmInstall{}, fmt.Errorf("%s: %s: %w", path, line, err)
 			}
 			if len(words) >= 2 && words[0] == "helm" && words[1] == "install" {
 				h, err := parseHelmInstall(words[2:])
 				if err != nil {
 					return helmInstall{}, fmt.Errorf("%s: %s: %w", path, line, err)
 				}
+				h.Before = before
 				return h, nil
+			}
+			if len(words) > 0 {
+				before = append(before, words)
 			}
 		}
 	}

@@ -24,8 +24,9 @@ func TestReadmeHelmInstall(t *testing.T) {
 		wantErr string
 	}{
 		{name: "README's shape",
-			md:   "text\n```sh\nhelm install embark manifests/charts/embark -n istio-system \\\n  --set hosts[0]=a.example.corp \\\n  --set tls.secretName=tls\nkubectl get svc\n```\n",
-			want: helmInstall{Release: "embark", Chart: "manifests/charts/embark", Namespace: "istio-system", Sets: []string{"hosts[0]=a.example.corp", "tls.secretName=tls"}}},
+			md: "text\n```sh\nkubectl -n istio-system create secret generic key --from-file=signing.asc\nhelm install embark manifests/charts/embark -n istio-system \\\n  --set hosts[0]=a.example.corp \\\n  --set tls.secretName=tls\nkubectl get svc\n```\n",
+			want: helmInstall{Release: "embark", Chart: "manifests/charts/embark", Namespace: "istio-system", Sets: []string{"hosts[0]=a.example.corp", "tls.secretName=tls"},
+				Before: [][]string{{"kubectl", "-n", "istio-system", "create", "secret", "generic", "key", "--from-file=signing.asc"}}}},
 		{name: "quotes, = forms, comments",
 			md:   "```sh\n# install\nhelm install r ./c --namespace=ns --set 'a=b c' --set=\"d={x,y}\" # done\n```\n",
 			want: helmInstall{Release: "r", Chart: "./c", Namespace: "ns", Sets: []string{"a=b c", "d={x,y}"}}},
