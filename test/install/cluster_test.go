@@ -5,8 +5,10 @@ package install
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -35,17 +37,20 @@ const (
 func TestCluster(t *testing.T) {
 	tests := []struct {
 		name   string
-		extra  []string
-		checks func(t *testing.T, c *Cluster)
+		extra  func(t *testing.T) []string
+		checks func(t *testing.T, c *Cluster, vm *podNetwork)
 	}{
 		{name: "README values"},
-		{name: "README values and the documented options", extra: []string{filepath.Join("testdata", "cluster-documented-options.yaml")},
-			checks: checkDocumentedOptions},
+		{name: "README values and the documented options", extra: documentedOptions, checks: checkDocumentedOptions},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			var extra []string
+			if tc.extra != nil {
+				extra = tc.extra(t)
+			}
 			vm := newPodNetwork(t, probeNetns, probeHostCIDR, probePeerCIDR, false)
-			c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, ExtraValues: tc.extra, GatewayIP: vm.HostIP})
+			c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, ExtraValues: extra, GatewayIP: vm.HostIP})
 			t.Run("onboarding port: TLS with the serving CA for the host", func(t *testing.T) {
 				checkOnboardingTLS(t, c, vm)
 			})
@@ -53,10 +58,61 @@ func TestCluster(t *testing.T) {
 				checkRepositoryKey(t, c, vm)
 			})
 			if tc.checks != nil {
-				tc.checks(t, c)
+				tc.checks(t, c, vm)
 			}
 		})
 	}
+}
+
+// sidecarPackage stands in for an istio-sidecar package the operator adds
+// from a volume (localRepository.extraSources): the repository serves any
+// file at a package's path, and its .sha256.
+var sidecarPackage = []byte("not a real package: served as a file, left out of the metadata")
+
+// documentedOptions are testdata/cluster-documented-options.yaml and a
+// values file of the options that name a path of this machine: an
+// extraSources hostPath volume holding deb/amd64/istio-sidecar.deb.
+func documentedOptions(t *testing.T) []string {
+	dir := filepath.Join(t.TempDir(), "istio-sidecar")
+	if err := os.MkdirAll(filepath.Join(dir, "deb", "amd64"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "deb", "amd64", "istio-sidecar.deb"), sidecarPackage, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	values := fmt.Sprintf("localRepository:\n  extraSources:\n  - name: istio-sidecar\n    volume:\n      hostPath:\n        path: %s\n        type: Directory\n", dir)
+	file := filepath.Join(t.TempDir(), "extra-sources.yaml")
+	if err := os.WriteFile(file, []byte(values), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{filepath.Join("testdata", "cluster-documented-options.yaml"), file}
+}
+
+// vmGet GETs path of the endpoint's host on 443 through the gateway from
+// the VM network.
+func vmGet(t *testing.T, c *Cluster, vm *podNetwork, path string) (*http.Response, []byte) {
+	t.Helper()
+	gateway := net.JoinHostPort(c.GatewayIP.String(), "443")
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		TLSClientConfig:   vmTLS(t, c),
+		ForceAttemptHTTP2: true, // as curl and apt negotiate: ALPN h2 when offered
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return vm.Dial(network, gateway)
+		},
+	}}
+	resp, err := client.Get("https://" + c.Host + path)
+	if err != nil {
+		t.Fatalf("GET https://%s%s through the gateway: %v", c.Host, path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET https://%s%s on 443: %s (Content-Type %q): %.200s", c.Host, path, resp.Status, resp.Header.Get("Content-Type"), body)
+	}
+	return resp, body
 }
 
 // vmTLS is a VM's TLS configuration for the endpoint: the host's name,
@@ -89,26 +145,7 @@ func checkOnboardingTLS(t *testing.T, c *Cluster, vm *podNetwork) {
 }
 
 func checkRepositoryKey(t *testing.T, c *Cluster, vm *podNetwork) {
-	gateway := net.JoinHostPort(c.GatewayIP.String(), "443")
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		TLSClientConfig:   vmTLS(t, c),
-		ForceAttemptHTTP2: true, // as curl and apt negotiate: ALPN h2 when offered
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return vm.Dial(network, gateway)
-		},
-	}}
-	resp, err := client.Get("https://" + c.Host + "/install/repository.asc")
-	if err != nil {
-		t.Fatalf("GET https://%s/install/repository.asc through the gateway: %v", c.Host, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET https://%s/install/repository.asc on 443: %s (Content-Type %q): %.200s", c.Host, resp.Status, resp.Header.Get("Content-Type"), body)
-	}
+	_, body := vmGet(t, c, vm, "/install/repository.asc")
 	keys, err := openpgp.ReadArmoredKeyRing(bytes.NewReader(body))
 	if err != nil {
 		t.Fatalf("repository.asc: not an armored OpenPGP key ring: %v", err)
@@ -159,7 +196,14 @@ func containsFold(list []string, s string) bool {
 
 // checkDocumentedOptions: the options reached the running process (its
 // environment and mounts) and the applied objects.
-func checkDocumentedOptions(t *testing.T, c *Cluster) {
+func checkDocumentedOptions(t *testing.T, c *Cluster, vm *podNetwork) {
+	t.Run("extraSources: a package from the operator's volume on 443", func(t *testing.T) {
+		_, body := vmGet(t, c, vm, "/install/deb/amd64/istio-sidecar.deb.sha256")
+		sum := sha256.Sum256(sidecarPackage)
+		if want := hex.EncodeToString(sum[:]) + "  istio-sidecar.deb\n"; string(body) != want {
+			t.Errorf("istio-sidecar.deb.sha256 %q, want %q", body, want)
+		}
+	})
 	t.Run("extraEnv in the process", func(t *testing.T) {
 		environ, err := c.endpoint.Process("environ")
 		if err != nil {
