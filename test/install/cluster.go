@@ -457,7 +457,7 @@ func runEndpoint(t *testing.T, env *testenv.Env, istiod *testenv.Istiod, pod *po
 		}
 	})
 	if err := waitReady(t.Context(), ctr, c.ReadinessProbe, meta.PodIP, rt.Ports, readinessTimeout); err != nil {
-		t.Fatalf("endpoint readiness probe: %v\ncontainer output:\n%s", err, ctr.Log())
+		t.Fatalf("endpoint readiness probe: %v (the container output follows)", err)
 	}
 	return ctr, c
 }
