@@ -13,7 +13,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"net/url"
@@ -214,7 +216,7 @@ func decodeObjects(t *testing.T, data []byte) []*unstructured.Unstructured {
 	for {
 		var m map[string]any
 		if err := dec.Decode(&m); err != nil {
-			if err.Error() == "EOF" {
+			if errors.Is(err, io.EOF) {
 				return objs
 			}
 			t.Fatalf("rendered chart: %v", err)

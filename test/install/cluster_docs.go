@@ -4,6 +4,7 @@ package install
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -26,17 +27,26 @@ func readmeHelmInstall(path string) (helmInstall, error) {
 	if err != nil {
 		return helmInstall{}, err
 	}
-	for _, block := range codeBlocks(string(data), "sh") {
+	h, err := parseReadmeHelmInstall(string(data))
+	if err != nil {
+		return helmInstall{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return h, nil
+}
+
+// parseReadmeHelmInstall is readmeHelmInstall of the markdown md.
+func parseReadmeHelmInstall(md string) (helmInstall, error) {
+	for _, block := range codeBlocks(md, "sh") {
 		var before [][]string
 		for _, line := range shellLines(block) {
 			words, err := shellWords(line)
 			if err != nil {
-				return helmInstall{}, fmt.Errorf("%s: %s: %w", path, line, err)
+				return helmInstall{}, fmt.Errorf("%s: %w", line, err)
 			}
 			if len(words) >= 2 && words[0] == "helm" && words[1] == "install" {
 				h, err := parseHelmInstall(words[2:])
 				if err != nil {
-					return helmInstall{}, fmt.Errorf("%s: %s: %w", path, line, err)
+					return helmInstall{}, fmt.Errorf("%s: %w", line, err)
 				}
 				h.Before = before
 				return h, nil
@@ -46,7 +56,7 @@ func readmeHelmInstall(path string) (helmInstall, error) {
 			}
 		}
 	}
-	return helmInstall{}, fmt.Errorf("%s: no ```sh block with a `helm install` command", path)
+	return helmInstall{}, errors.New("no ```sh block with a `helm install` command")
 }
 
 // codeBlocks returns the bodies of the fenced blocks of lang.
@@ -184,7 +194,7 @@ func parseHelmInstall(args []string) (helmInstall, error) {
 			positional = append(positional, a)
 		}
 	}
-	if len(positional) != 2 {
+	if len(positional) != 2 || positional[0] == "" || positional[1] == "" {
 		return helmInstall{}, fmt.Errorf("want a release name and a chart, got %q", positional)
 	}
 	h.Release, h.Chart = positional[0], positional[1]

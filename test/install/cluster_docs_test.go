@@ -97,3 +97,23 @@ func TestGuideObjects(t *testing.T) {
 		t.Errorf("error %v for a section with no objects", err)
 	}
 }
+
+// Any markdown gives a command or an error, never a panic; a command has
+// a release and a chart, and no word of its --set values is lost.
+func FuzzParseReadmeHelmInstall(f *testing.F) {
+	f.Add("```sh\nhelm install embark manifests/charts/embark -n istio-system \\\n  --set hosts[0]=a.example.corp\n```\n")
+	f.Add("```sh\nkubectl create secret generic k --from-file=signing.asc\nhelm install r c --set 'a=b c' --set=\"d\\\"e\" # x\n```\n")
+	f.Add("```sh\nhelm install r c --set\n```\n")
+	f.Fuzz(func(t *testing.T, md string) {
+		h, err := parseReadmeHelmInstall(md)
+		if err != nil {
+			return
+		}
+		if h.Release == "" || h.Chart == "" {
+			t.Errorf("command %+v without a release and a chart", h)
+		}
+		if h.Namespace == "" {
+			t.Errorf("command %+v without a namespace", h)
+		}
+	})
+}

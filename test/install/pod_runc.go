@@ -100,9 +100,9 @@ func runcSpec(base map[string]any, rt *podRuntime, rootfs, netns string) (map[st
 	return base, nil
 }
 
-// startContainer unpacks nothing itself: it writes a bundle for rootfs
-// and rt and starts `runc run` in the background; the container is
-// killed and deleted when the test ends.
+// startContainer writes an OCI bundle of rootfs (already unpacked) and rt
+// and starts `runc run` in the background; the container is killed and
+// deleted when the test ends.
 func startContainer(t *testing.T, id string, rt *podRuntime, rootfs, netns string) *container {
 	t.Helper()
 	runc, err := exec.LookPath("runc")
