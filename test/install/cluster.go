@@ -1,11 +1,5 @@
 //go:build install
 
-// Package install is the end-to-end install test: the Helm chart rendered
-// with the README's values and applied to a real API server, the endpoint
-// run from the image `make image` built (runc, in a network namespace of
-// its own) with what the rendered Deployment says, and a VM in another
-// namespace following docs/vm-install.md. It needs root, `make image` and
-// `make packages` (`make install-test` runs it).
 package install
 
 import (

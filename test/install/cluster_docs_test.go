@@ -1,5 +1,3 @@
-//go:build install
-
 package install
 
 import (
