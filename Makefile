@@ -156,11 +156,20 @@ IMAGE_OUTPUT := $(OUTPUT)/image
 IMAGE_COLD_REBUILD ?=
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
+# The image carries the agent's packages of both architectures (the local
+# repository's default directory): `make packages` builds them when they
+# are missing; run it again after changing the agent.
+IMAGE_PACKAGES := $(foreach fmt,deb rpm,$(foreach arch,amd64 arm64,$(OUTPUT)/packages/$(fmt)/$(arch)/onboarding-agent.$(fmt)))
+
+$(IMAGE_PACKAGES) &:
+	$(MAKE) packages
+
 .PHONY: image
-image: ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/arm64, SBOM) into _output/image/; rebuild it to compare digests; run its entrypoint.
+image: $(IMAGE_PACKAGES) ## Build the onboarding-endpoint image (OCI index, linux/amd64 + linux/arm64, SBOM, the agent's packages) into _output/image/; rebuild it to compare digests; run its entrypoint.
 	cd test/tools/image && go run . -module-dir $(ROOT) -o $(IMAGE_OUTPUT) -name $(IMAGE_NAME) \
 		-version $(VERSION) -revision $(REVISION) -ldflags "$(VERSION_LDFLAGS)" \
 		-platforms $(IMAGE_PLATFORMS) -source-date-epoch $(SOURCE_DATE_EPOCH) \
+		-packages $(OUTPUT)/packages \
 		$(if $(wildcard $(ROOT)/LICENSE),-license-file $(ROOT)/LICENSE)
 	cd test/tools/image && EMBARK_IMAGE_DIR=$(IMAGE_OUTPUT) EMBARK_IMAGE_COLD_REBUILD=$(IMAGE_COLD_REBUILD) go test -count=1 -timeout 30m -v ./...
 
@@ -183,6 +192,23 @@ release: ## Write the release into _output/release/<version>/ from the outputs o
 		-source-date-epoch $(SOURCE_DATE_EPOCH) \
 		$(if $(RELEASE_SIGNING_KEY),-key $(RELEASE_SIGNING_KEY),-throwaway-key $(TEST_RELEASE_KEY))
 	cd test/tools/release && EMBARK_RELEASE_DIR=$(RELEASE_OUTPUT) go test -count=1 -v ./...
+##@ Install test
+
+# The end-to-end install test (test/install, build tag install): the chart
+# rendered with the README's `helm install` values and applied to the real
+# API server, the endpoint run from `make image`'s image in runc, the VM
+# side following docs/vm-install.md. It uses the outputs of `make packages`
+# and `make image` (build them first; point these at another build's
+# outputs to reuse them) and needs root (network namespaces, runc).
+EMBARK_IMAGE_DIR ?= $(IMAGE_OUTPUT)
+PACKAGES_DIR ?= $(OUTPUT)/packages
+
+.PHONY: install-test
+install-test: testenv ## Run the end-to-end install test (root; after make packages and make image): the chart installed as the README says, the endpoint from the image in runc, a VM following docs/vm-install.md.
+	@test -f $(EMBARK_IMAGE_DIR)/layout/index.json || { echo "install-test: no image in $(EMBARK_IMAGE_DIR): run make image first"; exit 1; }
+	@test -d $(PACKAGES_DIR) || { echo "install-test: no packages in $(PACKAGES_DIR): run make packages first"; exit 1; }
+	EMBARK_IMAGE_DIR=$(EMBARK_IMAGE_DIR) PACKAGES_DIR=$(PACKAGES_DIR) PACKAGE_SIGNING_KEY=$(SIGNING_KEY) \
+		go test -tags install -count=1 -timeout 30m -v ./test/install/
 
 ##@ Test
 

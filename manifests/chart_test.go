@@ -80,6 +80,7 @@ func TestChartServerSideDryRun(t *testing.T) {
 			"service": map[string]any{"type": "LoadBalancer", "annotations": map[string]any{"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}},
 		}},
 		{name: "Pod options, autoscaling, roots from a ConfigMap", vals: chartPodOptions},
+		{name: "local repository: signing key, Istio's sidecar packages from a volume", vals: repositoryWithSources},
 	}
 	createBookinfo(t)
 	for _, tc := range tests {

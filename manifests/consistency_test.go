@@ -118,22 +118,7 @@ func TestBaseIsConsistent(t *testing.T) {
 			}
 		}
 	}
-	var gw corev1.Service
-	if err := into(mustFind(t, objs, "Service", "vmgateway"), &gw); err != nil {
-		t.Fatal(err)
-	}
-	got := map[int32]string{}
-	for _, p := range gw.Spec.Ports {
-		got[p.Port] = p.TargetPort.StrVal
-	}
-	// Seed 004: onboarding on 15443 and 443; the sidecars' discovery
-	// address port is the xDS listener.
-	want := map[int32]string{15443: "grpc-onboard", 443: "grpc-onboard", port(t, cfg.Mesh.DiscoveryAddress): "grpc-xds"}
-	for p, target := range want {
-		if got[p] != target {
-			t.Errorf("vmgateway port %d -> %q, want %q", p, got[p], target)
-		}
-	}
+	checkGatewayPorts(t, objs, cfg)
 	var pdb policyv1.PodDisruptionBudget
 	if err := into(mustFind(t, objs, "PodDisruptionBudget", "onboarding-endpoint"), &pdb); err != nil {
 		t.Fatal(err)

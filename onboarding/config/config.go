@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -229,6 +230,14 @@ type LocalRepository struct {
 	// istio-sidecar/<revision>/rpm/arm64/istio-sidecar.rpm, ...); served on
 	// listen.repository. Default /var/lib/onboarding-endpoint/repository.
 	Directory string `json:"directory,omitempty"`
+	// ExtraDirectories are more directories in the same layout, looked up
+	// after Directory in order: a path is served from the first directory
+	// that has it (a package of Directory is never replaced by one of
+	// these), and the apt and yum metadata list the packages of all of
+	// them. E.g. Istio's istio-sidecar packages from a volume beside the
+	// agent's packages of the image. Each must exist at start. Default
+	// none.
+	ExtraDirectories []string `json:"extraDirectories,omitempty"`
 	// SigningKeyFile is an armored OpenPGP private key (one key, no
 	// passphrase; in the cluster, a Secret mounted as a file) that signs
 	// the apt metadata (dists/<suite>/InRelease, Release.gpg) and the yum
@@ -627,6 +636,19 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	if c.LocalRepository != nil && c.LocalRepository.Directory == "" {
 		errs = append(errs, field.Required(field.NewPath("localRepository", "directory"), ""))
+	}
+	if r := c.LocalRepository; r != nil {
+		dirs := map[string]bool{path.Clean(r.Directory): true}
+		for i, d := range r.ExtraDirectories {
+			p := field.NewPath("localRepository", "extraDirectories").Index(i)
+			switch {
+			case d == "":
+				errs = append(errs, field.Required(p, ""))
+			case dirs[path.Clean(d)]:
+				errs = append(errs, field.Duplicate(p, d))
+			}
+			dirs[path.Clean(d)] = true
+		}
 	}
 	if r := c.LocalRepository; r != nil && r.MetadataValidity != nil {
 		if d := r.MetadataValidity.Duration; d < minMetadataValidity || d > maxMetadataValidity {

@@ -229,6 +229,8 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "plaintext on a routable address", yaml: plaintext + "listen: {onboarding: '10.0.0.1:15443', xds: '127.0.0.1:1'}\n", wantErr: "listen.onboarding"},
 		{name: "plaintext repository on every interface", yaml: plaintext + "listen: {onboarding: '127.0.0.1:1', xds: '[::1]:2', repository: '0.0.0.0:8443'}\nlocalRepository: {}\n", wantErr: "listen.repository"},
 		{name: "plaintext by default listen addresses", yaml: plaintext, wantErr: "listen.onboarding"},
+		{name: "empty extra repository directory", yaml: minimal + "localRepository: {extraDirectories: ['']}\n", wantErr: "localRepository.extraDirectories[0]: Required value"},
+		{name: "extra repository directory the main one", yaml: minimal + "localRepository: {directory: /srv/repo, extraDirectories: [/srv/sidecar, /srv/repo/]}\n", wantErr: "localRepository.extraDirectories[1]: Duplicate value"},
 		{name: "published repository keys without a signing key", yaml: minimal + "localRepository: {publicKeyFiles: [/keys/next.asc]}\n", wantErr: "localRepository.signingKeyFile: Required value"},
 		{name: "negative per-source connections", yaml: minimal + "limits: {xds: {maxConnectionsPerSource: -1}}\n", wantErr: "limits.xds.maxConnectionsPerSource"},
 		{name: "negative first request timeout", yaml: minimal + "limits: {xds: {firstRequestTimeout: -1s}}\n", wantErr: "limits.xds.firstRequestTimeout"},

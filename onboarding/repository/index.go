@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"os"
 	"path"
 	"regexp"
 	"sort"
@@ -205,7 +206,7 @@ func (h *Handler) packageFiles() ([]string, string, error) {
 	var files []string
 	var state strings.Builder
 	for _, c := range candidates {
-		info, err := h.root.Stat(c)
+		info, err := h.stat(c)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
@@ -222,10 +223,35 @@ func (h *Handler) packageFiles() ([]string, string, error) {
 	return files, state.String(), nil
 }
 
-// revisions lists istio-sidecar/<revision>/ directories (at most
-// maxRevisions, in name order).
+// revisions lists the istio-sidecar/<revision>/ directories of every
+// directory (at most maxRevisions, in name order).
 func (h *Handler) revisions() ([]string, error) {
-	d, err := h.root.Open("istio-sidecar")
+	seen := map[string]bool{}
+	var revs []string
+	for _, r := range h.roots {
+		names, err := revisionDirs(r)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if !seen[n] {
+				seen[n] = true
+				revs = append(revs, n)
+			}
+		}
+	}
+	sort.Strings(revs)
+	if len(revs) > maxRevisions {
+		h.log.Warn("local repository: too many revisions; indexing the first ones", "max", maxRevisions)
+		revs = revs[:maxRevisions]
+	}
+	return revs, nil
+}
+
+// revisionDirs lists the istio-sidecar/<revision>/ directories of one
+// directory (at most 4*maxRevisions entries are read).
+func revisionDirs(r *os.Root) ([]string, error) {
+	d, err := r.Open("istio-sidecar")
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -243,18 +269,13 @@ func (h *Handler) revisions() ([]string, error) {
 			revs = append(revs, e.Name())
 		}
 	}
-	sort.Strings(revs)
-	if len(revs) > maxRevisions {
-		h.log.Warn("local repository: too many revisions; indexing the first ones", "max", maxRevisions)
-		revs = revs[:maxRevisions]
-	}
 	return revs, nil
 }
 
 // describe returns the package file's facts and checksum, from the cache
 // when the file's version is the one they were read from.
 func (h *Handler) describe(name string) (*described, string, error) {
-	f, err := h.root.Open(name)
+	f, err := h.open(name)
 	if err != nil {
 		return nil, "", err
 	}

@@ -7,9 +7,13 @@
 //	/install/istio-sidecar/<revision>/{deb,rpm}/{amd64,arm64}/istio-sidecar.{deb,rpm}
 //
 // and, beside each, a .sha256 file the server computes, in the format
-// `sha256sum --check` reads. Any other path is 404; the parser admits only
-// these shapes, and files are opened through an os.Root, so nothing outside
-// the directory is reachable. Files are served with http.ServeContent (range
+// `sha256sum --check` reads. More directories (WithExtraDirectories) are
+// looked up after the first, in order: a path is served from the first
+// directory that has it, and the apt and yum metadata index the packages
+// of all of them (e.g. the agent's in the image's directory, Istio's
+// istio-sidecar in a volume). Any other path is 404; the parser admits only
+// these shapes, and files are opened through an os.Root per directory, so
+// nothing outside the directories is reachable. Files are served with http.ServeContent (range
 // requests, If-Modified-Since, If-None-Match) with a strong ETag (the
 // content's SHA-256) and Cache-Control: no-cache (revalidate: a package may
 // be replaced in place).
@@ -105,8 +109,10 @@ func validRevision(s string) bool { return len(validation.IsDNS1123Label(s)) == 
 
 // Handler serves the repository.
 type Handler struct {
-	root     *os.Root
-	dir      string
+	// roots are the directories, in lookup order (New's, then
+	// WithExtraDirectories'); extra are the names of the latter.
+	roots    []*os.Root
+	extra    []string
 	log      *slog.Logger
 	signer   *signing.Signer
 	now      func() time.Time
@@ -147,6 +153,15 @@ func WithValidity(d time.Duration) Option {
 	}
 }
 
+// WithExtraDirectories adds directories in the same layout, looked up
+// after New's directory and each other in the given order: a path is
+// served from the first directory that has it (so a package of New's
+// directory is never replaced by one of these), and the metadata index
+// the packages of every directory. Each must exist when New is called.
+func WithExtraDirectories(dirs ...string) Option {
+	return func(h *Handler) { h.extra = append(h.extra, dirs...) }
+}
+
 // WithClock sets the clock the metadata's dates come from. Default
 // time.Now.
 func WithClock(now func() time.Time) Option { return func(h *Handler) { h.now = now } }
@@ -165,24 +180,57 @@ type digest struct {
 	pkg *described
 }
 
-// New returns a Handler serving dir. The directory must exist.
+// New returns a Handler serving dir (and the WithExtraDirectories). Every
+// directory must exist.
 func New(dir string, log *slog.Logger, opts ...Option) (*Handler, error) {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return nil, fmt.Errorf("local repository: %w", err)
-	}
 	if log == nil {
 		log = slog.Default()
 	}
-	h := &Handler{root: root, dir: dir, log: log, sums: map[string]digest{}, now: time.Now, validity: DefaultValidity}
+	h := &Handler{log: log, sums: map[string]digest{}, now: time.Now, validity: DefaultValidity}
 	for _, o := range opts {
 		o(h)
+	}
+	for _, d := range append([]string{dir}, h.extra...) {
+		root, err := os.OpenRoot(d)
+		if err != nil {
+			_ = h.Close()
+			return nil, fmt.Errorf("local repository: %w", err)
+		}
+		h.roots = append(h.roots, root)
 	}
 	return h, nil
 }
 
-// Close releases the directory.
-func (h *Handler) Close() error { return h.root.Close() }
+// Close releases the directories.
+func (h *Handler) Close() error {
+	var errs []error
+	for _, r := range h.roots {
+		errs = append(errs, r.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// open opens name in the first directory that has it.
+func (h *Handler) open(name string) (*os.File, error) {
+	for _, r := range h.roots[:len(h.roots)-1] {
+		f, err := r.Open(name)
+		if !errors.Is(err, fs.ErrNotExist) {
+			return f, err
+		}
+	}
+	return h.roots[len(h.roots)-1].Open(name)
+}
+
+// stat describes name in the first directory that has it.
+func (h *Handler) stat(name string) (fs.FileInfo, error) {
+	for _, r := range h.roots[:len(h.roots)-1] {
+		info, err := r.Stat(name)
+		if !errors.Is(err, fs.ErrNotExist) {
+			return info, err
+		}
+	}
+	return h.roots[len(h.roots)-1].Stat(name)
+}
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -200,7 +248,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.serveGenerated(w, r, p.File)
 		return
 	}
-	f, err := h.root.Open(p.File)
+	f, err := h.open(p.File)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			h.log.Error("local repository: open", "file", p.File, "error", err)

@@ -262,3 +262,26 @@ listen:
 		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
 		goleak.IgnoreAnyFunction("net/http.(*http2ClientConn).readLoop"))
 }
+
+// The local repository opens every extra directory at start: one that
+// does not exist (an operator's volume not mounted) fails Run naming it,
+// so the repository never serves without the packages it was given.
+func TestRunNeedsTheExtraRepositoryDirectories(t *testing.T) {
+	ns := env.Namespace(t)
+	aws := awstest.Start(t, awstest.Instance{})
+	missing := filepath.Join(t.TempDir(), "istio-sidecar-packages")
+	cfgFile := writeConfig(t, ns, aws, fmt.Sprintf(`localRepository:
+  directory: %s
+  extraDirectories: [%s]
+listen:
+  onboarding: %s
+  metrics: %s
+  xds: %s
+  repository: %s
+`, t.TempDir(), missing, freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)))
+	err := Run(t.Context(), Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-test-extra-dirs",
+		DebugXDS: freeAddr(t), Logger: slog.New(slog.DiscardHandler)})
+	if err == nil || !strings.Contains(err.Error(), "extraDirectories") || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("Run = %v, want the missing extra directory %s named", err, missing)
+	}
+}

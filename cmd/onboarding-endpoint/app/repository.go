@@ -47,9 +47,12 @@ func startRepository(cfg *config.Configuration, lis net.Listener, servingTLS *tl
 	if v := cfg.LocalRepository.MetadataValidity; v != nil {
 		opts = append(opts, repository.WithValidity(v.Duration))
 	}
+	if dirs := cfg.LocalRepository.ExtraDirectories; len(dirs) > 0 {
+		opts = append(opts, repository.WithExtraDirectories(dirs...))
+	}
 	h, err := repository.New(cfg.LocalRepository.Directory, log, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("localRepository.directory: %w", err)
+		return nil, fmt.Errorf("localRepository.directory or extraDirectories: %w", err)
 	}
 	lis = lim.Listen(lis)
 	srv := &http.Server{Handler: h}
@@ -57,7 +60,8 @@ func startRepository(cfg *config.Configuration, lis net.Listener, servingTLS *tl
 	if servingTLS != nil {
 		srv.TLSConfig = servingTLS.Clone()
 	}
-	log.Info("local repository serving", "address", lis.Addr().String(), "directory", cfg.LocalRepository.Directory, "tls", servingTLS != nil)
+	log.Info("local repository serving", "address", lis.Addr().String(), "directory", cfg.LocalRepository.Directory,
+		"extraDirectories", cfg.LocalRepository.ExtraDirectories, "tls", servingTLS != nil)
 	return &repositoryServer{lis: lis, srv: srv, handler: h, tls: servingTLS != nil}, nil
 }
 

@@ -30,6 +30,7 @@ func main() {
 	flag.StringVar(&opts.Source, "source", "https://github.com/embark-mesh/embark", "source repository URL")
 	flag.StringVar(&opts.Licenses, "licenses", "Apache-2.0", "SPDX license expression")
 	flag.StringVar(&opts.LicenseFile, "license-file", "", "license text copied into the image (optional)")
+	flag.StringVar(&opts.PackagesDir, "packages", "", "the output directory of make packages: its onboarding-agent DEB and RPM files (amd64, arm64) go into the image at "+build.RepositoryDir+" (optional)")
 	flag.StringVar(&epoch, "source-date-epoch", os.Getenv("SOURCE_DATE_EPOCH"), "every timestamp in the image, in Unix seconds (default $SOURCE_DATE_EPOCH)")
 	flag.StringVar(&out, "o", "_output/image", "output directory")
 	flag.Parse()

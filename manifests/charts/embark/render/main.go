@@ -4,7 +4,7 @@
 // does not depend on Helm; manifests/chart_test.go runs it (go run) and
 // checks the result against the real API server.
 //
-//	go run . [-namespace istio-system] [-release embark] [-f values.yaml]... [-set-json '{"replicas":3}'] ../
+//	go run . [-namespace istio-system] [-release embark] [-f values.yaml]... [-set hosts[0]=a.example.corp]... [-set-json '{"replicas":3}'] ../
 package main
 
 import (
@@ -22,6 +22,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/engine"
+	"helm.sh/helm/v4/pkg/strvals"
 	sigsyaml "sigs.k8s.io/yaml"
 )
 
@@ -42,15 +43,16 @@ func run(args []string) error {
 	namespace := fs.String("namespace", "istio-system", "release namespace")
 	release := fs.String("release", "embark", "release name")
 	setJSON := fs.String("set-json", "", "values as a JSON object, merged last")
-	var valueFiles files
+	var valueFiles, sets files
 	fs.Var(&valueFiles, "f", "values file (repeatable)")
+	fs.Var(&sets, "set", "a value as helm's --set takes it, e.g. hosts[0]=a.example.corp (repeatable; after the files)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
 		return fmt.Errorf("want one chart directory, got %d arguments", fs.NArg())
 	}
-	vals, err := values(valueFiles, *setJSON)
+	vals, err := values(valueFiles, sets, *setJSON)
 	if err != nil {
 		return err
 	}
@@ -62,8 +64,10 @@ func run(args []string) error {
 	return err
 }
 
-// values merges the files, then the JSON object, over each other.
-func values(valueFiles []string, setJSON string) (map[string]any, error) {
+// values merges the files, then the --set values (parsed by Helm's own
+// parser, as `helm install --set` does), then the JSON object, over each
+// other.
+func values(valueFiles, sets []string, setJSON string) (map[string]any, error) {
 	vals := map[string]any{}
 	for _, f := range valueFiles {
 		data, err := os.ReadFile(f)
@@ -75,6 +79,11 @@ func values(valueFiles []string, setJSON string) (map[string]any, error) {
 			return nil, fmt.Errorf("values file %s: %w", f, err)
 		}
 		vals = chartutil.MergeTables(v, vals)
+	}
+	for _, s := range sets {
+		if err := strvals.ParseInto(s, vals); err != nil {
+			return nil, fmt.Errorf("-set %s: %w", s, err)
+		}
 	}
 	if setJSON != "" {
 		var v map[string]any

@@ -47,6 +47,15 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "mount without a path", vals: map[string]any{"extraVolumeMounts": []any{map[string]any{"name": "v"}}}, wantErr: "mountPath"},
 		{name: "misspelt autoscaling key", vals: map[string]any{"autoscaling": map[string]any{"enable": true}}, wantErr: "enable"},
 		{name: "autoscaling to zero", vals: map[string]any{"autoscaling": map[string]any{"minReplicas": 0}}, wantErr: "minReplicas"},
+		{name: "misspelt localRepository key", vals: map[string]any{"localRepository": map[string]any{"enable": true}}, wantErr: "enable"},
+		{name: "repository directory relative", vals: map[string]any{"localRepository": map[string]any{"directory": "packages"}}, wantErr: "directory"},
+		{name: "signing key Secret not a name", vals: map[string]any{"localRepository": map[string]any{"signingKey": map[string]any{"secretName": "Repo Key"}}}, wantErr: "secretName"},
+		{name: "signing key a path", vals: map[string]any{"localRepository": map[string]any{"signingKey": map[string]any{"key": "../signing.asc"}}}, wantErr: "key"},
+		{name: "metadata validity not a duration", vals: map[string]any{"localRepository": map[string]any{"metadataValidity": "7d"}}, wantErr: "metadataValidity"},
+		{name: "extra source without a volume", vals: map[string]any{"localRepository": map[string]any{"extraSources": []any{map[string]any{"name": "istio-sidecar"}}}}, wantErr: "volume"},
+		{name: "extra source name not a DNS label", vals: map[string]any{"localRepository": map[string]any{"extraSources": []any{map[string]any{"name": "Istio_Sidecar", "volume": map[string]any{"emptyDir": map[string]any{}}}}}}, wantErr: "name"},
+		{name: "extra source volume naming itself", vals: map[string]any{"localRepository": map[string]any{"extraSources": []any{map[string]any{"name": "a", "volume": map[string]any{"name": "b", "emptyDir": map[string]any{}}}}}}, wantErr: "volume"},
+		{name: "extra source volume empty", vals: map[string]any{"localRepository": map[string]any{"extraSources": []any{map[string]any{"name": "a", "volume": map[string]any{}}}}}, wantErr: "volume"},
 		{name: "metrics selector misspelt", vals: map[string]any{"networkPolicy": map[string]any{"metrics": map[string]any{"namespaceSelector": map[string]any{"matchLabel": map[string]any{"a": "b"}}}}}, wantErr: "matchLabel"},
 	}
 	for _, tc := range tests {
@@ -310,6 +319,56 @@ func TestServiceAccountAnnotations(t *testing.T) {
 	if sa := serviceAccount(irsa); !strings.Contains(sa, "  annotations:\n    eks.amazonaws.com/role-arn: arn:aws:iam::111122223333:role/embark\n") {
 		t.Errorf("the ServiceAccount lacks the IRSA annotation:\n%s", sa)
 	}
+}
+
+// The local repository is off by default (no 443 on vmgateway: never the
+// gRPC port); on, the configuration serves it on listen.repository :8443,
+// the container names that port https-repo and vmgateway's 443 reaches
+// it; a signing key Secret is mounted (group-readable only) where
+// signingKeyFile points.
+func TestLocalRepository(t *testing.T) {
+	https443 := "  - name: https\n    port: 443\n    targetPort: https-repo\n    protocol: TCP\n"
+	repoPort := "        - name: https-repo\n          containerPort: 8443\n          protocol: TCP\n"
+	tests := []struct {
+		name  string
+		vals  map[string]any
+		wants []string
+		nots  []string
+	}{
+		{name: "defaults: off",
+			nots: []string{"port: 443", "targetPort: grpc-onboard\n    protocol: TCP\n  - name: https", "localRepository:", "repository: \":8443\"", "containerPort: 8443", "repository-signing-key"}},
+		{name: "on without a signing key: package files only", vals: map[string]any{"localRepository": map[string]any{"enabled": true}},
+			wants: []string{https443, repoPort, "    localRepository:\n      directory: /var/lib/onboarding-endpoint/repository\n      metadataValidity: 168h\n", "      repository: \":8443\"\n"},
+			nots:  []string{"signingKeyFile", "repository-signing-key"}},
+		{name: "on with a signing key, directory and validity", vals: map[string]any{"localRepository": map[string]any{"enabled": true,
+			"directory": "/srv/packages", "metadataValidity": "48h", "signingKey": map[string]any{"secretName": "repo-key", "key": "key.asc"}}},
+			wants: []string{https443, repoPort,
+				"    localRepository:\n      directory: /srv/packages\n      signingKeyFile: /etc/onboarding-endpoint-repository-key/key.asc\n      metadataValidity: 48h\n",
+				"        - name: repository-signing-key\n          mountPath: /etc/onboarding-endpoint-repository-key\n          readOnly: true\n",
+				"      - name: repository-signing-key\n        secret:\n          secretName: repo-key\n          defaultMode: 0440\n          items:\n          - key: key.asc\n            path: key.asc\n"}},
+		{name: "Istio's sidecar packages from volumes", vals: map[string]any{"localRepository": map[string]any{"enabled": true, "extraSources": []any{
+			map[string]any{"name": "istio-sidecar", "volume": map[string]any{"persistentVolumeClaim": map[string]any{"claimName": "sidecar-pkgs", "readOnly": true}}},
+			map[string]any{"name": "canary", "volume": map[string]any{"image": map[string]any{"reference": "registry.example.corp/istio-sidecar-packages:1.31.0"}}},
+		}}},
+			wants: []string{"      extraDirectories:\n      - /var/lib/onboarding-endpoint/repository-sources/istio-sidecar\n      - /var/lib/onboarding-endpoint/repository-sources/canary\n",
+				"        - name: repository-istio-sidecar\n          mountPath: /var/lib/onboarding-endpoint/repository-sources/istio-sidecar\n          readOnly: true\n",
+				"      - name: repository-istio-sidecar\n        persistentVolumeClaim:\n          claimName: sidecar-pkgs\n          readOnly: true\n",
+				"      - name: repository-canary\n        image:\n          reference: registry.example.corp/istio-sidecar-packages:1.31.0\n"}},
+		{name: "extra sources while the repository is off", vals: map[string]any{"localRepository": map[string]any{"extraSources": []any{
+			map[string]any{"name": "istio-sidecar", "volume": map[string]any{"persistentVolumeClaim": map[string]any{"claimName": "sidecar-pkgs"}}}}}},
+			nots: []string{"repository-istio-sidecar", "sidecar-pkgs", "extraDirectories"}},
+		{name: "a signing key Secret named but the repository off", vals: map[string]any{"localRepository": map[string]any{"signingKey": map[string]any{"secretName": "repo-key"}}},
+			nots: []string{"repo-key", "port: 443", "signingKeyFile"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			checkRender(t, tc.vals, tc.wants, tc.nots, "")
+		})
+	}
+	twice := map[string]any{"localRepository": map[string]any{"enabled": true, "extraSources": []any{
+		map[string]any{"name": "pkgs", "volume": map[string]any{"emptyDir": map[string]any{}}},
+		map[string]any{"name": "pkgs", "volume": map[string]any{"configMap": map[string]any{"name": "x"}}}}}}
+	checkRender(t, twice, nil, nil, `localRepository.extraSources: the name "pkgs" is used twice`)
 }
 
 // checkRender renders vals and checks the output has every want and no

@@ -119,8 +119,37 @@ istiod:
 {{- end }}
 registration:
   gracePeriod: {{ .Values.registration.gracePeriod }}
+{{- with .Values.localRepository }}
+{{- if .enabled }}
+localRepository:
+  directory: {{ .directory }}
+  {{- if .signingKey.secretName }}
+  signingKeyFile: {{ include "embark.repositoryKeyDir" $ }}/{{ .signingKey.key }}
+  {{- end }}
+  metadataValidity: {{ .metadataValidity }}
+  {{- with .extraSources }}
+  extraDirectories:
+  {{- range . }}
+  - {{ include "embark.repositorySourcesDir" $ }}/{{ .name }}
+  {{- end }}
+  {{- end }}
+{{- end }}
+{{- end }}
 listen:
   onboarding: ":15443"
   xds: ":15012"
   metrics: ":15014"
+  {{- if .Values.localRepository.enabled }}
+  repository: ":8443"
+  {{- end }}
+{{- end -}}
+
+{{/* Where localRepository.extraSources are mounted, one directory each. */}}
+{{- define "embark.repositorySourcesDir" -}}
+/var/lib/onboarding-endpoint/repository-sources
+{{- end -}}
+
+{{/* Where the repository's signing key Secret is mounted. */}}
+{{- define "embark.repositoryKeyDir" -}}
+/etc/onboarding-endpoint-repository-key
 {{- end -}}

@@ -2,8 +2,9 @@
 // without a container daemon or a registry: it cross-compiles static Go
 // binaries, lays out a minimal base (passwd and group with the non-root user
 // 65532, CA roots from Go's x509roots/fallback module, an empty /tmp), adds
-// an SPDX SBOM made from each binary's Go build info, and writes a
-// multi-platform OCI image index as an OCI layout directory and an OCI
+// an SPDX SBOM made from each binary's Go build info, adds the
+// onboarding-agent DEB and RPM packages of both architectures at the local
+// repository's default directory, and writes a multi-platform OCI image index as an OCI layout directory and an OCI
 // archive (a tar of that directory). The same Options give the same bytes:
 // every timestamp is Options.Created and every tar is sorted.
 package build
@@ -43,7 +44,23 @@ const (
 	CABundle = "/etc/ssl/certs/ca-certificates.crt"
 	// SBOMDir holds the SPDX document of the binary inside the image.
 	SBOMDir = "/usr/share/doc/embark"
+	// RepositoryDir holds the agent's packages in the layout of the local
+	// repository's URL tree: the default of the endpoint's
+	// localRepository.directory and of the chart's, so an endpoint with
+	// the repository on serves them as they are.
+	RepositoryDir = "/var/lib/onboarding-endpoint/repository"
 )
+
+// AgentPackages are the package files the image carries below
+// RepositoryDir (and reads below Options.PackagesDir): the agent for both
+// architectures, whatever the image's own platform, as VMs of either may
+// install from any endpoint.
+var AgentPackages = []string{
+	"deb/amd64/onboarding-agent.deb",
+	"deb/arm64/onboarding-agent.deb",
+	"rpm/amd64/onboarding-agent.rpm",
+	"rpm/arm64/onboarding-agent.rpm",
+}
 
 // Options are the inputs of one image build; the same Options (and the same
 // sources, Go toolchain and module versions) give the same image digest.
@@ -70,6 +87,11 @@ type Options struct {
 	Licenses string `json:"licenses"`
 	// LicenseFile, when set, is copied into the image beside the SBOM.
 	LicenseFile string `json:"licenseFile,omitempty"`
+	// PackagesDir is `make packages`' output directory: each of
+	// AgentPackages below it is copied to RepositoryDir in every platform
+	// image (all of them are required). Empty: the image carries no
+	// packages.
+	PackagesDir string `json:"packagesDir,omitempty"`
 	// Created is every timestamp in the image (SOURCE_DATE_EPOCH, required).
 	Created time.Time `json:"created"`
 	// Env is added to go build's environment, e.g. GOCACHE=<empty dir>
@@ -147,6 +169,10 @@ func Build(ctx context.Context, opts Options, out string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	pkgs, err := packagesLayer(opts)
+	if err != nil {
+		return nil, err
+	}
 	anns := annotations(opts)
 	res := &Result{Layout: filepath.Join(out, LayoutDir), Archive: filepath.Join(out, ArchiveName)}
 	var adds []mutate.IndexAddendum
@@ -155,7 +181,7 @@ func Build(ctx context.Context, opts Options, out string) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		pi, img, err := platformImage(ctx, opts, plat, base, anns, out)
+		pi, img, err := platformImage(ctx, opts, plat, []v1.Layer{base, pkgs}, anns, out)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p, err)
 		}
@@ -200,8 +226,9 @@ func Build(ctx context.Context, opts Options, out string) (*Result, error) {
 }
 
 // platformImage compiles the binary for plat, writes its SBOM and returns
-// its image: the base layer, then the binary, SBOM and license.
-func platformImage(ctx context.Context, opts Options, plat v1.Platform, base v1.Layer, anns map[string]string, out string) (*PlatformImage, v1.Image, error) {
+// its image: the shared layers (base; the packages, when not nil), then
+// the binary, SBOM and license.
+func platformImage(ctx context.Context, opts Options, plat v1.Platform, shared []v1.Layer, anns map[string]string, out string) (*PlatformImage, v1.Image, error) {
 	pi := &PlatformImage{Platform: plat}
 	dir := plat.OS + "_" + plat.Architecture
 	pi.Binary = filepath.Join(out, "bin", dir, opts.Binary())
@@ -270,13 +297,18 @@ func platformImage(ctx context.Context, opts Options, plat v1.Platform, base v1.
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return nil, nil, fmt.Errorf("image config: %w", err)
 	}
-	img, err = mutate.Append(img,
-		mutate.Addendum{Layer: base, MediaType: types.OCILayer, History: v1.History{
-			Created: v1.Time{Time: opts.Created}, CreatedBy: "embark base: passwd, group, CA roots, /tmp",
-		}},
-		mutate.Addendum{Layer: app, MediaType: types.OCILayer, History: v1.History{
-			Created: v1.Time{Time: opts.Created}, CreatedBy: "embark " + opts.Binary() + " " + opts.Version + ", SBOM",
+	adds := []mutate.Addendum{{Layer: shared[0], MediaType: types.OCILayer, History: v1.History{
+		Created: v1.Time{Time: opts.Created}, CreatedBy: "embark base: passwd, group, CA roots, /tmp",
+	}}}
+	if shared[1] != nil {
+		adds = append(adds, mutate.Addendum{Layer: shared[1], MediaType: types.OCILayer, History: v1.History{
+			Created: v1.Time{Time: opts.Created}, CreatedBy: "embark onboarding-agent packages (deb, rpm; amd64, arm64) in " + RepositoryDir,
 		}})
+	}
+	adds = append(adds, mutate.Addendum{Layer: app, MediaType: types.OCILayer, History: v1.History{
+		Created: v1.Time{Time: opts.Created}, CreatedBy: "embark " + opts.Binary() + " " + opts.Version + ", SBOM",
+	}})
+	img, err = mutate.Append(img, adds...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("append layers: %w", err)
 	}
@@ -328,6 +360,45 @@ func baseLayer(opts Options) (v1.Layer, error) {
 		return nil, fmt.Errorf("base layer: %w", err)
 	}
 	return l, nil
+}
+
+// packagesLayer is the agent's packages (AgentPackages of
+// opts.PackagesDir) below RepositoryDir, readable by every user; nil when
+// opts.PackagesDir is empty. A missing file, or one that is not a DEB (an
+// ar archive) or an RPM (an RPM lead) as its name says, is an error
+// naming it.
+func packagesLayer(opts Options) (v1.Layer, error) {
+	if opts.PackagesDir == "" {
+		return nil, nil
+	}
+	files, err := packageFiles(opts.PackagesDir)
+	if err != nil {
+		return nil, err
+	}
+	l, err := layer(files, opts.Created)
+	if err != nil {
+		return nil, fmt.Errorf("packages layer: %w", err)
+	}
+	return l, nil
+}
+
+// packageFiles reads AgentPackages below dir as image files below
+// RepositoryDir.
+func packageFiles(dir string) ([]file, error) {
+	var files []file
+	for _, name := range AgentPackages {
+		src := filepath.Join(dir, filepath.FromSlash(name))
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("package %s (make packages writes it): %w", name, err)
+		}
+		magic := map[string][]byte{".deb": []byte("!<arch>\n"), ".rpm": {0xed, 0xab, 0xee, 0xdb}}[path.Ext(name)]
+		if !bytes.HasPrefix(data, magic) {
+			return nil, fmt.Errorf("package %s: %s is not a %s package", name, src, strings.TrimPrefix(path.Ext(name), "."))
+		}
+		files = append(files, file{name: path.Join(RepositoryDir, name), mode: 0o644, data: data})
+	}
+	return files, nil
 }
 
 // caBundle is a PEM file of the Mozilla root store that the

@@ -3,6 +3,7 @@ package build
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
 	"crypto/x509"
 	"debug/buildinfo"
 	"debug/elf"
@@ -13,8 +14,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,20 +55,49 @@ func buildOnce(t *testing.T) built {
 		t.Fatal(err)
 	}
 	opts := Options{
-		ModuleDir: root,
-		Package:   "./cmd/onboarding-endpoint",
-		LDFlags:   "-X github.com/embark-mesh/embark/version.version=v0.0.0-test -X github.com/embark-mesh/embark/version.revision=0123456789abcdef",
-		Name:      "embark-mesh/onboarding-endpoint",
-		Version:   "v0.0.0-test",
-		Revision:  "0123456789abcdef",
-		Source:    "https://github.com/embark-mesh/embark",
-		Created:   time.Unix(1767225600, 0).UTC(),
+		ModuleDir:   root,
+		Package:     "./cmd/onboarding-endpoint",
+		LDFlags:     "-X github.com/embark-mesh/embark/version.version=v0.0.0-test -X github.com/embark-mesh/embark/version.revision=0123456789abcdef",
+		Name:        "embark-mesh/onboarding-endpoint",
+		Version:     "v0.0.0-test",
+		Revision:    "0123456789abcdef",
+		Source:      "https://github.com/embark-mesh/embark",
+		Created:     time.Unix(1767225600, 0).UTC(),
+		PackagesDir: testPackages(t),
 	}
 	dir := t.TempDir()
 	if _, err := Build(t.Context(), opts, dir); err != nil {
 		t.Fatalf("build: %v", err)
 	}
 	return built{dir: dir, opts: opts}
+}
+
+// testPackages is the directory of agent packages the test's own build
+// puts into the image: EMBARK_PACKAGES_DIR (make packages' output) when
+// set, or else stand-ins that the image builder takes for packages (the
+// DEB and RPM magic numbers, then bytes distinct per file): the builder
+// copies bytes, it does not read packages.
+func testPackages(t *testing.T) string {
+	t.Helper()
+	if dir := os.Getenv("EMBARK_PACKAGES_DIR"); dir != "" {
+		return dir
+	}
+	dir := t.TempDir()
+	for _, name := range AgentPackages {
+		magic := map[string]string{".deb": "!<arch>\n", ".rpm": "\xed\xab\xee\xdb"}[filepath.Ext(name)]
+		writeTestFile(t, filepath.Join(dir, name), []byte(magic+strings.Repeat("stand-in for "+name+"\n", 50)))
+	}
+	return dir
+}
+
+func writeTestFile(t *testing.T, name string, data []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(name), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(name, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestImage builds the image a second time from the same inputs and checks
@@ -287,6 +319,7 @@ func checkImage(t *testing.T, b built, desc v1.Descriptor, img v1.Image) {
 		t.Errorf("/tmp mode %o, want 1777", files["tmp"].Mode)
 	}
 	checkRoots(t, files["etc/ssl/certs/ca-certificates.crt"].data)
+	checkPackages(t, b, files)
 
 	bin := files["usr/local/bin/onboarding-endpoint"]
 	if bin.Mode != 0o755 {
@@ -304,6 +337,84 @@ func checkImage(t *testing.T, b built, desc v1.Descriptor, img v1.Image) {
 		t.Errorf("the SBOM inside the image differs from the one beside the layout")
 	}
 	checkSBOM(t, b, doc, bin.data)
+}
+
+// checkPackages checks the image carries exactly the agent's packages of
+// both architectures below RepositoryDir, byte for byte (SHA-256) those of
+// the build's packages directory, readable by the endpoint's user.
+func checkPackages(t *testing.T, b built, files map[string]tarFile) {
+	t.Helper()
+	if b.opts.PackagesDir == "" {
+		t.Fatal("the image was built without -packages: it carries no agent packages for the local repository")
+	}
+	repo := strings.TrimPrefix(RepositoryDir, "/")
+	var got []string
+	for name, f := range files {
+		if strings.HasPrefix(name, repo+"/") && f.Typeflag == tar.TypeReg {
+			got = append(got, strings.TrimPrefix(name, repo+"/"))
+		}
+	}
+	slices.Sort(got)
+	if want := slices.Sorted(slices.Values(AgentPackages)); !slices.Equal(got, want) {
+		t.Errorf("packages in %s: %v, want %v", RepositoryDir, got, want)
+	}
+	for _, name := range AgentPackages {
+		f, ok := files[repo+"/"+name]
+		if !ok {
+			continue
+		}
+		want := sha256.Sum256(mustRead(t, filepath.Join(b.opts.PackagesDir, name)))
+		if sum := sha256.Sum256(f.data); sum != want {
+			t.Errorf("%s: sha256 %x in the image, %x in %s", name, sum, want, b.opts.PackagesDir)
+		}
+		if f.Mode != 0o644 || f.Uid != 0 {
+			t.Errorf("%s: mode %o owner %d, want 644 root (readable by 65532, not writable)", name, f.Mode, f.Uid)
+		}
+	}
+	for dir := repo; dir != "var"; dir = path.Dir(dir) {
+		if f, ok := files[dir]; !ok || f.Typeflag != tar.TypeDir || f.Mode != 0o755 {
+			t.Errorf("%s: not a 0755 directory in the image", dir)
+		}
+	}
+}
+
+// A packages directory without one of the agent's packages, or with a
+// file that is not the package its name says, is refused, naming it.
+func TestPackagesRefused(t *testing.T) {
+	tests := []struct {
+		name    string
+		change  func(dir string) error
+		wantErr string
+	}{
+		{name: "an arm64 RPM missing", change: func(dir string) error { return os.Remove(filepath.Join(dir, "rpm/arm64/onboarding-agent.rpm")) },
+			wantErr: "package rpm/arm64/onboarding-agent.rpm (make packages writes it)"},
+		{name: "an RPM where the DEB belongs", change: func(dir string) error {
+			return os.Rename(filepath.Join(dir, "rpm/amd64/onboarding-agent.rpm"), filepath.Join(dir, "deb/amd64/onboarding-agent.deb"))
+		}, wantErr: "package deb/amd64/onboarding-agent.deb: " + "%s/deb/amd64/onboarding-agent.deb is not a deb package"},
+		{name: "a text file as an RPM", change: func(dir string) error {
+			return os.WriteFile(filepath.Join(dir, "rpm/amd64/onboarding-agent.rpm"), []byte("not found\n"), 0o644)
+		}, wantErr: "is not a rpm package"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("EMBARK_PACKAGES_DIR", "")
+			dir := testPackages(t)
+			if err := tc.change(dir); err != nil {
+				t.Fatal(err)
+			}
+			_, err := packagesLayer(Options{PackagesDir: dir, Created: time.Unix(1767225600, 0)})
+			want := tc.wantErr
+			if strings.Contains(want, "%s") {
+				want = fmt.Sprintf(want, dir)
+			}
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("packagesLayer: %v, want an error containing %q", err, want)
+			}
+		})
+	}
+	if l, err := packagesLayer(Options{}); l != nil || err != nil {
+		t.Errorf("no packages directory: layer %v, error %v; want none", l, err)
+	}
 }
 
 func checkRoots(t *testing.T, bundle []byte) {
