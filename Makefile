@@ -192,6 +192,7 @@ release: ## Write the release into _output/release/<version>/ from the outputs o
 		-source-date-epoch $(SOURCE_DATE_EPOCH) \
 		$(if $(RELEASE_SIGNING_KEY),-key $(RELEASE_SIGNING_KEY),-throwaway-key $(TEST_RELEASE_KEY))
 	cd test/tools/release && EMBARK_RELEASE_DIR=$(RELEASE_OUTPUT) go test -count=1 -v ./...
+
 ##@ Install test
 
 # The end-to-end install test (test/install, build tag install): the chart
