@@ -113,6 +113,10 @@ endpoint:
   hosts:
   {{- toYaml .Values.hosts | nindent 2 }}
   secretName: {{ .Values.tls.secretName }}
+  {{- with .Values.detailedDenialSources }}
+  detailedDenialSources:
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 tokenIssuer:
   jwt:
     expiration: {{ .Values.tokenIssuer.expiration }}
@@ -142,10 +146,28 @@ istiod:
   {{- if and $.Values.istiodRevision (ne $.Values.istiodRevision "default") }}
   revision: {{ $.Values.istiodRevision }}
   {{- end }}
+  {{- with .maxCertificateValidity }}
+  maxCertificateValidity: {{ . }}
+  {{- end }}
 {{- end }}
 {{- end }}
 registration:
   gracePeriod: {{ .Values.registration.gracePeriod }}
+  {{- with .Values.registration.outOfTrafficAfter }}
+  outOfTrafficAfter: {{ . }}
+  {{- end }}
+{{- with .Values.limits.xds }}
+{{- if or .maxSubscribedNamesPerType .maxSubscribedNameBytesPerStream }}
+limits:
+  xds:
+    {{- with .maxSubscribedNamesPerType }}
+    maxSubscribedNamesPerType: {{ int64 . }}
+    {{- end }}
+    {{- with .maxSubscribedNameBytesPerStream }}
+    maxSubscribedNameBytesPerStream: {{ int64 . }}
+    {{- end }}
+{{- end }}
+{{- end }}
 {{- with .Values.localRepository }}
 {{- if .enabled }}
 localRepository:
