@@ -20,10 +20,17 @@ import (
 const chartDir = "charts/embark"
 
 // renderChart renders the Helm chart with Helm's Go SDK (the render
-// module, kept out of Embark's go.mod) with vals merged over values.yaml.
+// module, kept out of Embark's go.mod) with vals merged over values.yaml,
+// as the release embark in istio-system.
 func renderChart(t *testing.T, vals map[string]any) ([]byte, []*unstructured.Unstructured) {
 	t.Helper()
-	args := []string{"run", ".", "-namespace", "istio-system"}
+	return renderRelease(t, "embark", "istio-system", vals)
+}
+
+// renderRelease renders the chart as release in namespace.
+func renderRelease(t *testing.T, release, namespace string, vals map[string]any) ([]byte, []*unstructured.Unstructured) {
+	t.Helper()
+	args := []string{"run", ".", "-namespace", namespace, "-release", release}
 	if vals != nil {
 		data, err := json.Marshal(vals)
 		if err != nil {

@@ -56,6 +56,17 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "extra source name not a DNS label", vals: map[string]any{"localRepository": map[string]any{"extraSources": []any{map[string]any{"name": "Istio_Sidecar", "volume": map[string]any{"emptyDir": map[string]any{}}}}}}, wantErr: "name"},
 		{name: "extra source volume naming itself", vals: map[string]any{"localRepository": map[string]any{"extraSources": []any{map[string]any{"name": "a", "volume": map[string]any{"name": "b", "emptyDir": map[string]any{}}}}}}, wantErr: "volume"},
 		{name: "extra source volume empty", vals: map[string]any{"localRepository": map[string]any{"extraSources": []any{map[string]any{"name": "a", "volume": map[string]any{}}}}}, wantErr: "volume"},
+		{name: "out-of-traffic delay not a duration", vals: map[string]any{"registration": map[string]any{"outOfTrafficAfter": "ten seconds"}}, wantErr: "outOfTrafficAfter"},
+		{name: "detailed denial source not a CIDR", vals: map[string]any{"detailedDenialSources": []any{"10.0.0.1"}}, wantErr: "detailedDenialSources"},
+		{name: "misspelt xds limit", vals: map[string]any{"limits": map[string]any{"xds": map[string]any{"maxSubscribedNames": 10}}}, wantErr: "maxSubscribedNames"},
+		{name: "subscribed name bytes over 2 MiB", vals: map[string]any{"limits": map[string]any{"xds": map[string]any{"maxSubscribedNameBytesPerStream": 3 << 20}}}, wantErr: "maxSubscribedNameBytesPerStream"},
+		{name: "negative subscribed names", vals: map[string]any{"limits": map[string]any{"xds": map[string]any{"maxSubscribedNamesPerType": -1}}}, wantErr: "maxSubscribedNamesPerType"},
+		{name: "certificate validity in days", vals: map[string]any{"istiod": map[string]any{"maxCertificateValidity": "1d"}}, wantErr: "maxCertificateValidity"},
+		{name: "PDB minAvailable a boolean", vals: map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": true}}, wantErr: "minAvailable"},
+		{name: "misspelt PDB key", vals: map[string]any{"podDisruptionBudget": map[string]any{"maxUnavailable": 1}}, wantErr: "maxUnavailable"},
+		{name: "pod annotation not a string", vals: map[string]any{"podAnnotations": map[string]any{"a": 1}}, wantErr: "podAnnotations"},
+		{name: "image pull secret without a name", vals: map[string]any{"imagePullSecrets": []any{map[string]any{}}}, wantErr: "name"},
+		{name: "unknown pull policy", vals: map[string]any{"image": map[string]any{"repository": "x", "pullPolicy": "Sometimes"}}, wantErr: "pullPolicy"},
 		{name: "metrics selector misspelt", vals: map[string]any{"networkPolicy": map[string]any{"metrics": map[string]any{"namespaceSelector": map[string]any{"matchLabel": map[string]any{"a": "b"}}}}}, wantErr: "matchLabel"},
 	}
 	for _, tc := range tests {
@@ -100,6 +111,23 @@ func TestRenders(t *testing.T) {
 			"aws-load-balancer-scheme: internal", "kind: ServiceMonitor", "kind: PrometheusRule", "runbook_url:", "embark-dashboard.json",
 			// The revision's istiod, not the default one.
 			"address: istiod-1-30.istio-system.svc:15012", "serverName: istiod-1-30.istio-system.svc"}},
+		{name: "revision names", vals: map[string]any{"istiodRevision": "canary", "autoscaling": map[string]any{"enabled": true},
+			"tls":        map[string]any{"certManager": map[string]any{"enabled": true, "issuerRef": map[string]any{"name": "corp-ca"}}},
+			"monitoring": map[string]any{"serviceMonitor": map[string]any{"enabled": true}, "prometheusRule": map[string]any{"enabled": true}, "dashboard": map[string]any{"enabled": true}}},
+			wants: []string{"kind: Deployment\nmetadata:\n  name: onboarding-endpoint-canary\n", "kind: Service\nmetadata:\n  name: vmgateway-canary\n",
+				"name: onboarding-endpoint-metrics-canary\n", "kind: PodDisruptionBudget\nmetadata:\n  name: onboarding-endpoint-canary\n",
+				"kind: ClusterRole\nmetadata:\n  name: embark-onboarding-endpoint-canary\n", "kind: ClusterRoleBinding\nmetadata:\n  name: embark-onboarding-endpoint-canary\n",
+				"kind: ClusterRole\nmetadata:\n  name: embark-onboarding-endpoint-workloads-canary\n", "name: embark-onboarding-endpoint-workloads-canary\n  namespace: bookinfo\n",
+				"      serviceAccountName: onboarding-endpoint-canary\n", "- kind: ServiceAccount\n  name: onboarding-endpoint-canary\n",
+				"signingKeySecret: onboarding-token-signing-key-canary\n", "resourceNames: [onboarding-token-signing-key-canary]",
+				"kind: Secret\nmetadata:\n  name: onboarding-token-signing-key-canary\n",
+				"    kind: Deployment\n    name: onboarding-endpoint-canary\n", "kind: Certificate\nmetadata:\n  name: onboarding-endpoint-canary\n",
+				"kind: ServiceMonitor\nmetadata:\n  name: onboarding-endpoint-canary\n", "kind: PrometheusRule\nmetadata:\n  name: embark-canary\n", "name: embark-grafana-dashboard-canary\n",
+				"  selector:\n    app.kubernetes.io/name: onboarding-endpoint\n    app.kubernetes.io/instance: embark\n"},
+			nots: []string{"metadata:\n  name: onboarding-endpoint\n", "metadata:\n  name: vmgateway\n", "metadata:\n  name: embark-onboarding-endpoint\n", "metadata:\n  name: onboarding-token-signing-key\n", "  name: embark\n"}},
+		{name: "the default revision keeps the plain names", vals: map[string]any{"istiodRevision": "default"},
+			wants: []string{"kind: Deployment\nmetadata:\n  name: onboarding-endpoint\n", "kind: Service\nmetadata:\n  name: vmgateway\n"},
+			nots:  []string{"signingKeySecret", "-default"}},
 		{name: "standalone, no istiod", vals: map[string]any{"istiod": map[string]any{"enabled": false}},
 			wants: []string{"kind: ClusterRoleBinding\nmetadata:\n  name: embark-onboarding-endpoint-mesh-config"},
 			nots:  []string{"istiod:", "istio-ca-root-cert", "/etc/istio-root"}},
@@ -369,6 +397,64 @@ func TestLocalRepository(t *testing.T) {
 		map[string]any{"name": "pkgs", "volume": map[string]any{"emptyDir": map[string]any{}}},
 		map[string]any{"name": "pkgs", "volume": map[string]any{"configMap": map[string]any{"name": "x"}}}}}}
 	checkRender(t, twice, nil, nil, `localRepository.extraSources: the name "pkgs" is used twice`)
+}
+
+// The endpoint settings the chart exposes reach its configuration file
+// only when set; unset, the endpoint's defaults apply.
+func TestEndpointSettings(t *testing.T) {
+	tests := []struct {
+		name  string
+		vals  map[string]any
+		wants []string
+		nots  []string
+	}{
+		{name: "defaults: none rendered", nots: []string{"outOfTrafficAfter", "detailedDenialSources", "maxCertificateValidity", "\n    limits:\n      xds:", "maxSubscribed"}},
+		{name: "every one set", vals: map[string]any{
+			"registration":          map[string]any{"outOfTrafficAfter": "30s"},
+			"detailedDenialSources": []any{"10.0.0.0/8", "2001:db8::/32"},
+			"limits":                map[string]any{"xds": map[string]any{"maxSubscribedNamesPerType": 5000, "maxSubscribedNameBytesPerStream": 2 << 20}},
+			"istiod":                map[string]any{"maxCertificateValidity": "12h"},
+		}, wants: []string{
+			"      secretName: onboarding-endpoint-tls\n      detailedDenialSources:\n      - 10.0.0.0/8\n      - 2001:db8::/32\n",
+			"      rootCertFile: /etc/istio-root/root-cert.pem\n      maxCertificateValidity: 12h\n",
+			"    registration:\n      gracePeriod: 5m\n      outOfTrafficAfter: 30s\n",
+			"    limits:\n      xds:\n        maxSubscribedNamesPerType: 5000\n        maxSubscribedNameBytesPerStream: 2097152\n",
+		}},
+		{name: "one xds limit", vals: map[string]any{"limits": map[string]any{"xds": map[string]any{"maxSubscribedNameBytesPerStream": 65536}}},
+			wants: []string{"    limits:\n      xds:\n        maxSubscribedNameBytesPerStream: 65536\n"}, nots: []string{"maxSubscribedNamesPerType"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			checkRender(t, tc.vals, tc.wants, tc.nots, "")
+		})
+	}
+}
+
+// The PodDisruptionBudget, the Pods' annotations, image pull secrets and
+// pull policy follow their values.
+func TestPodDisruptionBudgetAndImageOptions(t *testing.T) {
+	tests := []struct {
+		name  string
+		vals  map[string]any
+		wants []string
+		nots  []string
+	}{
+		{name: "defaults", wants: []string{"kind: PodDisruptionBudget\nmetadata:\n  name: onboarding-endpoint\n", "  minAvailable: 1\n", "imagePullPolicy: IfNotPresent\n"},
+			nots: []string{"imagePullSecrets"}},
+		{name: "a percentage", vals: map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": "50%"}}, wants: []string{"  minAvailable: 50%\n"}},
+		{name: "off", vals: map[string]any{"podDisruptionBudget": map[string]any{"enabled": false}}, nots: []string{"kind: PodDisruptionBudget"}},
+		{name: "annotations, pull secrets and policy", vals: map[string]any{
+			"podAnnotations":   map[string]any{"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"},
+			"imagePullSecrets": []any{map[string]any{"name": "regcred"}},
+			"image":            map[string]any{"repository": "registry.example.corp/embark", "pullPolicy": "Always"},
+		}, wants: []string{"        checksum/config: ", "        cluster-autoscaler.kubernetes.io/safe-to-evict: \"true\"\n",
+			"      imagePullSecrets:\n        - name: regcred\n", "        imagePullPolicy: Always\n"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			checkRender(t, tc.vals, tc.wants, tc.nots, "")
+		})
+	}
 }
 
 // checkRender renders vals and checks the output has every want and no

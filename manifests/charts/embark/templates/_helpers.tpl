@@ -11,9 +11,33 @@ istio.io/rev: {{ . }}
 {{- end }}
 {{- end -}}
 
-{{/* Selector labels: the kustomize base's, so both select the same Pods. */}}
+{{/* Selector labels: the kustomize base's (which is the release
+"embark"), so both select the same Pods; the release name keeps two
+releases (two istiod revisions) from selecting each other's Pods. */}}
 {{- define "embark.selector" -}}
 app.kubernetes.io/name: onboarding-endpoint
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* "-<revision>" for an istiodRevision other than the default, else
+"": the suffix of every object name, so that the releases of two
+revisions install side by side, as Istio's charts name istiod-<revision>.
+*/}}
+{{- define "embark.suffix" -}}
+{{- if and .Values.istiodRevision (ne .Values.istiodRevision "default") -}}
+-{{ .Values.istiodRevision }}
+{{- end -}}
+{{- end -}}
+
+{{/* The name of the Deployment, its ServiceAccount, ConfigMap, PDB, HPA,
+NetworkPolicy and Certificate. */}}
+{{- define "embark.name" -}}
+onboarding-endpoint{{ include "embark.suffix" . }}
+{{- end -}}
+
+{{/* The onboarding-token signing-key Secret (tokenIssuer.jwt.signingKeySecret). */}}
+{{- define "embark.signingKeySecret" -}}
+onboarding-token-signing-key{{ include "embark.suffix" . }}
 {{- end -}}
 
 {{/* The annotations that make the cloud providers' load balancer
@@ -89,9 +113,16 @@ endpoint:
   hosts:
   {{- toYaml .Values.hosts | nindent 2 }}
   secretName: {{ .Values.tls.secretName }}
+  {{- with .Values.detailedDenialSources }}
+  detailedDenialSources:
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
 tokenIssuer:
   jwt:
     expiration: {{ .Values.tokenIssuer.expiration }}
+    {{- with include "embark.suffix" . }}
+    signingKeySecret: {{ include "embark.signingKeySecret" $ }}
+    {{- end }}
 mesh:
   clusterID: {{ .Values.mesh.clusterID }}
   trustDomain: {{ .Values.mesh.trustDomain }}
@@ -115,10 +146,28 @@ istiod:
   {{- if and $.Values.istiodRevision (ne $.Values.istiodRevision "default") }}
   revision: {{ $.Values.istiodRevision }}
   {{- end }}
+  {{- with .maxCertificateValidity }}
+  maxCertificateValidity: {{ . }}
+  {{- end }}
 {{- end }}
 {{- end }}
 registration:
   gracePeriod: {{ .Values.registration.gracePeriod }}
+  {{- with .Values.registration.outOfTrafficAfter }}
+  outOfTrafficAfter: {{ . }}
+  {{- end }}
+{{- with .Values.limits.xds }}
+{{- if or .maxSubscribedNamesPerType .maxSubscribedNameBytesPerStream }}
+limits:
+  xds:
+    {{- with .maxSubscribedNamesPerType }}
+    maxSubscribedNamesPerType: {{ int64 . }}
+    {{- end }}
+    {{- with .maxSubscribedNameBytesPerStream }}
+    maxSubscribedNameBytesPerStream: {{ int64 . }}
+    {{- end }}
+{{- end }}
+{{- end }}
 {{- with .Values.localRepository }}
 {{- if .enabled }}
 localRepository:
