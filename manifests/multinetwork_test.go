@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/embark-mesh/embark/onboarding/config"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -99,6 +100,23 @@ func TestMultiNetworkChartMatchesOverlay(t *testing.T) {
 	}
 	if got, want := targets(kustEmbark), map[int32]string{15443: "15443", 15012: "15112"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("overlay: Embark's Service targets %v, want %v (the endpoint's ports in istiod's Pod)", got, want)
+	}
+
+	// The endpoint checks registrations against the network vmgateway is
+	// labelled with; the overlay's configuration is ../istio-operator's
+	// but for that.
+	chartCfg := endpointConfig(t, mustFind(t, chart, "ConfigMap", "onboarding-endpoint"))
+	kustCfg := endpointConfig(t, mustFind(t, kust, "ConfigMap", "onboarding-endpoint-istiod"))
+	for name, cfg := range map[string]*config.Configuration{"chart": chartCfg, multiNetwork: kustCfg} {
+		if cfg.Mesh.Network == nil || cfg.Mesh.Network.Pods != "kube-network" {
+			t.Errorf("%s: mesh.network %+v, want pods: kube-network", name, cfg.Mesh.Network)
+		}
+	}
+	_, single := build(t, "istio-operator")
+	singleCfg := endpointConfig(t, mustFind(t, single, "ConfigMap", "onboarding-endpoint-istiod"))
+	kustCfg.Mesh.Network = nil
+	if !reflect.DeepEqual(kustCfg, singleCfg) {
+		t.Errorf("%s's configuration differs from istio-operator's in more than mesh.network:\n%+v\n%+v", multiNetwork, kustCfg, singleCfg)
 	}
 }
 

@@ -148,6 +148,11 @@ func TestVMGatewayNetwork(t *testing.T) {
 	if got := sigsString(multi["VirtualService/onboarding-endpoint"].Spec["tls"]); got != wantRoutes {
 		t.Errorf("VirtualService tls routes:\n%s\nwant:\n%s", got, wantRoutes)
 	}
+
+	// The endpoint checks registrations against the mesh's networks.
+	checkRender(t, map[string]any{"vmgateway": map[string]any{"network": "kube-network", "podCIDRs": []any{"10.244.0.0/16"}, "gatewayNetworks": []any{"vms"}}},
+		[]string{"  network:\n        pods: kube-network\n        podCIDRs:\n          - 10.244.0.0/16\n        gateways:\n          - vms\n"}, nil, "")
+	checkRender(t, nil, nil, []string{"pods: "}, "")
 }
 
 // Wrong multi-network values are refused with a message naming the value.
@@ -160,6 +165,7 @@ func TestVMGatewayNetworkRefusesBadValues(t *testing.T) {
 		{name: "host in .local", vals: map[string]any{"vmgateway": map[string]any{"network": "kube-network"}, "hosts": []any{"onboarding.cluster.local"}}, wantErr: "hosts: onboarding.cluster.local ends in .local"},
 		{name: "network not a label value", vals: map[string]any{"vmgateway": map[string]any{"network": "kube network"}}, wantErr: "network"},
 		{name: "no gateway selector", vals: map[string]any{"vmgateway": map[string]any{"network": "n", "gatewaySelector": nil}}, wantErr: "gatewaySelector"},
+		{name: "pod CIDR not a CIDR", vals: map[string]any{"vmgateway": map[string]any{"network": "n", "podCIDRs": []any{"10.244.0.1"}}}, wantErr: "podCIDRs"},
 		{name: "misspelt key", vals: map[string]any{"vmgateway": map[string]any{"networks": "n"}}, wantErr: "networks"},
 		{name: "internet-facing without source ranges", vals: map[string]any{"vmgateway": map[string]any{"network": "n"}, "service": map[string]any{"internal": false}}, wantErr: "loadBalancerSourceRanges"},
 	} {
