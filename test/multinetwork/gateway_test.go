@@ -2,6 +2,8 @@ package multinetwork
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -15,73 +17,53 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The east-west gateway's configuration as docs/multi-network.md installs
-// it: Istio's cross-network server (SNI auto-passthrough of *.local on
-// 15443) and Embark's ports passed through by SNI (15443) and port (15012)
-// to Embark's Service.
-const (
-	gatewayYAML = `
-apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata:
-  name: vmgateway
-  namespace: istio-system
-spec:
-  selector:
-    istio: eastwestgateway
-  servers:
-  - port: {number: 15443, name: tls-mesh, protocol: TLS}
-    tls: {mode: AUTO_PASSTHROUGH}
-    hosts: ["*.local"]
-  - port: {number: 15443, name: tls-onboarding, protocol: TLS}
-    tls: {mode: PASSTHROUGH}
-    hosts: ["onboarding-endpoint.example.corp"]
-  - port: {number: 15012, name: tls-xds, protocol: TLS}
-    tls: {mode: PASSTHROUGH}
-    hosts: ["onboarding-endpoint.example.corp"]
-`
-	virtualServiceYAML = `
-apiVersion: networking.istio.io/v1
-kind: VirtualService
-metadata:
-  name: onboarding-endpoint
-  namespace: istio-system
-spec:
-  hosts: ["onboarding-endpoint.example.corp"]
-  gateways: [vmgateway]
-  tls:
-  - match: [{port: 15443, sniHosts: ["onboarding-endpoint.example.corp"]}]
-    route: [{destination: {host: onboarding-endpoint.istio-system.svc.cluster.local, port: {number: 15443}}}]
-  - match: [{port: 15012, sniHosts: ["onboarding-endpoint.example.corp"]}]
-    route: [{destination: {host: onboarding-endpoint.istio-system.svc.cluster.local, port: {number: 15012}}}]
-`
-	embarkServiceYAML = `
-apiVersion: v1
-kind: Service
-metadata:
-  name: onboarding-endpoint
-  namespace: istio-system
-spec:
-  selector: {app: onboarding-endpoint}
-  ports:
-  - {name: tls-onboard, port: 15443, targetPort: 15443}
-  - {name: tls-xds, port: 15012, targetPort: 15012}
-`
-)
+// shippedGateway is the east-west gateway's configuration as the
+// IstioOperator overlay installs it (the chart renders the same Gateway and
+// VirtualService, manifests' TestMultiNetworkChartMatchesOverlay): Embark's
+// ClusterIP Service, Istio's cross-network server (SNI auto-passthrough of
+// *.local on 15443) and Embark's host passed through by SNI on 15443 and
+// 15012.
+const shippedGateway = "../../manifests/istio-operator-multi-network/gateway.yaml"
 
-// createAll creates the YAML objects into their typed forms and deletes
-// them when the test ends.
-func createAll(t *testing.T, objs map[string]client.Object) {
+// createShipped creates the objects of the YAML file path and deletes them
+// when the test ends.
+func createShipped(t *testing.T, path string) {
 	t.Helper()
-	for doc, obj := range objs {
-		if err := yaml.Unmarshal([]byte(doc), obj); err != nil {
-			t.Fatal(err)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var obj client.Object
+		switch kind := kindOf(t, doc); kind {
+		case "Service":
+			obj = &corev1.Service{}
+		case "Gateway":
+			obj = &istionetworkingv1.Gateway{}
+		case "VirtualService":
+			obj = &istionetworkingv1.VirtualService{}
+		default:
+			t.Fatalf("%s: unexpected kind %q", path, kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("%s: %v", path, err)
 		}
 		if err := env.Client.Create(t.Context(), obj); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
 	}
+}
+
+func kindOf(t *testing.T, doc string) string {
+	t.Helper()
+	var meta struct {
+		Kind string `json:"kind"`
+	}
+	if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+		t.Fatal(err)
+	}
+	return meta.Kind
 }
 
 // The east-west gateway, as an xDS client of istiod (a router with the
@@ -92,9 +74,7 @@ func createAll(t *testing.T, objs map[string]client.Object) {
 // chains for the endpoint's DNS name on 15443 and 15012 to Embark's Service.
 func TestEastWestGatewayPassesVMTrafficToPodsAndEmbark(t *testing.T) {
 	setMeshNetworks(t, "")
-	createAll(t, map[string]client.Object{
-		gatewayYAML: &istionetworkingv1.Gateway{}, virtualServiceYAML: &istionetworkingv1.VirtualService{}, embarkServiceYAML: &corev1.Service{},
-	})
+	createShipped(t, shippedGateway)
 	ns := env.Namespace(t)
 	podIP := "10.244.1.16"
 	productpage(t, ns, podIP)
