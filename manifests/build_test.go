@@ -14,7 +14,7 @@ import (
 )
 
 // kustomizations are every kustomize root under manifests/.
-var kustomizations = []string{".", "base", "workload-namespaces", "standalone", "istio-operator", "monitoring", "examples/cert-manager"}
+var kustomizations = []string{".", "base", "workload-namespaces", "standalone", "istio-operator", "istio-operator-multi-network", "monitoring", "examples/cert-manager"}
 
 // build runs kustomize (the library kubectl embeds) on dir and returns the
 // YAML stream and its objects.

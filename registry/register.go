@@ -85,6 +85,10 @@ type Options struct {
 	// "default": none). Registrations record it (AnnotationIstioRevision)
 	// and their WorkloadEntries carry it as istio.io/rev.
 	Revision string
+	// Topology is the mesh's networks; each registration's network is
+	// checked against it (the NetworkTopology condition, CheckTopology).
+	// Default: none, only a group contradicting itself is reported.
+	Topology *Topology
 }
 
 // Registrar creates and updates WorkloadAutoRegistrations and their
@@ -98,6 +102,7 @@ type Registrar struct {
 	now      func() time.Time
 	sidecar  SidecarCredentialOptions
 	revision string
+	topology *Topology
 }
 
 // NewRegistrar returns a Registrar.
@@ -124,6 +129,7 @@ func NewRegistrar(opts Options) (*Registrar, error) {
 		now:      opts.Clock,
 		sidecar:  opts.Sidecar,
 		revision: revisionOf(opts.Revision),
+		topology: opts.Topology,
 	}, nil
 }
 
@@ -271,6 +277,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 		}
 		return nil, err
 	}
+	r.checkTopology(ctx, war, we.Spec.Address)
 	if created {
 		log.Info("registered workload", "group", req.Group.Name, "address", we.Spec.Address)
 		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", IdentityName(req.Identity), we.Spec.Address, req.Group.Name)

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -278,6 +279,27 @@ type Mesh struct {
 	// read again for each registration, so a rotated file is served at
 	// once. Empty sends no roots (the VM must be given them otherwise).
 	RootCertFile string `json:"rootCertFile,omitempty"`
+	// Network is the mesh's network topology when VMs are on networks of
+	// their own (docs/multi-network.md): each registration's network is
+	// checked against it and the result written as its NetworkTopology
+	// condition. Unset: one network, nothing checked but a WorkloadGroup
+	// whose network label contradicts its network.
+	Network *MeshNetwork `json:"network,omitempty"`
+}
+
+// MeshNetwork is the mesh's networks as istiod sees them.
+type MeshNetwork struct {
+	// Pods is the pods' network: the topology.istio.io/network label of
+	// istiod's namespace, and of vmgateway (the chart's vmgateway.network).
+	// Required.
+	Pods string `json:"pods"`
+	// PodCIDRs are the pods' address ranges: a workload on another network
+	// with an address in one is reported. Default: none.
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
+	// Gateways are the other networks that have a gateway istiod knows of
+	// (meshNetworks); a workload on a network neither the pods' nor listed
+	// here is reported. Default: none.
+	Gateways []string `json:"gateways,omitempty"`
 }
 
 // Identity configures platform identity verification.
@@ -425,6 +447,37 @@ type SourceAddressCheck struct {
 	// TrustedProxyCIDRs are peers (proxies, load balancers that rewrite
 	// the source) whose connections are not checked.
 	TrustedProxyCIDRs []string `json:"trustedProxyCIDRs,omitempty"`
+}
+
+// validate checks the network names (label values, as Istio's
+// topology.istio.io/network) and the CIDRs; a nil n is valid.
+func (n *MeshNetwork) validate(p *field.Path) field.ErrorList {
+	if n == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if n.Pods == "" {
+		errs = append(errs, field.Required(p.Child("pods"), "the pods' network (the topology.istio.io/network label of istiod's namespace)"))
+	}
+	names := append([]string{n.Pods}, n.Gateways...)
+	for i, name := range names {
+		path := p.Child("pods")
+		if i > 0 {
+			path = p.Child("gateways").Index(i - 1)
+		}
+		if msgs := validation.IsValidLabelValue(name); name != "" && len(msgs) > 0 {
+			errs = append(errs, field.Invalid(path, name, msgs[0]))
+		}
+		if i > 0 && slices.Contains(names[:i], name) {
+			errs = append(errs, field.Duplicate(path, name))
+		}
+	}
+	for i, cidr := range n.PodCIDRs {
+		if _, err := netip.ParsePrefix(cidr); err != nil {
+			errs = append(errs, field.Invalid(p.Child("podCIDRs").Index(i), cidr, "must be a CIDR"))
+		}
+	}
+	return errs
 }
 
 // Prefixes parses CIDRs that Validate accepted.
@@ -661,6 +714,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	if _, _, err := net.SplitHostPort(c.Mesh.DiscoveryAddress); err != nil {
 		errs = append(errs, field.Invalid(field.NewPath("mesh", "discoveryAddress"), c.Mesh.DiscoveryAddress, "must be host:port"))
 	}
+	errs = append(errs, c.Mesh.Network.validate(field.NewPath("mesh", "network"))...)
 	seen := map[string]bool{}
 	for i, j := range c.Identity.JWT {
 		p := field.NewPath("identity", "jwt").Index(i)

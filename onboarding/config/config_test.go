@@ -238,6 +238,10 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "certificate validity under 10 minutes", yaml: minimal + "istiod: {maxCertificateValidity: 1m}\n", wantErr: "istiod.maxCertificateValidity"},
 		{name: "negative subscribed names per type", yaml: minimal + "limits: {xds: {maxSubscribedNamesPerType: -1}}\n", wantErr: "limits.xds.maxSubscribedNamesPerType"},
 		{name: "subscribed name bytes over the message limit", yaml: minimal + "limits: {xds: {maxSubscribedNameBytesPerStream: 4194304}}\n", wantErr: "limits.xds.maxSubscribedNameBytesPerStream"},
+		{name: "network without the pods' network", yaml: minimal + "mesh: {network: {gateways: [virtual-machines]}}\n", wantErr: "mesh.network.pods: Required value"},
+		{name: "network name not a label value", yaml: minimal + "mesh: {network: {pods: kube-network, gateways: ['virtual machines']}}\n", wantErr: "mesh.network.gateways[0]: Invalid value"},
+		{name: "gateway network twice", yaml: minimal + "mesh: {network: {pods: kube-network, gateways: [vms, kube-network]}}\n", wantErr: "mesh.network.gateways[1]: Duplicate value"},
+		{name: "pod CIDR not a CIDR", yaml: minimal + "mesh: {network: {pods: kube-network, podCIDRs: [10.244.0.1]}}\n", wantErr: "mesh.network.podCIDRs[0]"},
 		{name: "per-source above total", yaml: minimal + "limits: {onboarding: {maxConnectionsPerSource: 20, maxConnections: 10}}\n", wantErr: "limits.onboarding.maxConnectionsPerSource"},
 	}
 	for _, tt := range tests {
@@ -255,6 +259,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(minimal + "registration: {gracePeriod: 1s}\n"))
 	f.Add([]byte("{"))
 	f.Add([]byte(minimal + "xds: {debounce: 250ms}\nmesh: {rootNamespace: mesh-config}\n"))
+	f.Add([]byte(minimal + "mesh: {network: {pods: kube-network, podCIDRs: [10.244.0.0/16], gateways: [virtual-machines]}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := Parse(data)
 		if err != nil {

@@ -28,6 +28,13 @@ const (
 	// once everything selecting it is enforced again. Unset means nothing
 	// was ever left unenforced.
 	ConditionConfigurationEnforced = "ConfigurationEnforced"
+	// ConditionNetworkTopology says whether the workload's network, as its
+	// WorkloadGroup sets it, fits the mesh's networks (docs/multi-network.md):
+	// False names what does not (a network with no gateway, a network label
+	// that contradicts the group, an address in the pods' CIDR on another
+	// network). Written only where the endpoint is configured with the
+	// mesh's networks (mesh.network), or when the group contradicts itself.
+	ConditionNetworkTopology = "NetworkTopology"
 )
 
 // Condition reasons of a WorkloadAutoRegistration.

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -94,6 +95,8 @@ func TestRunServesTheOnboardingAPI(t *testing.T) {
     expiration: 30m
 registration:
   gracePeriod: 1m
+mesh:
+  network: {pods: kube-network}
 listen:
   onboarding: %s
   metrics: %s
@@ -163,6 +166,11 @@ listen:
 	}
 	if reg.GetRegistrationName() != "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0" {
 		t.Errorf("registration name %q", reg.GetRegistrationName())
+	}
+	// mesh.network reaches the registrar: the seed group's network,
+	// virtual-machines, has no gateway in it.
+	if c := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionNetworkTopology); c == nil || c.Reason != "NoNetworkGateway" {
+		t.Errorf("NetworkTopology condition %+v, want False/NoNetworkGateway", c)
 	}
 
 	// A credential the endpoint does not trust is refused as the API says.

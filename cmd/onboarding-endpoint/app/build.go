@@ -291,7 +291,7 @@ func (b *build) onboarding(ctx context.Context) error {
 	b.deferUndo(func() { stopStatus(); <-statusDone })
 	registrar, err := registry.NewRegistrar(registry.Options{
 		Client: b.kc, Cache: b.informers, Recorder: b.recorder, Logger: log, Writer: b.writer,
-		Revision: cfg.Istiod.Revision,
+		Revision: cfg.Istiod.Revision, Topology: topology(cfg.Mesh.Network),
 	})
 	if err != nil {
 		return err
@@ -597,4 +597,13 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 		return err
 	}
 	return nil
+}
+
+// topology is the registry's view of the mesh's networks (mesh.network),
+// nil when the configuration names none.
+func topology(n *config.MeshNetwork) *registry.Topology {
+	if n == nil {
+		return nil
+	}
+	return &registry.Topology{PodNetwork: n.Pods, PodCIDRs: config.Prefixes(n.PodCIDRs), GatewayNetworks: n.Gateways}
 }

@@ -130,6 +130,18 @@ mesh:
   {{- with include "embark.meshRootCertFile" . }}
   rootCertFile: {{ . }}
   {{- end }}
+  {{- with .Values.vmgateway.network }}
+  network:
+    pods: {{ . }}
+    {{- with $.Values.vmgateway.podCIDRs }}
+    podCIDRs:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with $.Values.vmgateway.gatewayNetworks }}
+    gateways:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+  {{- end }}
 {{- with .Values.identity }}
 identity:
   {{- toYaml . | nindent 2 }}
