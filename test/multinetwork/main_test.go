@@ -70,7 +70,7 @@ func createGatewayService(ctx context.Context) error {
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeLoadBalancer,
 			Selector: map[string]string{"istio": "eastwestgateway"},
-			Ports:    []corev1.ServicePort{port("tls", gatewayPort), port("tls-xds", 15012), port("tls-onboarding", 443), port("status-port", 15021)},
+			Ports:    []corev1.ServicePort{port("tls", gatewayPort), port("tls-xds", 15012), port("status-port", 15021)},
 		},
 	}
 	if err := env.Client.Create(ctx, svc); err != nil {

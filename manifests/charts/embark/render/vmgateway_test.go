@@ -66,7 +66,7 @@ func sigsString(v any) string {
 // it vmgateway stays Embark's own Service and no Istio object renders.
 func TestVMGatewayNetwork(t *testing.T) {
 	single := objects(t, nil)
-	if sel := sigsString(single["Service/vmgateway"].Spec["selector"]); sel != "app.kubernetes.io/name: onboarding-endpoint" {
+	if sel := sigsString(single["Service/vmgateway"].Spec["selector"]); sel != "app.kubernetes.io/instance: embark\napp.kubernetes.io/name: onboarding-endpoint" {
 		t.Errorf("single network: vmgateway selects %q, want Embark's Pods", sel)
 	}
 	for _, k := range []string{"Gateway/vmgateway", "VirtualService/onboarding-endpoint", "Service/onboarding-endpoint"} {
@@ -87,12 +87,12 @@ func TestVMGatewayNetwork(t *testing.T) {
 	if sel := sigsString(gw.Spec["selector"]); sel != "istio: eastwestgateway" {
 		t.Errorf("vmgateway selects %q, want the east-west gateway's Pods", sel)
 	}
-	wantGW := map[string]string{"tls": "15443->15443", "tls-onboarding": "443->15443", "tls-xds": "15012->15012", "status-port": "15021->15021"}
+	wantGW := map[string]string{"tls": "15443->15443", "tls-xds": "15012->15012", "status-port": "15021->15021"}
 	if got := portsOf(gw); sigsString(got) != sigsString(wantGW) {
 		t.Errorf("vmgateway ports %v, want %v", got, wantGW)
 	}
 	embark := multi["Service/onboarding-endpoint"]
-	if embark.Spec["type"] != "ClusterIP" || sigsString(embark.Spec["selector"]) != "app.kubernetes.io/name: onboarding-endpoint" {
+	if embark.Spec["type"] != "ClusterIP" || sigsString(embark.Spec["selector"]) != "app.kubernetes.io/instance: embark\napp.kubernetes.io/name: onboarding-endpoint" {
 		t.Errorf("Embark's Service: %v, want a ClusterIP Service of Embark's Pods", embark.Spec)
 	}
 	wantEmbark := map[string]string{"tls-onboard": "15443->grpc-onboard", "tls-xds": "15012->grpc-xds"}
@@ -149,6 +149,8 @@ func TestVMGatewayNetwork(t *testing.T) {
 		t.Errorf("VirtualService tls routes:\n%s\nwant:\n%s", got, wantRoutes)
 	}
 
+	testVMGatewayRepositoryAndRevision(t)
+
 	// The endpoint checks registrations against the mesh's networks.
 	checkRender(t, map[string]any{"vmgateway": map[string]any{"network": "kube-network", "podCIDRs": []any{"10.244.0.0/16"}, "gatewayNetworks": []any{"vms"}}},
 		[]string{"  network:\n        pods: kube-network\n        podCIDRs:\n          - 10.244.0.0/16\n        gateways:\n          - vms\n"}, nil, "")
@@ -172,5 +174,49 @@ func TestVMGatewayNetworkRefusesBadValues(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			checkRender(t, tc.vals, nil, nil, tc.wantErr)
 		})
+	}
+}
+
+// testVMGatewayRepositoryAndRevision: with the local repository on, 443 on
+// vmgateway reaches the gateway's own 443 listener, which passes the
+// endpoint's hosts through to the repository's HTTPS port (never the gRPC
+// port: the same DNS name on another port); off, nothing listens on 443. With
+// a revision, every object of the wiring carries its suffix, so two releases
+// install side by side.
+func testVMGatewayRepositoryAndRevision(t *testing.T) {
+	t.Helper()
+	objs := objects(t, map[string]any{"vmgateway": map[string]any{"network": "kube-network"},
+		"hosts": []any{"onboarding.mesh.example.com"}, "istiodRevision": "canary",
+		"localRepository": map[string]any{"enabled": true, "signingKey": map[string]any{"secretName": "repo-key"}}})
+	for _, k := range []string{"Service/vmgateway-canary", "Service/onboarding-endpoint-canary", "Gateway/vmgateway-canary", "VirtualService/onboarding-endpoint-canary"} {
+		if _, ok := objs[k]; !ok {
+			t.Errorf("revision canary: %s not rendered", k)
+		}
+	}
+	if got := portsOf(objs["Service/vmgateway-canary"])["tls-repository"]; got != "443->443" {
+		t.Errorf("vmgateway tls-repository %q, want 443->443 (the gateway's repository listener)", got)
+	}
+	if got := portsOf(objs["Service/onboarding-endpoint-canary"])["tls-repository"]; got != "443->https-repo" {
+		t.Errorf("Embark's Service tls-repository %q, want 443->https-repo", got)
+	}
+	vs := objs["VirtualService/onboarding-endpoint-canary"]
+	if got := sigsString(vs.Spec["gateways"]); got != "- vmgateway-canary" {
+		t.Errorf("VirtualService gateways %s, want vmgateway-canary", got)
+	}
+	routes := sigsString(vs.Spec["tls"])
+	want := `- match:
+  - port: 443
+    sniHosts:
+    - onboarding.mesh.example.com
+  route:
+  - destination:
+      host: onboarding-endpoint-canary.istio-system.svc.cluster.local
+      port:
+        number: 443`
+	if !strings.Contains(routes, want) {
+		t.Errorf("VirtualService tls routes:\n%s\nwant them to hold:\n%s", routes, want)
+	}
+	if servers := sigsString(objs["Gateway/vmgateway-canary"].Spec["servers"]); !strings.Contains(servers, "name: tls-repository\n    number: 443") {
+		t.Errorf("Gateway servers have no 443 repository server:\n%s", servers)
 	}
 }
