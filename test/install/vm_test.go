@@ -1,0 +1,287 @@
+//go:build install
+
+package install
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/test/vmsim"
+)
+
+// The endpoint's DNS name, as the guide's first block names it.
+const vmTestHost = "onboarding-endpoint.example.com"
+
+// vmWorld is the VM side's own stand-in for the cluster side: a real
+// kube-apiserver, the real endpoint (app.Run, on loopback, as
+// onboarding/agent/integration runs it) serving its signed local repository
+// with the onboarding-agent packages `make packages` built and the test's
+// istio-sidecar package, and a forwarder per gateway port on the VM
+// network's host address, standing in for the vmgateway Service. The
+// instance's IMDS is awstest's, reachable in the VM at 169.254.169.254:80.
+type vmWorld struct {
+	env          *testenv.Env
+	net          *Network
+	ca           *fixtures.CA
+	endpointLog  *vmsim.SyncBuffer
+	fingerprints []string
+}
+
+func newVMWorld(t *testing.T) *vmWorld {
+	t.Helper()
+	pkgDir, keyFile := os.Getenv("PACKAGES_DIR"), os.Getenv("PACKAGE_SIGNING_KEY")
+	if pkgDir == "" || keyFile == "" {
+		t.Fatal("PACKAGES_DIR and PACKAGE_SIGNING_KEY must be set (make packages: _output/packages and its signing key)")
+	}
+	env, err := testenv.Start(testenv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	w := &vmWorld{env: env, endpointLog: &vmsim.SyncBuffer{}}
+	w.net = NewNetwork(t, "embark-vm", "10.201.0.1/30", "10.201.0.2/30", false)
+
+	// The cluster side's objects, as docs/operator-guide.md has an operator
+	// apply them: the bookinfo namespace, WorkloadGroup ratings and the
+	// seed 004 policy allowing the account's EC2 instances.
+	ctx := t.Context()
+	must(t, env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bookinfo"}}))
+	fixtures.CreateGroup(ctx, t, env.Client, fixtures.SeedGroup("bookinfo"))
+	policy := &authorizationv1alpha1.OnboardingPolicy{}
+	data, err := os.ReadFile("../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
+	must(t, err)
+	must(t, yaml.UnmarshalStrict(data, policy))
+	must(t, env.Client.Create(ctx, policy))
+
+	// The instance: its document's private IP is the VM's address.
+	aws := awstest.Start(t, awstest.Instance{PrivateIP: w.net.PeerIP.String()})
+	must(t, w.net.AddLocalAddress(ctx, "169.254.169.254/32"))
+	imds, err := w.net.Listen("tcp", "169.254.169.254:80")
+	must(t, err)
+	t.Cleanup(func() { _ = imds.Close() })
+	go relayTCP(imds, strings.TrimPrefix(aws.IMDS.URL, "http://"))
+
+	dir := t.TempDir()
+	w.ca, err = fixtures.NewCA("embark install test CA")
+	must(t, err)
+	serving, err := w.ca.Sign(vmTestHost)
+	must(t, err)
+	certFile, keyFileOut := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	must(t, writeTLS(serving, certFile, keyFileOut))
+	// istiod's root, which the bootstrap carries (mesh.rootCertFile).
+	istiodRoot, err := fixtures.NewCA("istiod root stand-in")
+	must(t, err)
+	rootFile := filepath.Join(dir, "root-cert.pem")
+	must(t, istiodRoot.WritePEM(rootFile))
+	awsCerts := filepath.Join(dir, "aws-certs")
+	must(t, os.MkdirAll(awsCerts, 0o755))
+	must(t, os.WriteFile(filepath.Join(awsCerts, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644))
+
+	repo := filepath.Join(dir, "repository")
+	for _, f := range []string{"deb/amd64/onboarding-agent.deb", "deb/arm64/onboarding-agent.deb", "rpm/amd64/onboarding-agent.rpm", "rpm/arm64/onboarding-agent.rpm"} {
+		b, err := os.ReadFile(filepath.Join(pkgDir, f))
+		must(t, err)
+		must(t, os.MkdirAll(filepath.Dir(filepath.Join(repo, f)), 0o755))
+		must(t, os.WriteFile(filepath.Join(repo, f), b, 0o644))
+	}
+	BuildIstioSidecarDeb(t, repo) // the operator's addition
+	signingKey, err := filepath.Abs(keyFile)
+	must(t, err)
+
+	ports := map[string]string{"repository": "443", "onboarding": "15443", "xds": "15012"}
+	addrs := map[string]string{"repository": freeLoopback(t), "onboarding": freeLoopback(t), "xds": freeLoopback(t)}
+	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
+kind: OnboardingEndpointConfiguration
+namespace: %s
+endpoint:
+  hosts: [%s]
+  certFile: %s
+  keyFile: %s
+mesh:
+  rootCertFile: %s
+identity:
+  aws:
+    certificatesDir: %s
+    stsEndpoint: %s
+registration:
+  gracePeriod: 1h
+  propagationDelay: 1s
+localRepository:
+  directory: %s
+  signingKeyFile: %s
+listen:
+  repository: %s
+  onboarding: %s
+  xds: %s
+  metrics: %s
+`, env.Namespace(t), vmTestHost, certFile, keyFileOut, rootFile, awsCerts, aws.STS.URL, repo, signingKey,
+		addrs["repository"], addrs["onboarding"], addrs["xds"], freeLoopback(t))
+	cfgFile := filepath.Join(dir, "endpoint.yaml")
+	must(t, os.WriteFile(cfgFile, []byte(cfg), 0o600))
+	w.startEndpoint(t, cfgFile)
+
+	// The gateway: each Service port on the VM network's host address.
+	for name, port := range ports {
+		l, err := w.net.listenHost(port)
+		must(t, err)
+		t.Cleanup(func() { _ = l.Close() })
+		go relayTCP(l, addrs[name])
+	}
+	w.fingerprints = logFingerprints(w.endpointLog.String())
+	if len(w.fingerprints) == 0 {
+		t.Fatalf("the endpoint logged no repository key:\n%s", w.endpointLog.String())
+	}
+	return w
+}
+
+func (w *vmWorld) startEndpoint(t *testing.T, cfgFile string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- app.Run(ctx, app.Options{ConfigFile: cfgFile, Kubeconfig: w.env.KubeconfigPath, Replica: "install-vm-0", DebugXDS: "off",
+			Logger: slog.New(slog.NewTextHandler(w.endpointLog, nil)), Ready: ready})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("endpoint did not stop")
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("endpoint: %v\n%s", err, w.endpointLog.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("endpoint not ready within 2m\n%s", w.endpointLog.String())
+	}
+}
+
+var keyLogLine = regexp.MustCompile(`local repository: apt and yum metadata signed" key=([0-9A-Fa-f]{40})`)
+
+// logFingerprints reads the repository key fingerprints from the
+// endpoint's log line the guide points an operator to.
+func logFingerprints(log string) []string {
+	var fps []string
+	for _, m := range keyLogLine.FindAllStringSubmatch(log, -1) {
+		fps = append(fps, m[1])
+	}
+	return fps
+}
+
+// TestVMFollowsTheGuide: a fresh VM (its own network namespace with no
+// default route, an overlay of the host's root) runs docs/vm-install.md's
+// blocks as written, filled in as the guide tells an operator to (the
+// endpoint's CA installed as the guide says, EMBARK_KEYS from the endpoint's
+// log line): apt-get installs istio-sidecar and onboarding-agent from the
+// endpoint's signed repository through the gateway, systemctl starts the
+// agent, which onboards with its EC2 identity (IMDS at 169.254.169.254 in
+// the VM), and the .path unit installs the bootstrap where Istio's package
+// reads it and starts istio.service.
+func TestVMFollowsTheGuide(t *testing.T) {
+	w := newVMWorld(t)
+	vm := StartVM(t, w.net, map[string]netip.Addr{vmTestHost: w.net.HostIP})
+	ctx := t.Context()
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := vm.Run(context.WithoutCancel(ctx), "journalctl", nil)
+			t.Logf("the VM's journal (stand-in):\n%s\nendpoint log:\n%s", out, w.endpointLog.String())
+		}
+	})
+
+	t.Log("the VM reaches the gateway only: the host's loopback listeners are not reachable")
+	apiserver := w.env.Config.Host
+	_, port, _ := strings.Cut(strings.TrimPrefix(apiserver, "https://"), ":")
+	for _, addr := range []string{"127.0.0.1:" + port, w.net.HostIP.String() + ":" + port} {
+		if out, err := vm.Run(ctx, "exec 3<>/dev/tcp/"+strings.Replace(addr, ":", "/", 1), nil); err == nil {
+			t.Errorf("the VM connected to the host's apiserver at %s: %s", addr, out)
+		}
+	}
+	if out, err := vm.Run(ctx, "exec 3<>/dev/tcp/"+w.net.HostIP.String()+"/443", nil); err != nil {
+		t.Fatalf("the VM cannot reach the gateway: %v\n%s", err, out)
+	}
+
+	t.Log("the operator's CA, as the guide says")
+	must(t, vm.WriteFile("/usr/local/share/ca-certificates/embark.crt", w.ca.PEM, 0o644))
+	if out, err := vm.Run(ctx, "sudo update-ca-certificates", nil); err != nil {
+		t.Fatalf("update-ca-certificates: %v\n%s", err, out)
+	}
+
+	script, err := GuideScript("../../docs/vm-install.md", vmTestHost, w.fingerprints, guideSections...)
+	must(t, err)
+	t.Logf("the guide's blocks:\n%s", script)
+	regs := func() []runtimev1alpha1.WorkloadAutoRegistration {
+		l := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+		must(t, w.env.Client.List(ctx, l, client.InNamespace("bookinfo")))
+		return l.Items
+	}
+	// journalctl -f follows until the user stops it: here once the agent
+	// says it onboarded (or the test's deadline).
+	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	out, err := vm.RunUntil(runCtx, script, nil, func(out string) bool { return strings.Contains(out, "onboarded: sidecar bootstrap written") })
+	t.Logf("the guide in the VM:\n%s", out)
+	if err != nil {
+		t.Fatalf("the guide's blocks failed: %v\nendpoint log:\n%s", err, w.endpointLog.String())
+	}
+	if !strings.Contains(out, "keys OK") {
+		t.Error("the repository key check did not print keys OK")
+	}
+	for _, pkg := range []string{"onboarding-agent", "istio-sidecar"} {
+		if got, err := vm.Run(ctx, "dpkg-query -W -f '${Status}' "+pkg, nil); err != nil || got != "install ok installed" {
+			t.Errorf("%s: %q %v", pkg, got, err)
+		}
+	}
+
+	t.Log("onboarded: one registration with the VM's EC2 address")
+	var reg runtimev1alpha1.WorkloadAutoRegistration
+	fixtures.Eventually(t, 30*time.Second, "a WorkloadAutoRegistration", func() bool {
+		if r := regs(); len(r) == 1 {
+			reg = r[0]
+			return true
+		}
+		return false
+	})
+	if a := reg.Spec.Registration.Host.Addresses; len(a) == 0 || a[0].IP != w.net.PeerIP.String() {
+		t.Errorf("registered addresses %+v, want %s", a, w.net.PeerIP)
+	}
+
+	t.Log("onboarding-agent-sidecar.path: the bootstrap installed where istio.service reads it, istio.service started")
+	fixtures.Eventually(t, 60*time.Second, "cluster.env installed", func() bool {
+		s, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
+		return err == nil && strings.Contains(s, "POD_NAME='"+reg.Name+"'")
+	})
+	for _, f := range []string{"/etc/istio/config/mesh", "/etc/certs/root-cert.pem"} {
+		if _, err := vm.ReadFile(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	fixtures.Eventually(t, 30*time.Second, "istio.service active", func() bool {
+		_, err := vm.Run(ctx, "systemctl is-active --quiet istio", nil)
+		return err == nil
+	})
+	if out, err := vm.Run(ctx, "systemctl status onboarding-agent istio --no-pager", nil); err != nil {
+		t.Errorf("the guide's check: systemctl status: %v\n%s", err, out)
+	}
+}
