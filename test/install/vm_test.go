@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -40,6 +43,7 @@ const vmTestHost = "onboarding-endpoint.example.com"
 // instance's IMDS is awstest's, reachable in the VM at 169.254.169.254:80.
 type vmWorld struct {
 	env          *testenv.Env
+	kube         kubernetes.Interface
 	net          *Network
 	ca           *fixtures.CA
 	endpointLog  *vmsim.SyncBuffer
@@ -52,12 +56,15 @@ func newVMWorld(t *testing.T) *vmWorld {
 	if pkgDir == "" || keyFile == "" {
 		t.Fatal("PACKAGES_DIR and PACKAGE_SIGNING_KEY must be set (make packages: _output/packages and its signing key)")
 	}
+	ctrllog.SetLogger(logr.Discard())
 	env, err := testenv.Start(testenv.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
 	w := &vmWorld{env: env, endpointLog: &vmsim.SyncBuffer{}}
+	w.kube, err = kubernetes.NewForConfig(env.Config)
+	must(t, err)
 	w.net = NewNetwork(t, "embark-vm", "10.201.0.1/30", "10.201.0.2/30", false)
 
 	// The cluster side's objects, as docs/operator-guide.md has an operator
@@ -71,6 +78,7 @@ func newVMWorld(t *testing.T) *vmWorld {
 	must(t, err)
 	must(t, yaml.UnmarshalStrict(data, policy))
 	must(t, env.Client.Create(ctx, policy))
+	issuer, issuerCA := w.onPremIssuer(t, filepath.Join(t.TempDir(), "issuer-ca.pem"))
 
 	// The instance: its document's private IP is the VM's address.
 	aws := awstest.Start(t, awstest.Instance{PrivateIP: w.net.PeerIP.String()})
@@ -122,6 +130,12 @@ identity:
   aws:
     certificatesDir: %s
     stsEndpoint: %s
+  jwt:
+  - issuer: %q
+    shortName: kube
+    subjectPrefix: "system:serviceaccount:bookinfo:"
+    caFile: %s
+    maxTokenLifetime: 15m
 registration:
   gracePeriod: 1h
   propagationDelay: 1s
@@ -133,7 +147,7 @@ listen:
   onboarding: %s
   xds: %s
   metrics: %s
-`, env.Namespace(t), vmTestHost, certFile, keyFileOut, rootFile, awsCerts, aws.STS.URL, repo, signingKey,
+`, env.Namespace(t), vmTestHost, certFile, keyFileOut, rootFile, awsCerts, aws.STS.URL, issuer, issuerCA, repo, signingKey,
 		addrs["repository"], addrs["onboarding"], addrs["xds"], freeLoopback(t))
 	cfgFile := filepath.Join(dir, "endpoint.yaml")
 	must(t, os.WriteFile(cfgFile, []byte(cfg), 0o600))
