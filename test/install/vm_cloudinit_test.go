@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
@@ -20,7 +21,8 @@ import (
 // TestCloudInitExamples runs each user-data example of
 // docs/examples/cloud-init in a fresh VM as cloud-init would (write_files,
 // then runcmd with sh; CloudConfig says which subset), filled in as its
-// comments tell an operator to, and checks that the VM onboards: the EC2
+// comments tell an operator to, and checks that the VM onboards and its
+// sidecar gets its certificate from istiod and connects: the EC2
 // Auto Scaling example with the instance's identity (IMDS at
 // 169.254.169.254 in the VM), the on-prem one with a JWT its credential
 // plugin prints.
@@ -97,6 +99,15 @@ func TestCloudInitExamples(t *testing.T) {
 			fixtures.Eventually(t, 60*time.Second, "the bootstrap installed by the .path unit", func() bool {
 				s, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
 				return err == nil && strings.Contains(s, "POD_NAME='"+reg.Name+"'")
+			})
+			vm.StartEnvoyStandIn(t)
+			w.checkWorkloadCertificate(t, vm)
+			fixtures.Eventually(t, 60*time.Second, "AgentConnected=True", func() bool {
+				r := &runtimev1alpha1.WorkloadAutoRegistration{}
+				if w.env.Client.Get(ctx, client.ObjectKey{Namespace: "bookinfo", Name: reg.Name}, r) != nil {
+					return false
+				}
+				return meta.IsStatusConditionTrue(r.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
 			})
 			// Scaled in / decommissioned: the agent unregisters when stopped.
 			if out, err := vm.Run(ctx, "systemctl stop onboarding-agent", nil); err != nil {

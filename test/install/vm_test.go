@@ -4,6 +4,8 @@ package install
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,7 +29,9 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/demo/check"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/test/vmsim"
 )
@@ -44,6 +49,7 @@ const vmTestHost = "onboarding-endpoint.example.com"
 type vmWorld struct {
 	env          *testenv.Env
 	kube         kubernetes.Interface
+	istiod       *testenv.Istiod
 	net          *Network
 	ca           *fixtures.CA
 	endpointLog  *vmsim.SyncBuffer
@@ -95,11 +101,16 @@ func newVMWorld(t *testing.T) *vmWorld {
 	must(t, err)
 	certFile, keyFileOut := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	must(t, writeTLS(serving, certFile, keyFileOut))
-	// istiod's root, which the bootstrap carries (mesh.rootCertFile).
-	istiodRoot, err := fixtures.NewCA("istiod root stand-in")
+	// A real istiod; the endpoint verifies it with its root.
+	w.istiod, err = testenv.StartIstiod(ctx, env, testenv.IstiodOptions{})
 	must(t, err)
+	t.Cleanup(func() { _ = w.istiod.Close() })
 	rootFile := filepath.Join(dir, "root-cert.pem")
-	must(t, istiodRoot.WritePEM(rootFile))
+	must(t, os.WriteFile(rootFile, w.istiod.RootCert, 0o644))
+	// The roots every bootstrap carries (mesh.rootCertFile): the serving
+	// certificate's CA, which the sidecar verifies the discovery address with.
+	servingCA := filepath.Join(dir, "ca.crt")
+	must(t, w.ca.WritePEM(servingCA))
 	awsCerts := filepath.Join(dir, "aws-certs")
 	must(t, os.MkdirAll(awsCerts, 0o755))
 	must(t, os.WriteFile(filepath.Join(awsCerts, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644))
@@ -125,7 +136,13 @@ endpoint:
   certFile: %s
   keyFile: %s
 mesh:
+  discoveryAddress: %s:15012
   rootCertFile: %s
+istiod:
+  address: %s
+  serverName: %s
+  rootCertFile: %s
+  relayXDS: true
 identity:
   aws:
     certificatesDir: %s
@@ -147,7 +164,7 @@ listen:
   onboarding: %s
   xds: %s
   metrics: %s
-`, env.Namespace(t), vmTestHost, certFile, keyFileOut, rootFile, awsCerts, aws.STS.URL, issuer, issuerCA, repo, signingKey,
+`, env.Namespace(t), vmTestHost, certFile, keyFileOut, vmTestHost, servingCA, w.istiod.SecureGRPCAddr, testenv.IstiodServerName, rootFile, awsCerts, aws.STS.URL, issuer, issuerCA, repo, signingKey,
 		addrs["repository"], addrs["onboarding"], addrs["xds"], freeLoopback(t))
 	cfgFile := filepath.Join(dir, "endpoint.yaml")
 	must(t, os.WriteFile(cfgFile, []byte(cfg), 0o600))
@@ -219,8 +236,8 @@ func TestVMFollowsTheGuide(t *testing.T) {
 	ctx := t.Context()
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := vm.Run(context.WithoutCancel(ctx), "journalctl", nil)
-			t.Logf("the VM's journal (stand-in):\n%s\nendpoint log:\n%s", out, w.endpointLog.String())
+			out, _ := vm.Run(context.WithoutCancel(ctx), "journalctl; tail -n 40 /var/log/istio/istio.log /var/log/istio/istio.err.log || true", nil)
+			t.Logf("the VM's journal (stand-in) and Istio's log:\n%s\nendpoint log:\n%s", out, w.endpointLog.String())
 		}
 	})
 
@@ -297,5 +314,66 @@ func TestVMFollowsTheGuide(t *testing.T) {
 	})
 	if out, err := vm.Run(ctx, "systemctl status onboarding-agent istio --no-pager", nil); err != nil {
 		t.Errorf("the guide's check: systemctl status: %v\n%s", err, out)
+	}
+
+	t.Log("the sidecar: a workload certificate from istiod's CA, AgentConnected=True, SYNCED in istioctl proxy-status")
+	vm.StartEnvoyStandIn(t)
+	w.checkWorkloadCertificate(t, vm)
+	fixtures.Eventually(t, 60*time.Second, "AgentConnected=True", func() bool {
+		r := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if w.env.Client.Get(ctx, client.ObjectKey{Namespace: "bookinfo", Name: reg.Name}, r) != nil {
+			return false
+		}
+		return meta.IsStatusConditionTrue(r.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
+	})
+	// RDS stays IGNORED here: this world has no Service, so no listener
+	// with routes (the cluster side's operator-guide objects have some).
+	w.checkProxyStatus(t, map[string]string{reg.Name + ".bookinfo": "istiod-local"}, "CDS", "LDS", "EDS") // testenv istiod's POD_NAME
+}
+
+// checkWorkloadCertificate waits for the certificate pilot-agent writes
+// (OUTPUT_CERTS, /var/lib/istio/certs as the guide sets it) and checks it
+// chains to istiod's root and names the WorkloadGroup's service account.
+func (w *vmWorld) checkWorkloadCertificate(t *testing.T, vm *VM) {
+	t.Helper()
+	var chain string
+	fixtures.Eventually(t, 60*time.Second, "the workload certificate in /var/lib/istio/certs/cert-chain.pem", func() bool {
+		s, err := vm.ReadFile("/var/lib/istio/certs/cert-chain.pem")
+		chain = s
+		return err == nil && strings.Contains(s, "BEGIN CERTIFICATE")
+	})
+	block, rest := pem.Decode([]byte(chain))
+	leaf, err := x509.ParseCertificate(block.Bytes)
+	must(t, err)
+	roots, inter := x509.NewCertPool(), x509.NewCertPool()
+	roots.AppendCertsFromPEM(w.istiod.RootCert)
+	inter.AppendCertsFromPEM(rest)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		t.Errorf("the workload certificate does not chain to istiod's root: %v", err)
+	}
+	want := "spiffe://" + w.istiod.TrustDomain + "/ns/bookinfo/sa/" + fixtures.ServiceAccount
+	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != want {
+		t.Errorf("the workload certificate names %v, want %s", leaf.URIs, want)
+	}
+}
+
+// checkProxyStatus waits until `istioctl proxy-status` against istiod lists
+// want (proxy -> istiod column) with each of types SYNCED.
+func (w *vmWorld) checkProxyStatus(t *testing.T, want map[string]string, types ...string) {
+	t.Helper()
+	var last string
+	err := fixtures.Poll(t.Context(), time.Second, 60*time.Second, func() error {
+		out, err := istioagent.Istioctl(t.Context(), t, "proxy-status", "--xds-address", w.istiod.GRPCAddr, "--plaintext", "-r", "default", "-v", "1")
+		if err != nil {
+			return err
+		}
+		last = out
+		if err := check.ProxyStatus(out, want); err != nil {
+			return err
+		}
+		return check.Synced(out, len(want), types...)
+	})
+	if err != nil {
+		t.Errorf("istioctl proxy-status: %v\n%s", err, last)
 	}
 }
