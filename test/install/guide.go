@@ -1,3 +1,10 @@
+// Package install is the end-to-end install test: the path a user takes,
+// the Helm chart installed as the README says and a VM following
+// docs/vm-install.md. Its VM side runs the guide's own blocks in a simulated
+// VM (a network namespace reaching only the gateway, the host's root under
+// an overlay, chrooted) with stand-ins for what a container lacks (systemd,
+// Envoy). Everything needing root, packages or an image has the build tag
+// install; the guide and cloud-init readers are plain unit tests.
 package install
 
 import (
