@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -212,6 +213,20 @@ func (v *VM) RunUntil(ctx context.Context, script string, env map[string]string,
 			}
 		}
 	}
+}
+
+// Connect opens (and closes) a TCP connection to addr (host:port) from
+// inside the VM, with bash's /dev/tcp, giving up after 5 s.
+func (v *VM) Connect(ctx context.Context, addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	out, err := v.Run(ctx, fmt.Sprintf("timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%s'", host, port), nil)
+	if err != nil {
+		return fmt.Errorf("connect to %s from the VM: %w: %s", addr, err, strings.TrimSpace(out))
+	}
+	return nil
 }
 
 // Processes lists the VM's processes (those in its mount namespace but the

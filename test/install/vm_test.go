@@ -8,7 +8,9 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -242,15 +244,19 @@ func TestVMFollowsTheGuide(t *testing.T) {
 	})
 
 	t.Log("the VM reaches the gateway only: the host's loopback listeners are not reachable")
-	apiserver := w.env.Config.Host
-	_, port, _ := strings.Cut(strings.TrimPrefix(apiserver, "https://"), ":")
-	for _, addr := range []string{"127.0.0.1:" + port, w.net.HostIP.String() + ":" + port} {
-		if out, err := vm.Run(ctx, "exec 3<>/dev/tcp/"+strings.Replace(addr, ":", "/", 1), nil); err == nil {
-			t.Errorf("the VM connected to the host's apiserver at %s: %s", addr, out)
+	u, err := url.Parse(w.env.Config.Host)
+	must(t, err)
+	for name, addr := range map[string]string{"kube-apiserver": u.Host, "istiod (xDS and CA)": w.istiod.SecureGRPCAddr, "istiod (plaintext)": w.istiod.GRPCAddr} {
+		_, port, err := net.SplitHostPort(addr)
+		must(t, err)
+		for _, a := range []string{addr, net.JoinHostPort(w.net.HostIP.String(), port)} {
+			if err := vm.Connect(ctx, a); err == nil {
+				t.Errorf("the VM connected to the host's %s at %s", name, a)
+			}
 		}
 	}
-	if out, err := vm.Run(ctx, "exec 3<>/dev/tcp/"+w.net.HostIP.String()+"/443", nil); err != nil {
-		t.Fatalf("the VM cannot reach the gateway: %v\n%s", err, out)
+	if err := vm.Connect(ctx, net.JoinHostPort(w.net.HostIP.String(), "443")); err != nil {
+		t.Fatalf("the VM cannot reach the gateway: %v", err)
 	}
 
 	t.Log("the operator's CA, as the guide says")
