@@ -101,7 +101,7 @@ func TestCloudInitExamples(t *testing.T) {
 				return err == nil && strings.Contains(s, "POD_NAME='"+reg.Name+"'")
 			})
 			vm.StartEnvoyStandIn(t)
-			w.checkWorkloadCertificate(t, vm)
+			checkWorkloadCertificate(t, vm, w.istiod.RootCert, w.spiffeID())
 			fixtures.Eventually(t, 60*time.Second, "AgentConnected=True", func() bool {
 				r := &runtimev1alpha1.WorkloadAutoRegistration{}
 				if w.env.Client.Get(ctx, client.ObjectKey{Namespace: "bookinfo", Name: reg.Name}, r) != nil {

@@ -90,11 +90,7 @@ func newVMWorld(t *testing.T) *vmWorld {
 
 	// The instance: its document's private IP is the VM's address.
 	aws := awstest.Start(t, awstest.Instance{PrivateIP: w.net.PeerIP.String()})
-	must(t, w.net.AddLocalAddress(ctx, "169.254.169.254/32"))
-	imds, err := w.net.Listen("tcp", "169.254.169.254:80")
-	must(t, err)
-	t.Cleanup(func() { _ = imds.Close() })
-	go relayTCP(imds, strings.TrimPrefix(aws.IMDS.URL, "http://"))
+	ServeIMDS(t, w.net, aws.IMDS.URL)
 
 	dir := t.TempDir()
 	w.ca, err = fixtures.NewCA("embark install test CA")
@@ -211,6 +207,11 @@ func (w *vmWorld) startEndpoint(t *testing.T, cfgFile string) {
 	}
 }
 
+// spiffeID is the identity istiod's CA gives the group's workloads.
+func (w *vmWorld) spiffeID() string {
+	return "spiffe://" + w.istiod.TrustDomain + "/ns/bookinfo/sa/" + fixtures.ServiceAccount
+}
+
 var keyLogLine = regexp.MustCompile(`local repository: apt and yum metadata signed" key=([0-9A-Fa-f]{40})`)
 
 // logFingerprints reads the repository key fingerprints from the
@@ -259,36 +260,18 @@ func TestVMFollowsTheGuide(t *testing.T) {
 		t.Fatalf("the VM cannot reach the gateway: %v", err)
 	}
 
-	t.Log("the operator's CA, as the guide says")
-	must(t, vm.WriteFile("/usr/local/share/ca-certificates/embark.crt", w.ca.PEM, 0o644))
-	if out, err := vm.Run(ctx, "sudo update-ca-certificates", nil); err != nil {
-		t.Fatalf("update-ca-certificates: %v\n%s", err, out)
-	}
-
-	script, err := GuideScript("../../docs/vm-install.md", vmTestHost, w.fingerprints, guideSections...)
-	must(t, err)
-	t.Logf("the guide's blocks:\n%s", script)
-	regs := func() []runtimev1alpha1.WorkloadAutoRegistration {
-		l := &runtimev1alpha1.WorkloadAutoRegistrationList{}
-		must(t, w.env.Client.List(ctx, l, client.InNamespace("bookinfo")))
-		return l.Items
-	}
-	// journalctl -f follows until the user stops it: here once the agent
-	// says it onboarded (or the test's deadline).
-	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	out, err := vm.RunUntil(runCtx, script, nil, func(out string) bool { return strings.Contains(out, "onboarded: sidecar bootstrap written") })
-	t.Logf("the guide in the VM:\n%s", out)
-	if err != nil {
-		t.Fatalf("the guide's blocks failed: %v\nendpoint log:\n%s", err, w.endpointLog.String())
-	}
-	if !strings.Contains(out, "keys OK") {
-		t.Error("the repository key check did not print keys OK")
-	}
+	t.Log("the guide's blocks, with the CA and keys an operator has")
+	FollowGuide(t, vm, vmTestHost, w.ca.PEM, w.fingerprints)
 	for _, pkg := range []string{"onboarding-agent", "istio-sidecar"} {
 		if got, err := vm.Run(ctx, "dpkg-query -W -f '${Status}' "+pkg, nil); err != nil || got != "install ok installed" {
 			t.Errorf("%s: %q %v", pkg, got, err)
 		}
+	}
+
+	regs := func() []runtimev1alpha1.WorkloadAutoRegistration {
+		l := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+		must(t, w.env.Client.List(ctx, l, client.InNamespace("bookinfo")))
+		return l.Items
 	}
 
 	t.Log("onboarded: one registration with the VM's EC2 address")
@@ -324,7 +307,7 @@ func TestVMFollowsTheGuide(t *testing.T) {
 
 	t.Log("the sidecar: a workload certificate from istiod's CA, AgentConnected=True, SYNCED in istioctl proxy-status")
 	vm.StartEnvoyStandIn(t)
-	w.checkWorkloadCertificate(t, vm)
+	checkWorkloadCertificate(t, vm, w.istiod.RootCert, w.spiffeID())
 	fixtures.Eventually(t, 60*time.Second, "AgentConnected=True", func() bool {
 		r := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if w.env.Client.Get(ctx, client.ObjectKey{Namespace: "bookinfo", Name: reg.Name}, r) != nil {
@@ -334,13 +317,13 @@ func TestVMFollowsTheGuide(t *testing.T) {
 	})
 	// RDS stays IGNORED here: this world has no Service, so no listener
 	// with routes (the cluster side's operator-guide objects have some).
-	w.checkProxyStatus(t, map[string]string{reg.Name + ".bookinfo": "istiod-local"}, "CDS", "LDS", "EDS") // testenv istiod's POD_NAME
+	checkProxyStatus(t, w.istiod.GRPCAddr, map[string]string{reg.Name + ".bookinfo": "istiod-local"}, "CDS", "LDS", "EDS") // testenv istiod's POD_NAME
 }
 
-// checkWorkloadCertificate waits for the certificate pilot-agent writes
-// (OUTPUT_CERTS, /var/lib/istio/certs as the guide sets it) and checks it
-// chains to istiod's root and names the WorkloadGroup's service account.
-func (w *vmWorld) checkWorkloadCertificate(t *testing.T, vm *VM) {
+// checkWorkloadCertificate waits for the certificate pilot-agent writes in
+// vm (OUTPUT_CERTS, /var/lib/istio/certs as the guide sets it) and checks it
+// chains to istiodRoot and names the SPIFFE ID want.
+func checkWorkloadCertificate(t *testing.T, vm *VM, istiodRoot []byte, want string) {
 	t.Helper()
 	var chain string
 	fixtures.Eventually(t, 60*time.Second, "the workload certificate in /var/lib/istio/certs/cert-chain.pem", func() bool {
@@ -352,24 +335,24 @@ func (w *vmWorld) checkWorkloadCertificate(t *testing.T, vm *VM) {
 	leaf, err := x509.ParseCertificate(block.Bytes)
 	must(t, err)
 	roots, inter := x509.NewCertPool(), x509.NewCertPool()
-	roots.AppendCertsFromPEM(w.istiod.RootCert)
+	roots.AppendCertsFromPEM(istiodRoot)
 	inter.AppendCertsFromPEM(rest)
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		t.Errorf("the workload certificate does not chain to istiod's root: %v", err)
 	}
-	want := "spiffe://" + w.istiod.TrustDomain + "/ns/bookinfo/sa/" + fixtures.ServiceAccount
 	if len(leaf.URIs) != 1 || leaf.URIs[0].String() != want {
 		t.Errorf("the workload certificate names %v, want %s", leaf.URIs, want)
 	}
 }
 
-// checkProxyStatus waits until `istioctl proxy-status` against istiod lists
-// want (proxy -> istiod column) with each of types SYNCED.
-func (w *vmWorld) checkProxyStatus(t *testing.T, want map[string]string, types ...string) {
+// checkProxyStatus waits until `istioctl proxy-status` against istiod's
+// plaintext xDS address lists want (proxy -> istiod column) with each of
+// types SYNCED.
+func checkProxyStatus(t *testing.T, istiodAddr string, want map[string]string, types ...string) {
 	t.Helper()
 	var last string
 	err := fixtures.Poll(t.Context(), time.Second, 60*time.Second, func() error {
-		out, err := istioagent.Istioctl(t.Context(), t, "proxy-status", "--xds-address", w.istiod.GRPCAddr, "--plaintext", "-r", "default", "-v", "1")
+		out, err := istioagent.Istioctl(t.Context(), t, "proxy-status", "--xds-address", istiodAddr, "--plaintext", "-r", "default", "-v", "1")
 		if err != nil {
 			return err
 		}
