@@ -109,17 +109,6 @@ func (n *Network) Listen(network, addr string) (net.Listener, error) {
 	return l, nil
 }
 
-// Dial connects from inside the namespace.
-func (n *Network) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := n.inNetns(func() error {
-		var err error
-		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-		return err
-	})
-	return c, err
-}
-
 // inNetns runs f on a locked OS thread that is in the namespace while f
 // runs. If the thread cannot be moved back it is not unlocked, so the
 // runtime ends it with the goroutine rather than reuse it.
