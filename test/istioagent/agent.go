@@ -612,7 +612,13 @@ func (a *Agent) Logs() string { return a.logs.String() }
 // bootstrap): the ID sidecar~<INSTANCE_IP>~<POD_NAME>.<POD_NAMESPACE>~<POD_NAMESPACE>.svc.cluster.local
 // and metadata such as PROXY_CONFIG, ISTIO_VERSION, CLUSTER_ID and LABELS.
 func (a *Agent) Node() (*corev3.Node, error) {
-	b, err := os.ReadFile(a.GRPCBootstrapPath())
+	return NodeFromGRPCBootstrap(a.GRPCBootstrapPath())
+}
+
+// NodeFromGRPCBootstrap reads the node of the gRPC xDS bootstrap pilot-agent
+// wrote at path.
+func NodeFromGRPCBootstrap(path string) (*corev3.Node, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read pilot-agent's gRPC bootstrap: %w", err)
 	}

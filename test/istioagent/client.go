@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -45,9 +46,18 @@ func Connect(ctx context.Context, a *Agent) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	return ConnectSocket(ctx, a.t, a.XDSSocket(), node)
+}
+
+// ConnectSocket is Connect for a pilot-agent this package did not start
+// (e.g. one Istio's istio-start.sh runs in a simulated VM): socket is its
+// XDS socket, node what its gRPC bootstrap holds (NodeFromGRPCBootstrap).
+// GENERATOR is removed from the node's metadata, as Connect does.
+func ConnectSocket(ctx context.Context, t testing.TB, socket string, node *corev3.Node) (*Client, error) {
+	node = proto.Clone(node).(*corev3.Node)
 	delete(node.GetMetadata().GetFields(), "GENERATOR")
 
-	conn, err := grpc.NewClient("unix://"+a.XDSSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, fmt.Errorf("dial pilot-agent's XDS socket: %w", err)
 	}
@@ -69,7 +79,7 @@ func Connect(ctx context.Context, a *Agent) (*Client, error) {
 		readDone:  make(chan struct{}),
 	}
 	go c.read()
-	a.t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return c, nil
 }
 

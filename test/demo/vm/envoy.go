@@ -14,7 +14,7 @@ import (
 	"github.com/embark-mesh/embark/test/istioagent"
 )
 
-// playEnvoy plays the part of the Envoy pilot-agent would run (there is no
+// PlayEnvoy plays the part of the Envoy pilot-agent would run (there is no
 // Envoy binary here) on c, a stream on pilot-agent's XDS socket, until the
 // stream ends. As Envoy does on an ADS stream: it subscribes to every
 // cluster and listener (CDS, LDS), then to the endpoints of the EDS clusters
@@ -23,7 +23,7 @@ import (
 // ACKs every response. So istioctl proxy-status shows all four types SYNCED
 // for the VM, as for a pod. It never NACKs: what it gets is not validated
 // here (the tests do that with grpc-go's xDS client).
-func playEnvoy(ctx context.Context, c *istioagent.Client) error {
+func PlayEnvoy(ctx context.Context, c *istioagent.Client) error {
 	for _, typ := range []string{resource.ClusterType, resource.ListenerType} {
 		if err := c.Send(typ, nil, "", ""); err != nil {
 			return err

@@ -5,7 +5,7 @@
 // RunAgent), which onboards, writes the sidecar's bootstrap and restarts
 // the sidecar through the unit (the demo binary run as `demo systemctl`,
 // Systemctl): Istio's real pilot-agent, without Envoy, whose part the VM
-// plays on pilot-agent's XDS socket (playEnvoy). The parts shared with the
+// plays on pilot-agent's XDS socket (PlayEnvoy). The parts shared with the
 // tests (application, unit, sidecar files) are test/vmsim's.
 package vm
 
@@ -258,7 +258,7 @@ func (v *VM) restartSidecar(t *step.TB) error {
 }
 
 // connectEnvoy opens the stream Envoy would open on pilot-agent's XDS
-// socket and plays Envoy's part on it (playEnvoy) until the stream ends.
+// socket and plays Envoy's part on it (PlayEnvoy) until the stream ends.
 func (v *VM) connectEnvoy(ctx context.Context) error {
 	ectx, cancel := context.WithCancel(ctx)
 	c, err := istioagent.Connect(ectx, v.Sidecar())
@@ -269,7 +269,7 @@ func (v *VM) connectEnvoy(ctx context.Context) error {
 	v.mu.Lock()
 	v.envoy, v.stopEnvoy = c, cancel
 	v.mu.Unlock()
-	go func() { _ = playEnvoy(ectx, c) }()
+	go func() { _ = PlayEnvoy(ectx, c) }()
 	return nil
 }
 
