@@ -292,7 +292,7 @@ func TestVMFollowsTheGuide(t *testing.T) {
 		s, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
 		return err == nil && strings.Contains(s, "POD_NAME='"+reg.Name+"'")
 	})
-	for _, f := range []string{"/etc/istio/config/mesh", "/etc/certs/root-cert.pem"} {
+	for _, f := range []string{"/etc/istio/config/mesh", "/etc/certs/embark-root-cert.pem"} {
 		if _, err := vm.ReadFile(f); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
@@ -321,13 +321,13 @@ func TestVMFollowsTheGuide(t *testing.T) {
 }
 
 // checkWorkloadCertificate waits for the certificate pilot-agent writes in
-// vm (OUTPUT_CERTS, /var/lib/istio/certs as the guide sets it) and checks it
+// vm (OUTPUT_CERTS: /etc/certs, istio-start.sh's default) and checks it
 // chains to istiodRoot and names the SPIFFE ID want.
 func checkWorkloadCertificate(t *testing.T, vm *VM, istiodRoot []byte, want string) {
 	t.Helper()
 	var chain string
-	fixtures.Eventually(t, 60*time.Second, "the workload certificate in /var/lib/istio/certs/cert-chain.pem", func() bool {
-		s, err := vm.ReadFile("/var/lib/istio/certs/cert-chain.pem")
+	fixtures.Eventually(t, 60*time.Second, "the workload certificate in /etc/certs/cert-chain.pem", func() bool {
+		s, err := vm.ReadFile("/etc/certs/cert-chain.pem")
 		chain = s
 		return err == nil && strings.Contains(s, "BEGIN CERTIFICATE")
 	})

@@ -34,7 +34,7 @@ const (
 	DefaultEndpointPort      = 15443
 	DefaultClusterEnvFile    = "/var/lib/istio/envoy/cluster.env"
 	DefaultMeshConfigFile    = "/etc/istio/config/mesh"
-	DefaultRootCertFile      = "/etc/certs/root-cert.pem"
+	DefaultRootCertFile      = "/etc/certs/embark-root-cert.pem"
 	DefaultTokenFile         = "/var/run/secrets/tokens/istio-token"
 	DefaultCredentialTimeout = 10 * time.Second
 	// DefaultSidecarUnit is the systemd unit of Istio's istio-sidecar
@@ -147,7 +147,7 @@ type BootstrapFiles struct {
 	// MeshConfig: mesh config with defaultConfig (discoveryAddress,
 	// readinessProbe). Default /etc/istio/config/mesh.
 	MeshConfig string `json:"meshConfig,omitempty"`
-	// RootCert: PEM roots for the discovery address. Default /etc/certs/root-cert.pem.
+	// RootCert: PEM roots for the discovery address. Default /etc/certs/embark-root-cert.pem.
 	RootCert string `json:"rootCert,omitempty"`
 	// Token: the sidecar's token. Default /var/run/secrets/tokens/istio-token.
 	Token string `json:"token,omitempty"`

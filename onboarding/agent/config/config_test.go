@@ -92,7 +92,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"bad platform", true, strings.Replace(goodAgent, "platform: jwt", "platform: gcp", 1), "host.platform"},
 		{"jwt without source", true, strings.Replace(goodAgent, `command: ["/usr/local/bin/get-jwt", "--audience", "onboarding"]`, "{}", 1), "host.jwt"},
 		{"relative path", true, strings.Replace(goodAgent, "/run/istio/token", "token", 1), "sidecar.bootstrap.token"},
-		{"same file twice", true, strings.Replace(goodAgent, "token: /run/istio/token", "token: /etc/certs/root-cert.pem", 1), "sidecar.bootstrap.token"},
+		{"same file twice", true, strings.Replace(goodAgent, "token: /run/istio/token", "token: /etc/certs/embark-root-cert.pem", 1), "sidecar.bootstrap.token"},
 		{"empty program", true, strings.Replace(goodAgent, `["/bin/true"]`, `[""]`, 1), "sidecar.restartCommand[0]"},
 		{"restart without stop", true, strings.Replace(goodAgent, `  stopCommand: ["/bin/true"]`+"\n", "", 1), "sidecar.stopCommand"},
 		{"bad unit", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  unit: istio\n", 1), "sidecar.unit"},
@@ -179,7 +179,7 @@ func TestPackagedConfigurationFiles(t *testing.T) {
 	// onboarding-agent-sidecar.service: no commands, no sudo.
 	if agent.Sidecar.Direct() || agent.Sidecar.Unit != "istio.service" || agent.Sidecar.StagingDir != "/var/lib/onboarding-agent/sidecar" ||
 		agent.Sidecar.Bootstrap != (BootstrapFiles{ClusterEnv: "/var/lib/istio/envoy/cluster.env", MeshConfig: "/etc/istio/config/mesh",
-			RootCert: "/etc/certs/root-cert.pem", Token: "/var/run/secrets/tokens/istio-token"}) {
+			RootCert: "/etc/certs/embark-root-cert.pem", Token: "/var/run/secrets/tokens/istio-token"}) {
 		t.Errorf("packaged sidecar configuration %+v", agent.Sidecar)
 	}
 	_, err = LoadOnboarding("../packaging/onboarding.config.yaml")

@@ -45,7 +45,7 @@ func installPaths(dir string) config.BootstrapFiles {
 	return config.BootstrapFiles{
 		ClusterEnv: filepath.Join(dir, "var/lib/istio/envoy/cluster.env"),
 		MeshConfig: filepath.Join(dir, "etc/istio/config/mesh"),
-		RootCert:   filepath.Join(dir, "etc/certs/root-cert.pem"),
+		RootCert:   filepath.Join(dir, "etc/certs/embark-root-cert.pem"),
 		Token:      filepath.Join(dir, "var/run/secrets/tokens/istio-token"),
 	}
 }

@@ -32,7 +32,7 @@ func TestWriteBootstrap(t *testing.T) {
 	f := &Files{Paths: config.BootstrapFiles{
 		ClusterEnv: filepath.Join(dir, "var/lib/istio/envoy/cluster.env"),
 		MeshConfig: filepath.Join(dir, "etc/istio/config/mesh"),
-		RootCert:   filepath.Join(dir, "etc/certs/root-cert.pem"),
+		RootCert:   filepath.Join(dir, "etc/certs/embark-root-cert.pem"),
 		Token:      filepath.Join(dir, "var/run/secrets/tokens/istio-token"),
 	}, Env: EnvOptions{Revision: "canary"}}
 	if err := f.Write(Identity{Namespace: "bookinfo", RegistrationName: "ratings-x"}, testBootstrap()); err != nil {

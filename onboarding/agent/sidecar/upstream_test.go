@@ -125,7 +125,7 @@ func TestUpstreamIstioStartScript(t *testing.T) {
 	paths := config.BootstrapFiles{
 		ClusterEnv: filepath.Join(host, "var/lib/istio/envoy/cluster.env"),
 		MeshConfig: filepath.Join(host, "etc/istio/config/mesh"),
-		RootCert:   filepath.Join(host, "etc/certs/root-cert.pem"),
+		RootCert:   filepath.Join(host, "etc/certs/embark-root-cert.pem"),
 		Token:      filepath.Join(host, "var/run/secrets/tokens/istio-token"),
 	}
 	// The agent stages and writes the token; the root side installs.
