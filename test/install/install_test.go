@@ -1,0 +1,181 @@
+//go:build install
+
+package install
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/fixtures"
+)
+
+// TestInstallAsAUserDoes is the path a platform engineer takes, end to
+// end: the chart installed with README.md's `helm install` values on a real
+// API server beside a real istiod (StartCluster: the endpoint runs from the
+// image `make image` built, in runc, through the kubelet stand-in), the
+// cluster-side objects of docs/operator-guide.md applied, then a VM on a
+// network of its own that reaches only the vmgateway address follows
+// docs/vm-install.md's blocks as written (FollowGuide): apt installs Istio's
+// sidecar and the agent from the endpoint's signed repository through the
+// gateway's 443, the agent onboards on 15443 with its EC2 identity, the
+// sidecar gets its workload certificate from istiod's CA through Embark and
+// its configuration through Embark's relay on 15012. It ends with the
+// registration AgentConnected=True, the certificate chaining to istiod's
+// root, and `istioctl proxy-status` against istiod listing the VM SYNCED.
+//
+// Two values are added to the README's, each a documented option, because
+// two parts of the world are stand-ins: the EC2 instance is awstest's (its
+// identity document is signed by a CA of the test's own, which
+// identity.aws.certificatesDir trusts, mounted with extraVolumes, as an
+// operator mounts the certificate of a region Embark does not embed), and
+// Istio's istio-sidecar package is the test's build of it
+// (BuildIstioSidecarDeb), which the operator adds from a volume
+// (localRepository.extraSources, docs/local-repository.md).
+func TestInstallAsAUserDoes(t *testing.T) {
+	vmNet := NewNetwork(t, "embark-vm", "10.201.0.1/30", "10.201.0.2/30", false)
+	aws := awstest.Start(t, awstest.Instance{PrivateIP: vmNet.PeerIP.String()})
+	ServeIMDS(t, vmNet, aws.IMDS.URL)
+
+	c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, ExtraValues: []string{simulatedWorldValues(t, aws)}, GatewayIP: vmNet.HostIP})
+	vm := StartVM(t, vmNet, map[string]netip.Addr{c.Host: c.GatewayIP})
+	ctx := t.Context()
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := vm.Run(context.WithoutCancel(ctx), "journalctl; tail -n 40 /var/log/istio/istio.log /var/log/istio/istio.err.log || true", nil)
+			t.Logf("the VM's journal (stand-in) and Istio's log:\n%s\nthe endpoint's log:\n%s", out, c.Log())
+		}
+	})
+
+	t.Log("the VM reaches the gateway's address only: not the API server, istiod or the endpoint's Pod")
+	u, err := url.Parse(c.REST.Host)
+	must(t, err)
+	unreachable := map[string]string{
+		"kube-apiserver":         u.Host,
+		"istiod (xDS and CA)":    c.Istiod.SecureGRPCAddr,
+		"the endpoint's Pod":     net.JoinHostPort(strings.TrimSuffix(podPeerCIDR, "/30"), "15443"),
+		"the Pod network's host": net.JoinHostPort(strings.TrimSuffix(podHostCIDR, "/30"), "15012"),
+	}
+	for name, addr := range unreachable {
+		if err := vm.Connect(ctx, addr); err == nil {
+			t.Errorf("the VM connected to %s at %s", name, addr)
+		}
+	}
+	for _, port := range []string{"443", "15443", "15012"} {
+		if err := vm.Connect(ctx, net.JoinHostPort(c.GatewayIP.String(), port)); err != nil {
+			t.Fatalf("the VM cannot reach the gateway's port %s: %v", port, err)
+		}
+	}
+
+	t.Log("docs/vm-install.md, as written, with the CA and keys the operator has")
+	FollowGuide(t, vm, c.Host, c.ServingCA, c.RepositoryKeyFingerprints)
+	for _, pkg := range []string{"onboarding-agent", "istio-sidecar"} {
+		if got, err := vm.Run(ctx, "dpkg-query -W -f '${Status}' "+pkg, nil); err != nil || got != "install ok installed" {
+			t.Errorf("%s: %q %v", pkg, got, err)
+		}
+	}
+
+	t.Log("onboarded: one registration in the operator guide's namespace, with the VM's EC2 address")
+	var reg runtimev1alpha1.WorkloadAutoRegistration
+	fixtures.Eventually(t, 60*time.Second, "a WorkloadAutoRegistration", func() bool {
+		l := &runtimev1alpha1.WorkloadAutoRegistrationList{}
+		if c.Kube.List(ctx, l, client.InNamespace(guideNamespace)) != nil || len(l.Items) != 1 {
+			return false
+		}
+		reg = l.Items[0]
+		return true
+	})
+	if a := reg.Spec.Registration.Host.Addresses; len(a) == 0 || a[0].IP != vmNet.PeerIP.String() {
+		t.Errorf("registered addresses %+v, want %s", a, vmNet.PeerIP)
+	}
+	fixtures.Eventually(t, 60*time.Second, "istio.service active", func() bool {
+		_, err := vm.Run(ctx, "systemctl is-active --quiet istio", nil)
+		return err == nil
+	})
+	cenv, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
+	must(t, err)
+	if want := "PILOT_ADDRESS='" + net.JoinHostPort(c.Host, "15012") + "'"; !strings.Contains(cenv, want) {
+		t.Errorf("cluster.env lacks %s (the guide's check):\n%s", want, cenv)
+	}
+
+	t.Log("the sidecar: its certificate from istiod's CA, AgentConnected=True, SYNCED at istiod")
+	vm.StartEnvoyStandIn(t)
+	checkWorkloadCertificate(t, vm, c.Istiod.RootCert, "spiffe://"+c.Istiod.TrustDomain+"/ns/"+guideNamespace+"/sa/"+fixtures.ServiceAccount)
+	fixtures.Eventually(t, 90*time.Second, "AgentConnected=True", func() bool {
+		r := &runtimev1alpha1.WorkloadAutoRegistration{}
+		if c.Kube.Get(ctx, client.ObjectKey{Namespace: guideNamespace, Name: reg.Name}, r) != nil {
+			return false
+		}
+		return meta.IsStatusConditionTrue(r.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
+	})
+	// EDS and RDS are IGNORED, not asked for: the operator guide's
+	// namespace has no Service, so istiod sends no EDS cluster and no
+	// listener that names routes (test/istiod covers both with Services).
+	checkProxyStatus(t, c.IstiodAddr, map[string]string{reg.Name + "." + guideNamespace: "istiod-local"}, "CDS", "LDS")
+}
+
+// guideNamespace is the namespace of docs/operator-guide.md's
+// WorkloadGroup, which docs/vm-install.md's first block names too.
+const guideNamespace = "bookinfo"
+
+// simulatedWorldValues writes the values file of the two documented options
+// the simulated world needs (see TestInstallAsAUserDoes) and returns its
+// path: identity.aws.certificatesDir on a hostPath volume holding the
+// awstest region's certificate, and localRepository.extraSources with the
+// test's istio-sidecar package.
+func simulatedWorldValues(t *testing.T, aws *awstest.Env) string {
+	t.Helper()
+	base := t.TempDir()
+	certs := filepath.Join(base, "aws-certificates")
+	must(t, os.MkdirAll(certs, 0o755))
+	must(t, os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644))
+	sidecar := filepath.Join(base, "istio-sidecar")
+	must(t, os.MkdirAll(sidecar, 0o755))
+	BuildIstioSidecarDeb(t, sidecar)
+	must(t, filepath.Walk(sidecar, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		mode := os.FileMode(0o644)
+		if fi.IsDir() {
+			mode = 0o755
+		}
+		return os.Chmod(p, mode)
+	}))
+	must(t, os.Chmod(base, 0o755))
+	values := fmt.Sprintf(`identity:
+  aws:
+    certificatesDir: /etc/embark/aws-certificates
+extraVolumes:
+- name: aws-certificates
+  hostPath:
+    path: %s
+    type: Directory
+extraVolumeMounts:
+- name: aws-certificates
+  mountPath: /etc/embark/aws-certificates
+  readOnly: true
+localRepository:
+  extraSources:
+  - name: istio-sidecar
+    volume:
+      hostPath:
+        path: %s
+        type: Directory
+`, certs, sidecar)
+	file := filepath.Join(t.TempDir(), "simulated-world.yaml")
+	must(t, os.WriteFile(file, []byte(values), 0o600))
+	return file
+}
