@@ -681,11 +681,12 @@ Embark is running. Try:
     %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default
     %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default -v 1   # istiod
     curl -s http://%s/debug/config_dump?proxyID=%s.bookinfo   # istiod's configuration of a VM
+    curl -s http://%s/debug/networkz   # istiod's network gateways
     curl -s http://%s/metrics | grep ^embark_
 Onboarding API https://%s (as %s), xDS %s, istiod %s; logs and files in %s (istiod's in %s).
 Press Ctrl-C to stop and clean up.
 `, kc, kc, d.vms[0].Reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS,
-		filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.istiod.GRPCAddr, d.istiod.HTTPAddr, d.vms[0].Reg(), d.addrs.metrics,
+		filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.istiod.GRPCAddr, d.istiod.HTTPAddr, d.vms[0].Reg(), d.istiod.HTTPAddr, d.addrs.metrics,
 		d.addrs.onboarding, endpointHost, d.addrs.xds, d.istiod.SecureGRPCAddr, d.work, d.istiod.LogPath)
 }
 
