@@ -31,6 +31,7 @@ import (
 	"github.com/embark-mesh/embark/test/demo/step"
 	"github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/meshnet"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/test/vmsim"
 )
@@ -78,6 +79,7 @@ type demo struct {
 	pod        *istiodview.PodProxy // productpage's proxy on istiod
 
 	poweredOff time.Time // when the powered-off VM's sidecar stopped
+	removed    *vm.VM    // the VM whose registration the grace period removed
 }
 
 // run runs the demo and cleans up everything it started before returning.
@@ -125,7 +127,7 @@ func (d *demo) steps() []step.Step {
 	steps := []step.Step{
 		{Title: "start a local kube-apiserver + etcd + kube-controller-manager with Embark's and Istio's CRDs", Run: d.startControlPlane},
 		{Title: "create namespace bookinfo with the seed 004 WorkloadGroup, OnboardingPolicy and Sidecar", Run: d.applySeeds},
-		{Title: "start a real istiod (pilot-discovery, the mesh's control plane and CA), the ratings Service, and a productpage pod's proxy watching ratings' endpoints", Run: d.startIstiod},
+		{Title: "declare the pods' network (kube-network: the istio-system label, vmgateway's address), start a real istiod (pilot-discovery, the mesh's control plane and CA), the ratings Service, and a productpage pod's proxy watching ratings' endpoints", Run: d.startIstiod},
 		{Title: "simulate AWS us-east-2: a demo region certificate, STS, and EC2 instances with IMDS", Run: d.simulateAWS},
 		{Title: fmt.Sprintf("start the onboarding endpoint in istiod mode (certificates and configuration relayed from istiod; grace period shortened to %v)", gracePeriod), Run: d.startEndpoint},
 	}
@@ -157,6 +159,15 @@ func (d *demo) steps() []step.Step {
 			Run: func(ctx context.Context, out io.Writer) error { return d.gracePeriodRemoval(ctx, out, last) }},
 		step.Step{Title: "an on-prem host (" + onPremHost + ") onboards with an OIDC JWT of the kube-apiserver's service-account issuer, next to the EC2 instances",
 			Run: d.onPremOnboarding},
+	)
+	netVM := &vm.VM{Name: "ratings-4"}
+	steps = append(steps,
+		step.Step{Title: fmt.Sprintf("a VM on network %s (%s): its sidecar, in istiod mode through Embark, gets the pod Service productpage as vmgateway (%s:%d), never the pod's address; the pod gets the VM's own address (no gateway declared for %s)",
+			meshnet.VMNetwork, netVM.Name, gatewayAddr, meshnet.GatewayPort, meshnet.VMNetwork),
+			Run: func(ctx context.Context, out io.Writer) error { return d.vmOnVMNetwork(ctx, out, netVM) }},
+		step.Step{Title: fmt.Sprintf("meshNetworks (ConfigMap istio) declares the gateway of %s (%s:%d): the pod gets ratings through it, never a VM's own address",
+			meshnet.VMNetwork, vmGatewayAddr, meshnet.GatewayPort),
+			Run: func(ctx context.Context, out io.Writer) error { return d.declareVMGateway(ctx, out, netVM) }},
 	)
 	return steps
 }
@@ -613,6 +624,7 @@ func (d *demo) gracePeriodRemoval(ctx context.Context, out io.Writer, v *vm.VM) 
 	if err := fixtures.Poll(ctx, pollInterval, gracePeriod+waitFor, gone); err != nil {
 		return err
 	}
+	d.removed = v
 	want := map[string]string{}
 	for _, o := range d.vms {
 		if o != v {
@@ -669,11 +681,12 @@ Embark is running. Try:
     %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default
     %s --kubeconfig %s proxy-status --xds-address %s --plaintext -r default -v 1   # istiod
     curl -s http://%s/debug/config_dump?proxyID=%s.bookinfo   # istiod's configuration of a VM
+    curl -s http://%s/debug/networkz   # istiod's network gateways
     curl -s http://%s/metrics | grep ^embark_
 Onboarding API https://%s (as %s), xDS %s, istiod %s; logs and files in %s (istiod's in %s).
 Press Ctrl-C to stop and clean up.
 `, kc, kc, d.vms[0].Reg(), kc, filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.addrs.debugXDS,
-		filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.istiod.GRPCAddr, d.istiod.HTTPAddr, d.vms[0].Reg(), d.addrs.metrics,
+		filepath.Join(mustAssets(), "istioctl"), d.env.KubeconfigPath, d.istiod.GRPCAddr, d.istiod.HTTPAddr, d.vms[0].Reg(), d.istiod.HTTPAddr, d.addrs.metrics,
 		d.addrs.onboarding, endpointHost, d.addrs.xds, d.istiod.SecureGRPCAddr, d.work, d.istiod.LogPath)
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshnet"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -43,10 +44,14 @@ const istiodPodName = "istiod-local"
 // (RDS) and an EDS cluster.
 const ratingsPort = 8080
 
-// startIstiod starts istiod against the demo's API server, with Istio's
-// defaults for its CA, auto-registration and health checks, and creates the
-// ratings Service that selects the VMs.
+// startIstiod declares the pods' network and its gateway, starts istiod
+// against the demo's API server, with Istio's defaults for its CA,
+// auto-registration and health checks, shows the network gateway istiod
+// found, and creates the ratings Service that selects the VMs.
 func (d *demo) startIstiod(ctx context.Context, out io.Writer) error {
+	if err := d.declarePodNetwork(ctx, out); err != nil {
+		return err
+	}
 	start := time.Now()
 	i, err := testenv.StartIstiod(ctx, d.env, testenv.IstiodOptions{})
 	if err != nil {
@@ -64,6 +69,9 @@ func (d *demo) startIstiod(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "istiod ready in %v: xDS and CA (TLS) %s, plaintext xDS %s (for istioctl), debug %s\n",
 		time.Since(start).Round(100*time.Millisecond), i.SecureGRPCAddr, i.GRPCAddr, i.HTTPAddr)
 	fmt.Fprintf(out, "istiod's CA root (ConfigMap istio-ca-root-cert): %s, valid until %s\n", root.Subject, root.NotAfter.UTC().Format(time.RFC3339))
+	if err := d.showGateways(ctx, out, meshnet.Gateway(meshnet.PodNetwork, gatewayAddr, meshnet.GatewayPort)); err != nil {
+		return err
+	}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: "bookinfo"}, Spec: corev1.ServiceSpec{
 		Selector: map[string]string{"app": "ratings"},
 		Ports:    []corev1.ServicePort{{Name: "http", Port: ratingsPort, TargetPort: intstr.FromInt32(ratingsPort)}},
@@ -175,12 +183,12 @@ func (d *demo) istioctlChecked(ctx context.Context, out io.Writer, check func(st
 // startPodProxy connects productpage's proxy to istiod, watching the
 // endpoints of ratings.
 func (d *demo) startPodProxy(ctx context.Context, out io.Writer) error {
-	p, err := istiodview.StartPodProxy(ctx, d.istiod.GRPCAddr, fmt.Sprintf("outbound|%d||ratings.bookinfo.svc.cluster.local", ratingsPort))
+	p, err := istiodview.StartPodProxy(ctx, d.istiod.GRPCAddr, meshnet.PodNetwork, fmt.Sprintf("outbound|%d||ratings.bookinfo.svc.cluster.local", ratingsPort))
 	if err != nil {
 		return err
 	}
 	d.pod = p
-	fmt.Fprintf(out, "productpage's proxy (node %s) subscribes to EDS %s on istiod\n", p.NodeID, p.Cluster)
+	fmt.Fprintf(out, "productpage's proxy (node %s, network %s) subscribes to EDS %s on istiod\n", p.NodeID, meshnet.PodNetwork, p.Cluster)
 	return nil
 }
 
@@ -241,11 +249,11 @@ func (d *demo) wantEndpoints(unhealthy, gone *vm.VM) map[string]bool {
 	want := map[string]bool{}
 	for _, v := range d.vms {
 		if v != gone {
-			want[v.IMDS.Instance().PrivateIP] = v != unhealthy
+			want[v.IP()] = v != unhealthy
 		}
 	}
 	if gone != nil {
-		want[gone.IMDS.Instance().PrivateIP] = false
+		want[gone.IP()] = false
 	}
 	return want
 }

@@ -5,7 +5,10 @@
 // and STS with a demo AWS certificate), each running the real onboarding
 // agent, which onboards, writes the sidecar's bootstrap and starts Istio's
 // real pilot-agent (without Envoy) as the sidecar through the VM's
-// simulated systemd unit.
+// simulated systemd unit. The mesh has two networks, declared as
+// docs/multi-network.md says (test/meshnet): the pods on kube-network behind
+// vmgateway, the seed group's VMs on virtual-machines; the last steps show
+// what istiod sends each side of the other.
 //
 // It runs numbered steps, each printing what a user would see (kubectl,
 // istioctl) and checking it; a failed step is named with the reason and the

@@ -28,16 +28,15 @@ import (
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/meshnet"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -142,34 +141,12 @@ func createService(t *testing.T, ns, name string, port int32) {
 }
 
 // productpage creates seed 004's productpage Service with one running,
-// injected Pod at podIP (labelled security.istio.io/tlsMode=istio, as the
-// sidecar injector labels it) and the EndpointSlice Kubernetes would write.
+// injected Pod at podIP and its EndpointSlice (meshnet.CreatePodService).
 func productpage(t *testing.T, ns, podIP string) {
 	t.Helper()
-	ctx := t.Context()
-	createService(t, ns, "productpage", 9080)
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "productpage-v1-0", Namespace: ns, Labels: map[string]string{
-		"app": "productpage", "version": "v1", "security.istio.io/tlsMode": "istio",
-	}}}
-	pod.Spec.Containers = []corev1.Container{{Name: "productpage", Image: "productpage"}}
-	if err := env.Client.Create(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: podIP, PodIPs: []corev1.PodIP{{IP: podIP}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-	if err := env.Client.Status().Update(ctx, pod); err != nil {
-		t.Fatal(err)
-	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "productpage-pods", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "productpage"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(9080)), Protocol: ptr.To(corev1.ProtocolTCP)}},
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses: []string{podIP}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
-			TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: pod.Name, Namespace: ns},
-		}},
-	}
-	if err := env.Client.Create(ctx, slice); err != nil {
+	if err := meshnet.CreatePodService(t.Context(), env.Client, meshnet.PodService{
+		Namespace: ns, Name: "productpage", Port: 9080, PodName: "productpage-v1-0", PodIP: podIP,
+	}); err != nil {
 		t.Fatal(err)
 	}
 }

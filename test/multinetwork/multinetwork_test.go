@@ -2,20 +2,17 @@ package multinetwork
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/meshnet"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -61,10 +58,9 @@ func TestPodGetsVMServiceByTheVMNetworksGateway(t *testing.T) {
 			want: func(vmIP string) string { return net.JoinHostPort(vmIP, "9080") },
 		},
 		{
-			name: "meshNetworks declares the VM network's gateway: its address and port",
-			meshNetworks: fmt.Sprintf("networks:\n  %s:\n    endpoints:\n    - fromRegistry: %s\n    gateways:\n    - address: 198.51.100.20\n      port: 15443\n",
-				vmNetwork, vmNetwork),
-			want: func(string) string { return "198.51.100.20:15443" },
+			name:         "meshNetworks declares the VM network's gateway: its address and port",
+			meshNetworks: meshnet.MeshNetworks(vmNetwork, "198.51.100.20", gatewayPort),
+			want:         func(string) string { return "198.51.100.20:15443" },
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,44 +87,26 @@ func TestPodGetsVMServiceByTheVMNetworksGateway(t *testing.T) {
 // ends.
 func setMeshNetworks(t *testing.T, networks string) {
 	t.Helper()
-	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "istio", Namespace: testenv.IstiodNamespace}}
+	cm := meshnet.MeshNetworksConfigMap(testenv.IstiodNamespace, networks)
 	_ = env.Client.Delete(t.Context(), cm)
-	want := []string{podNetwork + " " + net.JoinHostPort(gatewayAddr, strconv.Itoa(gatewayPort))}
+	want := []string{meshnet.Gateway(podNetwork, gatewayAddr, gatewayPort)}
 	if networks != "" {
-		cm.Data = map[string]string{"meshNetworks": networks}
 		if err := env.Client.Create(t.Context(), cm); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), cm) })
-		want = append(want, vmNetwork+" 198.51.100.20:15443")
+		want = append(want, meshnet.Gateway(vmNetwork, "198.51.100.20", gatewayPort))
 	}
 	waitGateways(t, want...)
 }
 
-// waitGateways waits until istiod's network gateways (its /debug/networkz)
-// are exactly want, each "<network> <address>:<port>".
+// waitGateways waits until istiod's network gateways are exactly want, each
+// as meshnet.Gateway formats it.
 func waitGateways(t *testing.T, want ...string) {
 	t.Helper()
 	slices.Sort(want)
-	var got []string
 	fixtures.Eventually(t, 30*time.Second, fmt.Sprintf("istiod's network gateways %v", want), func() bool {
-		got = nil
-		resp, err := http.Get("http://" + istiod.HTTPAddr + "/debug/networkz")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var gws []struct {
-			Network, Addr string
-			Port          uint32
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&gws); err != nil {
-			return false
-		}
-		for _, g := range gws {
-			got = append(got, g.Network+" "+net.JoinHostPort(g.Addr, strconv.Itoa(int(g.Port))))
-		}
-		slices.Sort(got)
-		return slices.Equal(got, want)
+		got, err := meshnet.Gateways(t.Context(), istiod.HTTPAddr)
+		return err == nil && slices.Equal(got, want)
 	})
 }

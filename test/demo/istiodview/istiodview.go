@@ -23,6 +23,13 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
+// The productpage pod whose proxy PodProxy is: its name and address on the
+// pods' network.
+const (
+	ProductpagePodName = "productpage-v1-5d9c8b7f6-x2v4k"
+	ProductpagePodIP   = "10.244.0.9"
+)
+
 // PodProxy is the proxy of a pod of another workload (productpage) as
 // istiod sees it: an ADS stream to istiod with a pod's node ID, subscribed
 // to the endpoints (EDS) of one cluster. It uses istiod's plaintext port,
@@ -40,16 +47,19 @@ type PodProxy struct {
 }
 
 // StartPodProxy connects productpage's proxy to istiod's plaintext xDS
-// address, subscribed to the endpoints of cluster. The stream outlives ctx;
-// Close ends it.
-func StartPodProxy(ctx context.Context, addr, cluster string) (*PodProxy, error) {
+// address, subscribed to the endpoints of cluster. Its node metadata names
+// network as the sidecar injector does (ISTIO_META_NETWORK, from the
+// topology.istio.io/network label of istiod's namespace): istiod sends it
+// the endpoints of other networks through their gateways. The stream
+// outlives ctx; Close ends it.
+func StartPodProxy(ctx context.Context, addr, network, cluster string) (*PodProxy, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p := &PodProxy{
-		NodeID:  "sidecar~10.244.0.9~productpage-v1-5d9c8b7f6-x2v4k.bookinfo~bookinfo.svc.cluster.local",
+		NodeID:  "sidecar~" + ProductpagePodIP + "~" + ProductpagePodName + ".bookinfo~bookinfo.svc.cluster.local",
 		Cluster: cluster,
 		conn:    conn, cancel: cancel,
 	}
@@ -60,6 +70,7 @@ func StartPodProxy(ctx context.Context, addr, cluster string) (*PodProxy, error)
 	}
 	node := &core.Node{Id: p.NodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"CLUSTER_ID":    structpb.NewStringValue("Kubernetes"),
+		"NETWORK":       structpb.NewStringValue(network),
 		"NAMESPACE":     structpb.NewStringValue("bookinfo"),
 		"ISTIO_VERSION": structpb.NewStringValue("1.30.0"),
 		"LABELS":        structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"app": structpb.NewStringValue("productpage")}}),
@@ -114,7 +125,7 @@ func (p *PodProxy) Endpoints() (map[string]Endpoint, error) {
 		return nil, fmt.Errorf("istiod closed productpage's stream: %w", p.err)
 	}
 	if p.last == nil {
-		return nil, errors.New("istiod has sent no endpoints of ratings yet")
+		return nil, fmt.Errorf("istiod has sent no endpoints of %s yet", p.Cluster)
 	}
 	out := map[string]Endpoint{}
 	for _, le := range p.last.GetEndpoints() {

@@ -1,10 +1,14 @@
 package vm
 
 import (
+	"net"
 	"slices"
+	"strconv"
 	"testing"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpproxy "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
@@ -93,6 +97,56 @@ func TestRDSRoutes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := rdsRoutes(response(t, tt.listeners...)); !slices.Equal(got, tt.want) {
 				t.Errorf("rdsRoutes = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func cla(name string, addrs ...string) *endpointv3.ClusterLoadAssignment {
+	c := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	le := &endpointv3.LocalityLbEndpoints{}
+	for _, a := range addrs {
+		host, port, _ := net.SplitHostPort(a)
+		p, _ := strconv.Atoi(port)
+		le.LbEndpoints = append(le.LbEndpoints, &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+			Address: &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
+				Address: host, PortSpecifier: &core.SocketAddress_PortValue{PortValue: uint32(p)},
+			}}},
+		}}})
+	}
+	c.Endpoints = []*endpointv3.LocalityLbEndpoints{le}
+	return c
+}
+
+func TestEDSLog(t *testing.T) {
+	const pp, r = "outbound|8080||productpage.bookinfo.svc.cluster.local", "outbound|8080||ratings.bookinfo.svc.cluster.local"
+	tests := []struct {
+		name                 string
+		responses            [][]proto.Message
+		cluster              string
+		wantLatest, wantEver []string
+		wantOK               bool
+	}{
+		{"never sent", [][]proto.Message{{cla(r, "127.0.1.1:8080")}}, pp, nil, nil, false},
+		{"latest and ever, sorted", [][]proto.Message{
+			{cla(pp, "10.244.0.9:8080")},
+			{cla(pp, "203.0.113.10:15443", "10.0.0.1:8080")},
+		}, pp, []string{"10.0.0.1:8080", "203.0.113.10:15443"}, []string{"10.0.0.1:8080", "10.244.0.9:8080", "203.0.113.10:15443"}, true},
+		{"a response without the cluster keeps its latest", [][]proto.Message{
+			{cla(pp, "203.0.113.10:15443")},
+			{cla(r, "127.0.1.1:8080")},
+		}, pp, []string{"203.0.113.10:15443"}, []string{"203.0.113.10:15443"}, true},
+		{"no endpoints", [][]proto.Message{{cla(pp)}}, pp, []string{}, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newEDSLog()
+			for _, msgs := range tt.responses {
+				l.record(response(t, msgs...))
+			}
+			latest, ever, ok := l.endpoints(tt.cluster)
+			if ok != tt.wantOK || !slices.Equal(latest, tt.wantLatest) || !slices.Equal(ever, tt.wantEver) {
+				t.Errorf("endpoints(%s) = %v, %v, %v; want %v, %v, %v", tt.cluster, latest, ever, ok, tt.wantLatest, tt.wantEver, tt.wantOK)
 			}
 		})
 	}

@@ -71,12 +71,22 @@ type VM struct {
 	sidecar      *istioagent.Agent
 	envoy        *istioagent.Client
 	stopEnvoy    context.CancelFunc
+	eds          *edsLog // what the sidecar was sent over EDS, kept across restarts
 }
 
 // Reg returns the name of the VM's registration.
 func (v *VM) Reg() string {
 	name, _ := v.State()
 	return name
+}
+
+// IP returns the VM's workload address: an EC2 instance's private IP, or
+// the address an on-prem host's agent declares.
+func (v *VM) IP() string {
+	if v.IMDS != nil {
+		return v.IMDS.Instance().PrivateIP
+	}
+	return v.settings.Address
 }
 
 // State returns the VM's registration name and its sidecar restarts so far.
@@ -268,9 +278,27 @@ func (v *VM) connectEnvoy(ctx context.Context) error {
 	}
 	v.mu.Lock()
 	v.envoy, v.stopEnvoy = c, cancel
+	if v.eds == nil {
+		v.eds = newEDSLog()
+	}
+	eds := v.eds
 	v.mu.Unlock()
-	go func() { _ = PlayEnvoy(ectx, c) }()
+	go func() { _ = playEnvoy(ectx, c, eds) }()
 	return nil
+}
+
+// Endpoints returns what the VM's sidecar was sent over EDS for cluster
+// (through pilot-agent, from its discovery address): the latest endpoints
+// ("ip:port") and every endpoint the cluster ever had, sorted, and whether
+// EDS ever held cluster.
+func (v *VM) Endpoints(cluster string) (latest, ever []string, ok bool) {
+	v.mu.Lock()
+	eds := v.eds
+	v.mu.Unlock()
+	if eds == nil {
+		return nil, nil, false
+	}
+	return eds.endpoints(cluster)
 }
 
 // stopSidecar stops pilot-agent, as when the VM's sidecar is stopped or the
