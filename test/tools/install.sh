@@ -13,9 +13,11 @@ root=$(cd "$here/../.." && pwd)
 out=${TESTENV_BIN:-$root/bin/testenv}
 mkdir -p "$out"
 
-# pin_of DIR: a short hash of a tools module's go.mod and go.sum.
+# pin_of DIR: a short hash of a tools module's go.mod and go.sum, their
+# contents only (not their paths), so that a checkout elsewhere (a git
+# worktree sharing bin/testenv) agrees with this one.
 pin_of() {
-  sha256sum "$1/go.mod" "$1/go.sum" | sha256sum | cut -c1-16
+  cat "$1/go.mod" "$1/go.sum" | sha256sum | cut -c1-16
 }
 
 # k8s_ldflags: version stamps for the Kubernetes binaries (without them they report a garbage version).
