@@ -40,6 +40,7 @@ var clusterEnvKeys = map[string]bool{
 	"ISTIO_METAJSON_LABELS": true, "CANONICAL_SERVICE": true, "CANONICAL_REVISION": true,
 	"ISTIO_META_WORKLOAD_NAME": true, "ISTIO_REVISION": true, "XDS_ROOT_CA": true, "CA_ROOT_CA": true,
 	"ISTIO_CUSTOM_IP_TABLES": true, "ISTIO_INBOUND_INTERCEPTION_MODE": true, "ISTIO_META_INTERCEPTION_MODE": true,
+	"ISTIO_META_DNS_CAPTURE": true, "ISTIO_META_DNS_AUTO_ALLOCATE": true, "DNS_PROXY_ADDR": true,
 }
 
 // Limits of what Apply reads from the staging directory.
