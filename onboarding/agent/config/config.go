@@ -151,7 +151,14 @@ type SidecarDNS struct {
 	// declare none (ISTIO_META_DNS_AUTO_ALLOCATE=true), so that they resolve
 	// on the VM. Default false.
 	AutoAllocate bool `json:"autoAllocate,omitempty"`
+	// Domains are the DNS domains the host's resolver sends to the proxy
+	// (route-only: no other name goes there): the cluster's domain and any
+	// ServiceEntry host domains. Default [cluster.local].
+	Domains []string `json:"domains,omitempty"`
 }
+
+// DefaultDNSDomains are the domains routed to the sidecar by default.
+var DefaultDNSDomains = []string{"cluster.local"}
 
 // On reports whether the DNS proxy is enabled (nil: the default, true).
 func (d SidecarDNS) On() bool { return d.Enabled == nil || *d.Enabled }
@@ -313,6 +320,9 @@ func (c *AgentConfiguration) SetDefaults() {
 	if c.Sidecar.DNS.Address == "" {
 		c.Sidecar.DNS.Address = DefaultDNSAddress
 	}
+	if len(c.Sidecar.DNS.Domains) == 0 {
+		c.Sidecar.DNS.Domains = append([]string(nil), DefaultDNSDomains...)
+	}
 }
 
 // Validate checks a defaulted agent configuration.
@@ -374,6 +384,11 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 		}
 	}
 	errs = append(errs, validateDNSAddress(sc.Child("dns", "address"), c.Sidecar.DNS.Address)...)
+	for i, d := range c.Sidecar.DNS.Domains {
+		for _, msg := range validation.IsDNS1123Subdomain(d) {
+			errs = append(errs, field.Invalid(sc.Child("dns", "domains").Index(i), d, msg))
+		}
+	}
 	if (len(c.Sidecar.RestartCommand) == 0) != (len(c.Sidecar.StopCommand) == 0) {
 		errs = append(errs, field.Required(sc.Child("stopCommand"), "set restartCommand and stopCommand together, or neither"))
 	}
