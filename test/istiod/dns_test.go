@@ -271,8 +271,8 @@ func TestMeshNamesResolveOnTheVM(t *testing.T) {
 		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
 		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
 		XDSRootCA:   roots, Token: vm.token,
-		Env:         dnsEnv(t, dnsAddr),
-		ResolvConf:  fmt.Appendf(nil, "nameserver %s\n", up.addr),
+		Env:        dnsEnv(t, dnsAddr),
+		ResolvConf: fmt.Appendf(nil, "nameserver %s\n", up.addr),
 	})
 	probe := "istio-agent-probe.cluster.local"
 	// Before anything asks istiod, pilot-agent has no name table: it
