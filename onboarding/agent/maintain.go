@@ -199,15 +199,8 @@ func (a *Agent) hostDNSWhenReady(ctx context.Context) {
 	if sc.Direct() || !sc.DNS.On() {
 		return
 	}
-	probe := "istio-agent-probe." + sc.DNS.Domains[0]
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for !hostdns.Ready(ctx, sc.DNS.Address, probe, time.Second) {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	if hostdns.WaitReady(ctx, sc.DNS.Address, "istio-agent-probe."+sc.DNS.Domains[0], time.Second) != nil {
+		return
 	}
 	how, err := a.sidecarAction(ctx, sidecar.RequestDNSOn)
 	if err != nil {

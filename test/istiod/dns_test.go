@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,6 +84,18 @@ func (u *testResolver) serve(pc net.PacketConn) {
 		u.mu.Lock()
 		u.seen[name]++
 		u.mu.Unlock()
+		switch {
+		case strings.HasPrefix(name, "slow."): // never answers
+			continue
+		case strings.HasPrefix(name, "malformed."): // the query's ID, then garbage
+			junk := make([]byte, 300)
+			for i := range junk {
+				junk[i] = byte(rand.Uint32())
+			}
+			junk[0], junk[1], junk[2] = byte(h.ID>>8), byte(h.ID), 0x80
+			_, _ = pc.WriteTo(junk, from)
+			continue
+		}
 		rh := dnsmessage.Header{ID: h.ID, Response: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
 		if strings.HasSuffix(name, ".cluster.local.") {
 			rh.RCode = dnsmessage.RCodeNameError
@@ -92,7 +105,17 @@ func (u *testResolver) serve(pc net.PacketConn) {
 		_ = b.Question(q)
 		_ = b.StartAnswers()
 		if rh.RCode == dnsmessage.RCodeSuccess && q.Type == dnsmessage.TypeA {
-			_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 30}, dnsmessage.AResource{A: upstreamAnswer.As4()})
+			n := 1
+			if strings.HasPrefix(name, "huge.") { // some 8 KiB over UDP
+				n = 500
+			}
+			for i := range n {
+				a := upstreamAnswer.As4()
+				if i > 0 {
+					a = [4]byte{198, 51, byte(i >> 8), byte(i)}
+				}
+				_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 30}, dnsmessage.AResource{A: a})
+			}
 		}
 		if out, err := b.Finish(); err == nil {
 			_, _ = pc.WriteTo(out, from)
@@ -261,19 +284,7 @@ func TestMeshNamesResolveOnTheVM(t *testing.T) {
 
 	up := startUpstream(t)
 	ep := startEndpoint(t, ns)
-	vm := register(t, wg, 21)
-	roots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dnsAddr := freeUDPAddr(t)
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   roots, Token: vm.token,
-		Env:        dnsEnv(t, dnsAddr),
-		ResolvConf: fmt.Appendf(nil, "nameserver %s\n", up.addr),
-	})
+	agent, dnsAddr := startDNSSidecar(t, ep, register(t, wg, 21), up)
 	probe := "istio-agent-probe.cluster.local"
 	// Before anything asks istiod, pilot-agent has no name table: it
 	// answers SERVFAIL, and the onboarding agent leaves the host's resolver
@@ -285,14 +296,7 @@ func TestMeshNamesResolveOnTheVM(t *testing.T) {
 		t.Error("hostdns.Ready: ready before the name table arrived")
 	}
 
-	// Envoy's first LDS request makes pilot-agent ask for the name table.
-	envoy, err := istioagent.Connect(t.Context(), agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := envoy.Send(resource.ListenerType, nil, "", ""); err != nil {
-		t.Fatal(err)
-	}
+	askForNameTable(t, agent)
 
 	svcName := "ratings." + ns + ".svc.cluster.local"
 	if a, took, ok := waitAnswer(t, dnsAddr, svcName, 60*time.Second, resolvesTo(ratingsIP)); !ok {
@@ -383,4 +387,174 @@ func freeUDPAddr(t *testing.T) string {
 	}
 	t.Fatal("no free loopback port for UDP and TCP")
 	return ""
+}
+
+// startDNSSidecar starts the VM's real pilot-agent for vm, connected to ep,
+// with the DNS settings the onboarding agent renders (its DNS proxy on a
+// free loopback port) and up as the VM's resolver; it returns the agent and
+// the proxy's address.
+func startDNSSidecar(t *testing.T, ep *endpoint, vm *workload, up *testResolver) (*istioagent.Agent, string) {
+	t.Helper()
+	roots, err := os.ReadFile(ep.rootFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dnsAddr := freeUDPAddr(t)
+	agent := istioagent.Start(t, istioagent.Options{
+		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: vm.key.Namespace, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
+		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
+		XDSRootCA:   roots, Token: vm.token,
+		Env:        dnsEnv(t, dnsAddr),
+		ResolvConf: fmt.Appendf(nil, "nameserver %s\n", up.addr),
+	})
+	return agent, dnsAddr
+}
+
+// askForNameTable plays Envoy's first LDS request, which makes pilot-agent
+// ask istiod (through Embark) for the name table.
+func askForNameTable(t *testing.T, agent *istioagent.Agent) {
+	t.Helper()
+	envoy, err := istioagent.Connect(t.Context(), agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := envoy.Send(resource.ListenerType, nil, "", ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Bad input around the VM's names: the sidecar's DNS proxy gets a huge, a
+// malformed and no answer from the upstream resolver, and a flood of
+// queries from the VM; a second sidecar never gets its name table. Measured:
+// the sidecar keeps running and keeps answering mesh and outside names, the
+// outside names keep resolving through the VM's own resolver during the
+// flood, and a sidecar without a name table (which answers every name
+// SERVFAIL) is never reported ready, so the onboarding agent never points
+// the host's resolver at it.
+func TestMeshDNSBadInput(t *testing.T) {
+	ns := env.Namespace(t)
+	wg := ratingsGroup(t, ns)
+	ratings := &corev1.Service{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "ratings"}, ratings); err != nil {
+		t.Fatal(err)
+	}
+	ratingsName, ratingsIP := "ratings."+ns+".svc.cluster.local", netip.MustParseAddr(ratings.Spec.ClusterIP)
+	up := startUpstream(t)
+	upAddr := netip.AddrPortFrom(up.addr, 53).String()
+	ep := startEndpoint(t, ns)
+	agent, dnsAddr := startDNSSidecar(t, ep, register(t, wg, 31), up)
+	askForNameTable(t, agent)
+	if a, _, ok := waitAnswer(t, dnsAddr, ratingsName, 60*time.Second, resolvesTo(ratingsIP)); !ok {
+		t.Fatalf("%s: %v, want %s\n%s", ratingsName, a, ratingsIP, agent.Logs())
+	}
+	stillServes := func(after string) {
+		t.Helper()
+		if !agent.Running() {
+			t.Fatalf("after %s: pilot-agent is not running\n%s", after, agent.Logs())
+		}
+		for _, c := range []struct {
+			name string
+			want netip.Addr
+		}{{ratingsName, ratingsIP}, {"www.outside.example", upstreamAnswer}} {
+			if a, _, ok := waitAnswer(t, dnsAddr, c.name, 5*time.Second, resolvesTo(c.want)); !ok {
+				t.Errorf("after %s: %s: %v, want %s", after, c.name, a, c.want)
+			}
+		}
+	}
+
+	// Bad upstream answers: each costs the VM that name only.
+	for _, c := range []struct {
+		name  string
+		check func(answer, error) bool
+		want  string
+	}{
+		{"huge.outside.example", func(a answer, err error) bool { return err == nil && len(a.addrs) <= 64 }, "at most what fits one UDP answer (cut, or refused)"},
+		{"malformed.outside.example", func(a answer, err error) bool { return err != nil || len(a.addrs) == 0 }, "no address"},
+		{"slow.outside.example", func(a answer, err error) bool { return err != nil || a.rcode != dnsmessage.RCodeSuccess }, "no address"},
+	} {
+		a, err := queryA(t.Context(), dnsAddr, c.name)
+		t.Logf("%s: %v (%v)", c.name, a, err)
+		if !c.check(a, err) {
+			t.Errorf("%s: %v, %v; want %s", c.name, a, err, c.want)
+		}
+		if up.asked(c.name) == 0 {
+			t.Errorf("%s: the upstream resolver was not asked", c.name)
+		}
+		stillServes(c.name)
+	}
+
+	// A flood from the VM: 8 senders as fast as they can for 3 s, each
+	// query a new outside name (nothing cached). Meanwhile the VM's
+	// resolver answers an outside name, and the sidecar a mesh name.
+	floodCtx, stop := context.WithTimeout(t.Context(), 3*time.Second)
+	defer stop()
+	var sent, answered atomic.Int64
+	var wgFlood sync.WaitGroup
+	for g := range 8 {
+		wgFlood.Add(1)
+		go func() {
+			defer wgFlood.Done()
+			for i := 0; floodCtx.Err() == nil; i++ {
+				sent.Add(1)
+				if _, err := queryA(floodCtx, dnsAddr, fmt.Sprintf("flood-%d-%d.outside.example", g, i)); err == nil {
+					answered.Add(1)
+				}
+			}
+		}()
+	}
+	var meshDuring, viaSidecarDuring, outsideDuring []time.Duration
+	for floodCtx.Err() == nil {
+		start := time.Now()
+		if a, err := queryA(t.Context(), dnsAddr, ratingsName); err == nil && resolvesTo(ratingsIP)(a) {
+			meshDuring = append(meshDuring, time.Since(start))
+		}
+		start = time.Now()
+		if a, err := queryA(t.Context(), dnsAddr, "www.outside.example"); err == nil && resolvesTo(upstreamAnswer)(a) {
+			viaSidecarDuring = append(viaSidecarDuring, time.Since(start))
+		}
+		start = time.Now()
+		if a, err := queryA(t.Context(), upAddr, "www.outside.example"); err == nil && resolvesTo(upstreamAnswer)(a) {
+			outsideDuring = append(outsideDuring, time.Since(start))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	wgFlood.Wait()
+	t.Logf("flood: %d queries sent, %d answered; during it the sidecar answered %s %d times (slowest %v) and forwarded www.outside.example %d times (slowest %v), the VM's resolver answered it %d times (slowest %v)",
+		sent.Load(), answered.Load(), ratingsName, len(meshDuring), slowest(meshDuring), len(viaSidecarDuring), slowest(viaSidecarDuring),
+		len(outsideDuring), slowest(outsideDuring))
+	if len(viaSidecarDuring) == 0 {
+		t.Error("during the flood the sidecar forwarded no outside name")
+	}
+	if len(outsideDuring) == 0 {
+		t.Error("during the flood the VM's resolver answered no outside name")
+	}
+	if len(meshDuring) == 0 {
+		t.Error("during the flood the sidecar answered no mesh name")
+	}
+	stillServes("the flood")
+
+	// A sidecar whose name table never arrives (nothing asks istiod for
+	// it): it answers every name SERVFAIL, outside names included, so the
+	// host's resolver must never be pointed at it: hostdns.WaitReady, the
+	// agent's gate, never returns ready.
+	stale, staleAddr := startDNSSidecar(t, ep, register(t, wg, 32), up)
+	if a, _, ok := waitAnswer(t, staleAddr, "www.outside.example", 10*time.Second, func(a answer) bool { return a.rcode == dnsmessage.RCodeServerFailure }); !ok {
+		t.Errorf("a sidecar without its name table answered www.outside.example %v, want SERVFAIL", a)
+	}
+	waitCtx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := hostdns.WaitReady(waitCtx, staleAddr, "istio-agent-probe.cluster.local", 500*time.Millisecond); err == nil {
+		t.Errorf("hostdns.WaitReady: a sidecar without its name table is ready\n%s", stale.Logs())
+	}
+	if a, err := queryA(t.Context(), upAddr, "www.outside.example"); err != nil || !resolvesTo(upstreamAnswer)(a) {
+		t.Errorf("the VM's own resolver: %v, %v", a, err)
+	}
+}
+
+func slowest(ds []time.Duration) time.Duration {
+	var m time.Duration
+	for _, d := range ds {
+		m = max(m, d)
+	}
+	return m.Round(time.Millisecond)
 }

@@ -166,3 +166,21 @@ func Ready(ctx context.Context, addr, name string, timeout time.Duration) bool {
 	var dnsErr *net.DNSError
 	return errors.As(err, &dnsErr) && dnsErr.IsNotFound
 }
+
+// WaitReady polls Ready every interval until the proxy at addr has its
+// name table (nil) or ctx ends (ctx's error): the agent points the host's
+// resolver at the proxy only after it returns nil, so a proxy whose name
+// table never arrives (standalone mode, istiod unreachable) never answers
+// the host's mesh domains with SERVFAIL.
+func WaitReady(ctx context.Context, addr, name string, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for !Ready(ctx, addr, name, interval) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
