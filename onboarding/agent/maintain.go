@@ -199,7 +199,11 @@ func (a *Agent) hostDNSWhenReady(ctx context.Context) {
 	if sc.Direct() || !sc.DNS.On() {
 		return
 	}
-	if hostdns.WaitReady(ctx, sc.DNS.Address, "istio-agent-probe."+sc.DNS.Domains[0], time.Second) != nil {
+	domain := "cluster.local"
+	if len(sc.DNS.Domains) > 0 {
+		domain = sc.DNS.Domains[0]
+	}
+	if hostdns.WaitReady(ctx, sc.DNS.Address, "istio-agent-probe."+domain, time.Second) != nil {
 		return
 	}
 	how, err := a.sidecarAction(ctx, sidecar.RequestDNSOn)
