@@ -16,6 +16,7 @@ import (
 	"github.com/embark-mesh/embark/cmd/internal/cli"
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	"github.com/embark-mesh/embark/version"
@@ -93,11 +94,26 @@ func runApplySidecar(agentFile string) error {
 		return cli.ConfigError(errors.New("sidecar.restartCommand is set: the agent runs the sidecar's commands itself; apply-sidecar is not used"))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	_, err = sidecar.Apply(context.Background(), sidecar.ApplyOptions{
+	opts := sidecar.ApplyOptions{
 		StagingDir: cfg.Sidecar.StagingDir, Paths: cfg.Sidecar.Bootstrap, Unit: cfg.Sidecar.Unit,
 		Systemctl: sidecar.SystemctlCommand, Logger: log,
-	})
+	}
+	if cfg.Sidecar.DNS.On() {
+		dropIn, err := hostdns.Render(cfg.Sidecar.DNS.Address, cfg.Sidecar.DNS.Domains)
+		if err != nil {
+			return cli.ConfigError(err)
+		}
+		opts.HostDNS = &sidecar.HostDNS{DropIn: dropIn, Options: hostdns.Options{Reload: reloadResolved}}
+	}
+	_, err = sidecar.Apply(context.Background(), opts)
 	return err
+}
+
+// reloadResolved makes systemd-resolved read its drop-ins again: a reload
+// where the unit supports one, else a restart, and nothing if it is not
+// running.
+func reloadResolved(ctx context.Context) error {
+	return sidecar.Run(ctx, []string{"systemctl", "try-reload-or-restart", hostdns.ResolvedUnit})
 }
 
 // runAgent is the agent itself, onboarding-agent.service: it runs until

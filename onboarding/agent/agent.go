@@ -135,12 +135,11 @@ func New(opts Options) (*Agent, error) {
 		return nil, fmt.Errorf("connect to the onboarding endpoint %s: %w", opts.Onboarding.Address(), err)
 	}
 	return &Agent{
-		opts: opts,
-		log:  opts.Logger,
-		api:  onboardingv1alpha1.NewOnboardingServiceClient(conn),
-		conn: conn,
-		files: &sidecar.Files{Paths: opts.Agent.Sidecar.Bootstrap, Env: sidecar.EnvOptions{
-			Revision: opts.Agent.Sidecar.Istio.Revision, CAAddress: opts.Agent.Sidecar.CAAddress}},
+		opts:  opts,
+		log:   opts.Logger,
+		api:   onboardingv1alpha1.NewOnboardingServiceClient(conn),
+		conn:  conn,
+		files: &sidecar.Files{Paths: opts.Agent.Sidecar.Bootstrap, Env: envOptions(&opts.Agent.Sidecar)},
 	}, nil
 }
 
@@ -395,4 +394,14 @@ func sleep(ctx context.Context, b *wait.Backoff) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// envOptions are the cluster.env settings of the agent's sidecar
+// configuration.
+func envOptions(sc *config.Sidecar) sidecar.EnvOptions {
+	env := sidecar.EnvOptions{Revision: sc.Istio.Revision, CAAddress: sc.CAAddress}
+	if sc.DNS.On() {
+		env.DNSAddress, env.DNSAutoAllocate = sc.DNS.Address, sc.DNS.AutoAllocate
+	}
+	return env
 }

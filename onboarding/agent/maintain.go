@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 )
@@ -23,6 +24,12 @@ func (a *Agent) maintain(ctx context.Context) {
 		a.watch(mctx, gone)
 	}()
 	defer func() { cancel(); <-watchDone }()
+	dnsDone := make(chan struct{})
+	go func() {
+		defer close(dnsDone)
+		a.hostDNSWhenReady(mctx)
+	}()
+	defer func() { cancel(); <-dnsDone }()
 
 	s := a.current()
 	tokenNext := a.renewAt(s.tokenIssued, s.tokenExpiry, a.opts.RenewFraction)
@@ -177,4 +184,33 @@ func (a *Agent) shutdown(ctx context.Context) error {
 	}
 	a.log.Info("sidecar stopped; onboarding agent exiting", "how", how)
 	return nil
+}
+
+// hostDNSWhenReady asks onboarding-agent-sidecar.service to point the
+// host's resolver at the sidecar's DNS proxy once the proxy has istiod's
+// name table (it answers a mesh name with anything but a server failure),
+// polling every second until then or until ctx ends. The restart request
+// that started this sidecar removed any earlier configuration, so the
+// host's resolver never asks a sidecar that has not answered. Only in
+// staging mode (the root-run service owns the resolver) and with the DNS
+// proxy on.
+func (a *Agent) hostDNSWhenReady(ctx context.Context) {
+	sc := a.opts.Agent.Sidecar
+	if sc.Direct() || !sc.DNS.On() {
+		return
+	}
+	domain := "cluster.local"
+	if len(sc.DNS.Domains) > 0 {
+		domain = sc.DNS.Domains[0]
+	}
+	if hostdns.WaitReady(ctx, sc.DNS.Address, "istio-agent-probe."+domain, time.Second) != nil {
+		return
+	}
+	how, err := a.sidecarAction(ctx, sidecar.RequestDNSOn)
+	if err != nil {
+		a.log.Error("cannot ask for the host resolver's mesh DNS configuration", "error", err.Error())
+		return
+	}
+	a.log.Info("sidecar answers DNS; host resolver asked to send mesh domains to it", "address", sc.DNS.Address,
+		"domains", sc.DNS.Domains, "how", how)
 }

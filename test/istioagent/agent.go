@@ -37,7 +37,22 @@ const (
 	sdsSocketPath      = "var/run/secrets/workload-spiffe-uds/socket"
 	envoyStandInPath   = "usr/local/bin/envoy"
 	envoyStandInConfig = "etc/istio/proxy/envoy-stand-in.json"
+	resolvConfPath     = "etc/resolv.conf"
 )
+
+// withResolvConf runs cmd in a mount namespace of its own where file is
+// bind-mounted over /etc/resolv.conf: unshare(1) starts a shell that mounts
+// it and execs cmd, so the process the test waits for and signals is
+// pilot-agent itself. Without root, a user namespace maps the caller to
+// root for the mount.
+func withResolvConf(cmd *exec.Cmd, file string) *exec.Cmd {
+	args := []string{"--mount", "--propagation", "private"}
+	if os.Geteuid() != 0 {
+		args = append(args, "--map-root-user")
+	}
+	args = append(args, "/bin/sh", "-c", `mount --bind "$0" /etc/resolv.conf && exec "$@"`, file)
+	return exec.Command("unshare", append(args, cmd.Args...)...)
+}
 
 // envoyStandInScript stands in for Envoy's binary (Options.EnvoyStandIn): it
 // does nothing, and exits when pilot-agent, its parent, stops it or is
@@ -121,6 +136,14 @@ type Options struct {
 	// starts; pilot-agent sends it as "authorization: Bearer <token>". Default:
 	// no token file, no authorization header. See Agent.SetToken.
 	Token string
+
+	// ResolvConf, when set, is the /etc/resolv.conf pilot-agent reads (its
+	// DNS proxy forwards the names it does not know to those servers; the
+	// path is fixed in pilot-agent). pilot-agent then runs in a mount
+	// namespace of its own (unshare(1), as root or with a user namespace)
+	// where this content is bind-mounted over /etc/resolv.conf; the host's
+	// file is untouched. Default: the host's /etc/resolv.conf.
+	ResolvConf []byte
 
 	// Env adds environment variables, or overrides those Start sets (for
 	// example CA_ADDR or FILE_MOUNTED_CERTS). Default: none.
@@ -315,6 +338,11 @@ func (a *Agent) prepare() error {
 	if o.IstiodSAN != "" {
 		env["ISTIOD_SAN"] = o.IstiodSAN
 	}
+	if o.ResolvConf != nil {
+		if err := writeFile(filepath.Join(a.workDir, resolvConfPath), o.ResolvConf, 0o644); err != nil {
+			return err
+		}
+	}
 	if len(o.XDSRootCA) > 0 {
 		if err := writeFile(filepath.Join(a.workDir, xdsRootCAPath), o.XDSRootCA, 0o644); err != nil {
 			return err
@@ -417,6 +445,9 @@ func (a *Agent) start() error {
 	a.mu.Unlock()
 
 	cmd := exec.Command(a.bin, "proxy", "sidecar", "--log_output_level="+a.opts.LogLevel)
+	if a.opts.ResolvConf != nil {
+		cmd = withResolvConf(cmd, filepath.Join(a.workDir, resolvConfPath))
+	}
 	cmd.Dir = a.workDir
 	cmd.Env = a.env
 	cmd.Stdout = a.logs

@@ -1,7 +1,9 @@
 package vmsim
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -41,6 +43,13 @@ func SidecarOptions(root, istiodSAN string) (istioagent.Options, error) {
 	if len(rootCA) == 0 {
 		return istioagent.Options{}, fmt.Errorf("the onboarding agent wrote an empty %s: the endpoint sent no root certificates", RootCert)
 	}
+	if addr := env["DNS_PROXY_ADDR"]; addr != "" {
+		// Simulated VMs share the host's loopback: each DNS proxy gets a
+		// port of its own where a VM would have 127.0.0.1:15053 to itself.
+		if env["DNS_PROXY_ADDR"], err = freeDNSAddr(); err != nil {
+			return istioagent.Options{}, err
+		}
+	}
 	return istioagent.Options{
 		WorkDir:        root,
 		PodName:        env["POD_NAME"],
@@ -53,4 +62,21 @@ func SidecarOptions(root, istiodSAN string) (istioagent.Options, error) {
 		XDSRootCA:      rootCA,
 		IstiodSAN:      istiodSAN,
 	}, nil
+}
+
+// freeDNSAddr is a loopback address whose port is free for UDP and TCP.
+func freeDNSAddr() (string, error) {
+	for range 20 {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return "", fmt.Errorf("free DNS port: %w", err)
+		}
+		addr := pc.LocalAddr().String()
+		_ = pc.Close()
+		if l, err := net.Listen("tcp", addr); err == nil {
+			_ = l.Close()
+			return addr, nil
+		}
+	}
+	return "", errors.New("free DNS port: none free for UDP and TCP")
 }

@@ -12,7 +12,8 @@
 //     (Systemctl), and it runs them one at a time, as systemd does;
 //   - reading the ProxyConfig of the mesh config the agent wrote
 //     (ProxyConfig), and all the files it wrote for the sidecar, as the
-//     options to start pilot-agent with (SidecarOptions);
+//     options to start pilot-agent with (SidecarOptions; each VM's DNS
+//     proxy on a loopback port of its own);
 //   - a log sink read while it is written (SyncBuffer).
 //
 // The IMDS and STS of a simulated EC2 instance are awstest's; pilot-agent

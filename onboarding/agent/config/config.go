@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"regexp"
 	"strconv"
@@ -125,7 +126,42 @@ type Sidecar struct {
 	// stop it at shutdown. Default: unset.
 	RestartCommand []string `json:"restartCommand,omitempty"`
 	StopCommand    []string `json:"stopCommand,omitempty"`
+	// DNS configures pilot-agent's DNS proxy, which answers the mesh's
+	// names (Services, ServiceEntry hosts) from istiod's name table.
+	DNS SidecarDNS `json:"dns,omitempty"`
 }
+
+// DefaultDNSAddress is where pilot-agent's DNS proxy listens by default:
+// loopback, an unprivileged port (pilot-agent runs as istio-proxy and
+// binds :53 only as root), the address Istio itself defaults to.
+const DefaultDNSAddress = "127.0.0.1:15053"
+
+// SidecarDNS configures pilot-agent's DNS proxy (cluster.env
+// ISTIO_META_DNS_CAPTURE, DNS_PROXY_ADDR, ISTIO_META_DNS_AUTO_ALLOCATE).
+type SidecarDNS struct {
+	// Enabled turns the DNS proxy on (ISTIO_META_DNS_CAPTURE=true: the
+	// proxy asks istiod for the name table and answers mesh names). No
+	// iptables rule captures anything: the host's resolver sends mesh
+	// domains to Address (docs/dns.md). Default true.
+	Enabled *bool `json:"enabled,omitempty"`
+	// Address is the proxy's UDP and TCP listen address (DNS_PROXY_ADDR),
+	// a loopback IP and a port other than 53. Default 127.0.0.1:15053.
+	Address string `json:"address,omitempty"`
+	// AutoAllocate asks istiod for addresses of ServiceEntry hosts that
+	// declare none (ISTIO_META_DNS_AUTO_ALLOCATE=true), so that they resolve
+	// on the VM. Default false.
+	AutoAllocate bool `json:"autoAllocate,omitempty"`
+	// Domains are the DNS domains the host's resolver sends to the proxy
+	// (route-only: no other name goes there): the cluster's domain and any
+	// ServiceEntry host domains. Default [cluster.local].
+	Domains []string `json:"domains,omitempty"`
+}
+
+// DefaultDNSDomains are the domains routed to the sidecar by default.
+var DefaultDNSDomains = []string{"cluster.local"}
+
+// On reports whether the DNS proxy is enabled (nil: the default, true).
+func (d SidecarDNS) On() bool { return d.Enabled == nil || *d.Enabled }
 
 // Direct reports whether the agent writes the bootstrap and runs the
 // sidecar commands itself (RestartCommand set) rather than staging them.
@@ -281,6 +317,12 @@ func (c *AgentConfiguration) SetDefaults() {
 	if c.Sidecar.StagingDir == "" {
 		c.Sidecar.StagingDir = DefaultStagingDir
 	}
+	if c.Sidecar.DNS.Address == "" {
+		c.Sidecar.DNS.Address = DefaultDNSAddress
+	}
+	if len(c.Sidecar.DNS.Domains) == 0 {
+		c.Sidecar.DNS.Domains = append([]string(nil), DefaultDNSDomains...)
+	}
 }
 
 // Validate checks a defaulted agent configuration.
@@ -339,6 +381,12 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 	if a := c.Sidecar.CAAddress; a != "" {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			errs = append(errs, field.Invalid(sc.Child("caAddress"), a, "must be host:port"))
+		}
+	}
+	errs = append(errs, validateDNSAddress(sc.Child("dns", "address"), c.Sidecar.DNS.Address)...)
+	for i, d := range c.Sidecar.DNS.Domains {
+		for _, msg := range validation.IsDNS1123Subdomain(d) {
+			errs = append(errs, field.Invalid(sc.Child("dns", "domains").Index(i), d, msg))
 		}
 	}
 	if (len(c.Sidecar.RestartCommand) == 0) != (len(c.Sidecar.StopCommand) == 0) {
@@ -493,4 +541,23 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// validateDNSAddress checks the DNS proxy's listen address: a loopback IP
+// (the proxy answers this host only) and a port from 1 to 65535 other than
+// 53 (pilot-agent, as istio-proxy, binds :53 only as root and otherwise
+// falls back to localhost:15053, where nothing would ask it).
+func validateDNSAddress(p *field.Path, addr string) field.ErrorList {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return field.ErrorList{field.Invalid(p, addr, "must be ip:port")}
+	}
+	var errs field.ErrorList
+	if ip, err := netip.ParseAddr(host); err != nil || !ip.IsLoopback() || ip.Zone() != "" {
+		errs = append(errs, field.Invalid(p, addr, "the host must be a loopback IP address such as 127.0.0.1"))
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || n == 53 {
+		errs = append(errs, field.Invalid(p, addr, "the port must be 1-65535 and not 53"))
+	}
+	return errs
 }

@@ -60,6 +60,16 @@ func TestParseAgentDefaults(t *testing.T) {
 		minimal.Sidecar.StagingDir != DefaultStagingDir || minimal.Sidecar.CAAddress != "" {
 		t.Errorf("minimal defaults: %+v", minimal)
 	}
+	if d := minimal.Sidecar.DNS; !d.On() || d.Address != DefaultDNSAddress || d.AutoAllocate {
+		t.Errorf("dns defaults: %+v, want on at %s without auto-allocation", d, DefaultDNSAddress)
+	}
+	off, err := ParseAgent([]byte("apiVersion: " + APIVersion + "\nkind: AgentConfiguration\nsidecar:\n  dns: {enabled: false}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if off.Sidecar.DNS.On() {
+		t.Error("dns.enabled: false leaves the DNS proxy on")
+	}
 }
 
 func TestParseOnboardingDefaults(t *testing.T) {
@@ -97,6 +107,10 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"restart without stop", true, strings.Replace(goodAgent, `  stopCommand: ["/bin/true"]`+"\n", "", 1), "sidecar.stopCommand"},
 		{"bad unit", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  unit: istio\n", 1), "sidecar.unit"},
 		{"bad ca address", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  caAddress: istiod\n", 1), "sidecar.caAddress"},
+		{"dns address not loopback", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  dns: {address: '10.0.0.7:15053'}\n", 1), "sidecar.dns.address"},
+		{"dns address port 53", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  dns: {address: '127.0.0.1:53'}\n", 1), "sidecar.dns.address"},
+		{"dns address without port", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  dns: {address: '127.0.0.1'}\n", 1), "sidecar.dns.address"},
+		{"dns address name", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  dns: {address: 'localhost:15053'}\n", 1), "sidecar.dns.address"},
 		{"relative staging dir", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  stagingDir: sidecar\n", 1), "sidecar.stagingDir"},
 		{"bad revision", true, strings.Replace(goodAgent, "canary", "Canary_1", 1), "sidecar.istio.revision"},
 		{"bad imds url", true, strings.Replace(goodAgent, "platform: jwt", "platform: jwt\n  aws: {imdsEndpoint: 169.254.169.254}", 1), "host.aws.imdsEndpoint"},

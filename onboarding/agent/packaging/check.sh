@@ -14,7 +14,7 @@ for arch in amd64 arm64; do
 	grep -q "Package: onboarding-agent" <<<"$info" || fail "$deb: wrong package name"
 	grep -q "Architecture: $arch" <<<"$info" || fail "$deb: not $arch"
 	contents=$(dpkg-deb --contents "$deb")
-	for f in ./usr/bin/onboarding-agent ./usr/lib/systemd/system/onboarding-agent.service ./usr/lib/systemd/system/onboarding-agent-sidecar.path ./usr/lib/systemd/system/onboarding-agent-sidecar.service ./etc/onboarding-agent/agent.config.yaml; do
+	for f in ./usr/bin/onboarding-agent ./usr/lib/systemd/system/onboarding-agent.service ./usr/lib/systemd/system/onboarding-agent-sidecar.path ./usr/lib/systemd/system/onboarding-agent-sidecar.service ./usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf ./etc/onboarding-agent/agent.config.yaml; do
 		grep -q " $f\$" <<<"$contents" || fail "$deb lacks $f"
 	done
 	conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xOf - ./conffiles)

@@ -56,7 +56,7 @@ fresh() {
 	mount --bind /dev "$work/root/dev"
 	mount -t proc proc "$work/root/proc"
 	# Nothing of a previous install on this host may leak in.
-	rm -rf "$work/root/etc/onboarding-agent" "$work/root/var/lib/onboarding-agent" "$work/root/run/secrets" \
+	rm -rf "$work/root/etc/onboarding-agent" "$work/root/var/lib/onboarding-agent" "$work/root/run/secrets" "$work/root/run/systemd/resolved.conf.d" \
 		"$work/root/var/lib/istio" "$work/root/etc/istio" "$work/root/etc/certs"
 }
 R() { chroot "$work/root" "$@"; }
@@ -86,6 +86,14 @@ check_installed() {
 	expect /var/lib/onboarding-agent onboarding-agent:onboarding-agent 750
 	expect /var/lib/onboarding-agent/sidecar onboarding-agent:onboarding-agent 750
 	expect /run/secrets/tokens onboarding-agent:istio-proxy 2750
+	# Mesh DNS (docs/dns.md): the sidecar unit reads resolved's uplink
+	# servers, and the runtime drop-in directory exists, empty: the host's
+	# resolver is left alone until the sidecar answers.
+	expect /usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf root:root 644
+	R grep -qx 'BindReadOnlyPaths=-/run/systemd/resolve/resolv.conf:/etc/resolv.conf' \
+		/usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf || fail "$fmt: istio.service DNS drop-in"
+	expect /run/systemd/resolved.conf.d root:root 755
+	absent /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf
 	absent /etc/sudoers.d/onboarding-agent
 	# The agent owns nothing but its state and the token directory: no
 	# directory a root process sources (Istio's /var/lib/istio/envoy is
@@ -127,17 +135,25 @@ echo "ok  deb: Istio's istio-sidecar postinst after the agent's changes nothing 
 # Upgrade: a locally edited configuration file and the staged state stay.
 echo "# edited on this VM" >>"$work/root/etc/onboarding-agent/onboarding.config.yaml"
 echo staged >"$work/root/var/lib/onboarding-agent/sidecar/cluster.env"
+echo "[Resolve]" >"$work/root/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf" # the sidecar answers
 dpkg --root="$work/root" --force-not-root --force-confold -i "$work/pkgs/next.deb" >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "dpkg upgrade"; }
+R test -e /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf || fail "deb: upgrade removed the running sidecar's mesh DNS drop-in"
+expect /usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf root:root 644
 [ "$(dpkg-query --admindir="$work/root/var/lib/dpkg" -W -f '${Version}' onboarding-agent)" = "$next" ] || fail "deb: not upgraded to $next"
 grep -q "edited on this VM" "$work/root/etc/onboarding-agent/onboarding.config.yaml" || fail "deb: upgrade replaced the edited configuration"
 [ -s "$work/root/var/lib/onboarding-agent/sidecar/cluster.env" ] || fail "deb: upgrade lost the agent's state"
 expect /var/lib/onboarding-agent onboarding-agent:onboarding-agent 750
 echo "ok  deb: upgrade to $next keeps the edited configuration and the state"
 
-# Removal keeps configuration files; purge removes them and the state.
+# Removal keeps configuration files; purge removes them and the state. A
+# mesh DNS drop-in left in place (the sidecar was answering) goes with the
+# package, as does the sidecar unit's drop-in.
+echo "[Resolve]" >"$work/root/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf"
 dpkg --root="$work/root" --force-not-root -r onboarding-agent >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "dpkg -r"; }
 absent /usr/bin/onboarding-agent
 absent /usr/lib/systemd/system/onboarding-agent.service
+absent /usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf
+absent /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf
 grep -q "edited on this VM" "$work/root/etc/onboarding-agent/onboarding.config.yaml" || fail "deb: removal lost the configuration"
 dpkg --root="$work/root" --force-not-root -P onboarding-agent >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "dpkg -P"; }
 absent /etc/onboarding-agent/agent.config.yaml
@@ -153,7 +169,9 @@ rpmq=(rpm --root="$work/root")
 [ "$("${rpmq[@]}" -q --queryformat '%{ARCH}' onboarding-agent)" = "$rpmarch" ] || fail "rpm: architecture"
 check_installed rpm
 echo "# edited on this VM" >>"$work/root/etc/onboarding-agent/onboarding.config.yaml"
+echo "[Resolve]" >"$work/root/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf" # the sidecar answers
 "${rpmroot[@]}" -U "$work/pkgs/next.rpm" >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "rpm -U"; }
+R test -e /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf || fail "rpm: upgrade removed the running sidecar's mesh DNS drop-in"
 [ "$("${rpmq[@]}" -q --queryformat '%{VERSION}' onboarding-agent)" = "${next//-/_}" ] ||
 	[ "$("${rpmq[@]}" -q --queryformat '%{VERSION}' onboarding-agent)" = "$next" ] || fail "rpm: not upgraded to $next"
 grep -q "edited on this VM" "$work/root/etc/onboarding-agent/onboarding.config.yaml" || fail "rpm: upgrade replaced the edited configuration"
@@ -161,6 +179,8 @@ expect /var/lib/onboarding-agent onboarding-agent:onboarding-agent 750
 echo "ok  rpm: upgrade to $next keeps the edited configuration and the state"
 "${rpmroot[@]}" -e onboarding-agent >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "rpm -e"; }
 absent /usr/bin/onboarding-agent
+absent /usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf
+absent /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf
 absent /etc/onboarding-agent/agent.config.yaml # unedited: removed
 grep -q "edited on this VM" "$work/root/etc/onboarding-agent/onboarding.config.yaml.rpmsave" || fail "rpm: removal did not save the edited configuration"
 echo "ok  rpm: removal keeps the edited configuration as .rpmsave"

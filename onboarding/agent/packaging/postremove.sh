@@ -6,6 +6,21 @@ set -e
 if [ "$1" = purge ]; then
 	rm -rf /var/lib/onboarding-agent
 fi
+# Removal (not an upgrade): the host resolver no longer sends the mesh
+# domains to a sidecar (the drop-in is normally gone already: stopping the
+# agent stops the sidecar, which removes it).
+dns_dropin=/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf
+case "$1" in
+upgrade|1) ;;
+*)
+	if [ -e "$dns_dropin" ]; then
+		rm -f "$dns_dropin"
+		if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+			systemctl try-reload-or-restart systemd-resolved.service || true
+		fi
+	fi
+	;;
+esac
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
 	systemctl daemon-reload || true
 fi

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
 )
 
 // Action is what a request asks of onboarding-agent-sidecar.service.
@@ -25,6 +26,9 @@ type Action string
 const (
 	RequestRestart Action = "restart"
 	RequestStop    Action = "stop"
+	// RequestDNSOn points the host's resolver at the sidecar's DNS proxy for
+	// the mesh's domains; the agent asks once the proxy answers.
+	RequestDNSOn Action = "dns-on"
 )
 
 // envHeader opens every cluster.env the package renders.
@@ -40,6 +44,7 @@ var clusterEnvKeys = map[string]bool{
 	"ISTIO_METAJSON_LABELS": true, "CANONICAL_SERVICE": true, "CANONICAL_REVISION": true,
 	"ISTIO_META_WORKLOAD_NAME": true, "ISTIO_REVISION": true, "XDS_ROOT_CA": true, "CA_ROOT_CA": true,
 	"ISTIO_CUSTOM_IP_TABLES": true, "ISTIO_INBOUND_INTERCEPTION_MODE": true, "ISTIO_META_INTERCEPTION_MODE": true,
+	"ISTIO_META_DNS_CAPTURE": true, "ISTIO_META_DNS_AUTO_ALLOCATE": true, "DNS_PROXY_ADDR": true,
 }
 
 // Limits of what Apply reads from the staging directory.
@@ -141,12 +146,68 @@ type ApplyOptions struct {
 	Systemctl func(ctx context.Context, verb, unit string) error
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
+	// HostDNS, when set, is the host resolver's mesh DNS configuration:
+	// installed on RequestDNSOn, removed before every restart and stop, so
+	// the host never asks a sidecar that is not running. Nil: the host's
+	// resolver is left alone and RequestDNSOn is refused.
+	HostDNS *HostDNS
+}
+
+// HostDNS is what Apply needs to point the host's resolver at the sidecar.
+type HostDNS struct {
+	// DropIn is the rendered systemd-resolved drop-in (hostdns.Render).
+	DropIn []byte
+	// Options locate the drop-in and reload systemd-resolved.
+	Options hostdns.Options
+	// HasResolved reports whether systemd-resolved runs here. Default
+	// hostdns.HasResolved.
+	HasResolved func() bool
+}
+
+// disableHostDNS removes the host's mesh DNS configuration, if any.
+func disableHostDNS(ctx context.Context, h *HostDNS, log *slog.Logger) error {
+	if h == nil {
+		return nil
+	}
+	changed, err := hostdns.Disable(ctx, h.Options)
+	if err != nil {
+		return fmt.Errorf("host resolver: %w", err)
+	}
+	if changed {
+		log.Info("host resolver no longer sends mesh domains to the sidecar")
+	}
+	return nil
+}
+
+// enableHostDNS installs the host's mesh DNS configuration.
+func enableHostDNS(ctx context.Context, h *HostDNS, log *slog.Logger) error {
+	if h == nil {
+		return errors.New("dns-on: the sidecar's DNS proxy is off (sidecar.dns.enabled: false)")
+	}
+	has := h.HasResolved
+	if has == nil {
+		has = hostdns.HasResolved
+	}
+	if !has() {
+		log.Info("no systemd-resolved on this host: configure the resolver to send mesh domains to the sidecar (docs/dns.md)")
+		return nil
+	}
+	changed, err := hostdns.Enable(ctx, h.Options, h.DropIn, true)
+	if err != nil {
+		return fmt.Errorf("host resolver: %w", err)
+	}
+	if changed {
+		log.Info("host resolver sends mesh domains to the sidecar")
+	}
+	return nil
 }
 
 // Apply acts on the staged request, as root: for restart it validates the
-// staged cluster.env, mesh config and root certificate, installs canonical
-// copies (0644) at the upstream paths and restarts the unit; for stop it
-// stops the unit. It returns the action taken. Staged files are read
+// staged cluster.env, mesh config and root certificate, removes the host
+// resolver's mesh DNS configuration, installs canonical copies (0644) at
+// the upstream paths and restarts the unit; for stop it removes the mesh
+// DNS configuration and stops the unit; for dns-on it installs the mesh DNS
+// configuration (HostDNS). It returns the action taken. Staged files are read
 // through an os.Root, so a symbolic link out of the staging directory is
 // refused; nothing is installed unless all three files are valid.
 func Apply(ctx context.Context, o ApplyOptions) (Action, error) {
@@ -165,7 +226,12 @@ func Apply(ctx context.Context, o ApplyOptions) (Action, error) {
 	}
 	verb, _, _ := strings.Cut(strings.TrimSpace(string(req)), " ")
 	switch Action(verb) {
+	case RequestDNSOn:
+		return RequestDNSOn, enableHostDNS(ctx, o.HostDNS, log)
 	case RequestStop:
+		if err := disableHostDNS(ctx, o.HostDNS, log); err != nil {
+			log.Error("cannot remove the host resolver's mesh DNS configuration; stopping the sidecar anyway", "error", err.Error())
+		}
 		if err := o.Systemctl(ctx, "stop", o.Unit); err != nil {
 			return RequestStop, fmt.Errorf("stop %s: %w", o.Unit, err)
 		}
@@ -173,10 +239,13 @@ func Apply(ctx context.Context, o ApplyOptions) (Action, error) {
 		return RequestStop, nil
 	case RequestRestart:
 	default:
-		return "", fmt.Errorf("request %q: want restart or stop", verb)
+		return "", fmt.Errorf("request %q: want restart, stop or dns-on", verb)
 	}
 	files, err := readStaged(root)
 	if err != nil {
+		return RequestRestart, err
+	}
+	if err := disableHostDNS(ctx, o.HostDNS, log); err != nil {
 		return RequestRestart, err
 	}
 	for _, w := range []struct {

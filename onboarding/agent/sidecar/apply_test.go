@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
 )
 
 func selfSignedPEM(t *testing.T) []byte {
@@ -133,7 +134,7 @@ func TestApplyRefusesBadStagedFiles(t *testing.T) {
 		{name: "not a certificate", root: "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n", wantErr: "root certificate"},
 		{name: "extra mesh field", mesh: "defaultConfig: {}\nrootNamespace: x\n", wantErr: "mesh config"},
 		{name: "symlink out of the staging directory", link: true, wantErr: "staged cluster.env"},
-		{name: "unknown request", request: "chmod 4755 /bin/sh\n", wantErr: "want restart or stop"},
+		{name: "unknown request", request: "chmod 4755 /bin/sh\n", wantErr: "want restart, stop or dns-on"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -209,4 +210,62 @@ func TestParseClusterEnvRoundTrip(t *testing.T) {
 func envWithRoot(opts EnvOptions, rootCert string) EnvOptions {
 	opts.RootCert = rootCert
 	return opts
+}
+
+// The host resolver's mesh DNS drop-in is installed only on dns-on and
+// removed before every restart and stop of the sidecar.
+func TestApplyHostDNS(t *testing.T) {
+	dir, staging := t.TempDir(), t.TempDir()
+	paths := installPaths(dir)
+	boot := testBootstrap()
+	boot.RootCertificates = selfSignedPEM(t)
+	f := &Files{Paths: paths, Env: EnvOptions{DNSAddress: "127.0.0.1:15053"}}
+	if err := f.Stage(staging, Identity{Namespace: "bookinfo", RegistrationName: "ratings-x"}, boot); err != nil {
+		t.Fatal(err)
+	}
+	var calls systemctlCalls
+	reloads := 0
+	dropIns := filepath.Join(dir, "run/systemd/resolved.conf.d")
+	opts := ApplyOptions{StagingDir: staging, Paths: paths, Unit: "istio.service", Systemctl: calls.run,
+		HostDNS: &HostDNS{DropIn: []byte("[Resolve]\nDNS=127.0.0.1:15053\nDomains=~cluster.local\n"),
+			Options:     hostdns.Options{Dir: dropIns, Reload: func(context.Context) error { reloads++; return nil }},
+			HasResolved: func() bool { return true }}}
+	dropIn := filepath.Join(dropIns, hostdns.DropInName)
+	steps := []struct {
+		action      Action
+		wantDropIn  bool
+		wantReloads int
+		wantCall    string
+	}{
+		{RequestRestart, false, 0, "restart istio.service"},
+		{RequestDNSOn, true, 1, ""},
+		{RequestRestart, false, 2, "restart istio.service"},
+		{RequestDNSOn, true, 3, ""},
+		{RequestStop, false, 4, "stop istio.service"},
+	}
+	for i, s := range steps {
+		calls = nil
+		if err := Request(staging, s.action, uint64(i)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Apply(t.Context(), opts)
+		if err != nil || got != s.action {
+			t.Fatalf("step %d %s: %s, %v", i, s.action, got, err)
+		}
+		_, statErr := os.Stat(dropIn)
+		if (statErr == nil) != s.wantDropIn || reloads != s.wantReloads {
+			t.Errorf("step %d %s: drop-in present %v, reloads %d; want %v, %d", i, s.action, statErr == nil, reloads, s.wantDropIn, s.wantReloads)
+		}
+		if s.wantCall != "" && (len(calls) != 1 || calls[0] != s.wantCall) {
+			t.Errorf("step %d %s: systemctl %v, want %q", i, s.action, calls, s.wantCall)
+		}
+	}
+	// With the DNS proxy off there is nothing to point the resolver at.
+	opts.HostDNS = nil
+	if err := Request(staging, RequestDNSOn, 99); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Apply(t.Context(), opts); err == nil || !strings.Contains(err.Error(), "sidecar.dns.enabled") {
+		t.Errorf("dns-on without HostDNS: %v, want an error naming sidecar.dns.enabled", err)
+	}
 }

@@ -52,6 +52,14 @@ type EnvOptions struct {
 	// RootCert is the installed root certificate's path, written as
 	// XDS_ROOT_CA and CA_ROOT_CA (Files sets it from Paths.RootCert).
 	RootCert string
+	// DNSAddress, when set, turns on pilot-agent's DNS proxy
+	// (ISTIO_META_DNS_CAPTURE=true) listening there (DNS_PROXY_ADDR).
+	// Empty: the proxy is off.
+	DNSAddress string
+	// DNSAutoAllocate asks istiod to allocate addresses for ServiceEntry
+	// hosts that declare none (ISTIO_META_DNS_AUTO_ALLOCATE=true). Only
+	// with DNSAddress.
+	DNSAutoAllocate bool
 }
 
 // Staged file names in the staging directory.
@@ -146,7 +154,10 @@ func firstLabel(labels map[string]string, keys ...string) string {
 // defaults to it), CA_ADDR when configured, XDS_ROOT_CA and CA_ROOT_CA,
 // ISTIO_SVC_IP/INSTANCE_IP, POD_NAME and ISTIO_NAMESPACE/POD_NAMESPACE (the
 // node ID is sidecar~ISTIO_SVC_IP~POD_NAME.NAMESPACE~...), the fixed
-// no-iptables settings, and the workload's metadata.
+// no-iptables settings, the DNS proxy's settings when it is on (pilot-agent
+// answers mesh names on DNS_PROXY_ADDR from istiod's name table; no
+// iptables rule sends it anything, the host's resolver does), and the
+// workload's metadata.
 func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, opts EnvOptions) ([]byte, error) {
 	labels, err := json.Marshal(boot.GetLabels())
 	if err != nil {
@@ -177,6 +188,13 @@ func ClusterEnv(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, opts Env
 	if opts.RootCert != "" {
 		vars["XDS_ROOT_CA"] = opts.RootCert
 		vars["CA_ROOT_CA"] = opts.RootCert
+	}
+	if opts.DNSAddress != "" {
+		vars["ISTIO_META_DNS_CAPTURE"] = "true"
+		vars["DNS_PROXY_ADDR"] = opts.DNSAddress
+		if opts.DNSAutoAllocate {
+			vars["ISTIO_META_DNS_AUTO_ALLOCATE"] = "true"
+		}
 	}
 	for k, v := range fixedEnv {
 		vars[k] = v

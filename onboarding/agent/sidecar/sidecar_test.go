@@ -27,6 +27,44 @@ func testBootstrap() *onboardingv1alpha1.SidecarBootstrap {
 	}
 }
 
+func TestClusterEnvDNS(t *testing.T) {
+	tests := []struct {
+		name     string
+		opts     EnvOptions
+		want     []string
+		wantNone []string
+	}{
+		{"off", EnvOptions{}, nil, []string{"ISTIO_META_DNS_CAPTURE=", "DNS_PROXY_ADDR=", "ISTIO_META_DNS_AUTO_ALLOCATE="}},
+		{"on", EnvOptions{DNSAddress: "127.0.0.1:15053"},
+			[]string{"ISTIO_META_DNS_CAPTURE='true'\n", "DNS_PROXY_ADDR='127.0.0.1:15053'\n"}, []string{"ISTIO_META_DNS_AUTO_ALLOCATE="}},
+		{"auto-allocate", EnvOptions{DNSAddress: "127.0.0.2:5353", DNSAutoAllocate: true},
+			[]string{"ISTIO_META_DNS_CAPTURE='true'\n", "DNS_PROXY_ADDR='127.0.0.2:5353'\n", "ISTIO_META_DNS_AUTO_ALLOCATE='true'\n"}, nil},
+		{"auto-allocate without the proxy", EnvOptions{DNSAutoAllocate: true}, nil, []string{"ISTIO_META_DNS_CAPTURE=", "ISTIO_META_DNS_AUTO_ALLOCATE="}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, err := ClusterEnv(Identity{Namespace: "ns", RegistrationName: "vm"}, testBootstrap(), tt.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(string(env), w) {
+					t.Errorf("cluster.env lacks %q:\n%s", w, env)
+				}
+			}
+			for _, w := range tt.wantNone {
+				if strings.Contains(string(env), w) {
+					t.Errorf("cluster.env sets %q:\n%s", w, env)
+				}
+			}
+			// The root-run installer admits what ClusterEnv renders.
+			if _, err := ParseClusterEnv(env); err != nil {
+				t.Errorf("ParseClusterEnv refuses the rendered cluster.env: %v", err)
+			}
+		})
+	}
+}
+
 func TestWriteBootstrap(t *testing.T) {
 	dir := t.TempDir()
 	f := &Files{Paths: config.BootstrapFiles{
