@@ -5,7 +5,9 @@ package install
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -120,6 +122,19 @@ func TestInstallAsAUserDoes(t *testing.T) {
 		}
 		return meta.IsStatusConditionTrue(r.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
 	})
+	t.Log("the group's probe through the sidecar: the WorkloadEntry is Healthy while the VM's application answers /health, and not once it stops")
+	app := serveHealth(t, vmNet)
+	healthy := func(want string) func() bool {
+		return func() bool {
+			out, err := c.Env.Kubectl(ctx, nil, "get", "workloadentry", "-n", guideNamespace, reg.Name,
+				"-o", `jsonpath={.status.conditions[?(@.type=="Healthy")].status}`)
+			return err == nil && out == want
+		}
+	}
+	fixtures.Eventually(t, 60*time.Second, "WorkloadEntry Healthy=True", healthy("True"))
+	must(t, app.Close())
+	fixtures.Eventually(t, 60*time.Second, "WorkloadEntry Healthy=False once the application stops", healthy("False"))
+
 	// EDS and RDS are IGNORED, not asked for: the operator guide's
 	// namespace has no Service, so istiod sends no EDS cluster and no
 	// listener that names routes (test/istiod covers both with Services).
@@ -178,4 +193,23 @@ localRepository:
 	file := filepath.Join(t.TempDir(), "simulated-world.yaml")
 	must(t, os.WriteFile(file, []byte(values), 0o600))
 	return file
+}
+
+// serveHealth runs the VM's application as the operator guide's group
+// probes it: an HTTP server on the VM's address, port 8080, answering
+// /health, inside the VM's network namespace. Close stops it.
+func serveHealth(t *testing.T, n *Network) net.Listener {
+	t.Helper()
+	l, err := n.Listen("tcp", net.JoinHostPort(n.PeerIP.String(), "8080"))
+	must(t, err)
+	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/health" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return l
 }
