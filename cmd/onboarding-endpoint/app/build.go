@@ -507,7 +507,7 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	b.server.RegisterService(g)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
-	repo, err := startRepository(b.cfg, ls.repository, servingTLS, b.lim.repository, log)
+	repo, err := startRepository(b.cfg, ls.repository, servingTLS, b.lim.repository, b.reg, log)
 	if err != nil {
 		ls.close()
 		return err
