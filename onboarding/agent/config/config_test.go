@@ -187,6 +187,9 @@ func TestPackagedConfigurationFiles(t *testing.T) {
 			RootCert: "/etc/certs/root-cert.pem", Token: "/var/run/secrets/tokens/istio-token"}) {
 		t.Errorf("packaged sidecar configuration %+v", agent.Sidecar)
 	}
+	if agent.Metrics.Address != "" {
+		t.Errorf("the packaged configuration serves metrics on %s; it must be off unless the operator sets it", agent.Metrics.Address)
+	}
 	_, err = LoadOnboarding("../packaging/onboarding.config.yaml")
 	for _, f := range []string{"onboardingEndpoint.host", "workload.namespace", "workload.name"} {
 		if err == nil || !strings.Contains(err.Error(), f) {
