@@ -81,6 +81,26 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// pushTypes are the resource types istiod pushes to a sidecar, by the type
+// label they are counted under; any other type is counted as "other", so
+// that what a sidecar subscribes to cannot add series.
+var pushTypes = map[string]bool{
+	"envoy.config.cluster.v3.Cluster": true, "envoy.config.listener.v3.Listener": true,
+	"envoy.config.route.v3.RouteConfiguration": true, "envoy.config.endpoint.v3.ClusterLoadAssignment": true,
+	"envoy.extensions.transport_sockets.tls.v3.Secret": true, "envoy.config.route.v3.VirtualHost": true,
+	"envoy.config.core.v3.TypedExtensionConfig": true, "istio.networking.nds.v1.NameTable": true,
+	"istio.mesh.v1alpha1.ProxyConfig": true, "istio.workload.Address": true, "istio.security.Authorization": true,
+}
+
+// typeLabel is the type label of a pushed typeURL: its message name for
+// the types istiod pushes, "other" for any other.
+func typeLabel(typeURL string) string {
+	if t := strings.TrimPrefix(typeURL, "type.googleapis.com/"); pushTypes[t] {
+		return t
+	}
+	return "other"
+}
+
 // revisionLabel is the istiod_revision value of revision.
 func revisionLabel(revision string) string {
 	if revision == "" {
@@ -165,7 +185,7 @@ func (m *relayMetrics) upstreamClosed(connected bool) {
 // istiod at received.
 func (m *relayMetrics) pushed(typeURL string, received time.Time) {
 	if m != nil {
-		m.m.pushes.WithLabelValues(m.rev, strings.TrimPrefix(typeURL, "type.googleapis.com/")).Inc()
+		m.m.pushes.WithLabelValues(m.rev, typeLabel(typeURL)).Inc()
 		m.added.Observe(time.Since(received).Seconds())
 	}
 }

@@ -39,3 +39,19 @@ func TestRevisionLabel(t *testing.T) {
 		}
 	}
 }
+
+// Pushes of the types istiod sends are counted by type, anything else as
+// other.
+func TestTypeLabel(t *testing.T) {
+	for _, tc := range []struct{ typeURL, want string }{
+		{"type.googleapis.com/envoy.config.cluster.v3.Cluster", "envoy.config.cluster.v3.Cluster"},
+		{"type.googleapis.com/istio.networking.nds.v1.NameTable", "istio.networking.nds.v1.NameTable"},
+		{"type.googleapis.com/invented.by.a.sidecar.v1", "other"},
+		{"envoy.config.cluster.v3.Cluster", "envoy.config.cluster.v3.Cluster"},
+		{"", "other"},
+	} {
+		if got := typeLabel(tc.typeURL); got != tc.want {
+			t.Errorf("typeLabel(%q) = %q, want %q", tc.typeURL, got, tc.want)
+		}
+	}
+}

@@ -257,7 +257,7 @@ type relayed[Req, Resp any] struct {
 	openCancel context.CancelFunc                  // ends the stream being opened; nil when none
 	connecting bool
 	answered   bool // the current upstream stream answered at least once
-	failed     bool // an upstream stream failed: the next one resynchronises
+	failed     bool // an open upstream stream failed: the next one resynchronises
 	wantUp     bool // the sidecar sent a request to relay
 	backoff    time.Duration
 	retry      <-chan time.Time
@@ -488,7 +488,9 @@ func (s *relayed[Req, Resp]) connect() {
 // drop ends the current upstream stream and schedules a reconnect.
 func (s *relayed[Req, Resp]) drop(err error) {
 	s.r.m.upstreamFailed(s.up != nil, errorCode(err))
-	s.failed = true
+	if s.up != nil {
+		s.failed = true // the next stream restores what this one held
+	}
 	s.upCancel()
 	s.upCancel = func() {}
 	s.up = nil
