@@ -134,7 +134,7 @@ func certificateClient(t *testing.T, e *endpoint, token string) func(csr string)
 // a real istiod, report what happens: streams relayed to the istiod
 // revision, the connection to istiod ready, pushes relayed, certificates
 // relayed, refused by Embark (by reason) and failed at istiod (a CSR istiod
-// refuses, istiod stopped), the connection and streams failing while istiod
+// refuses, istiod frozen, istiod stopped), the connection and streams failing while istiod
 // is stopped and the stream resynchronised when it is back; and the expiry
 // of the serving certificate and of istiod's root.
 func TestIstiodModeMetrics(t *testing.T) {
@@ -211,6 +211,22 @@ func TestIstiodModeMetrics(t *testing.T) {
 		}
 	}
 
+	// istiod frozen (slow): the certificate request times out at the
+	// relay's 10s and is answered Unavailable; istiod's latency shows it.
+	i.Pause()
+	err = ask(csrPEM(t))
+	i.Resume()
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("a certificate request to a frozen istiod: %v, want Unavailable", err)
+	}
+	fams = scrapeMetrics(t, ep)
+	if got := metricSum(fams, "embark_ca_istiod_failures_total", map[string]string{"code": "Unavailable"}); got != 1 {
+		t.Errorf("certificate requests failed at a frozen istiod: %v, want 1", got)
+	}
+	if h := fams["embark_ca_istiod_request_duration_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleCount() != 3 || h.GetSampleSum() < 10 {
+		t.Errorf("istiod latency: %d requests, %vs in all; want 3 with the frozen one's 10s", h.GetSampleCount(), h.GetSampleSum())
+	}
+
 	// istiod stops: the connection leaves ready, the istiod stream fails
 	// (the sidecar's stays), a certificate request fails at istiod.
 	i.Stop()
@@ -223,7 +239,7 @@ func TestIstiodModeMetrics(t *testing.T) {
 	if err := ask(csrPEM(t)); status.Code(err) != codes.Unavailable {
 		t.Errorf("a certificate request with istiod stopped: %v, want Unavailable", err)
 	}
-	waitMetric(t, ep, "certificate requests failed at a stopped istiod", "embark_ca_istiod_failures_total", map[string]string{"code": "Unavailable"}, equal(1))
+	waitMetric(t, ep, "certificate requests failed at a stopped istiod", "embark_ca_istiod_failures_total", map[string]string{"code": "Unavailable"}, equal(2))
 
 	// istiod is back: the stream resynchronises on a new istiod stream.
 	if err := i.Start(t.Context()); err != nil {
