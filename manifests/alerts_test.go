@@ -134,6 +134,7 @@ func runAlertTimeline(t *testing.T, ctx context.Context, rs *replicas, real map[
 func series(t *testing.T, fams families, name string, lv map[string]string) *dto.Metric {
 	t.Helper()
 	mf, ok := fams[name]
+	fresh := !ok // mf.Metric[0] is the template's sample, removed on return
 	if !ok {
 		tmpl, ok := templates(t)[name]
 		if !ok {
@@ -162,7 +163,10 @@ func series(t *testing.T, fams families, name string, lv map[string]string) *dto
 		t.Fatalf("%s has labels %v; the fault sets %v", name, names, asked)
 	}
 next:
-	for _, m := range mf.GetMetric() {
+	for i, m := range mf.GetMetric() {
+		if fresh && i == 0 {
+			continue
+		}
 		for _, l := range m.GetLabel() {
 			if l.GetValue() != lv[l.GetName()] {
 				continue next
@@ -360,6 +364,37 @@ func TestEveryAlertFires(t *testing.T) {
 		{alert: "EmbarkUnhealthyWorkloads", fault: on(leader.pod, func(t *testing.T, _ int, fams families) {
 			setGauge(t, fams, "embark_registry_workloads", unhealthy, 1)
 		}), want: map[string]string{"workload_namespace": rs.fixture.ns, "group": workload["group"]}},
+		// istiod mode. These replicas run standalone, so the relays' series
+		// are added with the real constructors' names and labels; the values
+		// are those test/istiod's TestIstiodModeMetrics sees a real relay
+		// report against a real istiod that is stopped or refuses.
+		{alert: "EmbarkIstiodUnreachable", fault: on(other.pod, func(t *testing.T, k int, fams families) {
+			// A failing gRPC connection alternates between the two states.
+			failing := map[bool]string{true: "connecting", false: "transient_failure"}[k%2 == 0]
+			for _, s := range []string{"idle", "connecting", "ready", "transient_failure", "shutdown"} {
+				v := 0.0
+				if s == failing {
+					v = 1
+				}
+				setGauge(t, fams, "embark_istiod_connection_state", map[string]string{"state": s}, v)
+			}
+		}), want: map[string]string{"pod": other.pod}},
+		{alert: "EmbarkRelayErrors", fault: on(other.pod, func(t *testing.T, k int, fams families) {
+			rev := map[string]string{"istiod_revision": "default"}
+			setGauge(t, fams, "embark_xds_relay_streams", rev, 20)
+			// each of the 20 streams fails every 20s: 1/s
+			addCounter(t, fams, "embark_xds_relay_upstream_errors_total", map[string]string{"istiod_revision": "default", "code": "Unavailable"}, float64(30*k))
+		}), want: map[string]string{"pod": other.pod, "istiod_revision": "default"}},
+		{alert: "EmbarkCertificateRequestsFailing", fault: on(other.pod, func(t *testing.T, k int, fams families) {
+			addCounter(t, fams, "embark_ca_requests_total", map[string]string{"code": "OK"}, float64(6*k))
+			addCounter(t, fams, "embark_ca_requests_total", map[string]string{"code": "Unavailable"}, float64(6*k)) // half fail
+		}), want: map[string]string{"pod": other.pod}},
+		{alert: "EmbarkCertificateExpiresSoon", fault: on(other.pod, func(t *testing.T, _ int, fams families) {
+			setGauge(t, fams, "embark_istiod_root_expiry_timestamp_seconds", map[string]string{}, float64(time.Now().Add(10*24*time.Hour).Unix()))
+		}), want: map[string]string{"pod": other.pod, "expiring": "istiod-root"}},
+		{alert: "EmbarkCertificateExpiryCritical", fault: on(leader.pod, func(t *testing.T, _ int, fams families) {
+			setGauge(t, fams, "embark_serving_certificate_expiry_timestamp_seconds", map[string]string{}, float64(time.Now().Add(2*24*time.Hour).Unix()))
+		}), want: map[string]string{"pod": leader.pod, "expiring": "serving-certificate"}},
 	}
 
 	rls := alertRules(t)
@@ -404,6 +439,31 @@ func TestEveryAlertFires(t *testing.T) {
 		pending, _, _, _ := runAlertTimeline(t, ctx, rs, real, nil)
 		for name, at := range pending {
 			t.Errorf("%s active at %s on the healthy installation", name, at)
+		}
+	})
+	// A healthy replica in istiod mode: the connection ready, streams
+	// relayed, istiod ending each at its maximum connection age (code OK)
+	// and a rare failure, certificates issued with a few refusals, and
+	// certificates and keys valid for months.
+	t.Run("healthy istiod mode: no alert", func(t *testing.T) {
+		healthy := func(t *testing.T, k int, _ scrapeTarget, fams families) bool {
+			for _, s := range []string{"idle", "connecting", "ready", "transient_failure", "shutdown"} {
+				setGauge(t, fams, "embark_istiod_connection_state", map[string]string{"state": s}, map[bool]float64{true: 1}[s == "ready"])
+			}
+			rev := map[string]string{"istiod_revision": "default"}
+			setGauge(t, fams, "embark_xds_relay_streams", rev, 100)
+			addCounter(t, fams, "embark_xds_relay_upstream_errors_total", map[string]string{"istiod_revision": "default", "code": "OK"}, float64(2*k))
+			addCounter(t, fams, "embark_xds_relay_upstream_errors_total", map[string]string{"istiod_revision": "default", "code": "Unavailable"}, float64(k/10))
+			addCounter(t, fams, "embark_ca_requests_total", map[string]string{"code": "OK"}, float64(10*k))
+			addCounter(t, fams, "embark_ca_requests_total", map[string]string{"code": "PermissionDenied"}, float64(k))
+			year := float64(time.Now().Add(365 * 24 * time.Hour).Unix())
+			setGauge(t, fams, "embark_istiod_root_expiry_timestamp_seconds", map[string]string{}, year)
+			setGauge(t, fams, "embark_serving_certificate_expiry_timestamp_seconds", map[string]string{}, year)
+			return true
+		}
+		pending, _, _, _ := runAlertTimeline(t, ctx, rs, real, healthy)
+		for name, at := range pending {
+			t.Errorf("%s active at %s on a healthy replica in istiod mode", name, at)
 		}
 	})
 	rs.stop(t, cancel)

@@ -1,6 +1,7 @@
 package manifests
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -17,12 +19,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/onboarding/endpoint"
+	"github.com/embark-mesh/embark/onboarding/repository/signing"
+	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/registry/lifecycle"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/ca"
 	"github.com/embark-mesh/embark/xds/configsource"
+	"github.com/embark-mesh/embark/xds/relay"
+	"github.com/embark-mesh/embark/xds/upstream"
 )
 
 // exportedMetrics registers every metric Embark exports, through the real
@@ -54,6 +60,20 @@ func exportedMetrics(reg prometheus.Registerer, reader client.Reader) error {
 	}
 	if _, err := ca.NewMetrics(reg); err != nil {
 		return fmt.Errorf("certificate relay metrics: %w", err)
+	}
+	if _, err := relay.NewMetrics(reg); err != nil {
+		return fmt.Errorf("xDS relay metrics: %w", err)
+	}
+	if _, err := upstream.NewMetrics(reg); err != nil {
+		return fmt.Errorf("istiod connection metrics: %w", err)
+	}
+	// The expiry collectors report the current certificate or key, read at
+	// each scrape: a certificate here, no signer (a key without expiry).
+	if err := servingcert.RegisterExpiry(reg, func() *x509.Certificate { return &x509.Certificate{NotAfter: time.Now()} }); err != nil {
+		return fmt.Errorf("serving certificate metrics: %w", err)
+	}
+	if err := signing.RegisterExpiry(reg, func() *signing.Signer { return nil }); err != nil {
+		return fmt.Errorf("repository signing key metrics: %w", err)
 	}
 	return version.Register(reg)
 }
@@ -325,6 +345,13 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 		"embark_xds_config_push_seconds_bucket", "embark_xds_config_translation_seconds_bucket",
 		"embark_registry_health_time_to_first_healthy_seconds_bucket", "process_resident_memory_bytes",
 		"process_cpu_seconds_total", "go_goroutines", "process_start_time_seconds", "up",
+		// istiod mode: the relays, the connection to istiod, expiry
+		"embark_istiod_connection_state", "embark_xds_relay_streams", "embark_xds_relay_upstream_streams",
+		"embark_xds_relay_upstream_errors_total", "embark_xds_relay_resyncs_total", "embark_xds_relay_pushes_total",
+		"embark_xds_relay_push_added_seconds_bucket", "embark_ca_requests_total", "embark_ca_refusals_total",
+		"embark_ca_istiod_failures_total", "embark_ca_request_duration_seconds_bucket", "embark_ca_istiod_request_duration_seconds_bucket",
+		"embark_serving_certificate_expiry_timestamp_seconds", "embark_istiod_root_expiry_timestamp_seconds",
+		"embark_repository_signing_key_expiry_timestamp_seconds",
 	} {
 		if !used[want] {
 			t.Errorf("dashboard does not show %s", want)

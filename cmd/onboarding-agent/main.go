@@ -13,6 +13,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/embark-mesh/embark/cmd/internal/cli"
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
@@ -155,6 +157,13 @@ func runAgent(f agentFlags) error {
 	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: version.Get().Version, Logger: log})
 	if err != nil {
 		return cli.ConfigError(err)
+	}
+	if addr := agentCfg.Metrics.Address; addr != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(a.Collector(agentCfg.Metrics.SidecarReadyURL))
+		if err := agent.ServeMetrics(ctx, addr, reg, log); err != nil {
+			return err
+		}
 	}
 	return a.Run(ctx)
 }

@@ -102,6 +102,15 @@ type Agent struct {
 	session *session
 	// requests counts sidecar requests (staging mode).
 	requests uint64
+	state    state // what the metrics report
+}
+
+// state is what the agent's metrics report of the onboarding flow.
+type state struct {
+	onboarded   bool
+	lastError   string // reason of the last failed onboarding attempt; "" once onboarded
+	lastErrorAt time.Time
+	failures    map[string]uint64 // failed onboarding attempts by reason
 }
 
 // session is the state of one successful onboarding.
@@ -171,6 +180,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			break // ctx ended
 		}
 		a.maintain(ctx)
+		a.setOnboarded(false)
 	}
 	return a.shutdown(context.WithoutCancel(ctx))
 }
@@ -183,15 +193,18 @@ func (a *Agent) onboard(ctx context.Context) error {
 		sess, boot, err := a.register(ctx)
 		if err == nil {
 			if err := a.writeBootstrap(sidecar.Identity{Namespace: sess.namespace, RegistrationName: sess.name}, boot); err != nil {
+				a.failed(reasonBootstrapWrite)
 				a.log.Error("cannot write the sidecar's bootstrap files; retrying", "error", err.Error())
 			} else {
 				a.setSession(sess)
+				a.setOnboarded(true)
 				a.log.Info("onboarded: sidecar bootstrap written", "registration", sess.namespace+"/"+sess.name,
 					"nodeID", boot.GetNodeId(), "discoveryAddress", boot.GetDiscoveryAddress(), "tokenExpiresAt", sess.tokenExpiry)
 				a.restartSidecar(ctx)
 				return nil
 			}
 		} else if ctx.Err() == nil {
+			a.failed(failureReason(err))
 			a.logRefusal("onboarding", err)
 		}
 		if !sleep(ctx, b) {
@@ -243,7 +256,7 @@ type authorized struct {
 func (a *Agent) authorize(ctx context.Context) (*authorized, error) {
 	cred, err := a.opts.Platform.Credential(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("platform credential: %w", err)
+		return nil, &platformError{err: err}
 	}
 	w := a.opts.Onboarding.Workload
 	req := &onboardingv1alpha1.AuthorizeRequest{WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: w.Namespace, Name: w.Name}}
@@ -336,6 +349,51 @@ func (a *Agent) restartSidecar(ctx context.Context) {
 		if !sleep(ctx, b) {
 			return
 		}
+	}
+}
+
+// platformError is a failure to get the host's platform credential (IMDS,
+// the JWT file or command).
+type platformError struct{ err error }
+
+func (e *platformError) Error() string { return "platform credential: " + e.err.Error() }
+func (e *platformError) Unwrap() error { return e.err }
+
+// Reasons of a failed onboarding attempt besides the endpoint's gRPC code.
+const (
+	reasonPlatformCredential = "PlatformCredential"
+	reasonBootstrapWrite     = "BootstrapWrite"
+)
+
+// failureReason is the reason the metrics report for a failed Authorize
+// and Register: PlatformCredential, else the endpoint's gRPC code
+// (PermissionDenied, FailedPrecondition, Unavailable, ...).
+func failureReason(err error) string {
+	if pe := (*platformError)(nil); errors.As(err, &pe) {
+		return reasonPlatformCredential
+	}
+	return status.Code(err).String()
+}
+
+// failed records a failed onboarding attempt.
+func (a *Agent) failed(reason string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.state.failures == nil {
+		a.state.failures = map[string]uint64{}
+	}
+	a.state.failures[reason]++
+	a.state.lastError, a.state.lastErrorAt = reason, time.Now()
+}
+
+// setOnboarded records whether the host holds a registration; onboarding
+// clears the last error.
+func (a *Agent) setOnboarded(on bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.state.onboarded = on
+	if on {
+		a.state.lastError = ""
 	}
 }
 

@@ -64,6 +64,7 @@ func freeAddr(t *testing.T) string {
 // istiod.
 type endpoint struct {
 	xds      string
+	metrics  string // the /metrics listener's address
 	rootFile string // PEM root of the endpoint's xDS serving certificate
 	// stop shuts the endpoint down as a SIGTERM does (its streams closed,
 	// states flushed) and waits for it; the test's clean-up calls it too.
@@ -81,13 +82,19 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 // startEndpointAs is startEndpoint with the replica's name.
 func startEndpointAs(t *testing.T, ns, replica string) *endpoint {
 	t.Helper()
+	return startEndpointWith(t, ns, replica, istiod)
+}
+
+// startEndpointWith is startEndpointAs with istiod i.
+func startEndpointWith(t *testing.T, ns, replica string, istiod *testenv.Istiod) *endpoint {
+	t.Helper()
 	dir := t.TempDir()
 	istiodRoots := filepath.Join(dir, "istiod-root-cert.pem")
 	if err := os.WriteFile(istiodRoots, istiod.RootCert, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	certFile, keyFile, rootFile := servingCert(t, dir)
-	e := &endpoint{xds: freeAddr(t), rootFile: rootFile}
+	e := &endpoint{xds: freeAddr(t), metrics: freeAddr(t), rootFile: rootFile}
 	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration
 namespace: %s
@@ -106,7 +113,7 @@ listen:
   metrics: %s
   xds: %s
   repository: %s
-`, ns, certFile, keyFile, istiod.SecureGRPCAddr, testenv.IstiodServerName, istiodRoots, freeAddr(t), freeAddr(t), e.xds, freeAddr(t))
+`, ns, certFile, keyFile, istiod.SecureGRPCAddr, testenv.IstiodServerName, istiodRoots, freeAddr(t), e.metrics, e.xds, freeAddr(t))
 	file := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -266,6 +266,21 @@ func (i *Istiod) Kill() {
 	i.cmd = nil
 }
 
+// Pause freezes istiod (SIGSTOP), as an overloaded istiod: its
+// connections stay open but nothing is answered until Resume.
+func (i *Istiod) Pause() { i.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused istiod (SIGCONT).
+func (i *Istiod) Resume() { i.signal(syscall.SIGCONT) }
+
+func (i *Istiod) signal(sig syscall.Signal) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.cmd != nil {
+		_ = i.cmd.Process.Signal(sig)
+	}
+}
+
 func (i *Istiod) stopLocked() {
 	if i.cmd == nil {
 		return

@@ -168,13 +168,17 @@ func (r *Relay) CreateCertificate(ctx context.Context, req *securityv1alpha1.Ist
 }
 
 func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertificateRequest) (*securityv1alpha1.IstioCertificateResponse, error) {
+	m := r.opts.Metrics
 	if n := proto.Size(req); n > r.opts.MaxRequestBytes {
+		m.refused(reasonTooLarge)
 		return nil, status.Errorf(codes.InvalidArgument, "certificate request of %d bytes exceeds the limit of %d", n, r.opts.MaxRequestBytes)
 	}
 	if req.GetCsr() == "" {
+		m.refused(reasonNoCSR)
 		return nil, status.Error(codes.InvalidArgument, "certificate request without a CSR")
 	}
 	if v := req.GetValidityDuration(); v < 0 || v > int64(MaxValidity/time.Second) {
+		m.refused(reasonValidity)
 		return nil, status.Errorf(codes.InvalidArgument, "validity of %ds is outside 0..%ds", v, int64(MaxValidity/time.Second))
 	}
 	// Authenticate before the shared budget: an unauthenticated caller is
@@ -184,15 +188,18 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	// are cached) and a malformed token is refused without a TokenReview.
 	caller, err := r.opts.Authorizer.AuthorizeCertificate(ctx)
 	if err != nil {
+		m.refused(status.Code(err).String())
 		return nil, err
 	}
 	if !r.limit.Allow() {
+		m.refused(reasonRateLimited)
 		return nil, status.Error(codes.ResourceExhausted, "certificate requests over this endpoint's rate limit; retry later")
 	}
 	select {
 	case r.inFlight <- struct{}{}:
 		defer func() { <-r.inFlight }()
 	default:
+		m.refused(reasonInFlight)
 		return nil, status.Error(codes.ResourceExhausted, "too many certificate requests waiting for istiod; retry later")
 	}
 	asked := req.GetValidityDuration()
@@ -205,17 +212,21 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	}
 	uctx, cancel := context.WithTimeout(metadata.NewOutgoingContext(ctx, md), r.opts.Timeout)
 	defer cancel()
+	sent := time.Now()
 	resp, err := r.upstream.CreateCertificate(uctx, req)
+	m.istiodAnswered(time.Since(sent))
 	if err != nil {
 		st := status.Convert(err)
 		code := st.Code()
 		if code == codes.DeadlineExceeded && ctx.Err() == nil {
 			code = codes.Unavailable // istiod too slow, not the caller's deadline
 		}
+		m.istiodFailed(code)
 		r.opts.Logger.Info("istiod refused or failed a certificate request", "registration", caller.Registration.String(), "code", st.Code().String(), "error", st.Message())
 		return nil, status.Errorf(code, "istiod's CA: %s", st.Message())
 	}
 	if len(resp.GetCertChain()) == 0 {
+		m.istiodFailed(codes.Internal)
 		return nil, status.Error(codes.Internal, "istiod's CA answered without a certificate chain")
 	}
 	r.opts.Logger.Debug("relayed a certificate", "registration", caller.Registration.String(), "serviceAccount", caller.ServiceAccount.String(),
@@ -238,15 +249,36 @@ func CappedValidity(asked int64, maxValidity, tokenLeft time.Duration) int64 {
 	return min(asked, limit)
 }
 
-// Metrics are the relay's metrics.
+// Reasons of embark_ca_refusals_total besides the authorizer's gRPC code
+// (Unauthenticated, PermissionDenied, ...).
+const (
+	reasonTooLarge    = "RequestTooLarge"
+	reasonNoCSR       = "NoCSR"
+	reasonValidity    = "ValidityOutOfRange"
+	reasonRateLimited = "RateLimited"
+	reasonInFlight    = "TooManyInFlight"
+)
+
+// Metrics are the relay's metrics; a nil *Metrics records nothing.
 type Metrics struct {
-	requests *prometheus.CounterVec
-	duration prometheus.Histogram
+	requests       *prometheus.CounterVec
+	duration       prometheus.Histogram
+	refusals       *prometheus.CounterVec
+	istiodFailures *prometheus.CounterVec
+	istiodDuration prometheus.Histogram
 }
 
-// NewMetrics registers embark_ca_requests_total{code} and
-// embark_ca_request_duration_seconds with reg.
+// NewMetrics registers with reg embark_ca_requests_total{code} (requests
+// answered, by gRPC code), embark_ca_request_duration_seconds (time to
+// answer), embark_ca_refusals_total{reason} (requests Embark refused before
+// istiod: RequestTooLarge, NoCSR, ValidityOutOfRange, the authorizer's code
+// such as Unauthenticated or PermissionDenied, RateLimited,
+// TooManyInFlight), embark_ca_istiod_failures_total{code} (requests istiod
+// refused or failed, or that did not reach it; Unavailable for a timeout)
+// and embark_ca_istiod_request_duration_seconds (istiod's part of the
+// time).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	buckets := prometheus.ExponentialBuckets(0.002, 2, 14)
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "embark_ca_requests_total",
@@ -255,10 +287,23 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "embark_ca_request_duration_seconds",
 			Help:    "Time to answer a certificate request, istiod's signing included.",
-			Buckets: prometheus.ExponentialBuckets(0.002, 2, 14),
+			Buckets: buckets,
+		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "embark_ca_refusals_total",
+			Help: "Certificate requests Embark refused before asking istiod, by reason.",
+		}, []string{"reason"}),
+		istiodFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "embark_ca_istiod_failures_total",
+			Help: "Certificate requests istiod's CA refused or failed, or that did not reach it, by gRPC status code.",
+		}, []string{"code"}),
+		istiodDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "embark_ca_istiod_request_duration_seconds",
+			Help:    "Time istiod took to answer a relayed certificate request.",
+			Buckets: buckets,
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.refusals, m.istiodFailures, m.istiodDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register CA relay metrics: %w", err)
 		}
@@ -272,4 +317,22 @@ func (m *Metrics) observe(code codes.Code, d time.Duration) {
 	}
 	m.requests.WithLabelValues(code.String()).Inc()
 	m.duration.Observe(d.Seconds())
+}
+
+func (m *Metrics) refused(reason string) {
+	if m != nil {
+		m.refusals.WithLabelValues(reason).Inc()
+	}
+}
+
+func (m *Metrics) istiodAnswered(d time.Duration) {
+	if m != nil {
+		m.istiodDuration.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) istiodFailed(code codes.Code) {
+	if m != nil {
+		m.istiodFailures.WithLabelValues(code.String()).Inc()
+	}
 }

@@ -40,6 +40,9 @@ type Options struct {
 	// Delta stream's subscriptions on a new upstream stream: istiod's limit
 	// on a received message. Default DefaultMaxRequestBytes (4 MiB).
 	MaxRequestBytes int
+	// Revision is the Istio revision of the istiod Conn reaches, the
+	// istiod_revision label of the relay's metrics. Default "default".
+	Revision string
 	// Metrics. Default: not recorded.
 	Metrics *Metrics
 	// Logger. Default slog.Default().
@@ -73,6 +76,7 @@ func (o *Options) setDefaults() error {
 type Relay struct {
 	opts  Options
 	log   *slog.Logger
+	m     *relayMetrics
 	ads   discovery.AggregatedDiscoveryServiceClient
 	names atomic.Int64 // resource names the open streams subscribe to
 }
@@ -86,7 +90,7 @@ func New(opts Options) (*Relay, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Relay{opts: opts, log: opts.Logger, ads: discovery.NewAggregatedDiscoveryServiceClient(opts.Conn)}, nil
+	return &Relay{opts: opts, log: opts.Logger, m: opts.Metrics.forRevision(opts.Revision), ads: discovery.NewAggregatedDiscoveryServiceClient(opts.Conn)}, nil
 }
 
 // Downstream is the sidecar's side of a stream (a gRPC server stream).
@@ -179,6 +183,7 @@ type protocol[Req, Resp any] interface {
 	resync(maxBytes, reserve int) []*Req
 	setNode(req *Req, n *core.Node)
 	nonce(*Resp) *string
+	typeURL(*Resp) string
 }
 
 // genNonce prefixes an upstream nonce with its stream's generation.
@@ -224,6 +229,7 @@ type event[Req, Resp any] struct {
 	stream grpc.BidiStreamingClient[Req, Resp]
 	cancel context.CancelFunc
 	err    error
+	at     time.Time // when upReceived's response was read
 }
 
 // relayed is one relayed stream. Its fields are owned by the loop (the
@@ -251,6 +257,7 @@ type relayed[Req, Resp any] struct {
 	openCancel context.CancelFunc                  // ends the stream being opened; nil when none
 	connecting bool
 	answered   bool // the current upstream stream answered at least once
+	failed     bool // an open upstream stream failed: the next one resynchronises
 	wantUp     bool // the sidecar sent a request to relay
 	backoff    time.Duration
 	retry      <-chan time.Time
@@ -262,7 +269,7 @@ type relayed[Req, Resp any] struct {
 func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp], authorization string, hooks Hooks[Req, Resp], p protocol[Req, Resp],
 	open func(context.Context) (grpc.BidiStreamingClient[Req, Resp], error),
 ) error {
-	m := r.opts.Metrics
+	m := r.m
 	m.streamOpened()
 	defer m.streamClosed()
 	// No context of its own: the upstream streams' contexts are cancelled
@@ -331,7 +338,7 @@ func (s *relayed[Req, Resp]) readDown() {
 func (s *relayed[Req, Resp]) readUp(gen uint64, st grpc.BidiStreamingClient[Req, Resp]) {
 	for {
 		resp, err := st.Recv()
-		if !s.report(event[Req, Resp]{kind: upReceived, gen: gen, resp: resp, err: err}) || err != nil {
+		if !s.report(event[Req, Resp]{kind: upReceived, gen: gen, resp: resp, err: err, at: time.Now()}) || err != nil {
 			return
 		}
 	}
@@ -339,7 +346,7 @@ func (s *relayed[Req, Resp]) readUp(gen uint64, st grpc.BidiStreamingClient[Req,
 
 // handle applies one event; done ends the stream with err.
 func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) {
-	m := s.r.opts.Metrics
+	m := s.r.m
 	switch ev.kind {
 	case downEnded:
 		if errors.Is(ev.err, io.EOF) {
@@ -393,7 +400,7 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 			return false, nil
 		}
 		s.up, s.upCancel = ev.stream, ev.cancel
-		m.upstreamConnected()
+		m.upstreamConnected(s.failed)
 		go s.readUp(ev.gen, ev.stream)
 		node, err := upstreamNode(s.node)
 		if err != nil {
@@ -424,6 +431,7 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 			return true, err
 		}
 		s.p.sent(ev.resp)
+		m.pushed(s.p.typeURL(ev.resp), ev.at)
 		if s.hooks.Response != nil {
 			s.hooks.Response(ev.resp)
 		}
@@ -479,7 +487,10 @@ func (s *relayed[Req, Resp]) connect() {
 
 // drop ends the current upstream stream and schedules a reconnect.
 func (s *relayed[Req, Resp]) drop(err error) {
-	s.r.opts.Metrics.upstreamFailed(s.up != nil)
+	s.r.m.upstreamFailed(s.up != nil, errorCode(err))
+	if s.up != nil {
+		s.failed = true // the next stream restores what this one held
+	}
 	s.upCancel()
 	s.upCancel = func() {}
 	s.up = nil
@@ -507,7 +518,7 @@ func (s *relayed[Req, Resp]) send(req *Req) {
 		return
 	}
 	if len(s.queue) >= sendQueue {
-		s.drop(errors.New("istiod is not reading this stream's requests"))
+		s.drop(status.Error(codes.ResourceExhausted, "istiod is not reading this stream's requests"))
 		return
 	}
 	s.queue = append(s.queue, req)
@@ -531,4 +542,13 @@ func (s *relayed[Req, Resp]) flush() {
 		}
 		s.report(event[Req, Resp]{kind: upSent, gen: g, err: err})
 	}()
+}
+
+// errorCode is the gRPC code an upstream stream failed with: OK when istiod
+// ended it without an error (io.EOF), Unknown for an error without a status.
+func errorCode(err error) codes.Code {
+	if errors.Is(err, io.EOF) {
+		return codes.OK
+	}
+	return status.Code(err)
 }

@@ -49,6 +49,7 @@ func newSotwState(l Limits, total *atomic.Int64) *sotwState {
 func (s *sotwState) node(r *sotwReq) *core.Node       { return r.GetNode() }
 func (s *sotwState) setNode(r *sotwReq, n *core.Node) { r.Node = n }
 func (s *sotwState) nonce(r *sotwResp) *string        { return &r.Nonce }
+func (s *sotwState) typeURL(r *sotwResp) string       { return r.GetTypeUrl() }
 func (s *sotwState) sent(*sotwResp)                   {}
 
 // Observe implements Subscriptions: a SotW request replaces its type's
@@ -140,6 +141,7 @@ func newDeltaState(l Limits, total *atomic.Int64) *deltaState {
 func (s *deltaState) node(r *deltaReq) *core.Node       { return r.GetNode() }
 func (s *deltaState) setNode(r *deltaReq, n *core.Node) { r.Node = n }
 func (s *deltaState) nonce(r *deltaResp) *string        { return &r.Nonce }
+func (s *deltaState) typeURL(r *deltaResp) string       { return r.GetTypeUrl() }
 
 func (s *deltaState) sub(typeURL string) (*deltaSub, bool) {
 	sub := s.subs[typeURL]

@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -71,6 +72,9 @@ type Options struct {
 	BackoffMax time.Duration
 	// MaxMessageSize bounds a received message. Default 64 MiB.
 	MaxMessageSize int
+	// Metrics records the connection's state and the roots' expiry.
+	// Default: not recorded.
+	Metrics *Metrics
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
 	// DialOptions are appended to Dial's own (interceptors, stats handlers).
@@ -130,6 +134,8 @@ func Dial(ctx context.Context, opts Options) (*grpc.ClientConn, error) {
 		if err != nil {
 			return nil, err
 		}
+		roots.metrics = opts.Metrics
+		opts.Metrics.rootsLoaded(roots.expiry)
 		creds = credentials.NewTLS(roots.ClientConfig(opts.ServerName))
 	}
 	bo := backoff.DefaultConfig
@@ -147,6 +153,9 @@ func Dial(ctx context.Context, opts Options) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream: dial istiod at %s: %w", opts.Address, err)
 	}
+	if opts.Metrics != nil {
+		go opts.Metrics.watch(context.WithoutCancel(ctx), conn)
+	}
 	return conn, nil
 }
 
@@ -157,9 +166,11 @@ type Roots struct {
 	recheck time.Duration
 	log     *slog.Logger
 	now     func() time.Time
+	metrics *Metrics // set by Dial before the roots are shared
 
 	mu      sync.Mutex
 	pool    *x509.CertPool
+	expiry  time.Time // the earliest NotAfter of pool's certificates
 	modTime time.Time
 	size    int64
 	checked time.Time
@@ -175,11 +186,11 @@ func NewRoots(file string, recheck time.Duration, log *slog.Logger) (*Roots, err
 	if err != nil {
 		return nil, fmt.Errorf("upstream: istiod root certificates: %w", err)
 	}
-	pool, err := readPool(file)
+	pool, expiry, err := readPool(file)
 	if err != nil {
 		return nil, err
 	}
-	r.pool, r.modTime, r.size, r.checked = pool, fi.ModTime(), fi.Size(), r.now()
+	r.pool, r.expiry, r.modTime, r.size, r.checked = pool, expiry, fi.ModTime(), fi.Size(), r.now()
 	return r, nil
 }
 
@@ -201,13 +212,14 @@ func (r *Roots) Pool() *x509.CertPool {
 	if fi.ModTime().Equal(r.modTime) && fi.Size() == r.size {
 		return r.pool
 	}
-	pool, err := readPool(r.file)
+	pool, expiry, err := readPool(r.file)
 	if err != nil {
 		r.log.Warn("istiod root certificates changed but are invalid; keeping the last good ones", "file", r.file, "error", err)
 		return r.pool
 	}
 	r.log.Info("istiod root certificates reloaded", "file", r.file)
-	r.pool, r.modTime, r.size = pool, fi.ModTime(), fi.Size()
+	r.pool, r.expiry, r.modTime, r.size = pool, expiry, fi.ModTime(), fi.Size()
+	r.metrics.rootsLoaded(expiry)
 	return r.pool
 }
 
@@ -245,14 +257,34 @@ func (r *Roots) verify(cs tls.ConnectionState, serverName string) error {
 	return nil
 }
 
-func readPool(file string) (*x509.CertPool, error) {
+// readPool reads the PEM certificates of file, and the earliest time one
+// of them expires.
+func readPool(file string) (*x509.CertPool, time.Time, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("upstream: istiod root certificates: %w", err)
+		return nil, time.Time{}, fmt.Errorf("upstream: istiod root certificates: %w", err)
 	}
 	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(data) {
-		return nil, fmt.Errorf("upstream: istiod root certificates %s: no PEM certificate", file)
+	var expiry time.Time
+	for rest := data; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			continue // AppendCertsFromPEM skips it too
+		}
+		pool.AddCert(c)
+		if expiry.IsZero() || c.NotAfter.Before(expiry) {
+			expiry = c.NotAfter
+		}
 	}
-	return pool, nil
+	if expiry.IsZero() {
+		return nil, time.Time{}, fmt.Errorf("upstream: istiod root certificates %s: no PEM certificate", file)
+	}
+	return pool, expiry, nil
 }

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -30,13 +32,19 @@ type testCA struct {
 
 func newTestCA(t *testing.T, dnsName string) testCA {
 	t.Helper()
+	return newTestCAUntil(t, dnsName, time.Now().Add(time.Hour))
+}
+
+// newTestCAUntil is newTestCA with a root that expires at notAfter.
+func newTestCAUntil(t *testing.T, dnsName string, notAfter time.Time) testCA {
+	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	caTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test root"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
@@ -193,4 +201,68 @@ func TestDialOptionErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The metrics report the connection's state and the expiry of the roots in
+// use, updated when the roots file is rotated.
+func TestMetricsFollowConnectionAndRoots(t *testing.T) {
+	oldUntil, rotatedUntil := time.Now().Add(time.Hour).Truncate(time.Second), time.Now().Add(30*24*time.Hour).Truncate(time.Second)
+	old := newTestCAUntil(t, "istiod.istio-system.svc", oldUntil)
+	rotated := newTestCAUntil(t, "istiod.istio-system.svc", rotatedUntil)
+	addr := serve(t, rotated.serving)
+	file := filepath.Join(t.TempDir(), "root-cert.pem")
+	if err := os.WriteFile(file, old.rootPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Address: addr, ServerName: "istiod.istio-system.svc", RootCertFile: file, RootRecheck: time.Nanosecond, Metrics: m}
+	conn, err := Dial(t.Context(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := func(name string, labels ...string) float64 {
+		t.Helper()
+		if len(labels) > 0 {
+			return testutil.ToFloat64(m.state.WithLabelValues(labels...))
+		}
+		return testutil.ToFloat64(m.rootsExpiry)
+	}
+	waitState := func(state string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for gauge("state", state) != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("connection state %s not reported", state)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if got := gauge("expiry"); got != float64(oldUntil.Unix()) {
+		t.Errorf("root expiry %v, want %v", got, oldUntil.Unix())
+	}
+	waitState("idle") // nothing asked for istiod yet
+	health := healthpb.NewHealthClient(conn)
+	if _, err := health.Check(t.Context(), &healthpb.HealthCheckRequest{}); err == nil {
+		t.Fatal("the old roots verified the rotated CA's server")
+	}
+	waitState("transient_failure")
+	if err := os.WriteFile(file, rotated.rootPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := health.Check(t.Context(), &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("Check with the rotated roots: %v", err)
+	}
+	waitState("ready")
+	if got := gauge("expiry"); got != float64(rotatedUntil.Unix()) {
+		t.Errorf("root expiry after rotation %v, want %v", got, rotatedUntil.Unix())
+	}
+	if got := gauge("state", "transient_failure"); got != 0 {
+		t.Errorf("transient_failure still %v once ready", got)
+	}
+	_ = conn.Close()
+	waitState("shutdown")
 }

@@ -405,7 +405,7 @@ func (b *build) registry(ctx context.Context) error {
 func (b *build) xds(ctx context.Context) error {
 	cfg, log := b.cfg, b.log
 	var err error
-	if b.istiodConn, err = dialIstiod(ctx, cfg, log); err != nil {
+	if b.istiodConn, err = dialIstiod(ctx, cfg, b.reg, log); err != nil {
 		return err
 	}
 	if b.istiodConn != nil {
@@ -471,12 +471,14 @@ func (b *build) tls(ctx context.Context) error {
 			return err
 		}
 		b.servingTLS = src.TLSConfig()
+		return servingcert.RegisterExpiry(b.reg, src.Current)
 	default:
 		src, err := servingcert.FromFiles(ctx, cfg.Endpoint.CertFile, cfg.Endpoint.KeyFile, 0, b.log)
 		if err != nil {
 			return err
 		}
 		b.servingTLS = src.TLSConfig()
+		return servingcert.RegisterExpiry(b.reg, src.Current)
 	}
 	return nil
 }
@@ -505,7 +507,7 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	b.server.RegisterService(g)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(g, hs)
-	repo, err := startRepository(b.cfg, ls.repository, servingTLS, b.lim.repository, log)
+	repo, err := startRepository(b.cfg, ls.repository, servingTLS, b.lim.repository, b.reg, log)
 	if err != nil {
 		ls.close()
 		return err

@@ -21,13 +21,18 @@ import (
 
 // dialIstiod opens the endpoint's one connection to istiod's secure port,
 // shared by the certificate relay and, in istiod mode, the xDS relay; nil
-// when no istiod is configured. The caller closes it.
-func dialIstiod(ctx context.Context, cfg *config.Configuration, log *slog.Logger) (*grpc.ClientConn, error) {
+// when no istiod is configured. The caller closes it. Its state and the
+// expiry of istiod's roots are reported on reg.
+func dialIstiod(ctx context.Context, cfg *config.Configuration, reg prometheus.Registerer, log *slog.Logger) (*grpc.ClientConn, error) {
 	if !cfg.Istiod.Enabled() {
 		return nil, nil
 	}
+	m, err := upstream.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	conn, err := upstream.Dial(ctx, upstream.Options{
-		Address: cfg.Istiod.Address, ServerName: cfg.Istiod.ServerName, RootCertFile: cfg.Istiod.RootCertFile, Logger: log,
+		Address: cfg.Istiod.Address, ServerName: cfg.Istiod.ServerName, RootCertFile: cfg.Istiod.RootCertFile, Metrics: m, Logger: log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("istiod: %w", err)
@@ -45,7 +50,7 @@ func newRelay(cfg *config.Configuration, conn *grpc.ClientConn, reg prometheus.R
 	if err != nil {
 		return nil, err
 	}
-	r, err := relay.New(relay.Options{Conn: conn, Limits: subscriptionLimits(cfg), Metrics: m, Logger: log})
+	r, err := relay.New(relay.Options{Conn: conn, Limits: subscriptionLimits(cfg), Revision: cfg.Istiod.Revision, Metrics: m, Logger: log})
 	if err != nil {
 		return nil, err
 	}

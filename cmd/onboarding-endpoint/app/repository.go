@@ -28,8 +28,8 @@ type repositoryServer struct {
 // startRepository prepares the local repository's server on lis (the
 // group's listen.repository) when localRepository is configured (nil
 // otherwise). It serves with the endpoint's serving certificate (plaintext
-// only with endpoint.plaintext).
-func startRepository(cfg *config.Configuration, lis net.Listener, servingTLS *tls.Config, lim *limits.Limiter, log *slog.Logger) (*repositoryServer, error) {
+// only with endpoint.plaintext). The signing key's expiry is reported on reg.
+func startRepository(cfg *config.Configuration, lis net.Listener, servingTLS *tls.Config, lim *limits.Limiter, reg prometheus.Registerer, log *slog.Logger) (*repositoryServer, error) {
 	if cfg.LocalRepository == nil {
 		return nil, nil
 	}
@@ -37,6 +37,9 @@ func startRepository(cfg *config.Configuration, lis net.Listener, servingTLS *tl
 	if f := cfg.LocalRepository.SigningKeyFile; f != "" {
 		signer, err := loadSigner(f, cfg.LocalRepository.PublicKeyFiles)
 		if err != nil {
+			return nil, err
+		}
+		if err := signing.RegisterExpiry(reg, func() *signing.Signer { return signer }); err != nil {
 			return nil, err
 		}
 		log.Info("local repository: apt and yum metadata signed", "key", signer.Fingerprint())

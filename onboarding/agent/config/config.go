@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"regexp"
 	"strconv"
@@ -60,6 +61,28 @@ type AgentConfiguration struct {
 	Host Host `json:"host,omitempty"`
 	// Sidecar says where its bootstrap goes and how it is restarted.
 	Sidecar Sidecar `json:"sidecar,omitempty"`
+	// Metrics configures the agent's Prometheus metrics endpoint.
+	Metrics AgentMetrics `json:"metrics,omitempty"`
+}
+
+// DefaultSidecarReadyURL is pilot-agent's readiness endpoint (its status
+// port), which answers 200 once the sidecar's Envoy is ready.
+const DefaultSidecarReadyURL = "http://127.0.0.1:15020/healthz/ready"
+
+// AgentMetrics configures the agent's metrics endpoint, which serves
+// /metrics on a loopback address (for a node-local Prometheus agent or
+// exporter): whether the host is onboarded, the last onboarding error's
+// reason, the tokens' expiry, whether the sidecar is ready, the agent's
+// version.
+type AgentMetrics struct {
+	// Address is the loopback host:port to serve /metrics on, e.g.
+	// 127.0.0.1:15099; it must be a loopback address (127.0.0.0/8, ::1 or
+	// localhost). Default: empty, no metrics endpoint.
+	Address string `json:"address,omitempty"`
+	// SidecarReadyURL is asked at each scrape whether the sidecar is ready
+	// (an http:// URL answering 200 when it is). Default
+	// DefaultSidecarReadyURL, pilot-agent's status port.
+	SidecarReadyURL string `json:"sidecarReadyURL,omitempty"`
 }
 
 // Host configures platform detection and credentials.
@@ -296,6 +319,9 @@ func ParseAgent(data []byte) (*AgentConfiguration, error) {
 
 // SetDefaults fills in every default.
 func (c *AgentConfiguration) SetDefaults() {
+	if c.Metrics.SidecarReadyURL == "" {
+		c.Metrics.SidecarReadyURL = DefaultSidecarReadyURL
+	}
 	if c.Host.Platform == "" {
 		c.Host.Platform = PlatformAuto
 	}
@@ -389,6 +415,7 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(sc.Child("dns", "domains").Index(i), d, msg))
 		}
 	}
+	errs = append(errs, c.Metrics.validate(field.NewPath("metrics"))...)
 	if (len(c.Sidecar.RestartCommand) == 0) != (len(c.Sidecar.StopCommand) == 0) {
 		errs = append(errs, field.Required(sc.Child("stopCommand"), "set restartCommand and stopCommand together, or neither"))
 	}
@@ -401,6 +428,34 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 		}
 	}
 	return errs
+}
+
+// validate checks that Address, when set, is a loopback host:port and
+// SidecarReadyURL an http:// URL.
+func (m *AgentMetrics) validate(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if a := m.Address; a != "" {
+		host, port, err := net.SplitHostPort(a)
+		switch {
+		case err != nil || port == "":
+			errs = append(errs, field.Invalid(p.Child("address"), a, "must be host:port"))
+		case !isLoopback(host):
+			errs = append(errs, field.Invalid(p.Child("address"), a, "must be a loopback address (127.0.0.1, ::1 or localhost): the metrics endpoint has no authentication"))
+		}
+	}
+	if u, err := url.Parse(m.SidecarReadyURL); err != nil || u.Scheme != "http" || u.Host == "" {
+		errs = append(errs, field.Invalid(p.Child("sidecarReadyURL"), m.SidecarReadyURL, "must be an http:// URL"))
+	}
+	return errs
+}
+
+// isLoopback reports whether host is localhost or a loopback IP.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // ParseOnboarding decodes, defaults and validates an onboarding configuration.

@@ -57,7 +57,8 @@ func TestParseAgentDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if minimal.Host.Platform != PlatformAuto || minimal.Sidecar.Direct() || minimal.Sidecar.Unit != "istio.service" ||
-		minimal.Sidecar.StagingDir != DefaultStagingDir || minimal.Sidecar.CAAddress != "" {
+		minimal.Sidecar.StagingDir != DefaultStagingDir || minimal.Sidecar.CAAddress != "" ||
+		minimal.Metrics.Address != "" || minimal.Metrics.SidecarReadyURL != DefaultSidecarReadyURL {
 		t.Errorf("minimal defaults: %+v", minimal)
 	}
 	if d := minimal.Sidecar.DNS; !d.On() || d.Address != DefaultDNSAddress || d.AutoAllocate {
@@ -113,6 +114,10 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"dns address name", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  dns: {address: 'localhost:15053'}\n", 1), "sidecar.dns.address"},
 		{"relative staging dir", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  stagingDir: sidecar\n", 1), "sidecar.stagingDir"},
 		{"bad revision", true, strings.Replace(goodAgent, "canary", "Canary_1", 1), "sidecar.istio.revision"},
+		{"metrics on a public address", true, goodAgent + "metrics: {address: '0.0.0.0:15099'}\n", "metrics.address"},
+		{"metrics on a host name", true, goodAgent + "metrics: {address: 'vm.example:15099'}\n", "metrics.address"},
+		{"metrics without a port", true, goodAgent + "metrics: {address: '127.0.0.1'}\n", "metrics.address"},
+		{"sidecar ready URL not http", true, goodAgent + "metrics: {address: '127.0.0.1:15099', sidecarReadyURL: 'file:///ready'}\n", "metrics.sidecarReadyURL"},
 		{"bad imds url", true, strings.Replace(goodAgent, "platform: jwt", "platform: jwt\n  aws: {imdsEndpoint: 169.254.169.254}", 1), "host.aws.imdsEndpoint"},
 		{"wrong type", false, strings.Replace(goodOnboarding, "name: ratings", "name: [ratings]", 1), "workload.name"},
 		{"missing host", false, strings.Replace(goodOnboarding, "host: onboarding-endpoint.example", "tlsServerName: x", 1), "onboardingEndpoint.host"},
@@ -196,10 +201,22 @@ func TestPackagedConfigurationFiles(t *testing.T) {
 			RootCert: "/etc/certs/embark-root-cert.pem", Token: "/var/run/secrets/tokens/istio-token"}) {
 		t.Errorf("packaged sidecar configuration %+v", agent.Sidecar)
 	}
+	if agent.Metrics.Address != "" {
+		t.Errorf("the packaged configuration serves metrics on %s; it must be off unless the operator sets it", agent.Metrics.Address)
+	}
 	_, err = LoadOnboarding("../packaging/onboarding.config.yaml")
 	for _, f := range []string{"onboardingEndpoint.host", "workload.namespace", "workload.name"} {
 		if err == nil || !strings.Contains(err.Error(), f) {
 			t.Errorf("the template's error %v does not name %s", err, f)
+		}
+	}
+}
+
+// The metrics endpoint is off by default and accepted on loopback only.
+func TestMetricsAddressLoopback(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:15099", "[::1]:15099", "localhost:15099", "127.0.0.2:1"} {
+		if _, err := ParseAgent([]byte(goodAgent + "metrics: {address: '" + addr + "'}\n")); err != nil {
+			t.Errorf("metrics.address %s: %v", addr, err)
 		}
 	}
 }

@@ -16,7 +16,9 @@ import (
 
 // The built cmd/onboarding-agent binary, with its configuration files and
 // flags, onboards and unregisters on SIGTERM.
-func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
+// buildAgent builds cmd/onboarding-agent as version v9.9.9-test.
+func buildAgent(t *testing.T) string {
+	t.Helper()
 	repo, err := testenv.RepoRoot()
 	must(t, err)
 	bin := filepath.Join(t.TempDir(), "onboarding-agent")
@@ -25,6 +27,11 @@ func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	return bin
+}
+
+func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
+	bin := buildAgent(t)
 
 	w := newWorld(t)
 	w.allow()

@@ -87,6 +87,33 @@ func New(privateKey []byte, published ...[]byte) (*Signer, error) {
 	return s, nil
 }
 
+// Expiry is when the signing key stops being able to sign: the earlier of
+// the primary key's expiry and, when a subkey signs, the subkey's (each its
+// creation time plus the lifetime its self-signature states); ok is false
+// when neither expires.
+func (s *Signer) Expiry() (expiry time.Time, ok bool) {
+	earliest := func(created time.Time, sig *packet.Signature) {
+		if sig == nil || sig.KeyLifetimeSecs == nil || *sig.KeyLifetimeSecs == 0 {
+			return
+		}
+		t := created.Add(time.Duration(*sig.KeyLifetimeSecs) * time.Second)
+		if !ok || t.Before(expiry) {
+			expiry, ok = t, true
+		}
+	}
+	primary := s.entity.PrimaryKey
+	if id := s.entity.PrimaryIdentity(); id != nil {
+		earliest(primary.CreationTime, id.SelfSignature)
+	}
+	earliest(primary.CreationTime, s.entity.SelfSignature)
+	for _, sub := range s.entity.Subkeys {
+		if sub.PrivateKey == s.key {
+			earliest(sub.PublicKey.CreationTime, sub.Sig)
+		}
+	}
+	return expiry, ok
+}
+
 // Fingerprint is the signing key's primary key fingerprint, upper-case hex
 // as gpg prints it.
 func (s *Signer) Fingerprint() string { return fingerprint(s.entity) }
