@@ -27,6 +27,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/demo/check"
+	"github.com/embark-mesh/embark/test/demo/dig"
 	"github.com/embark-mesh/embark/test/demo/istiodview"
 	"github.com/embark-mesh/embark/test/demo/step"
 	"github.com/embark-mesh/embark/test/demo/vm"
@@ -78,8 +79,9 @@ type demo struct {
 	istiodRoot string               // its CA root, as a file
 	pod        *istiodview.PodProxy // productpage's proxy on istiod
 
-	poweredOff time.Time // when the powered-off VM's sidecar stopped
-	removed    *vm.VM    // the VM whose registration the grace period removed
+	poweredOff time.Time     // when the powered-off VM's sidecar stopped
+	upstream   *dig.Upstream // the usual resolver of the VM on the VM network (dns.go)
+	removed    *vm.VM        // the VM whose registration the grace period removed
 }
 
 // run runs the demo and cleans up everything it started before returning.
@@ -168,6 +170,9 @@ func (d *demo) steps() []step.Step {
 		step.Step{Title: fmt.Sprintf("meshNetworks (ConfigMap istio) declares the gateway of %s (%s:%d): the pod gets ratings through it, never a VM's own address",
 			meshnet.VMNetwork, vmGatewayAddr, meshnet.GatewayPort),
 			Run: func(ctx context.Context, out io.Writer) error { return d.declareVMGateway(ctx, out, netVM) }},
+		step.Step{Title: fmt.Sprintf("%s resolves mesh names through its sidecar's DNS proxy (cluster.env's DNS_PROXY_ADDR): productpage.bookinfo.svc.cluster.local and a ServiceEntry host from istiod's name table, relayed by Embark; a name outside the mesh from its usual resolver",
+			netVM.Name),
+			Run: func(ctx context.Context, out io.Writer) error { return d.resolveMeshNames(ctx, out, netVM) }},
 	)
 	return steps
 }
@@ -718,6 +723,9 @@ func (d *demo) cleanup() {
 	}
 	if d.conn != nil {
 		_ = d.conn.Close()
+	}
+	if d.upstream != nil {
+		_ = d.upstream.Close()
 	}
 	if d.stopEndpoint != nil {
 		d.stopEndpoint()

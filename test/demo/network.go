@@ -102,6 +102,9 @@ func (d *demo) vmOnVMNetwork(ctx context.Context, out io.Writer, v *vm.VM) error
 	}
 	d.vms = append(d.vms, v) // the demo's clean-up shuts it down
 	fmt.Fprintf(out, "\n%s: instance %s, private IP %s\n", v.Name, v.IMDS.Instance().InstanceID, v.IMDS.Instance().PrivateIP)
+	if err := d.startUpstreamResolver(out, v); err != nil {
+		return err
+	}
 	if err := d.startVM(ctx, out, v); err != nil {
 		return err
 	}

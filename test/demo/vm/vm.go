@@ -59,6 +59,10 @@ type VM struct {
 	Root string
 	// UID is a registration it must no longer be (re-onboarding).
 	UID types.UID
+	// ResolvConf, when set, is the /etc/resolv.conf its pilot-agent reads:
+	// the VM's usual resolver, to which the sidecar's DNS proxy forwards
+	// the names outside the mesh. Nil: this machine's.
+	ResolvConf []byte
 
 	settings  Settings
 	unit      *vmsim.Unit
@@ -101,6 +105,18 @@ func (v *VM) Sidecar() *istioagent.Agent {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.sidecar
+}
+
+// DNSAddr returns where the VM's running pilot-agent's DNS proxy listens
+// (its DNS_PROXY_ADDR): the address in cluster.env on a VM of its own; here,
+// where the VMs share this machine's loopback, a port of its own
+// (test/vmsim). "" when no sidecar runs or its DNS proxy is off.
+func (v *VM) DNSAddr() string {
+	a := v.Sidecar()
+	if a == nil {
+		return ""
+	}
+	return a.Options().Env["DNS_PROXY_ADDR"]
 }
 
 // StartApp starts the VM's application on ip (a loopback address) and port.
@@ -259,6 +275,7 @@ func (v *VM) restartSidecar(t *step.TB) error {
 		return err
 	}
 	opts.Env["OUTPUT_CERTS"] = filepath.Join(v.Root, OutputCerts)
+	opts.ResolvConf = v.ResolvConf
 	a := istioagent.Start(t, opts)
 	v.mu.Lock()
 	v.sidecar, v.registration = a, opts.Env["POD_NAME"]
