@@ -51,7 +51,7 @@ func TestInstallAsAUserDoes(t *testing.T) {
 	aws := awstest.Start(t, awstest.Instance{PrivateIP: vmNet.PeerIP.String()})
 	ServeIMDS(t, vmNet, aws.IMDS.URL)
 
-	c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, ExtraValues: []string{simulatedWorldValues(t, aws)}, GatewayIP: vmNet.HostIP})
+	c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, ExtraValues: []string{simulatedWorldValues(t, aws, worldOptions{})}, GatewayIP: vmNet.HostIP})
 	vm := StartVM(t, vmNet, map[string]netip.Addr{c.Host: c.GatewayIP})
 	ctx := t.Context()
 	t.Cleanup(func() {
@@ -168,10 +168,11 @@ const guideNamespace = "bookinfo"
 // the simulated world needs (see TestInstallAsAUserDoes) and returns its
 // path: identity.aws.certificatesDir on a hostPath volume holding the
 // awstest region's certificate, and localRepository.extraSources with the
-// test's istio-sidecar package. Each of mounts is one more hostPath
-// directory in extraVolumes and extraVolumeMounts (Helm replaces lists, so
-// every volume the release needs is in this one file).
-func simulatedWorldValues(t *testing.T, aws *awstest.Env, mounts ...hostMount) string {
+// test's istio-sidecar package (and its RPM, with o.RPMSigningKey). Each
+// of o.Mounts is one more hostPath directory in extraVolumes and
+// extraVolumeMounts (Helm replaces lists, so every volume the release
+// needs is in this one file).
+func simulatedWorldValues(t *testing.T, aws *awstest.Env, o worldOptions) string {
 	t.Helper()
 	base := t.TempDir()
 	certs := filepath.Join(base, "aws-certificates")
@@ -180,6 +181,9 @@ func simulatedWorldValues(t *testing.T, aws *awstest.Env, mounts ...hostMount) s
 	sidecar := filepath.Join(base, "istio-sidecar")
 	must(t, os.MkdirAll(sidecar, 0o755))
 	BuildIstioSidecarDeb(t, sidecar)
+	if o.RPMSigningKey != "" {
+		BuildIstioSidecarRPM(t, sidecar, o.RPMSigningKey)
+	}
 	must(t, filepath.Walk(sidecar, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -191,7 +195,7 @@ func simulatedWorldValues(t *testing.T, aws *awstest.Env, mounts ...hostMount) s
 		return os.Chmod(p, mode)
 	}))
 	must(t, os.Chmod(base, 0o755))
-	mounts = append([]hostMount{{Name: "aws-certificates", HostPath: certs, MountPath: "/etc/embark/aws-certificates"}}, mounts...)
+	mounts := append([]hostMount{{Name: "aws-certificates", HostPath: certs, MountPath: "/etc/embark/aws-certificates"}}, o.Mounts...)
 	var volumes, volumeMounts strings.Builder
 	for _, m := range mounts {
 		fmt.Fprintf(&volumes, "- name: %s\n  hostPath:\n    path: %s\n    type: Directory\n", m.Name, m.HostPath)
@@ -213,6 +217,14 @@ extraVolumes:
 	file := filepath.Join(t.TempDir(), "simulated-world.yaml")
 	must(t, os.WriteFile(file, []byte(values), 0o600))
 	return file
+}
+
+// worldOptions are simulatedWorldValues' additions.
+type worldOptions struct {
+	// RPMSigningKey, when set, adds the istio-sidecar RPM signed with it.
+	RPMSigningKey string
+	// Mounts are more host directories the endpoint's Pod mounts.
+	Mounts []hostMount
 }
 
 // hostMount is a host directory the endpoint's Pod mounts read-only.

@@ -39,7 +39,7 @@ func TestCloudInitExamples(t *testing.T) {
 	ServeIMDS(t, vmNet, aws.IMDS.URL)
 	onprem := &onPremIssuer{audience: readmeHost(t)}
 	c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, GatewayIP: vmNet.HostIP, Values: func(t *testing.T, env *testenv.Env) []string {
-		return onprem.setUp(t, env, func(m ...hostMount) string { return simulatedWorldValues(t, aws, m...) })
+		return onprem.setUp(t, env, func(m ...hostMount) string { return simulatedWorldValues(t, aws, worldOptions{Mounts: m}) })
 	}})
 	if c.Host != onprem.audience {
 		t.Fatalf("the endpoint's host %q is not README.md's hosts[0] %q", c.Host, onprem.audience)
