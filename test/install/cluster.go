@@ -46,6 +46,10 @@ type ClusterOptions struct {
 	ValuesFromREADME bool
 	// ExtraValues are more values files (-f), after the README's values.
 	ExtraValues []string
+	// Values, when set, returns more values files once the control plane
+	// runs (e.g. ones naming its service-account issuer), after
+	// ExtraValues.
+	Values func(t *testing.T, env *testenv.Env) []string
 	// GatewayIP is the vmgateway Service's load balancer address: the
 	// host's end of the VM network (Network.HostIP). The forwarders of the
 	// Service's ports listen there. Required.
@@ -126,7 +130,11 @@ func StartCluster(t *testing.T, o ClusterOptions) *Cluster {
 		helm.Sets, helm.Before = nil, nil
 	}
 	c.Namespace = helm.Namespace
-	c.Rendered = renderChart(t, root, helm, o.ExtraValues)
+	extra := o.ExtraValues
+	if o.Values != nil {
+		extra = append(append([]string(nil), extra...), o.Values(t, env)...)
+	}
+	c.Rendered = renderChart(t, root, helm, extra)
 	objs := decodeObjects(t, c.Rendered)
 	deploy := mustDeployment(t, objs)
 	cfg := endpointConfig(t, objs)
@@ -539,15 +547,18 @@ func serviceAccountToken(t *testing.T, env *testenv.Env, ns, sa string) []byte {
 }
 
 // kubernetesService listens inside the Pod's netns on 127.0.0.1 (the API
-// server's certificate names only 127.0.0.1 and localhost) and forwards to
-// the API server; it returns the port.
+// server's certificate names only 127.0.0.1 and localhost), on the API
+// server's own port, and forwards to the API server; it returns the port.
+// The same port makes the API server's URLs valid in the Pod as on the
+// host: its service-account issuer (https://127.0.0.1:<port>/), whose
+// discovery document and JWKS an endpoint trusting that issuer fetches.
 func kubernetesService(t *testing.T, env *testenv.Env, pod *podNetwork) int {
 	t.Helper()
 	u, err := url.Parse(env.Config.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := pod.Listen("tcp", "127.0.0.1:0")
+	ln, err := pod.Listen("tcp", net.JoinHostPort("127.0.0.1", u.Port()))
 	if err != nil {
 		t.Fatalf("the kubernetes Service stand-in: %v", err)
 	}

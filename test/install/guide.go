@@ -122,8 +122,12 @@ func headingText(line string) (string, bool) {
 }
 
 // The sections of docs/vm-install.md a Debian/Ubuntu VM runs, in order,
-// and the lines of its blocks an operator edits.
-var guideSections = []string{"Installing on a VM", "The repository key (both families)", "Debian / Ubuntu", "Both: configure and start"}
+// those a RHEL-family VM runs, and the lines of their blocks an operator
+// edits.
+var (
+	guideSections     = []string{"Installing on a VM", "The repository key (both families)", "Debian / Ubuntu", "Both: configure and start"}
+	rhelGuideSections = []string{"Installing on a VM", "The repository key (both families)", "RHEL family", "Both: configure and start"}
+)
 
 const (
 	guideHostLine = "EMBARK=onboarding-endpoint.example.com"

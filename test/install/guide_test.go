@@ -49,14 +49,16 @@ func TestShBlocksBySection(t *testing.T) {
 // runnable by the install test without root: the sections it executes exist
 // and have their sh blocks, with the placeholders an operator fills in.
 func TestVMInstallGuideHasTheSectionsTheInstallTestRuns(t *testing.T) {
-	blocks, err := GuideBlocks("../../docs/vm-install.md", guideSections...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	all := strings.Join(blocks, "\n")
-	for _, p := range []string{guideHostLine, guideKeysLine} {
-		if !strings.Contains(all, p) {
-			t.Errorf("the guide's blocks have no %q for the operator to fill in", p)
+	for family, sections := range map[string][]string{"Debian/Ubuntu": guideSections, "RHEL": rhelGuideSections} {
+		blocks, err := GuideBlocks("../../docs/vm-install.md", sections...)
+		if err != nil {
+			t.Fatalf("%s: %v", family, err)
+		}
+		all := strings.Join(blocks, "\n")
+		for _, p := range []string{guideHostLine, guideKeysLine} {
+			if !strings.Contains(all, p) {
+				t.Errorf("%s: the guide's blocks have no %q for the operator to fill in", family, p)
+			}
 		}
 	}
 }

@@ -51,7 +51,7 @@ func TestInstallAsAUserDoes(t *testing.T) {
 	aws := awstest.Start(t, awstest.Instance{PrivateIP: vmNet.PeerIP.String()})
 	ServeIMDS(t, vmNet, aws.IMDS.URL)
 
-	c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, ExtraValues: []string{simulatedWorldValues(t, aws)}, GatewayIP: vmNet.HostIP})
+	c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, ExtraValues: []string{simulatedWorldValues(t, aws, worldOptions{})}, GatewayIP: vmNet.HostIP})
 	vm := StartVM(t, vmNet, map[string]netip.Addr{c.Host: c.GatewayIP})
 	ctx := t.Context()
 	t.Cleanup(func() {
@@ -65,10 +65,16 @@ func TestInstallAsAUserDoes(t *testing.T) {
 	u, err := url.Parse(c.REST.Host)
 	must(t, err)
 	unreachable := map[string]string{
-		"kube-apiserver":         u.Host,
-		"istiod (xDS and CA)":    c.Istiod.SecureGRPCAddr,
 		"the endpoint's Pod":     net.JoinHostPort(strings.TrimSuffix(podPeerCIDR, "/30"), "15443"),
 		"the Pod network's host": net.JoinHostPort(strings.TrimSuffix(podHostCIDR, "/30"), "15012"),
+	}
+	// The host's loopback listeners, at their own address and at the VM
+	// network's host address (the gateway's, on the same port).
+	for name, addr := range map[string]string{"kube-apiserver": u.Host, "istiod (xDS and CA)": c.Istiod.SecureGRPCAddr, "istiod (plaintext)": c.Istiod.GRPCAddr} {
+		_, port, err := net.SplitHostPort(addr)
+		must(t, err)
+		unreachable[name] = addr
+		unreachable[name+" via the VM network's host"] = net.JoinHostPort(vmNet.HostIP.String(), port)
 	}
 	for name, addr := range unreachable {
 		if err := vm.Connect(ctx, addr); err == nil {
@@ -102,10 +108,23 @@ func TestInstallAsAUserDoes(t *testing.T) {
 	if a := reg.Spec.Registration.Host.Addresses; len(a) == 0 || a[0].IP != vmNet.PeerIP.String() {
 		t.Errorf("registered addresses %+v, want %s", a, vmNet.PeerIP)
 	}
+	t.Log("onboarding-agent-sidecar.path: the bootstrap installed where istio.service reads it, istio.service started")
+	fixtures.Eventually(t, 60*time.Second, "cluster.env installed", func() bool {
+		s, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
+		return err == nil && strings.Contains(s, "POD_NAME='"+reg.Name+"'")
+	})
+	for _, f := range []string{"/etc/istio/config/mesh", "/etc/certs/embark-root-cert.pem"} {
+		if _, err := vm.ReadFile(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
 	fixtures.Eventually(t, 60*time.Second, "istio.service active", func() bool {
 		_, err := vm.Run(ctx, "systemctl is-active --quiet istio", nil)
 		return err == nil
 	})
+	if out, err := vm.Run(ctx, "systemctl status onboarding-agent istio --no-pager", nil); err != nil {
+		t.Errorf("the guide's check: systemctl status: %v\n%s", err, out)
+	}
 	cenv, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
 	must(t, err)
 	if want := "PILOT_ADDRESS='" + net.JoinHostPort(c.Host, "15012") + "'"; !strings.Contains(cenv, want) {
@@ -149,8 +168,11 @@ const guideNamespace = "bookinfo"
 // the simulated world needs (see TestInstallAsAUserDoes) and returns its
 // path: identity.aws.certificatesDir on a hostPath volume holding the
 // awstest region's certificate, and localRepository.extraSources with the
-// test's istio-sidecar package.
-func simulatedWorldValues(t *testing.T, aws *awstest.Env) string {
+// test's istio-sidecar package (and its RPM, with o.RPMSigningKey). Each
+// of o.Mounts is one more hostPath directory in extraVolumes and
+// extraVolumeMounts (Helm replaces lists, so every volume the release
+// needs is in this one file).
+func simulatedWorldValues(t *testing.T, aws *awstest.Env, o worldOptions) string {
 	t.Helper()
 	base := t.TempDir()
 	certs := filepath.Join(base, "aws-certificates")
@@ -159,6 +181,9 @@ func simulatedWorldValues(t *testing.T, aws *awstest.Env) string {
 	sidecar := filepath.Join(base, "istio-sidecar")
 	must(t, os.MkdirAll(sidecar, 0o755))
 	BuildIstioSidecarDeb(t, sidecar)
+	if o.RPMSigningKey != "" {
+		BuildIstioSidecarRPM(t, sidecar, o.RPMSigningKey)
+	}
 	must(t, filepath.Walk(sidecar, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -170,30 +195,40 @@ func simulatedWorldValues(t *testing.T, aws *awstest.Env) string {
 		return os.Chmod(p, mode)
 	}))
 	must(t, os.Chmod(base, 0o755))
+	mounts := append([]hostMount{{Name: "aws-certificates", HostPath: certs, MountPath: "/etc/embark/aws-certificates"}}, o.Mounts...)
+	var volumes, volumeMounts strings.Builder
+	for _, m := range mounts {
+		fmt.Fprintf(&volumes, "- name: %s\n  hostPath:\n    path: %s\n    type: Directory\n", m.Name, m.HostPath)
+		fmt.Fprintf(&volumeMounts, "- name: %s\n  mountPath: %s\n  readOnly: true\n", m.Name, m.MountPath)
+	}
 	values := fmt.Sprintf(`identity:
   aws:
     certificatesDir: /etc/embark/aws-certificates
 extraVolumes:
-- name: aws-certificates
-  hostPath:
-    path: %s
-    type: Directory
-extraVolumeMounts:
-- name: aws-certificates
-  mountPath: /etc/embark/aws-certificates
-  readOnly: true
-localRepository:
+%sextraVolumeMounts:
+%slocalRepository:
   extraSources:
   - name: istio-sidecar
     volume:
       hostPath:
         path: %s
         type: Directory
-`, certs, sidecar)
+`, volumes.String(), volumeMounts.String(), sidecar)
 	file := filepath.Join(t.TempDir(), "simulated-world.yaml")
 	must(t, os.WriteFile(file, []byte(values), 0o600))
 	return file
 }
+
+// worldOptions are simulatedWorldValues' additions.
+type worldOptions struct {
+	// RPMSigningKey, when set, adds the istio-sidecar RPM signed with it.
+	RPMSigningKey string
+	// Mounts are more host directories the endpoint's Pod mounts.
+	Mounts []hostMount
+}
+
+// hostMount is a host directory the endpoint's Pod mounts read-only.
+type hostMount struct{ Name, HostPath, MountPath string }
 
 // serveHealth runs the VM's application as the operator guide's group
 // probes it: an HTTP server on the VM's address, port 8080, answering

@@ -15,24 +15,42 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/testenv"
 )
 
 // TestCloudInitExamples runs each user-data example of
 // docs/examples/cloud-init in a fresh VM as cloud-init would (write_files,
 // then runcmd with sh; CloudConfig says which subset), filled in as its
-// comments tell an operator to, and checks that the VM onboards and its
-// sidecar gets its certificate from istiod and connects: the EC2
-// Auto Scaling example with the instance's identity (IMDS at
-// 169.254.169.254 in the VM), the on-prem one with a JWT its credential
-// plugin prints.
+// comments tell an operator to, against one release installed as the
+// README says (StartCluster: the chart's objects, the endpoint from the
+// image), and checks that the VM onboards, its sidecar gets its
+// certificate from istiod and connects, and the agent unregisters when
+// stopped: the EC2 Auto Scaling example with the instance's identity (IMDS
+// at 169.254.169.254 in the VM) under docs/operator-guide.md's policy, the
+// on-prem one with a JWT its credential plugin prints, of the issuer and
+// under the policy docs/identity.md's "On-prem set-up" configures (the
+// kube-apiserver's service-account issuer, found by OIDC discovery from
+// the endpoint's Pod, its CA mounted with extraVolumes).
 func TestCloudInitExamples(t *testing.T) {
-	w := newVMWorld(t)
+	vmNet := NewNetwork(t, "embark-vm", "10.201.0.1/30", "10.201.0.2/30", false)
+	aws := awstest.Start(t, awstest.Instance{PrivateIP: vmNet.PeerIP.String()})
+	ServeIMDS(t, vmNet, aws.IMDS.URL)
+	onprem := &onPremIssuer{audience: readmeHost(t)}
+	c := StartCluster(t, ClusterOptions{ValuesFromREADME: true, GatewayIP: vmNet.HostIP, Values: func(t *testing.T, env *testenv.Env) []string {
+		return onprem.setUp(t, env, func(m ...hostMount) string { return simulatedWorldValues(t, aws, worldOptions{Mounts: m}) })
+	}})
+	if c.Host != onprem.audience {
+		t.Fatalf("the endpoint's host %q is not README.md's hosts[0] %q", c.Host, onprem.audience)
+	}
+	onprem.allow(t, c, vmNet.PeerIP.String()+"/32")
 	regs := func(ctx context.Context) []runtimev1alpha1.WorkloadAutoRegistration {
 		l := &runtimev1alpha1.WorkloadAutoRegistrationList{}
-		must(t, w.env.Client.List(ctx, l, client.InNamespace("bookinfo")))
+		must(t, c.Kube.List(ctx, l, client.InNamespace(guideNamespace)))
 		return l.Items
 	}
+	spiffeID := "spiffe://" + c.Istiod.TrustDomain + "/ns/" + guideNamespace + "/sa/" + fixtures.ServiceAccount
 	for _, tc := range []struct {
 		file string
 		// setup does what the operator's own tooling does on the host.
@@ -49,7 +67,7 @@ func TestCloudInitExamples(t *testing.T) {
 		},
 		{
 			file:  "onprem.yaml",
-			setup: w.jwtPlugin,
+			setup: onprem.plugin,
 			onboarded: func(r runtimev1alpha1.WorkloadAutoRegistration) bool {
 				return r.Spec.Identity.JWT != nil && r.Spec.Identity.JWT.Subject == onPremSubject
 			},
@@ -62,19 +80,19 @@ func TestCloudInitExamples(t *testing.T) {
 			cc, err := ParseCloudConfig(data)
 			must(t, err)
 			values := map[string]string{
-				cloudInitHost: vmTestHost,
-				cloudInitKeys: strings.Join(w.fingerprints, " "),
-				cloudInitCA:   strings.TrimSpace(string(w.ca.PEM)),
+				cloudInitHost: c.Host,
+				cloudInitKeys: strings.Join(c.RepositoryKeyFingerprints, " "),
+				cloudInitCA:   strings.TrimSpace(string(c.ServingCA)),
 			}
 			if tc.file == "onprem.yaml" {
 				values[cloudInitJWTCommand] = cloudInitJWTCommand // the test installs its stand-in there
 			}
 			must(t, cc.Fill(values))
-			vm := StartVM(t, w.net, map[string]netip.Addr{vmTestHost: w.net.HostIP})
+			vm := StartVM(t, vmNet, map[string]netip.Addr{c.Host: c.GatewayIP})
 			t.Cleanup(func() {
 				if t.Failed() {
 					out, _ := vm.Run(context.WithoutCancel(ctx), "journalctl", nil)
-					t.Logf("the VM's journal (stand-in):\n%s\nendpoint log:\n%s", out, w.endpointLog.String())
+					t.Logf("the VM's journal (stand-in):\n%s\nthe endpoint's log:\n%s", out, c.Log())
 				}
 			})
 			tc.setup(t, vm)
@@ -93,18 +111,18 @@ func TestCloudInitExamples(t *testing.T) {
 				}
 				return false
 			})
-			if a := reg.Spec.Registration.Host.Addresses; len(a) == 0 || a[0].IP != w.net.PeerIP.String() {
-				t.Errorf("registered addresses %+v, want %s", a, w.net.PeerIP)
+			if a := reg.Spec.Registration.Host.Addresses; len(a) == 0 || a[0].IP != vmNet.PeerIP.String() {
+				t.Errorf("registered addresses %+v, want %s", a, vmNet.PeerIP)
 			}
 			fixtures.Eventually(t, 60*time.Second, "the bootstrap installed by the .path unit", func() bool {
 				s, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
 				return err == nil && strings.Contains(s, "POD_NAME='"+reg.Name+"'")
 			})
 			vm.StartEnvoyStandIn(t)
-			checkWorkloadCertificate(t, vm, w.istiod.RootCert, w.spiffeID())
-			fixtures.Eventually(t, 60*time.Second, "AgentConnected=True", func() bool {
+			checkWorkloadCertificate(t, vm, c.Istiod.RootCert, spiffeID)
+			fixtures.Eventually(t, 90*time.Second, "AgentConnected=True", func() bool {
 				r := &runtimev1alpha1.WorkloadAutoRegistration{}
-				if w.env.Client.Get(ctx, client.ObjectKey{Namespace: "bookinfo", Name: reg.Name}, r) != nil {
+				if c.Kube.Get(ctx, client.ObjectKey{Namespace: guideNamespace, Name: reg.Name}, r) != nil {
 					return false
 				}
 				return meta.IsStatusConditionTrue(r.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
@@ -125,16 +143,16 @@ func TestCloudInitExamples(t *testing.T) {
 	}
 }
 
-// jwtPlugin installs, in the VM, a STAND-IN for the operator's credential
+// plugin installs, in the VM, a STAND-IN for the operator's credential
 // plugin at the path onprem.yaml names: it prints the token the test
 // refreshes every second in the VM's /run/embark-install-test/jwt (the VM
 // cannot reach the issuer; a real plugin fetches its token from the
 // operator's identity system), fresh as each authorization needs one.
-func (w *vmWorld) jwtPlugin(t *testing.T, vm *VM) {
+func (o *onPremIssuer) plugin(t *testing.T, vm *VM) {
 	t.Helper()
 	must(t, vm.WriteFile(cloudInitJWTCommand, []byte("#!/bin/sh\n# STAND-IN (test/install) for the operator's credential plugin.\nexec cat /run/embark-install-test/jwt\n"), 0o755))
 	write := func() {
-		must(t, vm.WriteFile("/run/embark-install-test/jwt.tmp", []byte(w.mintJWT(t.Context(), t)), 0o644))
+		must(t, vm.WriteFile("/run/embark-install-test/jwt.tmp", []byte(o.mint(t.Context(), t)), 0o644))
 		must(t, os.Rename(vm.Path("/run/embark-install-test/jwt.tmp"), vm.Path("/run/embark-install-test/jwt")))
 	}
 	write()
@@ -149,7 +167,7 @@ func (w *vmWorld) jwtPlugin(t *testing.T, vm *VM) {
 			case <-ctx.Done():
 				return
 			case <-tick.C:
-				tr, err := w.mintJWTErr(ctx)
+				tr, err := o.mintErr(ctx)
 				if err != nil {
 					continue
 				}

@@ -33,12 +33,32 @@ func ServeIMDS(t *testing.T, n *Network, imdsURL string) {
 // if a step fails or the key check does not pass, and returns the output.
 func FollowGuide(t *testing.T, vm *VM, host string, servingCA []byte, fingerprints []string) string {
 	t.Helper()
+	return followGuide(t, vm, guideSections, host, servingCA, fingerprints)
+}
+
+// FollowRHELGuide is FollowGuide with the RHEL family's blocks
+// (rhelGuideSections: dnf from the repository). The simulated VM is the
+// host's Debian root with Debian's dnf, so two things a RHEL base system
+// has are made first: /etc/yum.repos.d (RHEL's dnf owns it; Debian's
+// package does not create it). The CA is installed as on Debian all the
+// same: dnf's libcurl (through librepo) reads Debian's bundle here, and
+// there is no update-ca-trust.
+func FollowRHELGuide(t *testing.T, vm *VM, host string, servingCA []byte, fingerprints []string) string {
+	t.Helper()
+	if out, err := vm.Run(t.Context(), "mkdir -p /etc/yum.repos.d", nil); err != nil {
+		t.Fatalf("the RHEL base system's /etc/yum.repos.d: %v\n%s", err, out)
+	}
+	return followGuide(t, vm, rhelGuideSections, host, servingCA, fingerprints)
+}
+
+func followGuide(t *testing.T, vm *VM, sections []string, host string, servingCA []byte, fingerprints []string) string {
+	t.Helper()
 	ctx := t.Context()
 	must(t, vm.WriteFile("/usr/local/share/ca-certificates/embark.crt", servingCA, 0o644))
 	if out, err := vm.Run(ctx, "sudo update-ca-certificates", nil); err != nil {
 		t.Fatalf("update-ca-certificates: %v\n%s", err, out)
 	}
-	script, err := GuideScript(guidePath(t), host, fingerprints, guideSections...)
+	script, err := GuideScript(guidePath(t), host, fingerprints, sections...)
 	must(t, err)
 	t.Logf("the guide's blocks:\n%s", script)
 	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
