@@ -47,9 +47,10 @@ type Config struct {
 // Verifier verifies GCE instance identity tokens. It is safe for concurrent
 // use.
 type Verifier struct {
-	jwt  *jwt.Verifier
-	used *replay.Cache
-	now  func() time.Time
+	jwksURL string
+	jwt     *jwt.Verifier
+	used    *replay.Cache
+	now     func() time.Time
 }
 
 var _ identity.Verifier[string] = (*Verifier)(nil)
@@ -134,8 +135,11 @@ func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gce identity verifier: %w", err)
 	}
-	return &Verifier{jwt: v, used: replay.New(o.replaySize), now: o.now}, nil
+	return &Verifier{jwksURL: cfg.JWKSURL, jwt: v, used: replay.New(o.replaySize), now: o.now}, nil
 }
+
+// JWKSURL is where the verifier fetches Google's keys.
+func (v *Verifier) JWKSURL() string { return v.jwksURL }
 
 // Verify verifies token and returns the instance identity it proves.
 func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity, error) {

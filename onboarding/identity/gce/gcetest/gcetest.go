@@ -127,6 +127,8 @@ type Instance struct {
 	InstanceID     string
 	InstanceName   string
 	ServiceAccount string
+	// IP is the first network interface's address.
+	IP string
 	// Created is the instance's creation time. Default: an hour before the
 	// token is issued.
 	Created time.Time
@@ -137,7 +139,7 @@ func DefaultInstance() Instance {
 	return Instance{
 		ProjectID: "embark-test", ProjectNumber: 123456789012, Zone: "us-central1-a",
 		InstanceID: "5180367924151823417", InstanceName: "ratings-1",
-		ServiceAccount: "ratings@embark-test.iam.gserviceaccount.com",
+		ServiceAccount: "ratings@embark-test.iam.gserviceaccount.com", IP: "10.128.0.7",
 	}
 }
 
@@ -168,7 +170,8 @@ func (g *Google) Token(in Instance, audience string, iat time.Time) (string, err
 // MetadataServer is an instance's metadata server: it answers
 // /computeMetadata/v1/instance/service-accounts/default/identity (with
 // Metadata-Flavor: Google, an audience and format=full) with a fresh token
-// Google signs, like Compute Engine's.
+// Google signs, like Compute Engine's, and instance/zone and
+// instance/network-interfaces/0/ip.
 type MetadataServer struct {
 	srv      *httptest.Server
 	google   *Google
@@ -204,7 +207,15 @@ func (m *MetadataServer) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "Missing Metadata-Flavor:Google header.", http.StatusForbidden)
 		return
 	}
-	if r.URL.Path != "/computeMetadata/v1/instance/service-accounts/default/identity" {
+	switch r.URL.Path {
+	case "/computeMetadata/v1/instance/service-accounts/default/identity":
+	case "/computeMetadata/v1/instance/zone":
+		_, _ = fmt.Fprintf(w, "projects/%d/zones/%s", m.instance.ProjectNumber, m.instance.Zone)
+		return
+	case "/computeMetadata/v1/instance/network-interfaces/0/ip":
+		_, _ = w.Write([]byte(m.instance.IP))
+		return
+	default:
 		http.NotFound(w, r)
 		return
 	}
