@@ -439,7 +439,7 @@ func (i *Issuer) checkClaims(w *wireClaims, key *Key) (*Claims, error) {
 		return nil, refuse(ReasonMalformed, "claim %s: identity missing or not printable", WorkloadClaimKey)
 	}
 	if w.Workload.Verified != nil && !validVerified(w.Workload.Verified) {
-		return nil, refuse(ReasonMalformed, "claim %s: verified identity has not exactly one of aws and jwt", WorkloadClaimKey)
+		return nil, refuse(ReasonMalformed, "claim %s: verified identity has not exactly one of aws, jwt and gcp", WorkloadClaimKey)
 	}
 	return &Claims{
 		Issuer:    w.Issuer,
