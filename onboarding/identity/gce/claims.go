@@ -20,7 +20,8 @@ var (
 
 // parseIdentity reads the instance identity from a verified token's claims
 // (attrs, by the names of claimPaths): every google.compute_engine claim
-// must be present and well-formed, and the service account email verified.
+// must be present and well-formed, iat set, and the service account email
+// verified.
 func parseIdentity(attrs map[string]string) (*identity.GCEIdentity, error) {
 	for _, c := range []struct {
 		name string
@@ -36,6 +37,11 @@ func parseIdentity(attrs map[string]string) (*identity.GCEIdentity, error) {
 		if !c.re.MatchString(v) {
 			return nil, identity.Refuse(identity.ReasonMalformed, "token claim google.compute_engine.%s %q is not a valid value", c.name, clip(v))
 		}
+	}
+	// Google always sets iat; without it the token's lifetime could only be
+	// counted from now.
+	if !instanceIDRE.MatchString(attrs[attrIssuedAt]) {
+		return nil, identity.Refuse(identity.ReasonMalformed, "token has no iat (issued-at) as a number of seconds")
 	}
 	email := attrs[attrEmail]
 	if !emailRE.MatchString(email) {

@@ -14,7 +14,7 @@ func FuzzParseIdentity(f *testing.F) {
 	f.Fuzz(func(t *testing.T, project, number, zone, id, name, created, email, verified string) {
 		got, err := parseIdentity(map[string]string{
 			attrProjectID: project, attrProjectNumber: number, attrZone: zone, attrInstanceID: id,
-			attrInstanceName: name, attrCreation: created, attrEmail: email, attrEmailVerified: verified,
+			attrInstanceName: name, attrCreation: created, attrEmail: email, attrEmailVerified: verified, attrIssuedAt: "1700000000",
 		})
 		if err != nil {
 			return

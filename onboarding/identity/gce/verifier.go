@@ -99,10 +99,11 @@ const (
 	attrCreation      = "instance_creation_timestamp"
 	attrEmail         = "email"
 	attrEmailVerified = "email_verified"
+	attrIssuedAt      = "iat"
 )
 
 func claimPaths() map[string]string {
-	m := map[string]string{attrEmail: "email", attrEmailVerified: "email_verified"}
+	m := map[string]string{attrEmail: "email", attrEmailVerified: "email_verified", attrIssuedAt: "iat"}
 	for _, a := range []string{attrProjectID, attrProjectNumber, attrZone, attrInstanceID, attrInstanceName, attrCreation} {
 		m[a] = "google.compute_engine." + a
 	}

@@ -189,6 +189,15 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 			wantReason: identity.ReasonMalformed, wantMsg: "instance_name",
 		},
 		{
+			name: "no iat",
+			token: func(t *testing.T, f *fixture, c map[string]any) string {
+				delete(c, "iat")
+				c["exp"] = f.now.Add(30 * time.Minute).Unix()
+				return f.sign(t, c)
+			},
+			wantReason: identity.ReasonMalformed, wantMsg: "iat",
+		},
+		{
 			name: "service account email not verified",
 			token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["email_verified"] = false
