@@ -229,8 +229,10 @@ func (m *MetadataServer) serve(w http.ResponseWriter, r *http.Request) {
 	if q.Get("format") != "full" {
 		delete(claims, "google")
 	}
-	// Every token is distinct, as every fresh Google token is: the key's
-	// signature is deterministic, so tokens of one second would repeat.
+	// RS256 signatures are deterministic, so two tokens of one second would
+	// be identical; a counter in azp makes every token this fake issues
+	// distinct, so that an agent's repeated authorizations are not refused
+	// as replays.
 	m.mu.Lock()
 	m.issued++
 	n := m.issued
