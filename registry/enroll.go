@@ -155,7 +155,7 @@ func identityProves(e Enrollment, typ runtimev1alpha1.AddressType, addr netip.Ad
 
 // notProven is the refusal of host address i of e.
 func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.Addr) error {
-	what := "its identity proves no address (a JWT host)"
+	what := "its identity proves no address (a JWT host or a GCE instance)"
 	if e.Identity.AWS != nil {
 		what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
 	}
@@ -187,12 +187,13 @@ func CheckHolder(war *runtimev1alpha1.WorkloadAutoRegistration, id runtimev1alph
 
 // FreshProof says whether the identity carries a proof that may take an
 // existing registration over from another agent session: an STS proof of
-// the instance's role session, or a JWT (short-lived, issued to the host).
+// the instance's role session, a JWT (short-lived, issued to the host) or a
+// GCE instance identity token (short-lived, signed by Google, used once).
 // A bare instance identity document, which never expires and which anything
 // on the instance can read, never does.
 func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
 	switch {
-	case id.JWT != nil:
+	case id.JWT != nil, id.GCP != nil:
 		return true
 	case id.AWS != nil && id.AWS.EC2 != nil:
 		return id.AWS.EC2.IAMRole != ""
@@ -202,8 +203,8 @@ func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
 }
 
 // SameWorkload says whether a and b are the same workload: the same EC2
-// instance (partition, account, zone, instance ID) or the same JWT issuer
-// and subject. Registration names are not compared: they are labels.
+// instance (partition, account, zone, instance ID), the same GCE instance
+// (project, zone, instance ID) or the same JWT issuer and subject. Registration names are not compared: they are labels.
 func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
 	switch {
 	case a.AWS != nil && b.AWS != nil:
@@ -214,6 +215,8 @@ func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
 		return x.EC2 == nil || x.EC2.InstanceID == y.EC2.InstanceID
 	case a.JWT != nil && b.JWT != nil:
 		return a.JWT.Issuer == b.JWT.Issuer && a.JWT.Subject == b.JWT.Subject
+	case a.GCP != nil && b.GCP != nil:
+		return a.GCP.ProjectID == b.GCP.ProjectID && a.GCP.Zone == b.GCP.Zone && a.GCP.InstanceID == b.GCP.InstanceID
 	default:
 		return false
 	}

@@ -44,6 +44,9 @@ func TestSameWorkloadAndFreshProof(t *testing.T) {
 		{name: "another JWT subject", a: jwtIdentity("https://idp", "vm-1"), b: jwtIdentity("https://idp", "vm-2"), wantFresh: true},
 		{name: "AWS and JWT", a: inst, b: jwtIdentity("https://idp", "vm-1"), wantFresh: true},
 		{name: "no identity", a: inst, b: runtimev1alpha1.WorkloadIdentity{}},
+		{name: "same GCE instance", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("embark-test", "5180367924151823417"), wantSame: true, wantFresh: true},
+		{name: "GCE instance ID in another project", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("other-project", "5180367924151823417"), wantFresh: true},
+		{name: "another GCE instance", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("embark-test", "1"), wantFresh: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,4 +151,11 @@ func TestProveAddresses(t *testing.T) {
 			}
 		})
 	}
+}
+
+func gceIdentity(project, instanceID string) runtimev1alpha1.WorkloadIdentity {
+	return runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{
+		ProjectID: project, ProjectNumber: "123456789012", Zone: "us-central1-a", InstanceID: instanceID,
+		InstanceName: "ratings-1", ServiceAccount: "ratings@" + project + ".iam.gserviceaccount.com",
+	}}
 }

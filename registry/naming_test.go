@@ -67,6 +67,8 @@ func TestIdentityName(t *testing.T) {
 		{name: "ec2", id: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{Partition: "aws-cn", Account: "123456789012", Zone: "cn-north-1a", EC2: &runtimev1alpha1.EC2Identity{InstanceID: "i-0abc"}}}, want: "aws-aws-cn-123456789012-cn-north-1a-ec2-i-0abc"},
 		{name: "jwt", id: runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{Issuer: "https://corp.example", ShortName: "corp", Subject: "host-1"}},
 			want: "jwt-corp-host-1-" + fullHashOf("https://corp.example\x00host-1")[:16]},
+		{name: "gce", id: runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{ProjectID: "embark-test", Zone: "us-central1-a", InstanceID: "5180367924151823417", InstanceName: "ratings-1"}},
+			want: "gcp-embark-test-us-central1-a-gce-5180367924151823417"},
 		{name: "none", want: ""},
 	}
 	for _, tt := range tests {

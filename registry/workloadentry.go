@@ -1,6 +1,8 @@
 package registry
 
 import (
+	"strings"
+
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -234,6 +236,11 @@ func locality(id runtimev1alpha1.WorkloadIdentity) string {
 	if id.AWS != nil && id.AWS.Region != "" && id.AWS.Zone != "" {
 		return id.AWS.Region + "/" + id.AWS.Zone
 	}
+	if id.GCP != nil {
+		if region, ok := gcpRegion(id.GCP.Zone); ok {
+			return region + "/" + id.GCP.Zone
+		}
+	}
 	return ""
 }
 
@@ -280,4 +287,14 @@ func SetIstioCondition(conds []*istiometa.IstioCondition, c *istiometa.IstioCond
 		}
 	}
 	return append(out, c)
+}
+
+// gcpRegion is the region of a Compute Engine zone: us-central1 of
+// us-central1-a.
+func gcpRegion(zone string) (string, bool) {
+	i := strings.LastIndexByte(zone, '-')
+	if i <= 0 {
+		return "", false
+	}
+	return zone[:i], true
 }

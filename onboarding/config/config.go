@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"path"
 	"slices"
@@ -308,6 +309,27 @@ type Identity struct {
 	AWS AWSIdentity `json:"aws,omitempty"`
 	// JWT lists the OIDC issuers trusted for on-prem hosts.
 	JWT []JWTIssuer `json:"jwt,omitempty"`
+	// GCE, when set (even to {}), accepts Google Compute Engine instance
+	// identity tokens (docs/platforms/gce.md). Default: unset, GCE
+	// credentials are refused.
+	GCE *GCEIdentity `json:"gce,omitempty"`
+}
+
+// GCEIdentity configures the verification of Compute Engine instance
+// identity tokens. The issuer is pinned to https://accounts.google.com.
+type GCEIdentity struct {
+	// Audiences the token must carry one of: the audience the agents ask
+	// the metadata server for. Default: the endpoint's first host.
+	Audiences []string `json:"audiences,omitempty"`
+	// JWKSURL is where Google's signing keys are fetched (https). Default:
+	// https://www.googleapis.com/oauth2/v3/certs.
+	JWKSURL string `json:"jwksURL,omitempty"`
+	// CAFile (PEM) holds the roots the JWKS is fetched with. Default: the
+	// system roots.
+	CAFile string `json:"caFile,omitempty"`
+	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
+	// Default 1h, the lifetime Google gives them.
+	MaxTokenLifetime *metav1.Duration `json:"maxTokenLifetime,omitempty"`
 }
 
 // AWSIdentity configures AWS verification.
@@ -600,6 +622,9 @@ func (c *Configuration) SetDefaults() {
 			c.Identity.JWT[i].Audiences = []string{c.Endpoint.Hosts[0]}
 		}
 	}
+	if g := c.Identity.GCE; g != nil && len(g.Audiences) == 0 && len(c.Endpoint.Hosts) > 0 {
+		g.Audiences = []string{c.Endpoint.Hosts[0]}
+	}
 	c.Limits.Onboarding.SetDefaults()
 	c.Limits.XDS.SetDefaults()
 	c.Limits.Repository.SetDefaults()
@@ -735,6 +760,7 @@ func (c *Configuration) Validate() field.ErrorList {
 			errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), j.MaxTokenLifetime.Duration.String(), "must not be negative"))
 		}
 	}
+	errs = append(errs, c.Identity.GCE.validate(field.NewPath("identity", "gce"))...)
 	r := field.NewPath("registration")
 	if c.Registration.GracePeriod.Duration < minGracePeriod {
 		errs = append(errs, field.Invalid(r.Child("gracePeriod"), c.Registration.GracePeriod.Duration.String(), "must be at least 1s"))
@@ -839,3 +865,28 @@ func isLoopback(host string) bool {
 // Audience is the audience of onboarding tokens and STS proofs: this
 // onboarding plane's first host name.
 func (c *Configuration) Audience() string { return c.Endpoint.Hosts[0] }
+
+// validate checks a GCE identity configuration (nil: not configured).
+func (g *GCEIdentity) validate(p *field.Path) field.ErrorList {
+	if g == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if len(g.Audiences) == 0 {
+		errs = append(errs, field.Required(p.Child("audiences"), "set audiences or endpoint.hosts"))
+	}
+	for i, a := range g.Audiences {
+		if a == "" {
+			errs = append(errs, field.Invalid(p.Child("audiences").Index(i), a, "must not be empty"))
+		}
+	}
+	if g.JWKSURL != "" {
+		if u, err := url.Parse(g.JWKSURL); err != nil || u.Scheme != "https" || u.Host == "" {
+			errs = append(errs, field.Invalid(p.Child("jwksURL"), g.JWKSURL, "must be an https URL"))
+		}
+	}
+	if g.MaxTokenLifetime != nil && g.MaxTokenLifetime.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), g.MaxTokenLifetime.Duration.String(), "must not be negative"))
+	}
+	return errs
+}

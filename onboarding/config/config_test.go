@@ -212,6 +212,8 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "detailed denials not a CIDR", yaml: minimal + "  detailedDenialSources: [10.0.0.0/8, admins]\n", wantErr: "endpoint.detailedDenialSources[1]"},
 		{name: "jwt issuer with both jwks and jwksURL", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, jwks: '{}', jwksURL: 'https://idp.example/keys'}]}\n", wantErr: "identity.jwt[0].jwks"},
 		{name: "jwt negative maxTokenLifetime", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, maxTokenLifetime: -1m}]}\n", wantErr: "identity.jwt[0].maxTokenLifetime"},
+		{name: "gce jwksURL not https", yaml: minimal + "identity: {gce: {jwksURL: 'http://keys.example/certs'}}\n", wantErr: "identity.gce.jwksURL"},
+		{name: "gce negative maxTokenLifetime", yaml: minimal + "identity: {gce: {maxTokenLifetime: -1m}}\n", wantErr: "identity.gce.maxTokenLifetime"},
 		{name: "negative outOfTrafficAfter", yaml: minimal + "registration: {outOfTrafficAfter: -1s}\n", wantErr: "registration.outOfTrafficAfter: Invalid value"},
 		{name: "outOfTrafficAfter beyond the grace period", yaml: minimal + "registration: {gracePeriod: 1m, outOfTrafficAfter: 2m}\n", wantErr: "must not exceed registration.gracePeriod"},
 		{name: "negative neverConnectedAfter", yaml: minimal + "registration: {neverConnectedAfter: -1s}\n", wantErr: "registration.neverConnectedAfter"},

@@ -86,6 +86,9 @@ type Options struct {
 	AWS AWSVerifier
 	// JWT verifies on-prem JWTs. Default: JWT credentials are refused.
 	JWT JWTVerifier
+	// GCE verifies Compute Engine instance identity tokens (gce.Verifier).
+	// Default: GCE credentials are refused.
+	GCE JWTVerifier
 	// Authorizer checks policies. Required.
 	Authorizer Authorizer
 	// Tokens issues onboarding tokens. Required.
@@ -302,6 +305,11 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 			return nil, errors.New("this endpoint trusts no JWT issuer")
 		}
 		return s.opts.JWT.Verify(ctx, c.Jwt.GetToken())
+	case *onboardingv1alpha1.AuthorizeRequest_Gce:
+		if s.opts.GCE == nil {
+			return nil, errors.New("this endpoint does not accept GCE credentials (identity.gce is not configured)")
+		}
+		return s.opts.GCE.Verify(ctx, c.Gce.GetToken())
 	default:
 		return nil, errors.New("no credential")
 	}
@@ -634,7 +642,8 @@ func registrationOf(req *onboardingv1alpha1.RegisterRequest) runtimev1alpha1.Reg
 }
 
 // provenAddress is the address a verified identity proves, in canonical form:
-// an EC2 document's signed privateIp. JWT identities prove none.
+// an EC2 document's signed privateIp. JWT and GCE identities prove none (a
+// GCE instance identity token carries no address).
 func provenAddress(id *identity.Identity) string {
 	if id.AWS == nil {
 		return ""
@@ -662,6 +671,12 @@ func APIIdentity(id *identity.Identity) runtimev1alpha1.WorkloadIdentity {
 	case id.JWT != nil:
 		return runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{
 			Issuer: id.JWT.Issuer, ShortName: id.JWT.ShortName, Subject: id.JWT.Subject, Attributes: id.JWT.Attributes,
+		}}
+	case id.GCE != nil:
+		g := id.GCE
+		return runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{
+			ProjectID: g.ProjectID, ProjectNumber: g.ProjectNumber, Zone: g.Zone,
+			InstanceID: g.InstanceID, InstanceName: g.InstanceName, ServiceAccount: g.ServiceAccount,
 		}}
 	default:
 		return runtimev1alpha1.WorkloadIdentity{}

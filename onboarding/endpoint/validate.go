@@ -77,8 +77,12 @@ func ValidateAuthorizeRequest(req *onboardingv1alpha1.AuthorizeRequest) error {
 		if n := len(c.Jwt.GetToken()); n == 0 || n > maxJWTBytes {
 			return fmt.Errorf("jwt.token: %d bytes, want 1 to %d", n, maxJWTBytes)
 		}
+	case *onboardingv1alpha1.AuthorizeRequest_Gce:
+		if n := len(c.Gce.GetToken()); n == 0 || n > maxJWTBytes {
+			return fmt.Errorf("gce.token: %d bytes, want 1 to %d", n, maxJWTBytes)
+		}
 	default:
-		return errors.New("credential: one of aws or jwt is required")
+		return errors.New("credential: one of aws, jwt or gce is required")
 	}
 	return nil
 }

@@ -19,10 +19,13 @@ const (
 	MethodAWSInstanceIdentityDocumentAndSTS Method = "aws-ec2-instance-identity-document+sts-get-caller-identity"
 	// MethodJWT: a JWT of a configured OIDC issuer.
 	MethodJWT Method = "jwt"
+	// MethodGCEInstanceIdentityToken: a Google Compute Engine instance
+	// identity token (format=full) signed by Google.
+	MethodGCEInstanceIdentityToken Method = "gce-instance-identity-token"
 )
 
-// Identity is a verified workload identity. Exactly one of AWS and JWT is
-// set. Verifiers fill it; nothing else should construct one from
+// Identity is a verified workload identity. Exactly one of AWS, JWT and
+// GCE is set. Verifiers fill it; nothing else should construct one from
 // unverified input.
 type Identity struct {
 	// Method says how the identity was proven.
@@ -31,6 +34,8 @@ type Identity struct {
 	AWS *AWSIdentity
 	// JWT is set for identities proven by the JWT verifier.
 	JWT *JWTIdentity
+	// GCE is set for identities proven by the GCE verifier.
+	GCE *GCEIdentity
 }
 
 // AWSIdentity holds the verified facts about an EC2 instance.
@@ -75,6 +80,28 @@ type JWTIdentity struct {
 	// booleans in their JSON text. A claim that is absent, null, an object
 	// or an array gives no attribute.
 	Attributes map[string]string
+	// Expiry is the token's exp.
+	Expiry time.Time
+}
+
+// GCEIdentity holds the verified facts of a Compute Engine instance identity
+// token: its google.compute_engine claims and its service account.
+type GCEIdentity struct {
+	// ProjectID is the project's ID, e.g. my-project.
+	ProjectID string
+	// ProjectNumber is the project's number, e.g. 123456789012.
+	ProjectNumber string
+	// Zone is the instance's zone, e.g. us-central1-a.
+	Zone string
+	// InstanceID is the instance's numeric ID.
+	InstanceID string
+	// InstanceName is the instance's name.
+	InstanceName string
+	// InstanceCreation is when the instance was created.
+	InstanceCreation time.Time
+	// ServiceAccount is the email of the instance's service account (the
+	// token's verified email claim).
+	ServiceAccount string
 	// Expiry is the token's exp.
 	Expiry time.Time
 }

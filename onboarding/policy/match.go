@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math/bits"
+	"path"
 	"slices"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -14,11 +15,11 @@ import (
 type failure uint16
 
 const (
-	// failKind: the matcher is for the other kind of identity (aws vs jwt),
-	// or the identity has neither.
+	// failKind: the matcher is for another kind of identity (aws, jwt,
+	// gcp), or the identity has none.
 	failKind failure = 1 << iota
-	// failMalformed: the matcher sets neither or both of aws and jwt
-	// (admission refuses this; it never matches).
+	// failMalformed: the matcher sets none or more than one of aws, jwt
+	// and gcp (admission refuses this; it never matches).
 	failMalformed
 	failPartition
 	failAccount
@@ -33,6 +34,9 @@ const (
 	// failEmptyList: the matcher holds a list that is present but empty
 	// (admission refuses this); "[]" never means "anything".
 	failEmptyList
+	failProject
+	failServiceAccount
+	failInstanceName
 )
 
 // farAway is the distance of a matcher that cannot match this kind of
@@ -72,13 +76,59 @@ func closestWorkload(ws []authorizationv1alpha1.WorkloadMatcher, id runtimev1alp
 // matchWorkload returns the constraints of m that id fails; 0 is a match.
 func matchWorkload(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.WorkloadIdentity) failure {
 	switch {
-	case (m.AWS == nil) == (m.JWT == nil):
+	case matcherKinds(m) != 1:
 		return failMalformed
 	case m.AWS != nil:
 		return matchAWS(m.AWS, id.AWS)
+	case m.GCP != nil:
+		return matchGCP(m.GCP, id.GCP)
 	default:
 		return matchJWT(m.JWT, id.JWT)
 	}
+}
+
+// matcherKinds counts the kinds of identity m sets (one is valid).
+func matcherKinds(m *authorizationv1alpha1.WorkloadMatcher) int {
+	n := 0
+	for _, set := range []bool{m.AWS != nil, m.JWT != nil, m.GCP != nil} {
+		if set {
+			n++
+		}
+	}
+	return n
+}
+
+func matchGCP(m *authorizationv1alpha1.GCPMatcher, id *runtimev1alpha1.GCPIdentity) failure {
+	if id == nil {
+		return failKind
+	}
+	var f failure
+	if emptyList(m.Zones) || emptyList(m.ServiceAccounts) || emptyList(m.InstanceNamePatterns) {
+		f |= failEmptyList
+	}
+	// Projects are never a wildcard: an empty list matches no project.
+	if !slices.Contains(m.Projects, id.ProjectID) {
+		f |= failProject
+	}
+	if len(m.Zones) > 0 && !slices.Contains(m.Zones, id.Zone) {
+		f |= failZone
+	}
+	if len(m.ServiceAccounts) > 0 && !slices.Contains(m.ServiceAccounts, id.ServiceAccount) {
+		f |= failServiceAccount
+	}
+	if len(m.InstanceNamePatterns) > 0 && !namePatternsMatch(m.InstanceNamePatterns, id.InstanceName) {
+		f |= failInstanceName
+	}
+	return f
+}
+
+// namePatternsMatch reports whether name matches one of the path.Match
+// patterns; a malformed pattern matches nothing.
+func namePatternsMatch(patterns []string, name string) bool {
+	return slices.ContainsFunc(patterns, func(p string) bool {
+		ok, err := path.Match(p, name)
+		return err == nil && ok
+	})
 }
 
 func matchAWS(m *authorizationv1alpha1.AWSMatcher, id *runtimev1alpha1.AWSIdentity) failure {
@@ -151,10 +201,12 @@ func emptyList[T any](l []T) bool { return l != nil && len(l) == 0 }
 func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.WorkloadIdentity) []string {
 	var out []string
 	switch {
-	case m.AWS != nil && m.JWT != nil:
-		return []string{"matcher sets both aws and jwt"}
-	case m.AWS == nil && m.JWT == nil:
-		return []string{"matcher sets neither aws nor jwt"}
+	case matcherKinds(m) > 1:
+		return []string{"matcher sets more than one of aws, jwt and gcp"}
+	case matcherKinds(m) == 0:
+		return []string{"matcher sets none of aws, jwt and gcp"}
+	case m.GCP != nil:
+		return gcpReasons(m.GCP, id)
 	case m.AWS != nil:
 		a, ida := m.AWS, id.AWS
 		if ida == nil {
@@ -227,6 +279,31 @@ func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha
 	return out
 }
 
+// gcpReasons describes every constraint of a gcp matcher that id fails.
+func gcpReasons(g *authorizationv1alpha1.GCPMatcher, id runtimev1alpha1.WorkloadIdentity) []string {
+	idg := id.GCP
+	if idg == nil {
+		return []string{fmt.Sprintf("rule matches gcp workloads, identity is %s", identityKind(id))}
+	}
+	var out []string
+	if emptyList(g.Zones) || emptyList(g.ServiceAccounts) || emptyList(g.InstanceNamePatterns) {
+		out = append(out, "an empty list (zones, serviceAccounts or instanceNamePatterns: []) matches nothing")
+	}
+	if !slices.Contains(g.Projects, idg.ProjectID) {
+		out = append(out, fmt.Sprintf("project %s not in %s", clip(idg.ProjectID), formatList(g.Projects)))
+	}
+	if len(g.Zones) > 0 && !slices.Contains(g.Zones, idg.Zone) {
+		out = append(out, fmt.Sprintf("zone %s not in %s", clip(idg.Zone), formatList(g.Zones)))
+	}
+	if len(g.ServiceAccounts) > 0 && !slices.Contains(g.ServiceAccounts, idg.ServiceAccount) {
+		out = append(out, fmt.Sprintf("service account %s not in %s", clip(idg.ServiceAccount), formatList(g.ServiceAccounts)))
+	}
+	if len(g.InstanceNamePatterns) > 0 && !namePatternsMatch(g.InstanceNamePatterns, idg.InstanceName) {
+		out = append(out, fmt.Sprintf("instance name %s matches none of %s", clip(idg.InstanceName), formatList(g.InstanceNamePatterns)))
+	}
+	return out
+}
+
 // groupReason describes why no target selects the group.
 func groupReason(targets []authorizationv1alpha1.OnboardTarget, group GroupRef) string {
 	sels := make([]string, 0, min(len(targets), maxListItems))
@@ -254,6 +331,8 @@ func identityKind(id runtimev1alpha1.WorkloadIdentity) string {
 		return "aws"
 	case id.JWT != nil:
 		return "jwt"
+	case id.GCP != nil:
+		return "gcp"
 	default:
 		return "empty"
 	}

@@ -74,7 +74,9 @@ func (d Decision) Message() string {
 // DescribeIdentity describes a workload identity for an operator, e.g.
 // "aws partition aws account 123456789012 region us-east-2 zone us-east-2b
 // instance i-1234567890abcdef0 iam role ratings-role" (the role only when
-// proven) or "jwt issuer https://idp.example.com subject host-1".
+// proven), "gcp project my-project zone us-central1-a instance ratings-1
+// (5180367924151823417) service account sa@my-project.iam.gserviceaccount.com"
+// or "jwt issuer https://idp.example.com subject host-1".
 func DescribeIdentity(id runtimev1alpha1.WorkloadIdentity) string {
 	switch {
 	case id.AWS != nil:
@@ -89,6 +91,10 @@ func DescribeIdentity(id runtimev1alpha1.WorkloadIdentity) string {
 		return s
 	case id.JWT != nil:
 		return fmt.Sprintf("jwt issuer %s subject %s", clip(id.JWT.Issuer), clip(id.JWT.Subject))
+	case id.GCP != nil:
+		g := id.GCP
+		return fmt.Sprintf("gcp project %s zone %s instance %s (%s) service account %s",
+			clip(g.ProjectID), clip(g.Zone), clip(g.InstanceName), clip(g.InstanceID), clip(g.ServiceAccount))
 	default:
 		return "a workload without a verified identity"
 	}

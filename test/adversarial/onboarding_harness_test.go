@@ -161,6 +161,8 @@ type onboardingOptions struct {
 	detailed bool
 	// logger, when set, is the endpoint's logger. Default: discard.
 	logger *slog.Logger
+	// gce, when set, verifies GCE instance identity tokens.
+	gce endpoint.JWTVerifier
 }
 
 func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
@@ -174,7 +176,7 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := endpoint.Options{AWS: verifier, InstanceProfiles: o.profiles}
+	opts := endpoint.Options{AWS: verifier, InstanceProfiles: o.profiles, GCE: o.gce}
 	if o.profiles == nil && o.profileCheck {
 		opts.InstanceProfiles = profileChecker(t, h.aws.EC2IAM)
 	}

@@ -10,6 +10,7 @@ import (
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Groups",type=integer,JSONPath=`.status.selectedWorkloadGroupCount`,description="WorkloadGroups the rules currently select"
 // +kubebuilder:printcolumn:name="Accounts",type=string,JSONPath=`.spec.allow[*].workloads[*].aws.accounts`,description="AWS accounts the rules allow"
+// +kubebuilder:printcolumn:name="Projects",type=string,JSONPath=`.spec.allow[*].workloads[*].gcp.projects`,description="GCP projects the rules allow"
 // +kubebuilder:printcolumn:name="Issuers",type=string,JSONPath=`.spec.allow[*].workloads[*].jwt.issuer`,description="JWT issuers the rules allow"
 // +kubebuilder:printcolumn:name="Last Allowed",type=date,JSONPath=`.status.lastAllowedTime`,description="When a rule of this policy last allowed a workload"
 // +kubebuilder:printcolumn:name="Last Denied",type=date,JSONPath=`.status.lastDeniedTime`,description="When a workload was last denied joining a WorkloadGroup this policy selects"
@@ -96,7 +97,8 @@ type AllowRule struct {
 	// addresses that their identity does not prove: an EC2 instance's
 	// INTERNET (public) address or a VPC address other than the signed
 	// privateIp of its instance identity document, and any address of a
-	// host onboarded with a JWT. Each entry is a CIDR (e.g. 203.0.113.0/24,
+	// host onboarded with a JWT or a GCE instance identity token (neither
+	// proves an address). Each entry is a CIDR (e.g. 203.0.113.0/24,
 	// 2001:db8::/64, or 192.0.2.7/32 for one address). Unset: only proven
 	// addresses (an EC2 instance's document privateIp) are accepted. An
 	// address allowed only by this field is never used to fence another
@@ -115,7 +117,7 @@ type CIDR string
 
 // WorkloadMatcher matches verified workload identities. Exactly one member is
 // set.
-// +kubebuilder:validation:XValidation:rule="has(self.aws) != has(self.jwt)",message="exactly one of aws or jwt must be set"
+// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="exactly one of aws, jwt or gcp must be set"
 type WorkloadMatcher struct {
 	// AWS matches workloads running on AWS compute.
 	// +optional
@@ -123,6 +125,51 @@ type WorkloadMatcher struct {
 	// JWT matches workloads that present a JWT from a trusted issuer.
 	// +optional
 	JWT *JWTMatcher `json:"jwt,omitempty"`
+	// GCP matches Google Compute Engine instances.
+	// +optional
+	GCP *GCPMatcher `json:"gcp,omitempty"`
+}
+
+// GCPMatcher matches Compute Engine instances by their instance identity
+// token. Every field that is set must match; an unset list matches any
+// value, except Projects, which must always be listed explicitly. A list
+// that is present but empty is refused at admission (and matches nothing if
+// stored anyway).
+type GCPMatcher struct {
+	// Projects the instance may belong to, by project ID. For security
+	// reasons projects are always listed explicitly: there is no wildcard.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`
+	Projects []string `json:"projects"`
+	// Zones the instance may be in, e.g. us-central1-a; unset means any.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=128
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[a-z]+-[a-z]+[0-9]+-[a-z]$`
+	Zones []string `json:"zones,omitempty"`
+	// ServiceAccounts the instance's service account (by email) must be
+	// one of; unset means any.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:MinLength=3
+	// +kubebuilder:validation:items:MaxLength=254
+	ServiceAccounts []string `json:"serviceAccounts,omitempty"`
+	// InstanceNamePatterns the instance's name must match one of, as
+	// path.Match patterns (e.g. ratings-*); unset means any. Names are
+	// chosen by whoever creates the instance in the project: a pattern
+	// narrows a rule, it does not prove anything on its own.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=63
+	InstanceNamePatterns []string `json:"instanceNamePatterns,omitempty"`
 }
 
 // AWSPartition is an AWS partition.

@@ -109,7 +109,7 @@ type WorkloadAutoRegistrationSpec struct {
 }
 
 // WorkloadIdentity is a verified platform identity. Exactly one member is set.
-// +kubebuilder:validation:XValidation:rule="has(self.aws) != has(self.jwt)",message="exactly one of aws or jwt must be set"
+// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="exactly one of aws, jwt or gcp must be set"
 type WorkloadIdentity struct {
 	// AWS is the identity of an AWS compute resource.
 	// +optional
@@ -117,6 +117,9 @@ type WorkloadIdentity struct {
 	// JWT is the identity of a host that presented a JWT from a trusted issuer.
 	// +optional
 	JWT *JWTIdentity `json:"jwt,omitempty"`
+	// GCP is the identity of a Google Compute Engine instance.
+	// +optional
+	GCP *GCPIdentity `json:"gcp,omitempty"`
 }
 
 // AWSIdentity is an AWS identity verified from the EC2 instance identity
@@ -152,6 +155,32 @@ type EC2Identity struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=64
 	IAMRole string `json:"iamRole,omitempty"`
+}
+
+// GCPIdentity is a Compute Engine instance verified from its instance
+// identity token, signed by Google.
+type GCPIdentity struct {
+	// ProjectID is the instance's project, e.g. my-project.
+	// +kubebuilder:validation:Pattern=`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`
+	ProjectID string `json:"projectId"`
+	// ProjectNumber is the project's number.
+	// +kubebuilder:validation:Pattern=`^[0-9]{1,20}$`
+	ProjectNumber string `json:"projectNumber"`
+	// Zone is the instance's zone, e.g. us-central1-a.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Zone string `json:"zone"`
+	// InstanceID is the instance's numeric ID.
+	// +kubebuilder:validation:Pattern=`^[0-9]{1,20}$`
+	InstanceID string `json:"instanceId"`
+	// InstanceName is the instance's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	InstanceName string `json:"instanceName"`
+	// ServiceAccount is the email of the instance's service account.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=254
+	ServiceAccount string `json:"serviceAccount"`
 }
 
 // JWTIdentity is the identity of a host that presented a valid JWT.

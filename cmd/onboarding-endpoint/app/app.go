@@ -26,6 +26,7 @@ import (
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
+	gceidentity "github.com/embark-mesh/embark/onboarding/identity/gce"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/xds/configsource"
@@ -239,4 +240,24 @@ func triggerOn(ctx context.Context, informers cache.Cache, trigger func(), objs 
 		}
 	}
 	return nil
+}
+
+func newGCEVerifier(g *config.GCEIdentity, log *slog.Logger) (*gceidentity.Verifier, error) {
+	c := gceidentity.Config{Audiences: g.Audiences, JWKSURL: g.JWKSURL}
+	if g.MaxTokenLifetime != nil {
+		c.MaxTokenLifetime = g.MaxTokenLifetime.Duration
+	}
+	if g.CAFile != "" {
+		ca, err := os.ReadFile(g.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("identity.gce.caFile: %w", err)
+		}
+		c.CACertificates = ca
+	}
+	v, err := gceidentity.NewVerifier(c, gceidentity.WithLogger(log))
+	if err != nil {
+		return nil, fmt.Errorf("identity.gce: %w", err)
+	}
+	log.Info("accepting GCE instance identity tokens", "audiences", c.Audiences, "jwksURL", v.JWKSURL())
+	return v, nil
 }

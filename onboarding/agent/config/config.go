@@ -52,6 +52,7 @@ const (
 	PlatformAuto = "auto"
 	PlatformAWS  = "aws"
 	PlatformJWT  = "jwt"
+	PlatformGCE  = "gce"
 )
 
 // AgentConfiguration is /etc/onboarding-agent/agent.config.yaml.
@@ -87,13 +88,24 @@ type AgentMetrics struct {
 
 // Host configures platform detection and credentials.
 type Host struct {
-	// Platform is auto (default: AWS when IMDS answers, else jwt when a JWT
-	// source is configured), aws or jwt.
+	// Platform is auto (default: AWS when IMDS answers, else gce when the
+	// Compute Engine metadata server answers, else jwt when a JWT source is
+	// configured), aws, gce or jwt.
 	Platform string `json:"platform,omitempty"`
 	// AWS configures the EC2 credential.
 	AWS AWSPlatform `json:"aws,omitempty"`
 	// JWT configures the on-prem credential.
 	JWT JWTPlatform `json:"jwt,omitempty"`
+	// GCE configures the Compute Engine credential.
+	GCE GCEPlatform `json:"gce,omitempty"`
+}
+
+// GCEPlatform configures the Compute Engine credential: the instance
+// identity token of the instance's default service account.
+type GCEPlatform struct {
+	// MetadataEndpoint overrides the metadata server's address (default
+	// http://metadata.google.internal).
+	MetadataEndpoint string `json:"metadataEndpoint,omitempty"`
 }
 
 // AWSPlatform configures the EC2 credential.
@@ -356,9 +368,12 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 	var errs field.ErrorList
 	host := field.NewPath("host")
 	switch c.Host.Platform {
-	case PlatformAuto, PlatformAWS, PlatformJWT:
+	case PlatformAuto, PlatformAWS, PlatformJWT, PlatformGCE:
 	default:
-		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformJWT}))
+		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformGCE, PlatformJWT}))
+	}
+	if u := c.Host.GCE.MetadataEndpoint; u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+		errs = append(errs, field.Invalid(host.Child("gce", "metadataEndpoint"), u, "must be an http:// or https:// URL"))
 	}
 	for _, u := range []struct {
 		name, val string

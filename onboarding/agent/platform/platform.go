@@ -1,9 +1,11 @@
 // Package platform is how the onboarding agent proves what its host is: on
 // AWS EC2 the instance identity document, its rsa2048 signature and a signed
 // sts:GetCallerIdentity request, all through IMDSv2 with aws-sdk-go-v2's imds
-// client; on premises a JWT read from a file or printed by a credential
-// plugin command. Detect picks the platform (AWS when IMDS answers) and says
-// what it found.
+// client; on Google Compute Engine the instance identity token of its
+// metadata server; on premises a JWT read from a file or printed by a
+// credential plugin command. Detect picks the platform (AWS when IMDS
+// answers, else GCE when the metadata server answers) and says what it
+// found.
 package platform
 
 import (
@@ -29,7 +31,7 @@ type Address struct {
 
 // Platform produces the host's platform credential.
 type Platform interface {
-	// Name says which platform (aws, jwt).
+	// Name says which platform (aws, gce, jwt).
 	Name() string
 	// Credential returns a fresh credential for an AuthorizeRequest; it is
 	// called for every authorization (credentials are short-lived).
@@ -41,6 +43,7 @@ type Platform interface {
 type Credential struct {
 	AWS     *onboardingv1alpha1.AWSCredential
 	JWT     *onboardingv1alpha1.JWTCredential
+	GCE     *onboardingv1alpha1.GCECredential
 	Address *Address
 }
 
@@ -51,21 +54,28 @@ func (c *Credential) SetOn(req *onboardingv1alpha1.AuthorizeRequest) {
 		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: c.AWS}
 	case c.JWT != nil:
 		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Jwt{Jwt: c.JWT}
+	case c.GCE != nil:
+		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Gce{Gce: c.GCE}
 	}
 }
 
 // DetectTimeout bounds the IMDS probe of autodetection.
 const DetectTimeout = 3 * time.Second
 
-// Detect returns the platform cfg selects: aws or jwt when set, else AWS when
-// IMDS answers within DetectTimeout, else jwt when a JWT source is
-// configured. audience binds the STS proof to the onboarding endpoint. It
+// Detect returns the platform cfg selects: aws, gce or jwt when set, else AWS
+// when IMDS answers within DetectTimeout, else GCE when the metadata server
+// answers within DetectTimeout, else jwt when a JWT source is configured.
+// audience binds the STS proof and the GCE token to the onboarding endpoint. It
 // logs what it detected and why.
 func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Logger) (Platform, error) {
 	switch cfg.Platform {
 	case config.PlatformAWS:
 		log.Info("platform: aws (configured)", "imds", imdsEndpointName(cfg.AWS))
 		return NewAWS(cfg.AWS, audience, log), nil
+	case config.PlatformGCE:
+		g := NewGCE(cfg.GCE, audience, log)
+		log.Info("platform: gce (configured)", "metadataServer", g.endpoint)
+		return g, nil
 	case config.PlatformJWT:
 		p, err := NewJWT(cfg.JWT)
 		if err != nil {
@@ -82,6 +92,14 @@ func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Log
 		log.Info("platform: aws EC2 detected (IMDSv2 answered)", "imds", imdsEndpointName(cfg.AWS), "region", region)
 		return aws, nil
 	}
+	gce := NewGCE(cfg.GCE, audience, log)
+	gceCtx, cancelGCE := context.WithTimeout(ctx, DetectTimeout)
+	defer cancelGCE()
+	zone, gerr := gce.probe(gceCtx)
+	if gerr == nil {
+		log.Info("platform: gce detected (the Compute Engine metadata server answered)", "metadataServer", gce.endpoint, "zone", zone)
+		return gce, nil
+	}
 	if cfg.JWT.TokenFile != "" || len(cfg.JWT.Command) > 0 {
 		p, jerr := NewJWT(cfg.JWT)
 		if jerr != nil {
@@ -90,7 +108,8 @@ func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Log
 		log.Info("platform: jwt (IMDS did not answer, a JWT source is configured)", "source", p.source(), "imdsError", err.Error())
 		return p, nil
 	}
-	return nil, fmt.Errorf("no platform detected: AWS IMDS at %s did not answer (%w) and host.jwt names no tokenFile or command", imdsEndpointName(cfg.AWS), err)
+	return nil, fmt.Errorf("no platform detected: AWS IMDS at %s did not answer (%w), the Compute Engine metadata server at %s did not answer (%w) and host.jwt names no tokenFile or command",
+		imdsEndpointName(cfg.AWS), err, gce.endpoint, gerr)
 }
 
 func imdsEndpointName(c config.AWSPlatform) string {

@@ -74,7 +74,7 @@ func (x RegistrationEvent_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RegistrationEvent_State.Descriptor instead.
 func (RegistrationEvent_State) EnumDescriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16, 0}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17, 0}
 }
 
 // WorkloadGroupRef names the WorkloadGroup a workload joins.
@@ -366,6 +366,53 @@ func (x *JWTCredential) GetToken() string {
 	return ""
 }
 
+// GCECredential proves a Google Compute Engine instance's identity with the
+// instance identity token its metadata server issues (format=full, the
+// endpoint as audience), signed by Google.
+type GCECredential struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GCECredential) Reset() {
+	*x = GCECredential{}
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GCECredential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GCECredential) ProtoMessage() {}
+
+func (x *GCECredential) ProtoReflect() protoreflect.Message {
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GCECredential.ProtoReflect.Descriptor instead.
+func (*GCECredential) Descriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GCECredential) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
 // AuthorizeRequest asks for an onboarding token.
 type AuthorizeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -374,6 +421,7 @@ type AuthorizeRequest struct {
 	//
 	//	*AuthorizeRequest_Aws
 	//	*AuthorizeRequest_Jwt
+	//	*AuthorizeRequest_Gce
 	Credential    isAuthorizeRequest_Credential `protobuf_oneof:"credential"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -381,7 +429,7 @@ type AuthorizeRequest struct {
 
 func (x *AuthorizeRequest) Reset() {
 	*x = AuthorizeRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[5]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -393,7 +441,7 @@ func (x *AuthorizeRequest) String() string {
 func (*AuthorizeRequest) ProtoMessage() {}
 
 func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[5]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -406,7 +454,7 @@ func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{5}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AuthorizeRequest) GetWorkloadGroup() *WorkloadGroupRef {
@@ -441,6 +489,15 @@ func (x *AuthorizeRequest) GetJwt() *JWTCredential {
 	return nil
 }
 
+func (x *AuthorizeRequest) GetGce() *GCECredential {
+	if x != nil {
+		if x, ok := x.Credential.(*AuthorizeRequest_Gce); ok {
+			return x.Gce
+		}
+	}
+	return nil
+}
+
 type isAuthorizeRequest_Credential interface {
 	isAuthorizeRequest_Credential()
 }
@@ -453,9 +510,15 @@ type AuthorizeRequest_Jwt struct {
 	Jwt *JWTCredential `protobuf:"bytes,3,opt,name=jwt,proto3,oneof"`
 }
 
+type AuthorizeRequest_Gce struct {
+	Gce *GCECredential `protobuf:"bytes,4,opt,name=gce,proto3,oneof"`
+}
+
 func (*AuthorizeRequest_Aws) isAuthorizeRequest_Credential() {}
 
 func (*AuthorizeRequest_Jwt) isAuthorizeRequest_Credential() {}
+
+func (*AuthorizeRequest_Gce) isAuthorizeRequest_Credential() {}
 
 // AuthorizeResponse carries the onboarding token.
 type AuthorizeResponse struct {
@@ -472,7 +535,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +547,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +560,7 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{6}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AuthorizeResponse) GetToken() string {
@@ -540,7 +603,7 @@ type HostAddress struct {
 
 func (x *HostAddress) Reset() {
 	*x = HostAddress{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +615,7 @@ func (x *HostAddress) String() string {
 func (*HostAddress) ProtoMessage() {}
 
 func (x *HostAddress) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +628,7 @@ func (x *HostAddress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostAddress.ProtoReflect.Descriptor instead.
 func (*HostAddress) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{7}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HostAddress) GetIp() string {
@@ -598,7 +661,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +673,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +686,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{8}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RegisterRequest) GetAddresses() []*HostAddress {
@@ -681,7 +744,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +756,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +769,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{9}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterResponse) GetNamespace() string {
@@ -779,7 +842,7 @@ type SidecarBootstrap struct {
 
 func (x *SidecarBootstrap) Reset() {
 	*x = SidecarBootstrap{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -791,7 +854,7 @@ func (x *SidecarBootstrap) String() string {
 func (*SidecarBootstrap) ProtoMessage() {}
 
 func (x *SidecarBootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -804,7 +867,7 @@ func (x *SidecarBootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SidecarBootstrap.ProtoReflect.Descriptor instead.
 func (*SidecarBootstrap) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{10}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SidecarBootstrap) GetNodeId() string {
@@ -900,7 +963,7 @@ type RenewSidecarTokenRequest struct {
 
 func (x *RenewSidecarTokenRequest) Reset() {
 	*x = RenewSidecarTokenRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +975,7 @@ func (x *RenewSidecarTokenRequest) String() string {
 func (*RenewSidecarTokenRequest) ProtoMessage() {}
 
 func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +988,7 @@ func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSidecarTokenRequest.ProtoReflect.Descriptor instead.
 func (*RenewSidecarTokenRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
 }
 
 // RenewSidecarTokenResponse carries it.
@@ -939,7 +1002,7 @@ type RenewSidecarTokenResponse struct {
 
 func (x *RenewSidecarTokenResponse) Reset() {
 	*x = RenewSidecarTokenResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1014,7 @@ func (x *RenewSidecarTokenResponse) String() string {
 func (*RenewSidecarTokenResponse) ProtoMessage() {}
 
 func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1027,7 @@ func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSidecarTokenResponse.ProtoReflect.Descriptor instead.
 func (*RenewSidecarTokenResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RenewSidecarTokenResponse) GetSidecarToken() string {
@@ -990,7 +1053,7 @@ type UnregisterRequest struct {
 
 func (x *UnregisterRequest) Reset() {
 	*x = UnregisterRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1065,7 @@ func (x *UnregisterRequest) String() string {
 func (*UnregisterRequest) ProtoMessage() {}
 
 func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1078,7 @@ func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
 }
 
 // UnregisterResponse says how long the removal takes to reach peers.
@@ -1028,7 +1091,7 @@ type UnregisterResponse struct {
 
 func (x *UnregisterResponse) Reset() {
 	*x = UnregisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1103,7 @@ func (x *UnregisterResponse) String() string {
 func (*UnregisterResponse) ProtoMessage() {}
 
 func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1116,7 @@ func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UnregisterResponse) GetPropagationDelay() *durationpb.Duration {
@@ -1072,7 +1135,7 @@ type WatchRegistrationRequest struct {
 
 func (x *WatchRegistrationRequest) Reset() {
 	*x = WatchRegistrationRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1147,7 @@ func (x *WatchRegistrationRequest) String() string {
 func (*WatchRegistrationRequest) ProtoMessage() {}
 
 func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1160,7 @@ func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRegistrationRequest.ProtoReflect.Descriptor instead.
 func (*WatchRegistrationRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
 }
 
 // RegistrationEvent is the state of the caller's registration.
@@ -1113,7 +1176,7 @@ type RegistrationEvent struct {
 
 func (x *RegistrationEvent) Reset() {
 	*x = RegistrationEvent{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1188,7 @@ func (x *RegistrationEvent) String() string {
 func (*RegistrationEvent) ProtoMessage() {}
 
 func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1201,7 @@ func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistrationEvent.ProtoReflect.Descriptor instead.
 func (*RegistrationEvent) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegistrationEvent) GetState() RegistrationEvent_State {
@@ -1190,11 +1253,14 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\"%\n" +
 	"\rJWTCredential\x12\x14\n" +
-	"\x05token\x18\x01 \x01(\tR\x05token\"\xf3\x01\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"%\n" +
+	"\rGCECredential\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"\xb2\x02\n" +
 	"\x10AuthorizeRequest\x12S\n" +
 	"\x0eworkload_group\x18\x01 \x01(\v2,.embark.onboarding.v1alpha1.WorkloadGroupRefR\rworkloadGroup\x12=\n" +
 	"\x03aws\x18\x02 \x01(\v2).embark.onboarding.v1alpha1.AWSCredentialH\x00R\x03aws\x12=\n" +
-	"\x03jwt\x18\x03 \x01(\v2).embark.onboarding.v1alpha1.JWTCredentialH\x00R\x03jwtB\f\n" +
+	"\x03jwt\x18\x03 \x01(\v2).embark.onboarding.v1alpha1.JWTCredentialH\x00R\x03jwt\x12=\n" +
+	"\x03gce\x18\x04 \x01(\v2).embark.onboarding.v1alpha1.GCECredentialH\x00R\x03gceB\f\n" +
 	"\n" +
 	"credential\"\xaf\x01\n" +
 	"\x11AuthorizeResponse\x12\x14\n" +
@@ -1280,7 +1346,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP() []byte {
 }
 
 var file_onboarding_api_v1alpha1_onboarding_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
 	(RegistrationEvent_State)(0),      // 0: embark.onboarding.v1alpha1.RegistrationEvent.State
 	(*WorkloadGroupRef)(nil),          // 1: embark.onboarding.v1alpha1.WorkloadGroupRef
@@ -1288,22 +1354,23 @@ var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
 	(*SignedHTTPRequest)(nil),         // 3: embark.onboarding.v1alpha1.SignedHTTPRequest
 	(*Header)(nil),                    // 4: embark.onboarding.v1alpha1.Header
 	(*JWTCredential)(nil),             // 5: embark.onboarding.v1alpha1.JWTCredential
-	(*AuthorizeRequest)(nil),          // 6: embark.onboarding.v1alpha1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),         // 7: embark.onboarding.v1alpha1.AuthorizeResponse
-	(*HostAddress)(nil),               // 8: embark.onboarding.v1alpha1.HostAddress
-	(*RegisterRequest)(nil),           // 9: embark.onboarding.v1alpha1.RegisterRequest
-	(*RegisterResponse)(nil),          // 10: embark.onboarding.v1alpha1.RegisterResponse
-	(*SidecarBootstrap)(nil),          // 11: embark.onboarding.v1alpha1.SidecarBootstrap
-	(*RenewSidecarTokenRequest)(nil),  // 12: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	(*RenewSidecarTokenResponse)(nil), // 13: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	(*UnregisterRequest)(nil),         // 14: embark.onboarding.v1alpha1.UnregisterRequest
-	(*UnregisterResponse)(nil),        // 15: embark.onboarding.v1alpha1.UnregisterResponse
-	(*WatchRegistrationRequest)(nil),  // 16: embark.onboarding.v1alpha1.WatchRegistrationRequest
-	(*RegistrationEvent)(nil),         // 17: embark.onboarding.v1alpha1.RegistrationEvent
-	nil,                               // 18: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	nil,                               // 19: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 20: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 21: google.protobuf.Duration
+	(*GCECredential)(nil),             // 6: embark.onboarding.v1alpha1.GCECredential
+	(*AuthorizeRequest)(nil),          // 7: embark.onboarding.v1alpha1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),         // 8: embark.onboarding.v1alpha1.AuthorizeResponse
+	(*HostAddress)(nil),               // 9: embark.onboarding.v1alpha1.HostAddress
+	(*RegisterRequest)(nil),           // 10: embark.onboarding.v1alpha1.RegisterRequest
+	(*RegisterResponse)(nil),          // 11: embark.onboarding.v1alpha1.RegisterResponse
+	(*SidecarBootstrap)(nil),          // 12: embark.onboarding.v1alpha1.SidecarBootstrap
+	(*RenewSidecarTokenRequest)(nil),  // 13: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	(*RenewSidecarTokenResponse)(nil), // 14: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	(*UnregisterRequest)(nil),         // 15: embark.onboarding.v1alpha1.UnregisterRequest
+	(*UnregisterResponse)(nil),        // 16: embark.onboarding.v1alpha1.UnregisterResponse
+	(*WatchRegistrationRequest)(nil),  // 17: embark.onboarding.v1alpha1.WatchRegistrationRequest
+	(*RegistrationEvent)(nil),         // 18: embark.onboarding.v1alpha1.RegistrationEvent
+	nil,                               // 19: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	nil,                               // 20: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 21: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 22: google.protobuf.Duration
 }
 var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	3,  // 0: embark.onboarding.v1alpha1.AWSCredential.sts_get_caller_identity:type_name -> embark.onboarding.v1alpha1.SignedHTTPRequest
@@ -1311,30 +1378,31 @@ var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	1,  // 2: embark.onboarding.v1alpha1.AuthorizeRequest.workload_group:type_name -> embark.onboarding.v1alpha1.WorkloadGroupRef
 	2,  // 3: embark.onboarding.v1alpha1.AuthorizeRequest.aws:type_name -> embark.onboarding.v1alpha1.AWSCredential
 	5,  // 4: embark.onboarding.v1alpha1.AuthorizeRequest.jwt:type_name -> embark.onboarding.v1alpha1.JWTCredential
-	20, // 5: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	8,  // 6: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
-	18, // 7: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	11, // 8: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
-	19, // 9: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	20, // 10: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
-	20, // 11: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 12: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
-	0,  // 13: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
-	6,  // 14: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
-	9,  // 15: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
-	14, // 16: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
-	12, // 17: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	16, // 18: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
-	7,  // 19: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
-	10, // 20: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
-	15, // 21: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
-	13, // 22: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	17, // 23: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
-	19, // [19:24] is the sub-list for method output_type
-	14, // [14:19] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	6,  // 5: embark.onboarding.v1alpha1.AuthorizeRequest.gce:type_name -> embark.onboarding.v1alpha1.GCECredential
+	21, // 6: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	9,  // 7: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
+	19, // 8: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	12, // 9: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
+	20, // 10: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	21, // 11: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
+	21, // 12: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 13: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
+	0,  // 14: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
+	7,  // 15: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
+	10, // 16: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
+	15, // 17: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
+	13, // 18: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	17, // 19: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
+	8,  // 20: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
+	11, // 21: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
+	16, // 22: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
+	14, // 23: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	18, // 24: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
+	20, // [20:25] is the sub-list for method output_type
+	15, // [15:20] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_onboarding_api_v1alpha1_onboarding_proto_init() }
@@ -1342,9 +1410,10 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 	if File_onboarding_api_v1alpha1_onboarding_proto != nil {
 		return
 	}
-	file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[5].OneofWrappers = []any{
+	file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6].OneofWrappers = []any{
 		(*AuthorizeRequest_Aws)(nil),
 		(*AuthorizeRequest_Jwt)(nil),
+		(*AuthorizeRequest_Gce)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1352,7 +1421,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc), len(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,119 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/agent"
+	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/platform"
+	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
+	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/vmsim"
+)
+
+// A Compute Engine instance onboards with its instance identity token: the
+// real agent (platform gce) fetches a format=full token for the endpoint's
+// audience from a loopback metadata server, the real endpoint verifies it
+// against a loopback Google JWKS (identity.gce.jwksURL) and the policy's gcp
+// rule allows it; its address is allowed by the rule's addressCIDRs, as a
+// GCE token proves none. kubectl describe war shows the GCE identity.
+func TestGCEInstanceOnboards(t *testing.T) {
+	w := newWorld(t)
+	ctx := t.Context()
+	google, err := gcetest.NewGoogle()
+	must(t, err)
+	t.Cleanup(google.Close)
+	inst := gcetest.DefaultInstance()
+	md := gcetest.NewMetadataServer(google, inst)
+	t.Cleanup(md.Close)
+
+	googleCA := filepath.Join(w.dir, "google-ca.pem")
+	must(t, os.WriteFile(googleCA, google.CACertificates(), 0o600))
+	cfg, err := os.ReadFile(w.cfgFile)
+	must(t, err)
+	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
+		fmt.Sprintf("identity:\n  gce:\n    jwksURL: %s\n    caFile: %s\n", google.JWKSURL(), googleCA), 1)), 0o600))
+	policy := &authorizationv1alpha1.OnboardingPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "gce", Namespace: w.ns},
+		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
+			Workloads: []authorizationv1alpha1.WorkloadMatcher{{GCP: &authorizationv1alpha1.GCPMatcher{
+				Projects: []string{inst.ProjectID}, Zones: []string{inst.Zone},
+				ServiceAccounts: []string{inst.ServiceAccount}, InstanceNamePatterns: []string{"ratings-*"},
+			}}},
+			AddressCIDRs: []authorizationv1alpha1.CIDR{"10.128.0.0/20"},
+			OnboardTo:    []authorizationv1alpha1.OnboardTarget{{WorkloadGroupSelector: metav1.LabelSelector{}}},
+		}}},
+	}
+	must(t, env.Client.Create(ctx, policy))
+	w.startEndpoint()
+
+	root := t.TempDir()
+	agentFile, onboardingFile := w.agentConfig(root)
+	agentText, err := os.ReadFile(agentFile)
+	must(t, err)
+	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n",
+		fmt.Sprintf("host:\n  platform: gce\n  gce:\n    metadataEndpoint: %s\n  aws:\n", md.URL()), 1)), 0o600))
+	agentCfg, err := config.LoadAgent(agentFile)
+	must(t, err)
+	onbCfg, err := config.LoadOnboarding(onboardingFile)
+	must(t, err)
+	logs := &vmsim.SyncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent logs:\n%s", logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
+	must(t, err)
+	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
+	must(t, err)
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(actx) }()
+	defer func() { stop(); <-done }()
+
+	fixtures.Eventually(t, 60*time.Second, "the GCE instance registered", func() bool { return len(w.registrations()) == 1 })
+	war := w.registrations()[0]
+	want := runtimev1alpha1.GCPIdentity{
+		ProjectID: inst.ProjectID, ProjectNumber: "123456789012", Zone: inst.Zone,
+		InstanceID: inst.InstanceID, InstanceName: inst.InstanceName, ServiceAccount: inst.ServiceAccount,
+	}
+	if id := war.Spec.Identity.GCP; id == nil || *id != want || war.Spec.Identity.AWS != nil || war.Spec.Identity.JWT != nil {
+		t.Fatalf("registration identity %+v, want gcp %+v", war.Spec.Identity, want)
+	}
+	if wantName := "ratings-gcp-embark-test-us-central1-a-gce-5180367924151823417"; war.Name != wantName || war.Name != registry.Name("ratings", war.Spec.Identity) {
+		t.Errorf("registration name %s, want %s", war.Name, wantName)
+	}
+	if addrs := war.Spec.Registration.Host.Addresses; len(addrs) != 1 || addrs[0].IP != inst.IP {
+		t.Errorf("addresses %+v, want the metadata server's %s", addrs, inst.IP)
+	}
+	if md.Issued() == 0 {
+		t.Error("the agent did not ask the metadata server for a token")
+	}
+
+	desc, err := env.Kubectl(ctx, nil, "describe", "war", "-n", w.ns, war.Name)
+	must(t, err)
+	for _, f := range [][2]string{
+		{"Project Id", inst.ProjectID}, {"Project Number", "123456789012"}, {"Zone", inst.Zone},
+		{"Instance Id", inst.InstanceID}, {"Instance Name", inst.InstanceName}, {"Service Account", inst.ServiceAccount},
+	} {
+		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(f[0]) + `:\s+` + regexp.QuoteMeta(f[1]) + `$`).MatchString(desc) {
+			t.Errorf("kubectl describe war lacks %q: %q:\n%s", f[0], f[1], desc)
+		}
+	}
+}

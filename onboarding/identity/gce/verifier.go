@@ -1,0 +1,162 @@
+package gce
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/replay"
+)
+
+const (
+	// Issuer is the only issuer of GCE instance identity tokens.
+	Issuer = "https://accounts.google.com"
+	// DefaultJWKSURL is where Google publishes the keys that sign them.
+	DefaultJWKSURL = "https://www.googleapis.com/oauth2/v3/certs"
+	// DefaultMaxTokenLifetime is Config.MaxTokenLifetime's default: Google
+	// issues tokens valid for one hour.
+	DefaultMaxTokenLifetime = time.Hour
+	// DefaultReplayCacheSize bounds the used-token cache.
+	DefaultReplayCacheSize = 100_000
+)
+
+// Config says which tokens the verifier accepts.
+type Config struct {
+	// Audiences the token's aud must be one of (the onboarding endpoint's
+	// URL or host). Required.
+	Audiences []string
+	// JWKSURL is where Google's keys are fetched (https). Default
+	// DefaultJWKSURL.
+	JWKSURL string
+	// CACertificates (PEM) are the roots the JWKS is fetched with. Default:
+	// the system roots.
+	CACertificates []byte
+	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
+	// Default DefaultMaxTokenLifetime.
+	MaxTokenLifetime time.Duration
+}
+
+// Verifier verifies GCE instance identity tokens. It is safe for concurrent
+// use.
+type Verifier struct {
+	jwksURL string
+	jwt     *jwt.Verifier
+	used    *replay.Cache
+	now     func() time.Time
+}
+
+var _ identity.Verifier[string] = (*Verifier)(nil)
+
+type options struct {
+	jwtOpts    []jwt.Option
+	now        func() time.Time
+	replaySize int
+}
+
+// Option configures a Verifier.
+type Option func(*options)
+
+// WithHTTPClient sets the client that fetches the JWKS (jwt.WithHTTPClient).
+func WithHTTPClient(c *http.Client) Option {
+	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithHTTPClient(c)) }
+}
+
+// WithClock sets the verifier's clock. Default: time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) { o.now = now; o.jwtOpts = append(o.jwtOpts, jwt.WithClock(now)) }
+}
+
+// WithJWKSRefresh sets how long the fetched JWKS is used and the least time
+// between two fetches (jwt.WithJWKSRefresh; defaults 1h and 30s).
+func WithJWKSRefresh(refresh, minRefresh time.Duration) Option {
+	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithJWKSRefresh(refresh, minRefresh)) }
+}
+
+// WithLogger sets the logger. Default: discard.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithLogger(l)) }
+}
+
+// WithReplayCacheSize bounds how many used tokens are remembered. Default
+// DefaultReplayCacheSize.
+func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize = n } }
+
+// claim paths of a format=full token, by attribute name.
+const (
+	attrProjectID     = "project_id"
+	attrProjectNumber = "project_number"
+	attrZone          = "zone"
+	attrInstanceID    = "instance_id"
+	attrInstanceName  = "instance_name"
+	attrCreation      = "instance_creation_timestamp"
+	attrEmail         = "email"
+	attrEmailVerified = "email_verified"
+	attrIssuedAt      = "iat"
+)
+
+func claimPaths() map[string]string {
+	m := map[string]string{attrEmail: "email", attrEmailVerified: "email_verified", attrIssuedAt: "iat"}
+	for _, a := range []string{attrProjectID, attrProjectNumber, attrZone, attrInstanceID, attrInstanceName, attrCreation} {
+		m[a] = "google.compute_engine." + a
+	}
+	return m
+}
+
+// NewVerifier returns a Verifier of tokens for cfg.Audiences. The JWKS is
+// fetched when first needed.
+func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
+	o := options{now: time.Now, replaySize: DefaultReplayCacheSize}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if len(cfg.Audiences) == 0 {
+		return nil, errors.New("gce identity verifier: at least one audience is required")
+	}
+	if cfg.JWKSURL == "" {
+		cfg.JWKSURL = DefaultJWKSURL
+	}
+	if cfg.MaxTokenLifetime == 0 {
+		cfg.MaxTokenLifetime = DefaultMaxTokenLifetime
+	}
+	// Google's identity tokens carry no jti; replays are refused here, by
+	// the token itself.
+	v, err := jwt.NewVerifier([]jwt.IssuerConfig{{
+		Issuer: Issuer, ShortName: "gce", Audiences: cfg.Audiences, JWKSURL: cfg.JWKSURL,
+		CACertificates: cfg.CACertificates, MaxTokenLifetime: cfg.MaxTokenLifetime,
+		AllowTokensWithoutJTI: true, Attributes: claimPaths(),
+	}}, o.jwtOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("gce identity verifier: %w", err)
+	}
+	return &Verifier{jwksURL: cfg.JWKSURL, jwt: v, used: replay.New(o.replaySize), now: o.now}, nil
+}
+
+// JWKSURL is where the verifier fetches Google's keys.
+func (v *Verifier) JWKSURL() string { return v.jwksURL }
+
+// Verify verifies token and returns the instance identity it proves.
+func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity, error) {
+	id, err := v.jwt.Verify(ctx, token)
+	if err != nil {
+		return nil, err
+	}
+	gce, err := parseIdentity(id.JWT.Attributes)
+	if err != nil {
+		return nil, err
+	}
+	gce.Expiry = id.JWT.Expiry.UTC()
+	// Last, once everything else holds: a refused token is not used up.
+	sum := sha256.Sum256([]byte(token[strings.LastIndexByte(token, '.')+1:]))
+	if !v.used.Reserve(hex.EncodeToString(sum[:]), gce.Expiry.Add(jwt.DefaultLeeway), v.now()) {
+		return nil, identity.Refuse(identity.ReasonReplayed, "instance identity token of instance %s (project %s) was already used: every onboarding needs a freshly issued token", gce.InstanceID, gce.ProjectID)
+	}
+	return &identity.Identity{Method: identity.MethodGCEInstanceIdentityToken, GCE: gce}, nil
+}
