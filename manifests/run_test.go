@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -28,8 +29,11 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
@@ -187,11 +191,11 @@ func (s *sidecarStream) send(t *testing.T, req *discovery.DiscoveryRequest) {
 const healthType = "type.googleapis.com/istio.v1.HealthInformation"
 
 // sidecarLife is what a sidecar does in both modes, between scrapes: a
-// stream a bad token is refused, the VM's stream opened and reported
+// stream with a bad token refused, the VM's stream opened and reported
 // healthy, its first listener push NACKed, its WorkloadGroup changed under
-// it, and the stream closed (the registration removed after the grace
-// period).
-func sidecarLife(t *testing.T, ctx context.Context, r *run, xdsAddr string, v *vm, f *workloadFixture, waitFor func(what, name string)) {
+// it (to version), and the stream closed (the registration removed after
+// the grace period).
+func sidecarLife(t *testing.T, ctx context.Context, r *run, xdsAddr string, v *vm, f *workloadFixture, version string) {
 	t.Helper()
 	if _, err := openStream(t, xdsAddr, "not-a-token", v.bootstrap.GetNodeId()); err == nil {
 		t.Error("a stream with a bad token was not refused")
@@ -201,44 +205,85 @@ func sidecarLife(t *testing.T, ctx context.Context, r *run, xdsAddr string, v *v
 		t.Fatalf("the VM's stream: %v", err)
 	}
 	waitConnected(t, ctx, v)
-	s.send(t, &discovery.DiscoveryRequest{TypeUrl: healthType})
-	waitFor("the VM's health report", "embark_registry_health_writes_total")
-	s.send(t, &discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, ResponseNonce: s.first.GetNonce(), VersionInfo: "",
+	r.waitGrows(t, ctx, "the VM's health report", "embark_registry_health_writes_total", func() {
+		s.send(t, &discovery.DiscoveryRequest{TypeUrl: healthType})
+	})
+	s.send(t, &discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, ResponseNonce: s.first.GetNonce(),
 		ErrorDetail: &rpcstatus.Status{Code: 3, Message: "listener rejected"}})
 	r.scrape(t, 3)
 
-	wg := &istionetworkingv1.WorkloadGroup{}
-	if err := env.Client.Get(ctx, types.NamespacedName{Namespace: f.ns, Name: "ratings"}, wg); err != nil {
-		t.Fatal(err)
-	}
-	wg.Spec.Template.Labels["version"] = "v2"
-	if err := env.Client.Update(ctx, wg); err != nil {
-		t.Fatal(err)
-	}
-	waitFor("the group's change", "embark_registry_workloadgroup_out_of_date_writes_total")
+	r.waitGrows(t, ctx, "the group's change", "embark_registry_workloadgroup_out_of_date_writes_total", func() {
+		wg := &istionetworkingv1.WorkloadGroup{}
+		if err := env.Client.Get(ctx, types.NamespacedName{Namespace: f.ns, Name: "ratings"}, wg); err != nil {
+			t.Fatal(err)
+		}
+		wg.Spec.Template.Labels["version"] = version
+		if err := env.Client.Update(ctx, wg); err != nil {
+			t.Fatal(err)
+		}
+	})
 	r.scrape(t, 3)
 
-	s.cancel()
-	waitFor("the removal after the grace period", "embark_registry_grace_period_removals_total")
+	r.waitGrows(t, ctx, "the removal after the grace period", "embark_registry_grace_period_removals_total", s.cancel)
+	collectGarbage(t, ctx, v)
 	r.scrape(t, 4)
 }
 
-// waitMetric waits until a target reports name above zero.
-func waitMetric(t *testing.T, ctx context.Context, targets []scrapeTarget) func(what, name string) {
-	return func(what, name string) {
-		t.Helper()
-		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-			for _, tg := range targets {
-				if metricValue(t, tg.addr, name) > 0 {
-					return true, nil
+// collectGarbage deletes the WorkloadEntries and Secrets the removed
+// registration of v owned, as the API server's garbage collector (which
+// this test environment does not run) does, so that the VM can onboard
+// again.
+func collectGarbage(t *testing.T, ctx context.Context, v *vm) {
+	t.Helper()
+	var entries istionetworkingv1.WorkloadEntryList
+	var secrets corev1.SecretList
+	var owned []client.Object
+	for _, list := range []client.ObjectList{&entries, &secrets} {
+		if err := env.Client.List(ctx, list, client.InNamespace(v.reg.Namespace)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, we := range entries.Items {
+		owned = append(owned, we)
+	}
+	for i := range secrets.Items {
+		owned = append(owned, &secrets.Items[i])
+	}
+	for _, o := range owned {
+		for _, ref := range o.GetOwnerReferences() {
+			if ref.Name == v.reg.Name {
+				if err := env.Client.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+					t.Fatal(err)
 				}
 			}
-			return false, nil
-		}); err != nil {
-			t.Fatalf("%s: no replica reports %s", what, name)
 		}
 	}
 }
+
+// waitGrows does act and waits until the sum of name over the run's
+// targets grows.
+func (r *run) waitGrows(t *testing.T, ctx context.Context, what, name string, act func()) {
+	t.Helper()
+	sum := func() float64 {
+		total := 0.0
+		for _, tg := range r.targets {
+			total += metricValue(t, tg.addr, name)
+		}
+		return total
+	}
+	before := sum()
+	act()
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return sum() > before, nil
+	}); err != nil {
+		t.Fatalf("%s: %s stays at %v", what, name, before)
+	}
+}
+
+// lives is how many times a run's VM goes through its life: twice, so
+// that each labelled counter, whose series starts at its first event
+// (which rate and increase do not count), rises at the second.
+const lives = 2
 
 // gracePeriod is the runs' registration grace period: short, so that the
 // closed stream's registration is removed within the run.
@@ -301,12 +346,12 @@ func standaloneRun(t *testing.T, ctx context.Context) *run {
 	rs := startReplicas(t, ctx, gracePeriod, localRepository(t))
 	r := newRun(t, "standalone", rs.targets)
 	r.scrape(t, 4)
-	v := onboardVM(t, ctx, rs.addrs[0].onboarding, rs.host, rs.fixture, "172.31.5.254")
-	deny(t, ctx, rs.addrs[0].onboarding, rs.host, rs.fixture)
-	r.scrape(t, 2)
-	deny(t, ctx, rs.addrs[0].onboarding, rs.host, rs.fixture)
-	r.scrape(t, 2)
-	sidecarLife(t, ctx, r, rs.addrs[0].xds, v, rs.fixture, waitMetric(t, ctx, rs.targets))
+	for life := range lives {
+		v := onboardVM(t, ctx, rs.addrs[0].onboarding, rs.host, rs.fixture, "172.31.5.254")
+		deny(t, ctx, rs.addrs[0].onboarding, rs.host, rs.fixture)
+		r.scrape(t, 2)
+		sidecarLife(t, ctx, r, rs.addrs[0].xds, v, rs.fixture, fmt.Sprintf("v%d", life+2))
+	}
 	return r
 }
 
@@ -332,12 +377,6 @@ func istiodRun(t *testing.T, ctx context.Context) *run {
 	targets := []scrapeTarget{{pod: "onboarding-endpoint-istiod", addr: a.metrics}}
 	r := newRun(t, "istiod", targets)
 	r.scrape(t, 4)
-	v := onboardVM(t, ctx, a.onboarding, host, f, "172.31.5.254")
-	deny(t, ctx, a.onboarding, host, f)
-	r.scrape(t, 2)
-	deny(t, ctx, a.onboarding, host, f)
-	r.scrape(t, 2)
-
 	ca := securityv1alpha1.NewIstioCertificateServiceClient(dialPlain(t, a.xds))
 	ask := func(token, csr string) error {
 		callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), 30*time.Second)
@@ -345,17 +384,22 @@ func istiodRun(t *testing.T, ctx context.Context) *run {
 		_, err := ca.CreateCertificate(callCtx, &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
 		return err
 	}
-	if err := ask(v.bootstrap.GetSidecarToken(), csrPEM(t)); err != nil {
-		t.Fatalf("certificate through Embark: %v", err)
+	for life := range lives {
+		v := onboardVM(t, ctx, a.onboarding, host, f, "172.31.5.254")
+		deny(t, ctx, a.onboarding, host, f)
+		r.scrape(t, 2)
+		if err := ask(v.bootstrap.GetSidecarToken(), csrPEM(t)); err != nil {
+			t.Fatalf("certificate through Embark: %v", err)
+		}
+		if err := ask("not-a-token", csrPEM(t)); err == nil {
+			t.Error("a certificate request with a bad token was relayed")
+		}
+		if err := ask(v.bootstrap.GetSidecarToken(), "-----BEGIN CERTIFICATE REQUEST-----\nbm90IGEgQ1NS\n-----END CERTIFICATE REQUEST-----\n"); err == nil {
+			t.Error("istiod signed a request that is no CSR")
+		}
+		r.scrape(t, 3)
+		sidecarLife(t, ctx, r, a.xds, v, f, fmt.Sprintf("v%d", life+2))
 	}
-	if err := ask("not-a-token", csrPEM(t)); err == nil {
-		t.Error("a certificate request with a bad token was relayed")
-	}
-	if err := ask(v.bootstrap.GetSidecarToken(), "-----BEGIN CERTIFICATE REQUEST-----\nbm90IGEgQ1NS\n-----END CERTIFICATE REQUEST-----\n"); err == nil {
-		t.Error("istiod signed a request that is no CSR")
-	}
-	r.scrape(t, 3)
-	sidecarLife(t, ctx, r, a.xds, v, f, waitMetric(t, ctx, targets))
 	return r
 }
 
