@@ -339,11 +339,29 @@ func waitConnected(t *testing.T, ctx context.Context, v *vm) {
 	}
 }
 
+// awaitStop waits, when the test ends (its context cancelled, which stops
+// the endpoints), for the endpoints' Run to return without an error.
+func awaitStop(t *testing.T, dones ...<-chan error) {
+	t.Cleanup(func() {
+		for _, done := range dones {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("endpoint returned %v after shutdown", err)
+				}
+			case <-time.After(time.Minute):
+				t.Error("an endpoint did not stop")
+			}
+		}
+	})
+}
+
 // standaloneRun is a real standalone run: two replicas (Embark serves the
 // xDS configuration), a VM onboarded, a denial, and the sidecar's life.
 func standaloneRun(t *testing.T, ctx context.Context) *run {
 	t.Helper()
 	rs := startReplicas(t, ctx, gracePeriod, localRepository(t))
+	awaitStop(t, rs.dones...)
 	r := newRun(t, "standalone", rs.targets)
 	r.scrape(t, 4)
 	for life := range lives {
@@ -373,7 +391,7 @@ func istiodRun(t *testing.T, ctx context.Context) *run {
 	f := newWorkloadFixture(t)
 	host := "onboarding-endpoint.example.corp"
 	a := newEndpointAddrs(t)
-	runEndpoint(t, ctx, writeEndpointConfig(t, env.Namespace(t), host, f, a, istiodCfg, gracePeriod), env.KubeconfigPath, "onboarding-endpoint-istiod")
+	awaitStop(t, runEndpoint(t, ctx, writeEndpointConfig(t, env.Namespace(t), host, f, a, istiodCfg, gracePeriod), env.KubeconfigPath, "onboarding-endpoint-istiod"))
 	targets := []scrapeTarget{{pod: "onboarding-endpoint-istiod", addr: a.metrics}}
 	r := newRun(t, "istiod", targets)
 	r.scrape(t, 4)
