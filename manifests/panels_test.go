@@ -261,3 +261,12 @@ func TestRenderRefusesAnEmptyPanel(t *testing.T) {
 		t.Errorf("an empty panel left a file: %v", err)
 	}
 }
+
+// Every panel of the dashboard sits under a row whose title names the
+// modes it has data in (checked without the runs, so a misplaced panel
+// fails fast).
+func TestEveryPanelIsUnderAModeRow(t *testing.T) {
+	if ps := panels(t); len(ps) == 0 {
+		t.Fatal("the dashboard has no panels")
+	}
+}
