@@ -226,6 +226,11 @@ test: testenv ## Run all tests (unit and integration against a real control plan
 manifests: testenv ## Build, validate and dry-run apply manifests/ and the Helm chart; run the endpoint as its ServiceAccount; test metrics, dashboard and alerts.
 	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go test $(GO_TEST_FLAGS) ./...;)
 
+.PHONY: dashboard-images
+dashboard-images: testenv ## Render every dashboard panel from a real standalone and istiod-mode run to docs/images/dashboard/*.svg (the test fails on a panel without data).
+	rm -rf $(ROOT)/docs/images/dashboard && mkdir -p $(ROOT)/docs/images/dashboard
+	cd $(ROOT)/manifests && EMBARK_DASHBOARD_IMAGES=$(ROOT)/docs/images/dashboard go test -count=1 -run '^TestEveryPanelHasDataAndRenders$$' .
+
 .PHONY: e2e
 e2e: faults ## Run the end-to-end suite (the fault suite).
 

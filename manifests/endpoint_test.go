@@ -68,11 +68,12 @@ func (f *workloadFixture) seed(t *testing.T, ns string) {
 }
 
 // endpointAddrs are one replica's loopback listeners.
-type endpointAddrs struct{ onboarding, metrics, xds string }
+// The repository listener serves only with localRepository configured.
+type endpointAddrs struct{ onboarding, metrics, xds, repository string }
 
 func newEndpointAddrs(t *testing.T) endpointAddrs {
 	t.Helper()
-	return endpointAddrs{onboarding: fixtures.FreeAddr(t), metrics: fixtures.FreeAddr(t), xds: fixtures.FreeAddr(t)}
+	return endpointAddrs{onboarding: fixtures.FreeAddr(t), metrics: fixtures.FreeAddr(t), xds: fixtures.FreeAddr(t), repository: fixtures.FreeAddr(t)}
 }
 
 // writeEndpointConfig writes a configuration for an endpoint in namespace
@@ -101,7 +102,8 @@ listen:
   onboarding: %s
   metrics: %s
   xds: %s
-%s`, ns, f.ns, host, f.certs, f.aws.STS.URL, a.onboarding, a.metrics, a.xds, strings.Join(extra, "")), 0o600); err != nil {
+  repository: %s
+%s`, ns, f.ns, host, f.certs, f.aws.STS.URL, a.onboarding, a.metrics, a.xds, a.repository, strings.Join(extra, "")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return cfgFile

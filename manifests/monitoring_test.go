@@ -254,15 +254,16 @@ type replicas struct {
 }
 
 // startReplicas starts two endpoint replicas until ctx ends and waits for
-// one of them to lead the sweeper.
-func startReplicas(t *testing.T, ctx context.Context) *replicas {
+// one of them to lead the sweeper; extra is appended to their
+// configuration.
+func startReplicas(t *testing.T, ctx context.Context, extra ...string) *replicas {
 	t.Helper()
 	rs := &replicas{host: "onboarding-endpoint.example.corp", fixture: newWorkloadFixture(t)}
 	endpointNS := env.Namespace(t) // the replicas' Leases and signing key
 	for _, pod := range []string{"onboarding-endpoint-a", "onboarding-endpoint-b"} {
 		a := newEndpointAddrs(t)
 		rs.addrs = append(rs.addrs, a)
-		rs.dones = append(rs.dones, runEndpoint(t, ctx, writeEndpointConfig(t, endpointNS, rs.host, rs.fixture, a), env.KubeconfigPath, pod))
+		rs.dones = append(rs.dones, runEndpoint(t, ctx, writeEndpointConfig(t, endpointNS, rs.host, rs.fixture, a, extra...), env.KubeconfigPath, pod))
 		rs.targets = append(rs.targets, scrapeTarget{pod: pod, addr: a.metrics})
 	}
 	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
