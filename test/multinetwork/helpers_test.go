@@ -116,7 +116,7 @@ listen:
 	return e
 }
 
-// ratingsGroup creates seed 004's ratings WorkloadGroup on vmNetwork, its
+// ratingsGroup creates the bookinfo ratings WorkloadGroup on vmNetwork, its
 // service account and the ratings Service that selects it.
 func ratingsGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
 	t.Helper()
@@ -140,7 +140,7 @@ func createService(t *testing.T, ns, name string, port int32) {
 	}
 }
 
-// productpage creates seed 004's productpage Service with one running,
+// productpage creates the bookinfo productpage Service with one running,
 // injected Pod at podIP and its EndpointSlice (meshnet.CreatePodService).
 func productpage(t *testing.T, ns, podIP string) {
 	t.Helper()
