@@ -27,6 +27,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/xds/configsource"
 )
@@ -143,8 +144,8 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-func newAWSVerifier(cfg *config.Configuration, log *slog.Logger) (*awsidentity.Verifier, error) {
-	opts := []awsidentity.Option{awsidentity.WithLogger(log)}
+func newAWSVerifier(cfg *config.Configuration, log *slog.Logger, used replay.Shared) (*awsidentity.Verifier, error) {
+	opts := []awsidentity.Option{awsidentity.WithLogger(log), awsidentity.WithSharedReplay(used)}
 	if dir := cfg.Identity.AWS.CertificatesDir; dir != "" {
 		set, err := certs.LoadDirPath(dir)
 		if err != nil {
@@ -186,7 +187,7 @@ func newProfileChecker(ctx context.Context, cfg *config.Configuration, log *slog
 	return c, nil
 }
 
-func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.Verifier, error) {
+func newJWTVerifier(cfg *config.Configuration, log *slog.Logger, used replay.Shared) (*jwtidentity.Verifier, error) {
 	issuers := make([]jwtidentity.IssuerConfig, 0, len(cfg.Identity.JWT))
 	for _, j := range cfg.Identity.JWT {
 		is := jwtidentity.IssuerConfig{
@@ -206,7 +207,7 @@ func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.V
 		}
 		issuers = append(issuers, is)
 	}
-	v, err := jwtidentity.NewVerifier(issuers, jwtidentity.WithLogger(log))
+	v, err := jwtidentity.NewVerifier(issuers, jwtidentity.WithLogger(log), jwtidentity.WithSharedReplay(used))
 	if err != nil {
 		return nil, fmt.Errorf("identity.jwt: %w", err)
 	}
