@@ -13,15 +13,20 @@ import (
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	meshconfig "istio.io/api/mesh/v1alpha1"
+	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/boundtoken"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/xds/upstream"
 )
 
 // shortTTL is the workload certificate lifetime pilot-agent asks for here
@@ -208,4 +213,48 @@ func leafOf(t *testing.T, s *tlsv3.Secret) *x509.Certificate {
 		t.Fatal("SDS default: empty certificate chain")
 	}
 	return chain[0]
+}
+
+// A certificate request for 90 days, through Embark's relay to the real
+// istiod, gets a certificate that expires no later than the sidecar token
+// that asked for it: deleting the registration revokes it within the
+// token's lifetime.
+func TestCertificateValidityCappedAtTheToken(t *testing.T) {
+	ns := env.Namespace(t)
+	wg := ratingsGroup(t, ns)
+	ep := startEndpoint(t, ns)
+	vm := register(t, wg, 14)
+	claims, err := boundtoken.Decode(vm.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp, ok := claims.ExpiresAt()
+	if !ok {
+		t.Fatal("the sidecar token has no exp")
+	}
+	roots, err := upstream.NewRoots(ep.rootFile, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(ep.xds, grpc.WithTransportCredentials(credentials.NewTLS(roots.ClientConfig("127.0.0.1"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+vm.token)
+	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx,
+		&securityv1alpha1.IstioCertificateRequest{Csr: csrPEM(t), ValidityDuration: 90 * 24 * 3600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetCertChain()) == 0 {
+		t.Fatal("no certificate")
+	}
+	leaf := parseChain(t, []byte(resp.GetCertChain()[0]))[0]
+	if leaf.NotAfter.After(exp.Add(time.Second)) {
+		t.Errorf("certificate valid until %s, after its sidecar token expires (%s)", leaf.NotAfter.Format(time.RFC3339), exp.Format(time.RFC3339))
+	}
+	if leaf.NotAfter.Before(exp.Add(-time.Minute)) {
+		t.Errorf("certificate valid until %s, well before its sidecar token expires (%s): the ask was cut more than the cap", leaf.NotAfter.Format(time.RFC3339), exp.Format(time.RFC3339))
+	}
 }
