@@ -453,10 +453,10 @@ func fetchConfigDump(t *testing.T, i *testenv.Istiod, proxyID string) string {
 }
 
 // TestIstiodModeSurvivesIstiod: istiod stopped for a minute and started
-// again closes no sidecar stream and flips no AgentConnected; Embark
-// reconnects and resynchronises the stream, which then carries the
-// configuration changed meanwhile. Closing the sidecar's stream closes its
-// istiod stream.
+// again closes none of the sidecars' streams (three real pilot-agents) and
+// flips no AgentConnected; Embark reconnects and resynchronises every
+// stream, which then carries the configuration changed meanwhile. Closing a
+// sidecar's stream closes its istiod stream.
 func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	i := startIstiod(t)
 	reg := prometheus.NewRegistry()
@@ -467,13 +467,25 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 	r := startReplica(t, "replica-a", nil, func(o *Options) { o.Relay = istiodRelay(t, i, relayMetrics) })
 	ns := env.Namespace(t)
 	bookinfo(t, ns)
-	w := register(t, ns, "i-0badc0ffee0000001", "10.0.9.2")
-	agent, e := startVM(t, r, i, w, ns)
-	e.subscribeAll()
-	waitState(t, w.key, connected("replica-a"))
-	name := w.key.Name + "." + ns
-	waitSynced(t, i, name)
-	before := agentConnected(t, w)
+	type vm struct {
+		w      *workload
+		agent  *istioagent.Agent
+		envoy  *envoy
+		name   string
+		before metav1.Condition
+	}
+	vms := make([]*vm, 3)
+	for n := range vms {
+		w := register(t, ns, fmt.Sprintf("i-0badc0ffee000000%d", n+1), fmt.Sprintf("10.0.9.%d", n+2))
+		agent, e := startVM(t, r, i, w, ns)
+		e.subscribeAll()
+		vms[n] = &vm{w: w, agent: agent, envoy: e, name: w.key.Name + "." + ns}
+	}
+	for _, v := range vms {
+		waitState(t, v.w.key, connected("replica-a"))
+		waitSynced(t, i, v.name)
+		v.before = agentConnected(t, v.w)
+	}
 	streamsBefore := r.server.relayed.Load()
 
 	i.Stop()
@@ -487,37 +499,49 @@ func TestIstiodModeSurvivesIstiod(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Minute)
+	started := time.Now()
 	if err := i.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	// The same stream gets istiod's new configuration.
-	e.waitFor(resource.ClusterType, func(cds *discovery.DiscoveryResponse) bool {
-		return maxConnections(findCluster(t, cds, "outbound|9080||reviews."+ns+".svc.cluster.local")) == 9
-	})
-	waitSynced(t, i, name)
+	// The same streams get istiod's new configuration.
+	for _, v := range vms {
+		v.envoy.waitFor(resource.ClusterType, func(cds *discovery.DiscoveryResponse) bool {
+			return maxConnections(findCluster(t, cds, "outbound|9080||reviews."+ns+".svc.cluster.local")) == 9
+		})
+		waitSynced(t, i, v.name)
+	}
+	t.Logf("%d sidecars resynchronised and SYNCED at istiod %s after it started again", len(vms), time.Since(started).Round(100*time.Millisecond))
 
 	if n := r.server.relayed.Load() - streamsBefore; n != 0 {
-		t.Errorf("the sidecar opened %d new streams: its stream was closed", n)
+		t.Errorf("the sidecars opened %d new streams: a stream was closed", n)
 	}
-	if after := agentConnected(t, w); after.Status != metav1.ConditionTrue || !after.LastTransitionTime.Equal(&before.LastTransitionTime) {
-		t.Errorf("AgentConnected changed while istiod was away: %+v -> %+v", before, after)
+	for _, v := range vms {
+		if after := agentConnected(t, v.w); after.Status != metav1.ConditionTrue || !after.LastTransitionTime.Equal(&v.before.LastTransitionTime) {
+			t.Errorf("%s: AgentConnected changed while istiod was away: %+v -> %+v", v.name, v.before, after)
+		}
 	}
 	if got := counterValue(t, reg, "embark_xds_relay_upstream_failures_total"); got == 0 {
 		t.Error("no upstream failure counted")
 	}
 
-	// The sidecar goes: its istiod stream closes, istiod no longer lists it.
-	agent.Stop()
+	// A sidecar goes: its istiod stream closes, istiod no longer lists it,
+	// and still lists the others.
+	vms[0].agent.Stop()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		row, out := proxyStatus(t, i, name)
+		row, out := proxyStatus(t, i, vms[0].name)
 		if row == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("istiod still lists %s after its sidecar left:\n%s", name, out)
+			t.Fatalf("istiod still lists %s after its sidecar left:\n%s", vms[0].name, out)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	for _, v := range vms[1:] {
+		if row, out := proxyStatus(t, i, v.name); row == nil {
+			t.Errorf("istiod no longer lists %s after another sidecar left:\n%s", v.name, out)
+		}
 	}
 }
 

@@ -812,7 +812,8 @@ func TestNoGoroutineOutlivesAStream(t *testing.T) {
 // A stream lives no longer than the sidecar token that opened it: when the
 // token's exp passes (on the server's clock) the server closes the stream
 // with Unauthenticated, the workload is marked disconnected, the expired
-// token opens nothing, and the agent's fresh token connects it again.
+// token opens nothing and gets no certificate, and the agent's fresh token
+// connects it again.
 func TestAStreamEndsWhenItsTokenExpires(t *testing.T) {
 	w := register(t, env.Namespace(t), "i-0000000000000000e", "10.0.7.1")
 	claims, err := boundtoken.Decode(w.token)
@@ -856,6 +857,12 @@ func TestAStreamEndsWhenItsTokenExpires(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.metrics.refused.WithLabelValues(codes.Unauthenticated.String(), tokenauth.ReasonExpiredToken)); got != 1 {
 		t.Errorf("embark_xds_refused_streams_total{reason=expired_token} = %v, want 1", got)
+	}
+	// Nor does it renew the sidecar's certificate: the CA relay's
+	// authorization of a certificate request refuses it the same way.
+	caCtx := metadata.NewIncomingContext(t.Context(), metadata.Pairs("authorization", "Bearer "+w.token))
+	if _, err := r.server.AuthorizeCertificate(caCtx); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "expired") {
+		t.Errorf("certificate request with the expired token: %v, want Unauthenticated saying it expired", err)
 	}
 
 	// The agent reconnects with the fresh token of its token file (the

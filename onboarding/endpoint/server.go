@@ -33,6 +33,7 @@ import (
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
+	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
@@ -607,11 +608,12 @@ func (s *Server) registerStatus(ctx context.Context, err error, op string) error
 // reasonOf names an error's refusal reason for metrics.
 // verifierUnavailable reports whether a verification failed because STS,
 // which vouches for the credential, could not answer (unreachable,
-// throttling or failing), as opposed to refusing it. KeySetUnavailable stays
-// a refusal: it also stands for a JWKS the endpoint will not accept (a
+// throttling or failing), or the deployment's record of used credentials
+// could not be read or written, as opposed to refusing it. KeySetUnavailable
+// stays a refusal: it also stands for a JWKS the endpoint will not accept (a
 // redirect to another origin, a discovery document naming another issuer).
 func verifierUnavailable(err error) bool {
-	return errors.Is(err, identity.ReasonSTSUnavailable)
+	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, replay.ErrUnavailable)
 }
 
 func reasonOf(err error) string {

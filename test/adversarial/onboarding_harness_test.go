@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,6 +46,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/replay/kubestore"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
@@ -163,16 +166,24 @@ type onboardingOptions struct {
 	logger *slog.Logger
 	// gce, when set, verifies GCE instance identity tokens.
 	gce endpoint.JWTVerifier
+	// peer, when set, makes this endpoint another replica of peer's
+	// deployment: the same namespace and the same AWS (IMDS, STS).
+	peer *onboarding
 }
 
 func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 	t.Helper()
 	c := sharedCache(t)
-	h := &onboarding{t: t, ns: env.Namespace(t)}
-	h.aws = awstest.Start(t, awstest.Instance{Role: "ratings-role"})
+	h := &onboarding{t: t}
+	if o.peer != nil {
+		h.ns, h.aws = o.peer.ns, o.peer.aws
+	} else {
+		h.ns, h.aws = env.Namespace(t), awstest.Start(t, awstest.Instance{Role: "ratings-role"})
+	}
+	used := usedCredentials(t, h.ns)
 	verifier, err := awsidentity.NewVerifier(audience,
 		awsidentity.WithTrustedCertificates(map[string]*x509.Certificate{"us-east-2": h.aws.CA.Certificate}),
-		awsidentity.WithSTSEndpoint(h.aws.STS.URL))
+		awsidentity.WithSTSEndpoint(h.aws.STS.URL), awsidentity.WithSharedReplay(used))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +203,7 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 			pool.AddCert(is.server.Certificate())
 		}
 		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
-		jv, err := jwtidentity.NewVerifier(cfgs, jwtidentity.WithHTTPClient(hc))
+		jv, err := jwtidentity.NewVerifier(cfgs, jwtidentity.WithHTTPClient(hc), jwtidentity.WithSharedReplay(used))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,6 +245,22 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 	}
 	h.client = serveOnboarding(t, srv)
 	return h
+}
+
+// usedCredentials is an endpoint replica's record of used single-use
+// credentials, shared with the other replicas in namespace ns (the
+// endpoint's own wiring, with the namespace standing for the endpoint's).
+func usedCredentials(t *testing.T, ns string) *kubestore.Store {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := kubestore.New(kubestore.Options{Leases: cs.CoordinationV1(), Namespace: ns, Replica: "replica-" + strings.ToLower(rand.Text()[:8])})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func serveOnboarding(t *testing.T, srv *endpoint.Server) onboardingv1alpha1.OnboardingServiceClient {

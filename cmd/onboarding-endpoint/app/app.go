@@ -28,6 +28,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	gceidentity "github.com/embark-mesh/embark/onboarding/identity/gce"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/xds/configsource"
 )
@@ -144,8 +145,8 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-func newAWSVerifier(cfg *config.Configuration, log *slog.Logger) (*awsidentity.Verifier, error) {
-	opts := []awsidentity.Option{awsidentity.WithLogger(log)}
+func newAWSVerifier(cfg *config.Configuration, log *slog.Logger, used replay.Shared) (*awsidentity.Verifier, error) {
+	opts := []awsidentity.Option{awsidentity.WithLogger(log), awsidentity.WithSharedReplay(used)}
 	if dir := cfg.Identity.AWS.CertificatesDir; dir != "" {
 		set, err := certs.LoadDirPath(dir)
 		if err != nil {
@@ -187,7 +188,7 @@ func newProfileChecker(ctx context.Context, cfg *config.Configuration, log *slog
 	return c, nil
 }
 
-func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.Verifier, error) {
+func newJWTVerifier(cfg *config.Configuration, log *slog.Logger, used replay.Shared) (*jwtidentity.Verifier, error) {
 	issuers := make([]jwtidentity.IssuerConfig, 0, len(cfg.Identity.JWT))
 	for _, j := range cfg.Identity.JWT {
 		is := jwtidentity.IssuerConfig{
@@ -207,7 +208,7 @@ func newJWTVerifier(cfg *config.Configuration, log *slog.Logger) (*jwtidentity.V
 		}
 		issuers = append(issuers, is)
 	}
-	v, err := jwtidentity.NewVerifier(issuers, jwtidentity.WithLogger(log))
+	v, err := jwtidentity.NewVerifier(issuers, jwtidentity.WithLogger(log), jwtidentity.WithSharedReplay(used))
 	if err != nil {
 		return nil, fmt.Errorf("identity.jwt: %w", err)
 	}
@@ -242,7 +243,7 @@ func triggerOn(ctx context.Context, informers cache.Cache, trigger func(), objs 
 	return nil
 }
 
-func newGCEVerifier(g *config.GCEIdentity, log *slog.Logger) (*gceidentity.Verifier, error) {
+func newGCEVerifier(g *config.GCEIdentity, log *slog.Logger, used replay.Shared) (*gceidentity.Verifier, error) {
 	c := gceidentity.Config{Audiences: g.Audiences, JWKSURL: g.JWKSURL}
 	if g.MaxTokenLifetime != nil {
 		c.MaxTokenLifetime = g.MaxTokenLifetime.Duration
@@ -254,7 +255,7 @@ func newGCEVerifier(g *config.GCEIdentity, log *slog.Logger) (*gceidentity.Verif
 		}
 		c.CACertificates = ca
 	}
-	v, err := gceidentity.NewVerifier(c, gceidentity.WithLogger(log))
+	v, err := gceidentity.NewVerifier(c, gceidentity.WithLogger(log), gceidentity.WithSharedReplay(used))
 	if err != nil {
 		return nil, fmt.Errorf("identity.gce: %w", err)
 	}

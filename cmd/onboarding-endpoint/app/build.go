@@ -32,6 +32,7 @@ import (
 	"github.com/embark-mesh/embark/api/scheme"
 	"github.com/embark-mesh/embark/onboarding/config"
 	"github.com/embark-mesh/embark/onboarding/endpoint"
+	"github.com/embark-mesh/embark/onboarding/identity/replay/kubestore"
 	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/policystatus"
@@ -255,7 +256,18 @@ func (b *build) onboarding(ctx context.Context) error {
 		return fmt.Errorf("onboarding token issuer: %w", err)
 	}
 
-	awsVerifier, err := newAWSVerifier(cfg, log)
+	// Used single-use credentials, recorded for every replica (Leases in
+	// the endpoint's namespace), expired ones deleted by each replica.
+	used, err := kubestore.New(kubestore.Options{Leases: b.cs.CoordinationV1(), Namespace: cfg.Namespace,
+		Replica: b.opts.Replica, Writer: b.writer, Logger: log})
+	if err != nil {
+		return err
+	}
+	collectCtx, stopCollect := context.WithCancel(ctx)
+	collectDone := make(chan struct{})
+	go func() { defer close(collectDone); used.Run(collectCtx) }()
+	b.deferUndo(func() { stopCollect(); <-collectDone })
+	awsVerifier, err := newAWSVerifier(cfg, log, used)
 	if err != nil {
 		return err
 	}
@@ -267,13 +279,13 @@ func (b *build) onboarding(ctx context.Context) error {
 	}
 	var jwtVerifier endpoint.JWTVerifier
 	if len(cfg.Identity.JWT) > 0 {
-		if jwtVerifier, err = newJWTVerifier(cfg, log); err != nil {
+		if jwtVerifier, err = newJWTVerifier(cfg, log, used); err != nil {
 			return err
 		}
 	}
 	var gceVerifier endpoint.JWTVerifier
 	if cfg.Identity.GCE != nil {
-		if gceVerifier, err = newGCEVerifier(cfg.Identity.GCE, log); err != nil {
+		if gceVerifier, err = newGCEVerifier(cfg.Identity.GCE, log, used); err != nil {
 			return err
 		}
 	}

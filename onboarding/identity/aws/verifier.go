@@ -52,6 +52,7 @@ type Verifier struct {
 	clockSkew   time.Duration
 	log         *slog.Logger
 	replay      *replay.Cache
+	shared      replay.Shared // nil: replays are refused per verifier only
 }
 
 var _ identity.Verifier[Credential] = (*Verifier)(nil)
@@ -66,6 +67,7 @@ type options struct {
 	skew        time.Duration
 	logger      *slog.Logger
 	replaySize  int
+	shared      replay.Shared
 }
 
 // Option configures a Verifier.
@@ -131,6 +133,14 @@ func WithReplayCacheSize(n int) Option {
 	return func(o *options) { o.replaySize = n }
 }
 
+// WithSharedReplay makes the verifier record every STS-confirmed request
+// in store, shared by every replica of the deployment, and refuse one that
+// another replica (or this one) already used. Default: none, replays are
+// refused by this verifier's own cache only.
+func WithSharedReplay(store replay.Shared) Option {
+	return func(o *options) { o.shared = store }
+}
+
 // NewVerifier returns a Verifier for the onboarding plane named audience:
 // signed STS requests must carry it in the signed AudienceHeader.
 func NewVerifier(audience string, opts ...Option) (*Verifier, error) {
@@ -154,6 +164,7 @@ func NewVerifier(audience string, opts ...Option) (*Verifier, error) {
 		clockSkew:   o.skew,
 		log:         o.logger,
 		replay:      replay.New(o.replaySize),
+		shared:      o.shared,
 	}
 	if o.stsEndpoint != "" {
 		u, err := url.Parse(o.stsEndpoint)
@@ -305,9 +316,9 @@ func (v *Verifier) verifySTS(ctx context.Context, req *STSRequest, doc *Document
 	if err != nil {
 		return nil, err
 	}
-	key := checked.auth.signature
-	if !v.replay.Reserve(key, checked.signedAt.Add(v.stsWindow), v.now()) {
-		return nil, identity.Refuse(identity.ReasonSTSReplayed, "this signed STS request (signed at %s) was already used; the agent must sign a new one for every onboarding", checked.signedAt.Format(time.RFC3339))
+	key, expiry := checked.auth.signature, checked.signedAt.Add(v.stsWindow)
+	if !v.replay.Reserve(key, expiry, v.now()) {
+		return nil, stsReplayed(checked)
 	}
 	arn, account, err := v.callSTS(ctx, req, checked, endpoint)
 	if err != nil {
@@ -315,11 +326,39 @@ func (v *Verifier) verifySTS(ctx context.Context, req *STSRequest, doc *Document
 		v.log.DebugContext(ctx, "STS did not confirm signed request", "instance", doc.InstanceID, "endpoint", endpoint.Host, "error", err)
 		return nil, err
 	}
+	// Only a request STS confirmed costs a write to the shared store.
+	if err := v.reserveShared(ctx, key, expiry, checked); err != nil {
+		return nil, err
+	}
 	caller, err := matchCaller(arn, account, doc)
 	if err != nil {
 		return nil, err
 	}
 	return &verifiedCaller{AssumedRoleARN: caller, arn: arn}, nil
+}
+
+// reserveShared records the request signed with key in the deployment's
+// shared store, if any, refusing it when another replica used it. When the
+// store cannot tell, the local reservation is released so that the agent
+// may retry the same request.
+func (v *Verifier) reserveShared(ctx context.Context, key string, expiry time.Time, checked *checkedSTSRequest) error {
+	if v.shared == nil {
+		return nil
+	}
+	fresh, err := v.shared.Reserve(ctx, "sts\x00"+key, expiry)
+	if err != nil {
+		v.replay.Release(key)
+		return fmt.Errorf("check the signed STS request against the ones already used: %w", err)
+	}
+	if !fresh {
+		return stsReplayed(checked)
+	}
+	return nil
+}
+
+// stsReplayed is the refusal of a signed STS request used before.
+func stsReplayed(checked *checkedSTSRequest) error {
+	return identity.Refuse(identity.ReasonSTSReplayed, "this signed STS request (signed at %s) was already used; the agent must sign a new one for every onboarding", checked.signedAt.Format(time.RFC3339))
 }
 
 // endpointFor returns where STS requests of region go.

@@ -50,6 +50,7 @@ type Verifier struct {
 	jwksURL string
 	jwt     *jwt.Verifier
 	used    *replay.Cache
+	shared  replay.Shared
 	now     func() time.Time
 }
 
@@ -59,6 +60,7 @@ type options struct {
 	jwtOpts    []jwt.Option
 	now        func() time.Time
 	replaySize int
+	shared     replay.Shared
 }
 
 // Option configures a Verifier.
@@ -88,6 +90,11 @@ func WithLogger(l *slog.Logger) Option {
 // WithReplayCacheSize bounds how many used tokens are remembered. Default
 // DefaultReplayCacheSize.
 func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize = n } }
+
+// WithSharedReplay makes the verifier record every accepted token in
+// store, shared by every replica of the deployment, and refuse a token
+// another replica accepted. Default: this verifier's own cache only.
+func WithSharedReplay(store replay.Shared) Option { return func(o *options) { o.shared = store } }
 
 // claim paths of a format=full token, by attribute name.
 const (
@@ -136,7 +143,7 @@ func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gce identity verifier: %w", err)
 	}
-	return &Verifier{jwksURL: cfg.JWKSURL, jwt: v, used: replay.New(o.replaySize), now: o.now}, nil
+	return &Verifier{jwksURL: cfg.JWKSURL, jwt: v, used: replay.New(o.replaySize), shared: o.shared, now: o.now}, nil
 }
 
 // JWKSURL is where the verifier fetches Google's keys.
@@ -155,8 +162,20 @@ func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity
 	gce.Expiry = id.JWT.Expiry.UTC()
 	// Last, once everything else holds: a refused token is not used up.
 	sum := sha256.Sum256([]byte(token[strings.LastIndexByte(token, '.')+1:]))
-	if !v.used.Reserve(hex.EncodeToString(sum[:]), gce.Expiry.Add(jwt.DefaultLeeway), v.now()) {
-		return nil, identity.Refuse(identity.ReasonReplayed, "instance identity token of instance %s (project %s) was already used: every onboarding needs a freshly issued token", gce.InstanceID, gce.ProjectID)
+	key, expiry := hex.EncodeToString(sum[:]), gce.Expiry.Add(jwt.DefaultLeeway)
+	replayed := identity.Refuse(identity.ReasonReplayed, "instance identity token of instance %s (project %s) was already used: every onboarding needs a freshly issued token", gce.InstanceID, gce.ProjectID)
+	if !v.used.Reserve(key, expiry, v.now()) {
+		return nil, replayed
+	}
+	if v.shared != nil {
+		fresh, err := v.shared.Reserve(ctx, "gce\x00"+key, expiry)
+		if err != nil {
+			v.used.Release(key) // nothing was decided: the agent may retry the token
+			return nil, fmt.Errorf("check the instance identity token of instance %s against the ones already used: %w", gce.InstanceID, err)
+		}
+		if !fresh {
+			return nil, replayed
+		}
 	}
 	return &identity.Identity{Method: identity.MethodGCEInstanceIdentityToken, GCE: gce}, nil
 }

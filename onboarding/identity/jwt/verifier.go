@@ -68,6 +68,9 @@ type Verifier struct {
 	leeway  time.Duration
 	// used remembers the jti of every accepted token until it expires.
 	used *replay.Cache
+	// shared, when set, records every accepted jti for all the
+	// deployment's replicas.
+	shared replay.Shared
 }
 
 var _ identity.Verifier[string] = (*Verifier)(nil)
@@ -81,6 +84,7 @@ type options struct {
 	maxKeyAge  time.Duration
 	logger     *slog.Logger
 	replaySize int
+	shared     replay.Shared
 }
 
 // Option configures a Verifier.
@@ -119,6 +123,12 @@ func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize 
 
 // WithLogger sets the logger. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithSharedReplay makes the verifier record every accepted (issuer, jti)
+// in store, shared by every replica of the deployment, and refuse a token
+// another replica (or this one) already accepted. Default: none, replays
+// are refused by this verifier's own cache only.
+func WithSharedReplay(store replay.Shared) Option { return func(o *options) { o.shared = store } }
 
 func (o *options) setDefaults() error {
 	if o.httpClient == nil {
@@ -167,7 +177,7 @@ func NewVerifier(issuers []IssuerConfig, opts ...Option) (*Verifier, error) {
 	if err := o.setDefaults(); err != nil {
 		return nil, fmt.Errorf("jwt identity verifier: %w", err)
 	}
-	v := &Verifier{issuers: make(map[string]*issuer), now: o.now, leeway: o.leeway, used: replay.New(o.replaySize)}
+	v := &Verifier{issuers: make(map[string]*issuer), now: o.now, leeway: o.leeway, used: replay.New(o.replaySize), shared: o.shared}
 	shortNames := map[string]bool{}
 	for _, cfg := range issuers {
 		if err := cfg.validate(); err != nil {
@@ -293,10 +303,10 @@ func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity
 	if payload == nil {
 		return nil, identity.RefuseWrap(identity.ReasonBadSignature, sigErr, "token signature does not verify with the key(s) of issuer %s for kid %q", is.cfg.Issuer, header.KeyID)
 	}
-	return v.checkClaims(is, payload)
+	return v.checkClaims(ctx, is, payload)
 }
 
-func (v *Verifier) checkClaims(is *issuer, payload []byte) (*identity.Identity, error) {
+func (v *Verifier) checkClaims(ctx context.Context, is *issuer, payload []byte) (*identity.Identity, error) {
 	var claims josejwt.Claims
 	if err := json.Unmarshal(payload, &claims); err != nil {
 		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "token claims")
@@ -345,7 +355,7 @@ func (v *Verifier) checkClaims(is *issuer, payload []byte) (*identity.Identity, 
 	}
 	// Last, once everything else holds: a refused token does not use up
 	// its jti.
-	if err := v.checkReplay(is, &claims, now); err != nil {
+	if err := v.checkReplay(ctx, is, &claims, now); err != nil {
 		return nil, err
 	}
 	return &identity.Identity{
@@ -377,8 +387,9 @@ func (v *Verifier) checkLifetime(is *issuer, claims *josejwt.Claims, now time.Ti
 	return nil
 }
 
-// checkReplay accepts each (issuer, jti) once until the token expires.
-func (v *Verifier) checkReplay(is *issuer, claims *josejwt.Claims, now time.Time) error {
+// checkReplay accepts each (issuer, jti) once until the token expires: once
+// per verifier, and once per deployment when a shared store is set.
+func (v *Verifier) checkReplay(ctx context.Context, is *issuer, claims *josejwt.Claims, now time.Time) error {
 	if claims.ID == "" {
 		if is.cfg.AllowTokensWithoutJTI {
 			return nil
@@ -388,8 +399,21 @@ func (v *Verifier) checkReplay(is *issuer, claims *josejwt.Claims, now time.Time
 	if len(claims.ID) > maxJTILength {
 		return identity.Refuse(identity.ReasonMalformed, "token jti is %d bytes, more than %d", len(claims.ID), maxJTILength)
 	}
-	if !v.used.Reserve(is.cfg.Issuer+"\x00"+claims.ID, claims.Expiry.Time().Add(v.leeway), now) {
-		return identity.Refuse(identity.ReasonReplayed, "token jti %q of issuer %s was already used: every onboarding needs a freshly issued token", truncate(claims.ID, 100), is.cfg.Issuer)
+	key, expiry := is.cfg.Issuer+"\x00"+claims.ID, claims.Expiry.Time().Add(v.leeway)
+	replayed := identity.Refuse(identity.ReasonReplayed, "token jti %q of issuer %s was already used: every onboarding needs a freshly issued token", truncate(claims.ID, 100), is.cfg.Issuer)
+	if !v.used.Reserve(key, expiry, now) {
+		return replayed
+	}
+	if v.shared == nil {
+		return nil
+	}
+	fresh, err := v.shared.Reserve(ctx, "jwt\x00"+key, expiry)
+	if err != nil {
+		v.used.Release(key) // nothing was decided: the agent may retry the token
+		return fmt.Errorf("check token jti %q of issuer %s against the ones already used: %w", truncate(claims.ID, 100), is.cfg.Issuer, err)
+	}
+	if !fresh {
+		return replayed
 	}
 	return nil
 }

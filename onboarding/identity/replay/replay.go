@@ -1,7 +1,8 @@
 // Package replay remembers single-use credentials (signed STS requests, JWT
 // IDs) until they would be refused as expired anyway, so that one credential
 // proves one onboarding. A Cache is per verifier (per endpoint replica) and
-// bounded.
+// bounded; a Shared store (kubestore on the API server) holds them for every
+// replica of a deployment.
 package replay
 
 import (
@@ -10,8 +11,9 @@ import (
 )
 
 // Cache remembers used credentials until they expire. A nil Cache, or one
-// of size 0, remembers nothing. The credential's lifetime bounds what a
-// replay across replicas can achieve.
+// of size 0, remembers nothing. It refuses a replay at its own replica
+// without an API call; replays across replicas are refused by a Shared
+// store.
 type Cache struct {
 	mu      sync.Mutex
 	max     int
