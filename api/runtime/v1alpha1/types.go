@@ -78,7 +78,7 @@ const (
 // +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.spec.workloadGroup.name`,priority=1,description="The WorkloadGroup the workload joined"
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.registration.host.addresses[0].ip`,priority=1,description="The workload's first host address"
 // +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.connection.replica`,priority=1,description="The endpoint replica holding the workload's connection"
-// +kubebuilder:printcolumn:name="Agent Version",type=string,JSONPath=`.status.agent.version`,description="The onboarding agent's version, as it last reported"
+// +kubebuilder:printcolumn:name="Agent Version",type=string,JSONPath=`.status.agent.version`,priority=1,description="The onboarding agent's version, as it last reported"
 // +kubebuilder:printcolumn:name="Last Error",type=string,JSONPath=`.status.agent.lastError.reason`,priority=1,description="The reason of the agent's last failed onboarding attempt, as it last reported"
 
 // WorkloadAutoRegistration is one workload (a VM or bare-metal host) onboarded
