@@ -68,6 +68,9 @@ type Enrollment struct {
 	// SessionHash is SessionHash of the agent's session key (see
 	// Request.SessionHash).
 	SessionHash string
+	// AgentError is the agent's last failed onboarding attempt as it
+	// reported it (see Request.AgentError); nil when it reported none.
+	AgentError *runtimev1alpha1.AgentError
 }
 
 // Enroll registers a workload for the onboarding endpoint, applying the
@@ -105,6 +108,7 @@ func (r *Registrar) Enroll(ctx context.Context, e Enrollment, policy Policy) (*R
 	return r.Register(ctx, Request{
 		Group: group, Identity: e.Identity, Registration: e.Registration,
 		SessionHash: e.SessionHash, Takeover: FreshProof(e.Identity), AddressProven: proven,
+		AgentError: e.AgentError,
 	})
 }
 

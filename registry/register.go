@@ -183,6 +183,10 @@ type Request struct {
 	// older registrations holding it; an unproven one held by another
 	// registration is refused with ErrAddressConflict.
 	AddressProven bool
+	// AgentError is the agent's last failed onboarding attempt as it
+	// reported it; nil when it reported none. It is written, with the
+	// agent's version, to status.agent for operators and decides nothing.
+	AgentError *runtimev1alpha1.AgentError
 }
 
 // AnnotationSessionHash holds, on a WorkloadAutoRegistration, the hex SHA-256
@@ -278,6 +282,7 @@ func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) 
 		return nil, err
 	}
 	r.checkTopology(ctx, war, we.Spec.Address)
+	r.recordAgent(ctx, war, req.Registration.Agent.Version, req.AgentError)
 	if created {
 		log.Info("registered workload", "group", req.Group.Name, "address", we.Spec.Address)
 		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", IdentityName(req.Identity), we.Spec.Address, req.Group.Name)

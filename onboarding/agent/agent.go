@@ -110,6 +110,7 @@ type state struct {
 	onboarded   bool
 	lastError   string // reason of the last failed onboarding attempt; "" once onboarded
 	lastErrorAt time.Time
+	lastMessage string            // what went wrong at the last failed attempt
 	failures    map[string]uint64 // failed onboarding attempts by reason
 }
 
@@ -193,7 +194,7 @@ func (a *Agent) onboard(ctx context.Context) error {
 		sess, boot, err := a.register(ctx)
 		if err == nil {
 			if err := a.writeBootstrap(sidecar.Identity{Namespace: sess.namespace, RegistrationName: sess.name}, boot); err != nil {
-				a.failed(reasonBootstrapWrite)
+				a.failed(reasonBootstrapWrite, err.Error())
 				a.log.Error("cannot write the sidecar's bootstrap files; retrying", "error", err.Error())
 			} else {
 				a.setSession(sess)
@@ -204,7 +205,7 @@ func (a *Agent) onboard(ctx context.Context) error {
 				return nil
 			}
 		} else if ctx.Err() == nil {
-			a.failed(failureReason(err))
+			a.failed(failureReason(err), failureMessage(err))
 			a.logRefusal("onboarding", err)
 		}
 		if !sleep(ctx, b) {
@@ -230,6 +231,7 @@ func (a *Agent) register(ctx context.Context) (*session, *onboardingv1alpha1.Sid
 		AgentVersion:        a.opts.Version,
 		IstioSidecarVersion: a.opts.Agent.Sidecar.Istio.Version,
 		Labels:              w.Labels,
+		LastError:           a.lastErrorReport(),
 	}
 	res, err := a.api.Register(withSession(withToken(ctx, auth.resp.GetToken()), a.current().sessionKey), req)
 	if err != nil {
@@ -375,15 +377,23 @@ func failureReason(err error) string {
 	return status.Code(err).String()
 }
 
-// failed records a failed onboarding attempt.
-func (a *Agent) failed(reason string) {
+// failed records a failed onboarding attempt: its reason and message.
+func (a *Agent) failed(reason, message string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.state.failures == nil {
 		a.state.failures = map[string]uint64{}
 	}
 	a.state.failures[reason]++
-	a.state.lastError, a.state.lastErrorAt = reason, time.Now()
+	a.state.lastError, a.state.lastErrorAt, a.state.lastMessage = reason, time.Now(), message
+}
+
+// lastErrorReport is the last failed onboarding attempt since the host last
+// onboarded, as Register reports it; nil when there was none.
+func (a *Agent) lastErrorReport() *onboardingv1alpha1.AgentError {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return lastErrorReport(a.state.lastError, a.state.lastMessage)
 }
 
 // setOnboarded records whether the host holds a registration; onboarding

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -71,6 +72,15 @@ func FuzzRegisterRequest(f *testing.F) {
 	}
 	f.Add(b)
 	f.Add([]byte{0x0a, 0x00})
+	b, err = proto.Marshal(&onboardingv1alpha1.RegisterRequest{
+		Addresses:     []*onboardingv1alpha1.HostAddress{{Ip: "172.31.5.254", Type: "VPC"}},
+		ConnectedOver: "VPC", AgentVersion: "v1.4.0",
+		LastError: &onboardingv1alpha1.AgentError{Reason: "PermissionDenied", Message: "not authorized to onboard\u202e\x1b[2J"},
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
 	group := &istionetworkingv1.WorkloadGroup{}
 	group.Name = "ratings"
 	group.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}}
@@ -81,6 +91,12 @@ func FuzzRegisterRequest(f *testing.F) {
 		}
 		if err := ValidateRegisterRequest(req); err != nil {
 			return
+		}
+		// A last error that passes is safe to print in kubectl's output.
+		if e := agentErrorOf(req); e != nil {
+			if !agentErrorReason.MatchString(e.Reason) || len(e.Message) > maxErrorMsgBytes || strings.ContainsFunc(e.Message, unprintable) {
+				t.Fatalf("validated last error %q: %q is not a word, or its message is too long or unprintable", e.Reason, e.Message)
+			}
 		}
 		reg := registrationOf(req)
 		if errs := registry.ValidateRegistration(reg, group); len(errs) > 0 {

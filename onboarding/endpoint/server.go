@@ -357,7 +357,7 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 	}
 	res, err := s.opts.Registrar.Enroll(ctx, registry.Enrollment{
 		Namespace: ns, Group: groupName, Identity: *claims.Workload.Verified, ProvenAddress: claims.Workload.ProvenAddress,
-		Registration: regInfo, SessionHash: registry.SessionHash(key),
+		Registration: regInfo, SessionHash: registry.SessionHash(key), AgentError: agentErrorOf(req),
 	}, policyCheck{s.opts.Authorizer})
 	if err != nil {
 		if errors.Is(err, registry.ErrSessionMismatch) {
@@ -641,6 +641,16 @@ func registrationOf(req *onboardingv1alpha1.RegisterRequest) runtimev1alpha1.Reg
 		reg.Host.Addresses = append(reg.Host.Addresses, runtimev1alpha1.HostAddress{IP: a.GetIp(), Type: runtimev1alpha1.AddressType(a.GetType())})
 	}
 	return reg
+}
+
+// agentErrorOf is the agent's reported last onboarding error as the
+// registration's status holds it; nil when it reported none.
+func agentErrorOf(req *onboardingv1alpha1.RegisterRequest) *runtimev1alpha1.AgentError {
+	e := req.GetLastError()
+	if e == nil {
+		return nil
+	}
+	return &runtimev1alpha1.AgentError{Reason: e.GetReason(), Message: e.GetMessage()}
 }
 
 // provenAddress is the address a verified identity proves, in canonical form:

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
+	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -24,7 +27,13 @@ const (
 	maxAddresses      = 16
 	maxLabels         = 64
 	maxVersionBytes   = 128
+	maxErrorMsgBytes  = 256
 )
+
+// agentErrorReason is the form of RegisterRequest.last_error.reason: a
+// word, as the agent's reasons (PlatformCredential, BootstrapWrite) and gRPC
+// code names are.
+var agentErrorReason = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]{0,63}$`)
 
 // ValidateAuthorizeRequest checks the shape of an AuthorizeRequest before
 // anything is verified. Its error message names the field.
@@ -101,7 +110,37 @@ func ValidateRegisterRequest(req *onboardingv1alpha1.RegisterRequest) error {
 			return fmt.Errorf("%s: longer than %d bytes or not UTF-8", f.name, maxVersionBytes)
 		}
 	}
+	return validateAgentError(req.GetLastError())
+}
+
+// validateAgentError checks the agent's report of its last onboarding
+// error, which is shown in the registration's status (kubectl get and
+// describe) and so must not carry what a terminal interprets.
+func validateAgentError(e *onboardingv1alpha1.AgentError) error {
+	if e == nil {
+		return nil
+	}
+	if !agentErrorReason.MatchString(e.GetReason()) {
+		return fmt.Errorf("last_error.reason %q: want a word matching %s", clip(e.GetReason()), agentErrorReason)
+	}
+	m := e.GetMessage()
+	if len(m) > maxErrorMsgBytes {
+		return fmt.Errorf("last_error.message: %d bytes, want at most %d", len(m), maxErrorMsgBytes)
+	}
+	if !utf8.ValidString(m) {
+		return errors.New("last_error.message: not UTF-8")
+	}
+	if i := strings.IndexFunc(m, unprintable); i >= 0 {
+		return fmt.Errorf("last_error.message: control character %U at byte %d", []rune(m[i:])[0], i)
+	}
 	return nil
+}
+
+// unprintable reports whether r is a control character or one that changes
+// how the text around it is shown (bidirectional overrides, line and
+// paragraph separators).
+func unprintable(r rune) bool {
+	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
 }
 
 // clip bounds untrusted text quoted in an error message.

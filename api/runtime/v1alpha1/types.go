@@ -78,6 +78,8 @@ const (
 // +kubebuilder:printcolumn:name="Group",type=string,JSONPath=`.spec.workloadGroup.name`,priority=1,description="The WorkloadGroup the workload joined"
 // +kubebuilder:printcolumn:name="Address",type=string,JSONPath=`.spec.registration.host.addresses[0].ip`,priority=1,description="The workload's first host address"
 // +kubebuilder:printcolumn:name="Replica",type=string,JSONPath=`.status.connection.replica`,priority=1,description="The endpoint replica holding the workload's connection"
+// +kubebuilder:printcolumn:name="Agent Version",type=string,JSONPath=`.status.agent.version`,priority=1,description="The onboarding agent's version, as it last reported"
+// +kubebuilder:printcolumn:name="Last Error",type=string,JSONPath=`.status.agent.lastError.reason`,priority=1,description="The reason of the agent's last failed onboarding attempt, as it last reported"
 
 // WorkloadAutoRegistration is one workload (a VM or bare-metal host) onboarded
 // into the mesh. It is named <workload-group>-<workload-identity>, lives in the
@@ -315,6 +317,39 @@ type WorkloadAutoRegistrationStatus struct {
 	// Connection is the state of the workload's connection to the endpoint.
 	// +optional
 	Connection *ConnectionStatus `json:"connection,omitempty"`
+	// Agent is what the workload's onboarding agent reported on its last
+	// Register: its version and its last failed onboarding attempt. It is
+	// shown to operators and used for no decision.
+	// +optional
+	Agent *AgentStatus `json:"agent,omitempty"`
+}
+
+// AgentStatus is what a workload's onboarding agent reported about itself.
+type AgentStatus struct {
+	// Version is the agent's version, e.g. v1.4.0.
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Version string `json:"version,omitempty"`
+	// LastError is the agent's last failed onboarding attempt before it
+	// registered; unset when it reported none.
+	// +optional
+	LastError *AgentError `json:"lastError,omitempty"`
+	// ReportedAt is when the endpoint stored what the agent reports now: the
+	// Register at which the version or the last error last changed.
+	// +optional
+	ReportedAt *metav1.Time `json:"reportedAt,omitempty"`
+}
+
+// AgentError is a failed onboarding attempt as the agent reported it.
+type AgentError struct {
+	// Reason is PlatformCredential, BootstrapWrite, or the endpoint's gRPC
+	// code such as PermissionDenied.
+	// +kubebuilder:validation:Pattern=`^[A-Za-z][A-Za-z0-9]{0,63}$`
+	Reason string `json:"reason"`
+	// Message says what went wrong, as the agent saw it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Message string `json:"message,omitempty"`
 }
 
 // ConnectionStatus is the state of a workload's connection. The timestamps

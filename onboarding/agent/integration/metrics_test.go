@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -138,6 +139,14 @@ func TestBinaryServesItsStateOnLoopback(t *testing.T) {
 	}
 	if _, ok := sample(fams, "embark_agent_last_onboarding_error", nil); ok {
 		t.Error("last onboarding error still reported once onboarded")
+	}
+	// The registration's status shows the version and the refusal the agent
+	// reported on the Register that onboarded it.
+	if regs := w.registrations(); len(regs) != 1 {
+		t.Errorf("%d registrations, want 1", len(regs))
+	} else if a := regs[0].Status.Agent; a == nil || a.Version != "v9.9.9-test" || a.LastError == nil ||
+		a.LastError.Reason != "PermissionDenied" || !strings.Contains(a.LastError.Message, "not authorized to onboard") || a.ReportedAt == nil {
+		t.Errorf("status.agent = %+v, want version v9.9.9-test and the PermissionDenied refusal", a)
 	}
 	fixtures.Eventually(t, 10*time.Second, "sidecar ready reported", func() bool {
 		v, ok := sample(scrapeAgent(metricsAddr), "embark_agent_sidecar_ready", nil)

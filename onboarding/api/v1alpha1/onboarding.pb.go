@@ -74,7 +74,7 @@ func (x RegistrationEvent_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RegistrationEvent_State.Descriptor instead.
 func (RegistrationEvent_State) EnumDescriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17, 0}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{18, 0}
 }
 
 // WorkloadGroupRef names the WorkloadGroup a workload joins.
@@ -654,7 +654,11 @@ type RegisterRequest struct {
 	AgentVersion        string `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	IstioSidecarVersion string `protobuf:"bytes,4,opt,name=istio_sidecar_version,json=istioSidecarVersion,proto3" json:"istio_sidecar_version,omitempty"`
 	// The workload's own labels, added to the WorkloadGroup template's.
-	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The agent's last failed onboarding attempt before this one; unset when
+	// there was none. Shown in the registration's status.agent for operators,
+	// never used for a decision.
+	LastError     *AgentError `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -724,6 +728,70 @@ func (x *RegisterRequest) GetLabels() map[string]string {
 	return nil
 }
 
+func (x *RegisterRequest) GetLastError() *AgentError {
+	if x != nil {
+		return x.LastError
+	}
+	return nil
+}
+
+// AgentError is a failed onboarding attempt as the agent saw it.
+type AgentError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reason: PlatformCredential, BootstrapWrite, or the endpoint's gRPC
+	// code such as PermissionDenied. Matches ^[A-Za-z][A-Za-z0-9]{0,63}$.
+	Reason string `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What went wrong, in words: at most 256 bytes of UTF-8, no control
+	// characters.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentError) Reset() {
+	*x = AgentError{}
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentError) ProtoMessage() {}
+
+func (x *AgentError) ProtoReflect() protoreflect.Message {
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentError.ProtoReflect.Descriptor instead.
+func (*AgentError) Descriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *AgentError) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *AgentError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // RegisterResponse is what the sidecar needs to start.
 type RegisterResponse struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -744,7 +812,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +824,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +837,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{10}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterResponse) GetNamespace() string {
@@ -842,7 +910,7 @@ type SidecarBootstrap struct {
 
 func (x *SidecarBootstrap) Reset() {
 	*x = SidecarBootstrap{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +922,7 @@ func (x *SidecarBootstrap) String() string {
 func (*SidecarBootstrap) ProtoMessage() {}
 
 func (x *SidecarBootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +935,7 @@ func (x *SidecarBootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SidecarBootstrap.ProtoReflect.Descriptor instead.
 func (*SidecarBootstrap) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SidecarBootstrap) GetNodeId() string {
@@ -963,7 +1031,7 @@ type RenewSidecarTokenRequest struct {
 
 func (x *RenewSidecarTokenRequest) Reset() {
 	*x = RenewSidecarTokenRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1043,7 @@ func (x *RenewSidecarTokenRequest) String() string {
 func (*RenewSidecarTokenRequest) ProtoMessage() {}
 
 func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1056,7 @@ func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSidecarTokenRequest.ProtoReflect.Descriptor instead.
 func (*RenewSidecarTokenRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
 }
 
 // RenewSidecarTokenResponse carries it.
@@ -1002,7 +1070,7 @@ type RenewSidecarTokenResponse struct {
 
 func (x *RenewSidecarTokenResponse) Reset() {
 	*x = RenewSidecarTokenResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1082,7 @@ func (x *RenewSidecarTokenResponse) String() string {
 func (*RenewSidecarTokenResponse) ProtoMessage() {}
 
 func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1095,7 @@ func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSidecarTokenResponse.ProtoReflect.Descriptor instead.
 func (*RenewSidecarTokenResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RenewSidecarTokenResponse) GetSidecarToken() string {
@@ -1053,7 +1121,7 @@ type UnregisterRequest struct {
 
 func (x *UnregisterRequest) Reset() {
 	*x = UnregisterRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1133,7 @@ func (x *UnregisterRequest) String() string {
 func (*UnregisterRequest) ProtoMessage() {}
 
 func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1146,7 @@ func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
 }
 
 // UnregisterResponse says how long the removal takes to reach peers.
@@ -1091,7 +1159,7 @@ type UnregisterResponse struct {
 
 func (x *UnregisterResponse) Reset() {
 	*x = UnregisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1171,7 @@ func (x *UnregisterResponse) String() string {
 func (*UnregisterResponse) ProtoMessage() {}
 
 func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1184,7 @@ func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UnregisterResponse) GetPropagationDelay() *durationpb.Duration {
@@ -1135,7 +1203,7 @@ type WatchRegistrationRequest struct {
 
 func (x *WatchRegistrationRequest) Reset() {
 	*x = WatchRegistrationRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1215,7 @@ func (x *WatchRegistrationRequest) String() string {
 func (*WatchRegistrationRequest) ProtoMessage() {}
 
 func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1228,7 @@ func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRegistrationRequest.ProtoReflect.Descriptor instead.
 func (*WatchRegistrationRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17}
 }
 
 // RegistrationEvent is the state of the caller's registration.
@@ -1176,7 +1244,7 @@ type RegistrationEvent struct {
 
 func (x *RegistrationEvent) Reset() {
 	*x = RegistrationEvent{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1256,7 @@ func (x *RegistrationEvent) String() string {
 func (*RegistrationEvent) ProtoMessage() {}
 
 func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1269,7 @@ func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistrationEvent.ProtoReflect.Descriptor instead.
 func (*RegistrationEvent) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RegistrationEvent) GetState() RegistrationEvent_State {
@@ -1271,16 +1339,22 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"\x11registration_name\x18\x04 \x01(\tR\x10registrationName\"1\n" +
 	"\vHostAddress\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04type\x18\x02 \x01(\tR\x04type\"\xe4\x02\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\"\xab\x03\n" +
 	"\x0fRegisterRequest\x12E\n" +
 	"\taddresses\x18\x01 \x03(\v2'.embark.onboarding.v1alpha1.HostAddressR\taddresses\x12%\n" +
 	"\x0econnected_over\x18\x02 \x01(\tR\rconnectedOver\x12#\n" +
 	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\x122\n" +
 	"\x15istio_sidecar_version\x18\x04 \x01(\tR\x13istioSidecarVersion\x12O\n" +
-	"\x06labels\x18\x05 \x03(\v27.embark.onboarding.v1alpha1.RegisterRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x05 \x03(\v27.embark.onboarding.v1alpha1.RegisterRequest.LabelsEntryR\x06labels\x12E\n" +
+	"\n" +
+	"last_error\x18\x06 \x01(\v2&.embark.onboarding.v1alpha1.AgentErrorR\tlastError\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\">\n" +
+	"\n" +
+	"AgentError\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xf5\x01\n" +
 	"\x10RegisterResponse\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12+\n" +
 	"\x11registration_name\x18\x02 \x01(\tR\x10registrationName\x12J\n" +
@@ -1346,7 +1420,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP() []byte {
 }
 
 var file_onboarding_api_v1alpha1_onboarding_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
 	(RegistrationEvent_State)(0),      // 0: embark.onboarding.v1alpha1.RegistrationEvent.State
 	(*WorkloadGroupRef)(nil),          // 1: embark.onboarding.v1alpha1.WorkloadGroupRef
@@ -1359,18 +1433,19 @@ var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
 	(*AuthorizeResponse)(nil),         // 8: embark.onboarding.v1alpha1.AuthorizeResponse
 	(*HostAddress)(nil),               // 9: embark.onboarding.v1alpha1.HostAddress
 	(*RegisterRequest)(nil),           // 10: embark.onboarding.v1alpha1.RegisterRequest
-	(*RegisterResponse)(nil),          // 11: embark.onboarding.v1alpha1.RegisterResponse
-	(*SidecarBootstrap)(nil),          // 12: embark.onboarding.v1alpha1.SidecarBootstrap
-	(*RenewSidecarTokenRequest)(nil),  // 13: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	(*RenewSidecarTokenResponse)(nil), // 14: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	(*UnregisterRequest)(nil),         // 15: embark.onboarding.v1alpha1.UnregisterRequest
-	(*UnregisterResponse)(nil),        // 16: embark.onboarding.v1alpha1.UnregisterResponse
-	(*WatchRegistrationRequest)(nil),  // 17: embark.onboarding.v1alpha1.WatchRegistrationRequest
-	(*RegistrationEvent)(nil),         // 18: embark.onboarding.v1alpha1.RegistrationEvent
-	nil,                               // 19: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	nil,                               // 20: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 21: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 22: google.protobuf.Duration
+	(*AgentError)(nil),                // 11: embark.onboarding.v1alpha1.AgentError
+	(*RegisterResponse)(nil),          // 12: embark.onboarding.v1alpha1.RegisterResponse
+	(*SidecarBootstrap)(nil),          // 13: embark.onboarding.v1alpha1.SidecarBootstrap
+	(*RenewSidecarTokenRequest)(nil),  // 14: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	(*RenewSidecarTokenResponse)(nil), // 15: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	(*UnregisterRequest)(nil),         // 16: embark.onboarding.v1alpha1.UnregisterRequest
+	(*UnregisterResponse)(nil),        // 17: embark.onboarding.v1alpha1.UnregisterResponse
+	(*WatchRegistrationRequest)(nil),  // 18: embark.onboarding.v1alpha1.WatchRegistrationRequest
+	(*RegistrationEvent)(nil),         // 19: embark.onboarding.v1alpha1.RegistrationEvent
+	nil,                               // 20: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	nil,                               // 21: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 22: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 23: google.protobuf.Duration
 }
 var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	3,  // 0: embark.onboarding.v1alpha1.AWSCredential.sts_get_caller_identity:type_name -> embark.onboarding.v1alpha1.SignedHTTPRequest
@@ -1379,30 +1454,31 @@ var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	2,  // 3: embark.onboarding.v1alpha1.AuthorizeRequest.aws:type_name -> embark.onboarding.v1alpha1.AWSCredential
 	5,  // 4: embark.onboarding.v1alpha1.AuthorizeRequest.jwt:type_name -> embark.onboarding.v1alpha1.JWTCredential
 	6,  // 5: embark.onboarding.v1alpha1.AuthorizeRequest.gce:type_name -> embark.onboarding.v1alpha1.GCECredential
-	21, // 6: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 6: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
 	9,  // 7: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
-	19, // 8: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	12, // 9: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
-	20, // 10: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	21, // 11: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 12: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	22, // 13: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
-	0,  // 14: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
-	7,  // 15: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
-	10, // 16: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
-	15, // 17: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
-	13, // 18: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	17, // 19: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
-	8,  // 20: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
-	11, // 21: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
-	16, // 22: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
-	14, // 23: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	18, // 24: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	20, // 8: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	11, // 9: embark.onboarding.v1alpha1.RegisterRequest.last_error:type_name -> embark.onboarding.v1alpha1.AgentError
+	13, // 10: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
+	21, // 11: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	22, // 12: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
+	22, // 13: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	23, // 14: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
+	0,  // 15: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
+	7,  // 16: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
+	10, // 17: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
+	16, // 18: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
+	14, // 19: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	18, // 20: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
+	8,  // 21: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
+	12, // 22: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
+	17, // 23: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
+	15, // 24: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	19, // 25: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
+	21, // [21:26] is the sub-list for method output_type
+	16, // [16:21] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_onboarding_api_v1alpha1_onboarding_proto_init() }
@@ -1421,7 +1497,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc), len(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
