@@ -109,6 +109,10 @@ func ValidateRegisterRequest(req *onboardingv1alpha1.RegisterRequest) error {
 		if len(f.value) > maxVersionBytes || !utf8.ValidString(f.value) {
 			return fmt.Errorf("%s: longer than %d bytes or not UTF-8", f.name, maxVersionBytes)
 		}
+		// Shown in the registration (kubectl get war -o wide, describe).
+		if i := strings.IndexFunc(f.value, unprintable); i >= 0 {
+			return fmt.Errorf("%s: control character %U at byte %d", f.name, []rune(f.value[i:])[0], i)
+		}
 	}
 	return validateAgentError(req.GetLastError())
 }

@@ -42,3 +42,33 @@ func TestValidateRegisterRequestLastError(t *testing.T) {
 		})
 	}
 }
+
+// The versions a VM reports are shown in its registration too (kubectl get
+// war -o wide, describe): what a terminal interprets is refused, naming the
+// field.
+func TestValidateRegisterRequestVersions(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		agent, sidecar string
+		want           string // "" when valid
+	}{
+		{name: "release versions", agent: "v0.2.0", sidecar: "1.31.0"},
+		{name: "empty"},
+		{name: "escape in the agent version", agent: "v1\x1b[2J", want: "agent_version: control character U+001B"},
+		{name: "newline in the sidecar version", sidecar: "1.31\nforged", want: "istio_sidecar_version: control character U+000A"},
+		{name: "bidirectional override", agent: "v1\u202e", want: "agent_version: control character U+202E"},
+		{name: "too long", agent: strings.Repeat("v", 1000), want: "agent_version: longer than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateRegisterRequest(&onboardingv1alpha1.RegisterRequest{
+				Addresses: []*onboardingv1alpha1.HostAddress{{Ip: "10.0.0.1", Type: "VPC"}}, AgentVersion: tc.agent, IstioSidecarVersion: tc.sidecar,
+			})
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("err = %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+}
