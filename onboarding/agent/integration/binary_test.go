@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,8 +41,11 @@ func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
 	agentFile, onboardingFile := w.agentConfig(root)
 	// Empty config fails with the field named.
 	bad := filepath.Join(root, "bad.yaml")
-	must(t, os.WriteFile(bad, []byte("apiVersion: config.agent.onboarding.tetrate.io/v1alpha1\nkind: AgentConfiguration\nhost: {platform: gce}\n"), 0o600))
-	out, err := exec.CommandContext(t.Context(), bin, "--agent-config", bad, "--onboarding-config", onboardingFile).CombinedOutput()
+	must(t, os.WriteFile(bad, []byte("apiVersion: config.agent.onboarding.tetrate.io/v1alpha1\nkind: AgentConfiguration\nhost: {platform: mainframe}\n"), 0o600))
+	// Bounded: an agent that accepted the configuration would run on.
+	badCtx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(badCtx, bin, "--agent-config", bad, "--onboarding-config", onboardingFile).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "host.platform") {
 		t.Errorf("bad configuration: %v, %s; want an error naming host.platform", err, out)
 	}
