@@ -16,10 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
@@ -96,32 +92,14 @@ func TestInstallAsAUserDoes(t *testing.T) {
 	}
 
 	t.Log("onboarded: one registration in the operator guide's namespace, with the VM's EC2 address")
-	var reg runtimev1alpha1.WorkloadAutoRegistration
-	fixtures.Eventually(t, 60*time.Second, "a WorkloadAutoRegistration", func() bool {
-		l := &runtimev1alpha1.WorkloadAutoRegistrationList{}
-		if c.Kube.List(ctx, l, client.InNamespace(guideNamespace)) != nil || len(l.Items) != 1 {
-			return false
-		}
-		reg = l.Items[0]
-		return true
-	})
-	if a := reg.Spec.Registration.Host.Addresses; len(a) == 0 || a[0].IP != vmNet.PeerIP.String() {
-		t.Errorf("registered addresses %+v, want %s", a, vmNet.PeerIP)
-	}
+	reg := waitRegistration(t, c, vmNet)
 	t.Log("onboarding-agent-sidecar.path: the bootstrap installed where istio.service reads it, istio.service started")
-	fixtures.Eventually(t, 60*time.Second, "cluster.env installed", func() bool {
-		s, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
-		return err == nil && strings.Contains(s, "POD_NAME='"+reg.Name+"'")
-	})
+	waitBootstrapInstalled(t, vm, reg)
 	for _, f := range []string{"/etc/istio/config/mesh", "/etc/certs/embark-root-cert.pem"} {
 		if _, err := vm.ReadFile(f); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
-	fixtures.Eventually(t, 60*time.Second, "istio.service active", func() bool {
-		_, err := vm.Run(ctx, "systemctl is-active --quiet istio", nil)
-		return err == nil
-	})
 	if out, err := vm.Run(ctx, "systemctl status onboarding-agent istio --no-pager", nil); err != nil {
 		t.Errorf("the guide's check: systemctl status: %v\n%s", err, out)
 	}
@@ -132,15 +110,7 @@ func TestInstallAsAUserDoes(t *testing.T) {
 	}
 
 	t.Log("the sidecar: its certificate from istiod's CA, AgentConnected=True, SYNCED at istiod")
-	vm.StartEnvoyStandIn(t)
-	checkWorkloadCertificate(t, vm, c.Istiod.RootCert, "spiffe://"+c.Istiod.TrustDomain+"/ns/"+guideNamespace+"/sa/"+fixtures.ServiceAccount)
-	fixtures.Eventually(t, 90*time.Second, "AgentConnected=True", func() bool {
-		r := &runtimev1alpha1.WorkloadAutoRegistration{}
-		if c.Kube.Get(ctx, client.ObjectKey{Namespace: guideNamespace, Name: reg.Name}, r) != nil {
-			return false
-		}
-		return meta.IsStatusConditionTrue(r.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
-	})
+	checkSidecarConnected(t, c, vm, reg)
 	t.Log("the group's probe through the sidecar: the WorkloadEntry is Healthy while the VM's application answers /health, and not once it stops")
 	app := serveHealth(t, vmNet)
 	healthy := func(want string) func() bool {

@@ -8,14 +8,8 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
-	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // TestRHELVMFollowsTheGuide is TestInstallAsAUserDoes for the RHEL family:
@@ -55,37 +49,11 @@ func TestRHELVMFollowsTheGuide(t *testing.T) {
 	checkRPMSignatures(t, vm, c.RepositoryKeyFingerprints, "istio-sidecar", "onboarding-agent")
 
 	t.Log("onboarded: one registration with the VM's EC2 address, the bootstrap installed, istio.service started")
-	var reg runtimev1alpha1.WorkloadAutoRegistration
-	fixtures.Eventually(t, 60*time.Second, "a WorkloadAutoRegistration", func() bool {
-		l := &runtimev1alpha1.WorkloadAutoRegistrationList{}
-		if c.Kube.List(ctx, l, client.InNamespace(guideNamespace)) != nil || len(l.Items) != 1 {
-			return false
-		}
-		reg = l.Items[0]
-		return true
-	})
-	if a := reg.Spec.Registration.Host.Addresses; len(a) == 0 || a[0].IP != vmNet.PeerIP.String() {
-		t.Errorf("registered addresses %+v, want %s", a, vmNet.PeerIP)
-	}
-	fixtures.Eventually(t, 60*time.Second, "cluster.env installed", func() bool {
-		s, err := vm.ReadFile("/var/lib/istio/envoy/cluster.env")
-		return err == nil && strings.Contains(s, "POD_NAME='"+reg.Name+"'")
-	})
-	fixtures.Eventually(t, 60*time.Second, "istio.service active", func() bool {
-		_, err := vm.Run(ctx, "systemctl is-active --quiet istio", nil)
-		return err == nil
-	})
+	reg := waitRegistration(t, c, vmNet)
+	waitBootstrapInstalled(t, vm, reg)
 
 	t.Log("the sidecar: its certificate from istiod's CA, AgentConnected=True, SYNCED at istiod")
-	vm.StartEnvoyStandIn(t)
-	checkWorkloadCertificate(t, vm, c.Istiod.RootCert, "spiffe://"+c.Istiod.TrustDomain+"/ns/"+guideNamespace+"/sa/"+fixtures.ServiceAccount)
-	fixtures.Eventually(t, 90*time.Second, "AgentConnected=True", func() bool {
-		r := &runtimev1alpha1.WorkloadAutoRegistration{}
-		if c.Kube.Get(ctx, client.ObjectKey{Namespace: guideNamespace, Name: reg.Name}, r) != nil {
-			return false
-		}
-		return meta.IsStatusConditionTrue(r.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
-	})
+	checkSidecarConnected(t, c, vm, reg)
 	checkProxyStatus(t, c.IstiodAddr, map[string]string{reg.Name + "." + guideNamespace: "istiod-local"}, "CDS", "LDS")
 }
 

@@ -1,10 +1,7 @@
 package gce_test
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,27 +9,8 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
+	"github.com/embark-mesh/embark/onboarding/identity/replay/replaytest"
 )
-
-// memShared is a replay.Shared in memory that fails while down is set.
-type memShared struct {
-	mu   sync.Mutex
-	used map[string]bool
-	down bool
-}
-
-func (m *memShared) Reserve(_ context.Context, key string, _ time.Time) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.down {
-		return false, fmt.Errorf("%w: down", replay.ErrUnavailable)
-	}
-	if m.used[key] {
-		return false, nil
-	}
-	m.used[key] = true
-	return true, nil
-}
 
 // Two verifiers (two replicas) sharing a store accept a token once between
 // them; a store that cannot answer refuses nothing for good: the same token
@@ -44,7 +22,7 @@ func TestSharedReplay(t *testing.T) {
 	}
 	t.Cleanup(g.Close)
 	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	shared := &memShared{used: map[string]bool{}, down: true}
+	shared := replaytest.NewShared(true)
 	newVerifier := func() *gce.Verifier {
 		v, err := gce.NewVerifier(gce.Config{Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates()},
 			gce.WithClock(func() time.Time { return now }), gce.WithSharedReplay(shared))
@@ -63,9 +41,7 @@ func TestSharedReplay(t *testing.T) {
 	if !errors.Is(err, replay.ErrUnavailable) || identity.ReasonOf(err) != "" {
 		t.Fatalf("store down: Verify() = %v, want replay.ErrUnavailable and no refusal reason", err)
 	}
-	shared.mu.Lock()
-	shared.down = false
-	shared.mu.Unlock()
+	shared.SetDown(false)
 	if _, err := a.Verify(t.Context(), tok); err != nil {
 		t.Fatalf("the same token once the store answers, at the same replica: %v", err)
 	}

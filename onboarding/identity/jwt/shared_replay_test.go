@@ -1,10 +1,7 @@
 package jwt_test
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,27 +10,8 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
+	"github.com/embark-mesh/embark/onboarding/identity/replay/replaytest"
 )
-
-// memShared is a replay.Shared in memory that fails while down is set.
-type memShared struct {
-	mu   sync.Mutex
-	used map[string]bool
-	down bool
-}
-
-func (m *memShared) Reserve(_ context.Context, key string, _ time.Time) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.down {
-		return false, fmt.Errorf("%w: down", replay.ErrUnavailable)
-	}
-	if m.used[key] {
-		return false, nil
-	}
-	m.used[key] = true
-	return true, nil
-}
 
 // Two verifiers (two replicas) sharing a store accept a jti once between
 // them; a store that cannot answer refuses nothing for good: the same token
@@ -42,7 +20,7 @@ func TestSharedReplay(t *testing.T) {
 	k := testKeys(t)
 	clock := newFakeClock()
 	now := clock.Now()
-	shared := &memShared{used: map[string]bool{}, down: true}
+	shared := replaytest.NewShared(true)
 	newVerifier := func() *jwt.Verifier {
 		v, err := jwt.NewVerifier([]jwt.IssuerConfig{{Issuer: testIssuer, ShortName: "corp", Audiences: []string{testAudience}, JWKS: jwks(t, k.rsa)}},
 			jwt.WithClock(clock.Now), jwt.WithSharedReplay(shared))
@@ -59,9 +37,7 @@ func TestSharedReplay(t *testing.T) {
 	if !errors.Is(err, replay.ErrUnavailable) || identity.ReasonOf(err) != "" {
 		t.Fatalf("store down: Verify() = %v, want replay.ErrUnavailable and no refusal reason", err)
 	}
-	shared.mu.Lock()
-	shared.down = false
-	shared.mu.Unlock()
+	shared.SetDown(false)
 	if _, err := a.Verify(t.Context(), tok); err != nil {
 		t.Fatalf("the same token once the store answers, at the same replica: %v", err)
 	}
