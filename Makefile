@@ -214,8 +214,9 @@ install-test: testenv ## Run the end-to-end install test (root; after make packa
 ##@ Test
 
 .PHONY: testenv
-testenv: ## Build the real kube-apiserver, etcd, kube-controller-manager, pilot-agent and istioctl used by tests.
+testenv: ## Build the real kube-apiserver, etcd, kube-controller-manager, pilot-agent and istioctl used by tests; unpack Debian's systemd-resolved for the VM resolver tests.
 	TESTENV_BIN=$(TESTENV_BIN) test/tools/install.sh
+	TESTENV_BIN=$(TESTENV_BIN) test/tools/resolved.sh
 
 .PHONY: test
 test: testenv ## Run all tests (unit and integration against a real control plane), the manifests' and the chart's included.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 
@@ -101,21 +102,20 @@ func runApplySidecar(agentFile string) error {
 		Systemctl: sidecar.SystemctlCommand, Logger: log,
 	}
 	if cfg.Sidecar.DNS.On() {
-		dropIn, err := hostdns.Render(cfg.Sidecar.DNS.Address, cfg.Sidecar.DNS.Domains)
+		dns := cfg.Sidecar.DNS
+		link, err := hostdns.NewLink(dns.Link.Name, dns.Link.Address, dns.Address, dns.Domains)
 		if err != nil {
 			return cli.ConfigError(err)
 		}
-		opts.HostDNS = &sidecar.HostDNS{DropIn: dropIn, Options: hostdns.Options{Reload: reloadResolved}}
+		opts.HostDNS = &sidecar.HostDNS{Link: link, Options: hostdns.Options{Run: runCombined}}
 	}
 	_, err = sidecar.Apply(context.Background(), opts)
 	return err
 }
 
-// reloadResolved makes systemd-resolved read its drop-ins again: a reload
-// where the unit supports one, else a restart, and nothing if it is not
-// running.
-func reloadResolved(ctx context.Context) error {
-	return sidecar.Run(ctx, []string{"systemctl", "try-reload-or-restart", hostdns.ResolvedUnit})
+// runCombined runs argv and returns its combined output.
+func runCombined(ctx context.Context, argv ...string) ([]byte, error) {
+	return exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 }
 
 // runAgent is the agent itself, onboarding-agent.service: it runs until

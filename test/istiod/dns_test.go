@@ -58,6 +58,11 @@ func startUpstream(t *testing.T) *testResolver {
 	if err != nil {
 		t.Fatalf("upstream resolver: listen on a loopback address, port 53 (needs root or CAP_NET_BIND_SERVICE): %v", err)
 	}
+	return serveResolver(t, pc, addr)
+}
+
+// serveResolver serves pc (bound to addr, port 53) as a testResolver.
+func serveResolver(t *testing.T, pc net.PacketConn, addr netip.Addr) *testResolver {
 	u := &testResolver{addr: addr, seen: map[string]int{}}
 	t.Cleanup(func() { _ = pc.Close() })
 	go u.serve(pc)
@@ -140,8 +145,18 @@ func (a answer) String() string {
 	return fmt.Sprintf("%v authoritative=%v %v", a.rcode, a.authoritative, a.addrs)
 }
 
+// dialFunc dials a DNS server: from the test's network namespace, or a
+// VM's.
+type dialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
 // queryA asks server (ip:port) for name's A records over UDP, once.
 func queryA(ctx context.Context, server, name string) (answer, error) {
+	var d net.Dialer
+	return queryAVia(ctx, d.DialContext, server, name)
+}
+
+// queryAVia is queryA through dial.
+func queryAVia(ctx context.Context, dial dialFunc, server, name string) (answer, error) {
 	q, err := dnsmessage.NewName(name + ".")
 	if err != nil {
 		return answer{}, err
@@ -154,10 +169,9 @@ func queryA(ctx context.Context, server, name string) (answer, error) {
 	if err != nil {
 		return answer{}, err
 	}
-	var d net.Dialer
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	conn, err := d.DialContext(ctx, "udp", server)
+	conn, err := dial(ctx, "udp", server)
 	if err != nil {
 		return answer{}, err
 	}
@@ -205,10 +219,17 @@ func queryA(ctx context.Context, server, name string) (answer, error) {
 // timeout passes, and returns the last answer and how long it took.
 func waitAnswer(t *testing.T, server, name string, timeout time.Duration, check func(answer) bool) (answer, time.Duration, bool) {
 	t.Helper()
+	var d net.Dialer
+	return waitAnswerVia(t, d.DialContext, server, name, timeout, check)
+}
+
+// waitAnswerVia is waitAnswer through dial.
+func waitAnswerVia(t *testing.T, dial dialFunc, server, name string, timeout time.Duration, check func(answer) bool) (answer, time.Duration, bool) {
+	t.Helper()
 	start := time.Now()
 	var last answer
 	for time.Since(start) < timeout {
-		a, err := queryA(t.Context(), server, name)
+		a, err := queryAVia(t.Context(), dial, server, name)
 		if err == nil {
 			last = a
 			if check(a) {

@@ -24,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
+
+	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
 )
 
 // APIVersion and the kinds of the two files.
@@ -190,6 +192,18 @@ type SidecarDNS struct {
 	// (route-only: no other name goes there): the cluster's domain and any
 	// ServiceEntry host domains. Default [cluster.local].
 	Domains []string `json:"domains,omitempty"`
+	// Link is the interface the host's resolver (systemd-resolved) reaches
+	// the proxy through: a dummy link of the sidecar's own (docs/dns.md).
+	Link SidecarDNSLink `json:"link,omitempty"`
+}
+
+// SidecarDNSLink names the sidecar's resolver link.
+type SidecarDNSLink struct {
+	// Name of the interface. Default mesh-dns0.
+	Name string `json:"name,omitempty"`
+	// Address the interface carries (resolved uses only links with a
+	// routable address), one host address. Default 169.254.53.53/32.
+	Address string `json:"address,omitempty"`
 }
 
 // DefaultDNSDomains are the domains routed to the sidecar by default.
@@ -358,6 +372,12 @@ func (c *AgentConfiguration) SetDefaults() {
 	if c.Sidecar.DNS.Address == "" {
 		c.Sidecar.DNS.Address = DefaultDNSAddress
 	}
+	if c.Sidecar.DNS.Link.Name == "" {
+		c.Sidecar.DNS.Link.Name = hostdns.DefaultLinkName
+	}
+	if c.Sidecar.DNS.Link.Address == "" {
+		c.Sidecar.DNS.Link.Address = hostdns.DefaultLinkAddress
+	}
 	if len(c.Sidecar.DNS.Domains) == 0 {
 		c.Sidecar.DNS.Domains = append([]string(nil), DefaultDNSDomains...)
 	}
@@ -425,6 +445,12 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 		}
 	}
 	errs = append(errs, validateDNSAddress(sc.Child("dns", "address"), c.Sidecar.DNS.Address)...)
+	if err := hostdns.ValidLinkName(c.Sidecar.DNS.Link.Name); err != nil {
+		errs = append(errs, field.Invalid(sc.Child("dns", "link", "name"), c.Sidecar.DNS.Link.Name, err.Error()))
+	}
+	if _, err := hostdns.ParseLinkAddress(c.Sidecar.DNS.Link.Address); err != nil {
+		errs = append(errs, field.Invalid(sc.Child("dns", "link", "address"), c.Sidecar.DNS.Link.Address, err.Error()))
+	}
 	for i, d := range c.Sidecar.DNS.Domains {
 		for _, msg := range validation.IsDNS1123Subdomain(d) {
 			errs = append(errs, field.Invalid(sc.Child("dns", "domains").Index(i), d, msg))

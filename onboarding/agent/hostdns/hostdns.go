@@ -2,16 +2,25 @@
 // the mesh's domains only, and takes it away again, with no iptables.
 //
 // On a host running systemd-resolved the root-run
-// onboarding-agent-sidecar.service writes a runtime drop-in,
-// /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf, that names
-// the sidecar's address as a DNS server with route-only domains
-// (Domains=~cluster.local): resolved sends names under those domains to the
-// sidecar and to no other server. The drop-in lives under /run, so a host
-// that reboots starts without it and gets it back only once its sidecar
-// answers again; removing it (and reloading resolved) restores the host's
-// resolver exactly. The agent asks for it (Enable) only after the sidecar's
-// DNS proxy has loaded istiod's name table (Ready), and every restart or
-// stop of the sidecar removes it first (Disable).
+// onboarding-agent-sidecar.service gives the sidecar a link of its own, a
+// dummy interface (DefaultLinkName, mesh-dns0) carrying one address
+// (resolved uses only links with a routable address) and, through
+// resolvectl, the sidecar's address as the link's DNS server, the mesh
+// domains as route-only domains (~cluster.local) and DefaultRoute=no.
+// resolved then sends names under those domains to the sidecar and every
+// other name to the servers it used before, never to the sidecar; the
+// host's own servers (DHCP's, a global DNS= of the operator) are untouched,
+// since the link is a scope of its own. Deleting the link restores the
+// host's resolver exactly, and a reboot starts without it. The agent asks
+// for it (Enable) only after the sidecar's DNS proxy has loaded istiod's
+// name table (Ready), and every restart or stop of the sidecar deletes it
+// first (Disable).
+//
+// Earlier versions wrote a global drop-in
+// (/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf), which made
+// the sidecar one of resolved's global servers: asked for every name, and
+// sharing a scope with the operator's own global servers. Enable and
+// Disable remove it.
 package hostdns
 
 import (
@@ -21,130 +30,255 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// DefaultDropInDir and DropInName locate the resolved drop-in.
 const (
-	DefaultDropInDir = "/run/systemd/resolved.conf.d"
-	DropInName       = "onboarding-agent-mesh-dns.conf"
-	// ResolvedUnit is systemd-resolved's unit, reloaded after a change.
+	// DefaultLinkName is the sidecar's resolver link.
+	DefaultLinkName = "mesh-dns0"
+	// DefaultLinkAddress is the address the link carries: resolved ignores
+	// a link without a routable address. A /32 in the link-local range,
+	// apart from the addresses clouds serve metadata and DNS on
+	// (169.254.169.x, 169.254.170.x); nothing listens on it. Configurable
+	// (sidecar.dns.link.address) for a network that uses it.
+	DefaultLinkAddress = "169.254.53.53/32"
+	// LegacyDropIn is the global drop-in earlier versions wrote.
+	LegacyDropIn = "/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf"
+	// ResolvedUnit is systemd-resolved's unit.
 	ResolvedUnit = "systemd-resolved.service"
+	// LinkAlias marks the link as the agent's (ip link ... alias): the agent
+	// never configures or deletes a link of that name without it, and the
+	// package's removal deletes every link with it.
+	LinkAlias = "onboarding-agent-mesh-dns"
+	// ResolvedRuntimeDir exists while systemd-resolved runs.
+	ResolvedRuntimeDir = "/run/systemd/resolve"
 )
 
-// header opens every drop-in Render writes.
-const header = "# Written by onboarding-agent-sidecar.service while the Istio sidecar answers DNS.\n" +
-	"# Removed when the sidecar stops or restarts. Do not edit: see docs/dns.md.\n"
+// Link is the sidecar's resolver link: its interface, the address it
+// carries, the DNS server resolved sends the domains to, and the domains.
+type Link struct {
+	Name    string
+	Address netip.Prefix
+	Server  netip.AddrPort
+	Domains []string
+}
 
-// Render renders the resolved drop-in that sends the names under domains
-// (route-only) to the DNS server at addr (ip:port). It refuses an address
-// that is not a loopback ip:port and a domain that is not a DNS subdomain,
-// so nothing but a server and route-only domains reaches resolved.
-func Render(addr string, domains []string) ([]byte, error) {
-	ap, err := validAddress(addr)
+// linkName: an interface name short enough for the veth fallback's peer
+// (Name+"p", at most 15 bytes), nothing resolvectl or ip reads as an option.
+var linkName = regexp.MustCompile(`^[a-z][a-z0-9-]{0,12}[a-z0-9]$`)
+
+// NewLink validates the link's configuration: an interface name, a host
+// address (/32 or /128) that is not loopback, link-local IPv6 or multicast
+// (resolved counts only routable addresses), a loopback ip:port for the
+// sidecar's proxy, and at least one DNS subdomain. Nothing but a server and
+// route-only domains can reach resolved, and no name outside them.
+func NewLink(name, address, server string, domains []string) (Link, error) {
+	if err := ValidLinkName(name); err != nil {
+		return Link{}, err
+	}
+	p, err := ParseLinkAddress(address)
 	if err != nil {
-		return nil, err
+		return Link{}, err
+	}
+	ap, err := netip.ParseAddrPort(server)
+	if err != nil || !ap.Addr().IsLoopback() || ap.Port() == 0 || ap.Addr().Zone() != "" {
+		return Link{}, fmt.Errorf("mesh DNS: address %q must be a loopback ip:port", server)
 	}
 	if len(domains) == 0 {
-		return nil, errors.New("mesh DNS: no domains to route")
+		return Link{}, errors.New("mesh DNS: no domains to route")
 	}
-	routes := make([]string, 0, len(domains))
+	l := Link{Name: name, Address: p, Server: ap}
 	for _, d := range domains {
 		d = strings.TrimSuffix(strings.ToLower(d), ".")
 		if msgs := validation.IsDNS1123Subdomain(d); len(msgs) > 0 {
-			return nil, fmt.Errorf("mesh DNS: domain %q: %s", d, strings.Join(msgs, "; "))
+			return Link{}, fmt.Errorf("mesh DNS: domain %q: %s", d, strings.Join(msgs, "; "))
 		}
-		routes = append(routes, "~"+d)
+		l.Domains = append(l.Domains, d)
 	}
-	return fmt.Appendf(nil, "%s[Resolve]\nDNS=%s\nDomains=%s\n", header, ap, strings.Join(routes, " ")), nil
+	return l, nil
 }
 
-// validAddress: a loopback IP and a port, as the agent's configuration
-// admits for the sidecar's DNS proxy.
-func validAddress(addr string) (netip.AddrPort, error) {
-	ap, err := netip.ParseAddrPort(addr)
-	if err != nil || !ap.Addr().IsLoopback() || ap.Port() == 0 || ap.Addr().Zone() != "" {
-		return netip.AddrPort{}, fmt.Errorf("mesh DNS: address %q must be a loopback ip:port", addr)
+// ValidLinkName checks the link's interface name.
+func ValidLinkName(name string) error {
+	if !linkName.MatchString(name) {
+		return fmt.Errorf("mesh DNS: link name %q must be 2-14 lowercase letters, digits or '-', starting with a letter", name)
 	}
-	return ap, nil
+	return nil
 }
 
-// Options configures Enable and Disable.
+// ParseLinkAddress parses the link's address: one host address (/32 or
+// /128) that resolved counts as routable.
+func ParseLinkAddress(address string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(address)
+	if err != nil || p.Bits() != p.Addr().BitLen() || p.Addr().IsLoopback() || p.Addr().IsMulticast() ||
+		p.Addr().IsUnspecified() || (p.Addr().Is6() && p.Addr().IsLinkLocalUnicast()) || p.Addr().Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("mesh DNS: link address %q must be one host address (a.b.c.d/32 or an IPv6 /128), not loopback, IPv6 link-local or multicast", address)
+	}
+	return p, nil
+}
+
+// peer is the veth fallback's other end.
+func (l Link) peer() string { return l.Name + "p" }
+
+// Options are the commands Enable and Disable run.
 type Options struct {
-	// Dir is the resolved drop-in directory. Default DefaultDropInDir.
-	Dir string
-	// Reload reloads (or restarts) systemd-resolved after a change; called
-	// only when the drop-in changed. Required.
-	Reload func(ctx context.Context) error
+	// Run runs argv (ip, resolvectl, systemctl) and returns its combined
+	// output. Required.
+	Run func(ctx context.Context, argv ...string) ([]byte, error)
+	// LegacyDropIn is removed by Enable and Disable. Default LegacyDropIn.
+	LegacyDropIn string
 }
 
-func (o Options) path() string {
-	dir := o.Dir
-	if dir == "" {
-		dir = DefaultDropInDir
+func (o Options) run(ctx context.Context, argv ...string) error {
+	out, err := o.Run(ctx, argv...)
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
 	}
-	return filepath.Join(dir, DropInName)
+	return nil
 }
 
-// Enable installs the drop-in (content from Render) and reloads resolved
-// when it changed. It does nothing on a host without systemd-resolved (no
-// /run/systemd/resolve): such a host is configured as docs/dns.md says.
-func Enable(ctx context.Context, o Options, content []byte, hasResolved bool) (bool, error) {
-	if !hasResolved {
-		return false, nil
-	}
-	p := o.path()
-	if old, err := os.ReadFile(p); err == nil && string(old) == string(content) {
-		return false, nil
-	}
-	if err := writeAtomic(p, content); err != nil {
+// Enable creates the link if it is missing (a dummy interface, or where
+// the kernel has no dummy driver a veth pair), gives it its address, brings
+// it up and configures resolved for it: the sidecar's server, the domains
+// route-only, not a default route, and no LLMNR, mDNS, DNSSEC or DNS over
+// TLS (the sidecar speaks plain DNS on loopback). Every step is idempotent,
+// so Enable also repairs a link that lost its settings. It returns whether
+// it created the link.
+func Enable(ctx context.Context, o Options, l Link) (bool, error) {
+	if err := removeLegacy(ctx, o); err != nil {
 		return false, err
 	}
-	if err := o.Reload(ctx); err != nil {
-		return true, fmt.Errorf("reload %s: %w", ResolvedUnit, err)
+	exists, err := ownLink(ctx, o, l.Name)
+	if err != nil {
+		return false, err
+	}
+	if !exists {
+		if err := createLink(ctx, o, l); err != nil {
+			return false, err
+		}
+	}
+	routes := make([]string, 0, len(l.Domains))
+	for _, d := range l.Domains {
+		routes = append(routes, "~"+d)
+	}
+	steps := [][]string{
+		{"ip", "address", "replace", l.Address.String(), "dev", l.Name},
+		{"ip", "link", "set", "dev", l.Name, "up"},
+		{"resolvectl", "dns", l.Name, l.Server.String()},
+		append([]string{"resolvectl", "domain", l.Name}, routes...),
+		{"resolvectl", "default-route", l.Name, "false"},
+		{"resolvectl", "llmnr", l.Name, "false"},
+		{"resolvectl", "mdns", l.Name, "false"},
+		{"resolvectl", "dnssec", l.Name, "false"},
+		{"resolvectl", "dnsovertls", l.Name, "false"},
+	}
+	for _, s := range steps {
+		if err := o.run(ctx, s...); err != nil {
+			return !exists, fmt.Errorf("mesh DNS link %s: %w", l.Name, err)
+		}
+	}
+	return !exists, nil
+}
+
+// createLink adds a dummy interface, or a veth pair (its peer up, so the
+// link has carrier) where the dummy driver is missing.
+func createLink(ctx context.Context, o Options, l Link) error {
+	dummyErr := o.run(ctx, "ip", "link", "add", l.Name, "type", "dummy")
+	if dummyErr != nil {
+		if err := o.run(ctx, "ip", "link", "add", l.Name, "type", "veth", "peer", "name", l.peer()); err != nil {
+			return fmt.Errorf("mesh DNS link %s: no dummy (%w) and no veth link (%w)", l.Name, dummyErr, err)
+		}
+		if err := o.run(ctx, "ip", "link", "set", "dev", l.peer(), "up"); err != nil {
+			return fmt.Errorf("mesh DNS link %s: %w", l.Name, err)
+		}
+	}
+	if err := o.run(ctx, "ip", "link", "set", "dev", l.Name, "alias", LinkAlias); err != nil {
+		return fmt.Errorf("mesh DNS link %s: %w", l.Name, err)
+	}
+	return nil
+}
+
+// Disable deletes the link, if present (resolved forgets its settings with
+// it), and the legacy drop-in. It returns whether anything was removed.
+func Disable(ctx context.Context, o Options, l Link) (bool, error) {
+	if err := removeLegacy(ctx, o); err != nil {
+		return false, err
+	}
+	exists, err := ownLink(ctx, o, l.Name)
+	if err != nil || !exists {
+		return false, err
+	}
+	if err := o.run(ctx, "ip", "link", "delete", "dev", l.Name); err != nil {
+		return false, fmt.Errorf("mesh DNS link %s: %w", l.Name, err)
 	}
 	return true, nil
 }
 
-// Disable removes the drop-in, if present, and reloads resolved.
-func Disable(ctx context.Context, o Options) (bool, error) {
-	err := os.Remove(o.path())
-	switch {
+// ownLink asks ip for the host's links and reports whether name is one;
+// a link of that name without LinkAlias is someone else's, an error.
+func ownLink(ctx context.Context, o Options, name string) (bool, error) {
+	out, err := o.Run(ctx, "ip", "-o", "link", "show")
+	if err != nil {
+		return false, fmt.Errorf("ip -o link show: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	alias, ok := Links(out)[name]
+	if ok && alias != LinkAlias {
+		return false, fmt.Errorf("mesh DNS: a link named %s exists and is not the agent's (its alias is %q, not %s): choose another sidecar.dns.link.name", name, alias, LinkAlias)
+	}
+	return ok, nil
+}
+
+// Links parses `ip -o link show`: one line a link, "<index>: <name>[@<peer>]:
+// <flags> ...", fields after "\" (ip's line continuation), one of them
+// "alias <alias>". It returns each link's alias ("" for none).
+func Links(out []byte) map[string]string {
+	links := map[string]string{}
+	for line := range strings.Lines(string(out)) {
+		_, rest, ok := strings.Cut(line, ": ")
+		if !ok {
+			continue
+		}
+		ifname, rest, ok := strings.Cut(rest, ":")
+		if !ok {
+			continue
+		}
+		ifname, _, _ = strings.Cut(ifname, "@")
+		alias := ""
+		for _, field := range strings.Split(strings.TrimSpace(rest), "\\") {
+			if a, ok := strings.CutPrefix(strings.TrimSpace(field), "alias "); ok {
+				alias = a
+			}
+		}
+		links[ifname] = alias
+	}
+	return links
+}
+
+// removeLegacy deletes an earlier version's global drop-in and, if there
+// was one, restarts resolved so that it forgets it.
+func removeLegacy(ctx context.Context, o Options) error {
+	path := o.LegacyDropIn
+	if path == "" {
+		path = LegacyDropIn
+	}
+	switch err := os.Remove(path); {
 	case errors.Is(err, os.ErrNotExist):
-		return false, nil
+		return nil
 	case err != nil:
-		return false, fmt.Errorf("remove %s: %w", o.path(), err)
+		return fmt.Errorf("remove %s: %w", path, err)
 	}
-	if err := o.Reload(ctx); err != nil {
-		return true, fmt.Errorf("reload %s: %w", ResolvedUnit, err)
-	}
-	return true, nil
+	return o.run(ctx, "systemctl", "try-reload-or-restart", ResolvedUnit)
 }
 
 // HasResolved reports whether systemd-resolved runs on this host (its
 // runtime directory exists).
 func HasResolved() bool {
-	_, err := os.Stat("/run/systemd/resolve")
+	_, err := os.Stat(ResolvedRuntimeDir)
 	return err == nil
-}
-
-func writeAtomic(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }
 
 // Ready reports whether the DNS proxy at addr has its name table: it asks

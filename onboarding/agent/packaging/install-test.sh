@@ -60,6 +60,28 @@ fresh() {
 		"$work/root/var/lib/istio" "$work/root/etc/istio" "$work/root/etc/certs"
 }
 R() { chroot "$work/root" "$@"; }
+# legacy_dropin: the global resolved drop-in an earlier version wrote.
+legacy_dropin() {
+	mkdir -p "$work/root/run/systemd/resolved.conf.d"
+	echo "[Resolve]" >"$work/root/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf"
+}
+# with_mesh_link LOG CMD...: runs CMD (output to LOG) in a network namespace
+# of its own holding a resolver link the agent made (embark-t0, with the
+# agent's alias) and someone else's link (other0), then prints what is left
+# of them: "embark-t0 other0", "other0", ...
+with_mesh_link() {
+	local log=$1
+	shift
+	unshare --net sh -c '
+		log=$1; shift
+		ip link add embark-t0 type veth peer name embark-t0p &&
+			ip link set dev embark-t0 alias onboarding-agent-mesh-dns &&
+			ip link add other0 type veth peer name other0p || exit 1
+		"$@" >"$log" 2>&1 || { echo failed; exit 0; }
+		for l in embark-t0 other0; do ip link show dev "$l" >/dev/null 2>&1 && printf "%s " "$l"; done
+		echo
+	' sh "$log" "$@"
+}
 # expect PATH OWNER:GROUP MODE
 expect() {
 	local got
@@ -87,12 +109,11 @@ check_installed() {
 	expect /var/lib/onboarding-agent/sidecar onboarding-agent:onboarding-agent 750
 	expect /run/secrets/tokens onboarding-agent:istio-proxy 2750
 	# Mesh DNS (docs/dns.md): the sidecar unit reads resolved's uplink
-	# servers, and the runtime drop-in directory exists, empty: the host's
-	# resolver is left alone until the sidecar answers.
+	# servers; the host's resolver is left alone until the sidecar answers
+	# (no drop-in: the agent gives the sidecar a link at run time).
 	expect /usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf root:root 644
 	R grep -qx 'BindReadOnlyPaths=-/run/systemd/resolve/resolv.conf:/etc/resolv.conf' \
 		/usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf || fail "$fmt: istio.service DNS drop-in"
-	expect /run/systemd/resolved.conf.d root:root 755
 	absent /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf
 	absent /etc/sudoers.d/onboarding-agent
 	# The agent owns nothing but its state and the token directory: no
@@ -135,9 +156,9 @@ echo "ok  deb: Istio's istio-sidecar postinst after the agent's changes nothing 
 # Upgrade: a locally edited configuration file and the staged state stay.
 echo "# edited on this VM" >>"$work/root/etc/onboarding-agent/onboarding.config.yaml"
 echo staged >"$work/root/var/lib/onboarding-agent/sidecar/cluster.env"
-echo "[Resolve]" >"$work/root/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf" # the sidecar answers
-dpkg --root="$work/root" --force-not-root --force-confold -i "$work/pkgs/next.deb" >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "dpkg upgrade"; }
-R test -e /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf || fail "deb: upgrade removed the running sidecar's mesh DNS drop-in"
+left=$(with_mesh_link "$work/log" dpkg --root="$work/root" --force-not-root --force-confold -i "$work/pkgs/next.deb") # the sidecar answers
+[ "$left" != failed ] || { cat "$work/log" >&2; fail "dpkg upgrade"; }
+[ "$left" = "embark-t0 other0 " ] || fail "deb: upgrade left the links '$left', want the running sidecar's resolver link kept"
 expect /usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf root:root 644
 [ "$(dpkg-query --admindir="$work/root/var/lib/dpkg" -W -f '${Version}' onboarding-agent)" = "$next" ] || fail "deb: not upgraded to $next"
 grep -q "edited on this VM" "$work/root/etc/onboarding-agent/onboarding.config.yaml" || fail "deb: upgrade replaced the edited configuration"
@@ -145,11 +166,14 @@ grep -q "edited on this VM" "$work/root/etc/onboarding-agent/onboarding.config.y
 expect /var/lib/onboarding-agent onboarding-agent:onboarding-agent 750
 echo "ok  deb: upgrade to $next keeps the edited configuration and the state"
 
-# Removal keeps configuration files; purge removes them and the state. A
-# mesh DNS drop-in left in place (the sidecar was answering) goes with the
-# package, as does the sidecar unit's drop-in.
-echo "[Resolve]" >"$work/root/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf"
-dpkg --root="$work/root" --force-not-root -r onboarding-agent >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "dpkg -r"; }
+# Removal keeps configuration files; purge removes them and the state. The
+# sidecar's resolver link left in place (the sidecar was answering) goes
+# with the package, and only it; so do an earlier version's drop-in and the
+# sidecar unit's drop-in.
+legacy_dropin
+left=$(with_mesh_link "$work/log" dpkg --root="$work/root" --force-not-root -r onboarding-agent)
+[ "$left" != failed ] || { cat "$work/log" >&2; fail "dpkg -r"; }
+[ "$left" = "other0 " ] || fail "deb: removal left the links '$left', want only other0"
 absent /usr/bin/onboarding-agent
 absent /usr/lib/systemd/system/onboarding-agent.service
 absent /usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf
@@ -169,15 +193,18 @@ rpmq=(rpm --root="$work/root")
 [ "$("${rpmq[@]}" -q --queryformat '%{ARCH}' onboarding-agent)" = "$rpmarch" ] || fail "rpm: architecture"
 check_installed rpm
 echo "# edited on this VM" >>"$work/root/etc/onboarding-agent/onboarding.config.yaml"
-echo "[Resolve]" >"$work/root/run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf" # the sidecar answers
-"${rpmroot[@]}" -U "$work/pkgs/next.rpm" >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "rpm -U"; }
-R test -e /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf || fail "rpm: upgrade removed the running sidecar's mesh DNS drop-in"
+left=$(with_mesh_link "$work/log" "${rpmroot[@]}" -U "$work/pkgs/next.rpm") # the sidecar answers
+[ "$left" != failed ] || { cat "$work/log" >&2; fail "rpm -U"; }
+[ "$left" = "embark-t0 other0 " ] || fail "rpm: upgrade left the links '$left', want the running sidecar's resolver link kept"
 [ "$("${rpmq[@]}" -q --queryformat '%{VERSION}' onboarding-agent)" = "${next//-/_}" ] ||
 	[ "$("${rpmq[@]}" -q --queryformat '%{VERSION}' onboarding-agent)" = "$next" ] || fail "rpm: not upgraded to $next"
 grep -q "edited on this VM" "$work/root/etc/onboarding-agent/onboarding.config.yaml" || fail "rpm: upgrade replaced the edited configuration"
 expect /var/lib/onboarding-agent onboarding-agent:onboarding-agent 750
 echo "ok  rpm: upgrade to $next keeps the edited configuration and the state"
-"${rpmroot[@]}" -e onboarding-agent >"$work/log" 2>&1 || { cat "$work/log" >&2; fail "rpm -e"; }
+legacy_dropin
+left=$(with_mesh_link "$work/log" "${rpmroot[@]}" -e onboarding-agent)
+[ "$left" != failed ] || { cat "$work/log" >&2; fail "rpm -e"; }
+[ "$left" = "other0 " ] || fail "rpm: removal left the links '$left', want only other0"
 absent /usr/bin/onboarding-agent
 absent /usr/lib/systemd/system/istio.service.d/onboarding-agent-dns.conf
 absent /run/systemd/resolved.conf.d/onboarding-agent-mesh-dns.conf

@@ -29,8 +29,6 @@ install -d -o onboarding-agent -g onboarding-agent -m 0750 /var/lib/onboarding-a
 # The token directory now (tmpfiles.d recreates it at boot).
 install -d -o root -g root -m 0755 /run/secrets
 install -d -o onboarding-agent -g istio-proxy -m 2750 /run/secrets/tokens
-# Where the mesh DNS drop-in for systemd-resolved goes (tmpfiles.d too).
-install -d -o root -g root -m 0755 /run/systemd/resolved.conf.d
 
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
 	systemctl daemon-reload

@@ -155,9 +155,9 @@ type ApplyOptions struct {
 
 // HostDNS is what Apply needs to point the host's resolver at the sidecar.
 type HostDNS struct {
-	// DropIn is the rendered systemd-resolved drop-in (hostdns.Render).
-	DropIn []byte
-	// Options locate the drop-in and reload systemd-resolved.
+	// Link is the sidecar's resolver link (hostdns.NewLink).
+	Link hostdns.Link
+	// Options run ip, resolvectl and systemctl.
 	Options hostdns.Options
 	// HasResolved reports whether systemd-resolved runs here. Default
 	// hostdns.HasResolved.
@@ -169,7 +169,7 @@ func disableHostDNS(ctx context.Context, h *HostDNS, log *slog.Logger) error {
 	if h == nil {
 		return nil
 	}
-	changed, err := hostdns.Disable(ctx, h.Options)
+	changed, err := hostdns.Disable(ctx, h.Options, h.Link)
 	if err != nil {
 		return fmt.Errorf("host resolver: %w", err)
 	}
@@ -192,13 +192,11 @@ func enableHostDNS(ctx context.Context, h *HostDNS, log *slog.Logger) error {
 		log.Info("no systemd-resolved on this host: configure the resolver to send mesh domains to the sidecar (docs/dns.md)")
 		return nil
 	}
-	changed, err := hostdns.Enable(ctx, h.Options, h.DropIn, true)
+	changed, err := hostdns.Enable(ctx, h.Options, h.Link)
 	if err != nil {
 		return fmt.Errorf("host resolver: %w", err)
 	}
-	if changed {
-		log.Info("host resolver sends mesh domains to the sidecar")
-	}
+	log.Info("host resolver sends mesh domains to the sidecar", "link", h.Link.Name, "created", changed, "domains", h.Link.Domains)
 	return nil
 }
 

@@ -212,8 +212,8 @@ func envWithRoot(opts EnvOptions, rootCert string) EnvOptions {
 	return opts
 }
 
-// The host resolver's mesh DNS drop-in is installed only on dns-on and
-// removed before every restart and stop of the sidecar.
+// The host resolver's mesh DNS link exists only after dns-on: it is
+// deleted before every restart and stop of the sidecar.
 func TestApplyHostDNS(t *testing.T) {
 	dir, staging := t.TempDir(), t.TempDir()
 	paths := installPaths(dir)
@@ -223,25 +223,40 @@ func TestApplyHostDNS(t *testing.T) {
 	if err := f.Stage(staging, Identity{Namespace: "bookinfo", RegistrationName: "ratings-x"}, boot); err != nil {
 		t.Fatal(err)
 	}
+	link, err := hostdns.NewLink(hostdns.DefaultLinkName, hostdns.DefaultLinkAddress, "127.0.0.1:15053", []string{"cluster.local"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var calls systemctlCalls
-	reloads := 0
-	dropIns := filepath.Join(dir, "run/systemd/resolved.conf.d")
+	// The link as ip shows it; configured counts resolvectl's server settings.
+	exists, configured := false, 0
+	run := func(_ context.Context, argv ...string) ([]byte, error) {
+		switch cmd := strings.Join(argv, " "); {
+		case cmd == "ip -o link show" && exists:
+			return []byte("7: mesh-dns0: <BROADCAST,NOARP,UP,LOWER_UP> mtu 1500\\    alias " + hostdns.LinkAlias + "\n"), nil
+		case cmd == "ip link add mesh-dns0 type dummy":
+			exists = true
+		case cmd == "ip link delete dev mesh-dns0":
+			exists = false
+		case strings.HasPrefix(cmd, "resolvectl dns mesh-dns0 127.0.0.1:15053"):
+			configured++
+		}
+		return nil, nil
+	}
 	opts := ApplyOptions{StagingDir: staging, Paths: paths, Unit: "istio.service", Systemctl: calls.run,
-		HostDNS: &HostDNS{DropIn: []byte("[Resolve]\nDNS=127.0.0.1:15053\nDomains=~cluster.local\n"),
-			Options:     hostdns.Options{Dir: dropIns, Reload: func(context.Context) error { reloads++; return nil }},
+		HostDNS: &HostDNS{Link: link, Options: hostdns.Options{Run: run, LegacyDropIn: filepath.Join(dir, "legacy.conf")},
 			HasResolved: func() bool { return true }}}
-	dropIn := filepath.Join(dropIns, hostdns.DropInName)
 	steps := []struct {
-		action      Action
-		wantDropIn  bool
-		wantReloads int
-		wantCall    string
+		action         Action
+		wantLink       bool
+		wantConfigured int
+		wantCall       string
 	}{
 		{RequestRestart, false, 0, "restart istio.service"},
 		{RequestDNSOn, true, 1, ""},
-		{RequestRestart, false, 2, "restart istio.service"},
-		{RequestDNSOn, true, 3, ""},
-		{RequestStop, false, 4, "stop istio.service"},
+		{RequestRestart, false, 1, "restart istio.service"},
+		{RequestDNSOn, true, 2, ""},
+		{RequestStop, false, 2, "stop istio.service"},
 	}
 	for i, s := range steps {
 		calls = nil
@@ -252,9 +267,8 @@ func TestApplyHostDNS(t *testing.T) {
 		if err != nil || got != s.action {
 			t.Fatalf("step %d %s: %s, %v", i, s.action, got, err)
 		}
-		_, statErr := os.Stat(dropIn)
-		if (statErr == nil) != s.wantDropIn || reloads != s.wantReloads {
-			t.Errorf("step %d %s: drop-in present %v, reloads %d; want %v, %d", i, s.action, statErr == nil, reloads, s.wantDropIn, s.wantReloads)
+		if exists != s.wantLink || configured != s.wantConfigured {
+			t.Errorf("step %d %s: link present %v, configured %d times; want %v, %d", i, s.action, exists, configured, s.wantLink, s.wantConfigured)
 		}
 		if s.wantCall != "" && (len(calls) != 1 || calls[0] != s.wantCall) {
 			t.Errorf("step %d %s: systemctl %v, want %q", i, s.action, calls, s.wantCall)

@@ -1,0 +1,217 @@
+package istiod
+
+import (
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/dns/dnsmessage"
+	istioapi "istio.io/api/networking/v1"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
+	"github.com/embark-mesh/embark/test/resolved"
+)
+
+// sidecarRelay stands in for "the same host" between two network
+// namespaces: the real pilot-agent runs in the test's, the VM's resolver
+// (systemd-resolved) in its own. The relay listens on the VM's loopback at
+// the sidecar's DNS address, forwards each query to pilot-agent's DNS proxy
+// and its answer back, and counts the names it was asked: every name the
+// VM's resolver sends the sidecar.
+type sidecarRelay struct {
+	pc     net.PacketConn
+	target string
+	mu     sync.Mutex
+	seen   map[string]int
+}
+
+func (r *sidecarRelay) serve() {
+	buf := make([]byte, 4096)
+	for {
+		n, from, err := r.pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		q := append([]byte(nil), buf[:n]...)
+		var p dnsmessage.Parser
+		if _, err := p.Start(q); err == nil {
+			if question, err := p.Question(); err == nil {
+				r.mu.Lock()
+				r.seen[strings.ToLower(question.Name.String())]++
+				r.mu.Unlock()
+			}
+		}
+		go func() {
+			c, err := net.Dial("udp", r.target)
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := c.Write(q); err != nil {
+				return
+			}
+			reply := make([]byte, 65535)
+			m, err := c.Read(reply)
+			if err != nil {
+				return
+			}
+			_, _ = r.pc.WriteTo(reply[:m], from)
+		}()
+	}
+}
+
+func (r *sidecarRelay) asked(name string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen[strings.ToLower(name)+"."]
+}
+
+// The VM's own resolver, Debian's real systemd-resolved, configured by
+// hostdns with the real ip and resolvectl as the agent's root service does
+// (dns-on), in front of the real pilot-agent connected through Embark's
+// relay to istiod. The VM also has servers of its own: a global DNS= an
+// operator set in resolved.conf and an uplink's (DHCP's), both the test's
+// resolvers in the VM's network, which answer NXDOMAIN under cluster.local.
+// Measured through the VM's stub (127.0.0.53), as its programs ask:
+//   - before dns-on, mesh names do not resolve (resolved refuses names
+//     under .local that no link routes: mDNS's domain) and the sidecar is
+//     asked nothing;
+//   - after, a Service's name answers its ClusterIP and a ServiceEntry host
+//     under a configured domain its address, from the sidecar, every time
+//     (the operator's global server does not share the sidecar's scope);
+//   - names outside the mesh domains never reach the sidecar: the uplink
+//     answers them;
+//   - with the sidecar gone (relay closed), names outside the mesh keep
+//     resolving, every one;
+//   - dns-off deletes the link: mesh names no longer resolve.
+func TestVMResolverAsksTheSidecarForMeshNamesOnly(t *testing.T) {
+	ns := env.Namespace(t)
+	wg := ratingsGroup(t, ns)
+	declared := &istionetworkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "declared", Namespace: ns}, Spec: istioapi.ServiceEntry{
+		Hosts: []string{"api.declared.example"}, Addresses: []string{"10.20.30.41"}, Location: istioapi.ServiceEntry_MESH_EXTERNAL,
+		Resolution: istioapi.ServiceEntry_DNS, Ports: []*istioapi.ServicePort{{Number: 443, Name: "tls", Protocol: "TLS"}},
+	}}
+	if err := env.Client.Create(t.Context(), declared); err != nil {
+		t.Fatal(err)
+	}
+	ratings := &corev1.Service{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "ratings"}, ratings); err != nil {
+		t.Fatal(err)
+	}
+	svcName, svcIP := "ratings."+ns+".svc.cluster.local", netip.MustParseAddr(ratings.Spec.ClusterIP)
+
+	up := startUpstream(t)
+	ep := startEndpoint(t, ns)
+	agent, dnsAddr := startDNSSidecar(t, ep, register(t, wg, 41), up)
+	askForNameTable(t, agent)
+	if a, _, ok := waitAnswer(t, dnsAddr, svcName, 60*time.Second, resolvesTo(svcIP)); !ok {
+		t.Fatalf("the sidecar itself: %s: %v, want %s\n%s", svcName, a, svcIP, agent.Logs())
+	}
+
+	operator, uplink := netip.MustParseAddr("127.0.0.77"), netip.MustParseAddr("127.0.0.78")
+	vm := resolved.Start(t, resolved.Options{GlobalDNS: []string{operator.String()}, UplinkDNS: []string{uplink.String()}})
+	servers := map[string]*testResolver{}
+	for name, addr := range map[string]netip.Addr{"operator": operator, "uplink": uplink} {
+		pc, err := vm.ListenPacket("udp", netip.AddrPortFrom(addr, 53).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers[name] = serveResolver(t, pc, addr)
+	}
+	relayPC, err := vm.ListenPacket("udp", "127.0.0.1:15053")
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := &sidecarRelay{pc: relayPC, target: dnsAddr, seen: map[string]int{}}
+	t.Cleanup(func() { _ = relayPC.Close() })
+	go relay.serve()
+
+	stub := func(name string, check func(answer) bool) (answer, bool) {
+		t.Helper()
+		a, _, ok := waitAnswerVia(t, vm.Dial, resolved.Stub, name, 10*time.Second, check)
+		return a, ok
+	}
+	unresolved := func(a answer) bool { return a.rcode != dnsmessage.RCodeSuccess && len(a.addrs) == 0 }
+	theirs := func(name string) int { return servers["operator"].asked(name) + servers["uplink"].asked(name) }
+
+	if a, ok := stub(svcName, unresolved); !ok {
+		t.Errorf("before dns-on: %s: %v, want no answer", svcName, a)
+	}
+	if n := relay.asked(svcName); n != 0 {
+		t.Errorf("before dns-on the sidecar was asked for %s %d times", svcName, n)
+	}
+
+	link, err := hostdns.NewLink(hostdns.DefaultLinkName, hostdns.DefaultLinkAddress, "127.0.0.1:15053", []string{"cluster.local", "declared.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := hostdns.Options{Run: vm.Run, LegacyDropIn: filepath.Join(t.TempDir(), "none.conf")}
+	if created, err := hostdns.Enable(t.Context(), opts, link); err != nil || !created {
+		t.Fatalf("dns-on: created=%v, %v", created, err)
+	}
+	if out, err := vm.Run(t.Context(), "resolvectl", "status", link.Name); err == nil {
+		t.Logf("resolvectl status %s:\n%s", link.Name, out)
+	}
+
+	before := theirs(svcName)
+	for i := range 10 { // every time, not once: resolved picks no other scope
+		if a, ok := stub(svcName, resolvesTo(svcIP)); !ok {
+			t.Fatalf("after dns-on, query %d: %s: %v, want %s", i, svcName, a, svcIP)
+		}
+	}
+	if a, ok := stub("api.declared.example", resolvesTo(netip.MustParseAddr("10.20.30.41"))); !ok {
+		t.Errorf("after dns-on: api.declared.example: %v, want 10.20.30.41", a)
+	}
+	if relay.asked(svcName) == 0 {
+		t.Errorf("%s answered without asking the sidecar", svcName)
+	}
+	if n := theirs(svcName) - before; n != 0 {
+		t.Errorf("after dns-on the VM's own servers were asked for %s %d times (the operator's %d, the uplink's %d)",
+			svcName, n, servers["operator"].asked(svcName), servers["uplink"].asked(svcName))
+	}
+
+	// Names outside the mesh domains: the VM's servers, never the sidecar.
+	for _, name := range []string{"www.outside.example", "repo.corp.example", "cluster.local.example"} {
+		if a, ok := stub(name, resolvesTo(upstreamAnswer)); !ok {
+			t.Errorf("%s: %v, want the VM's servers' %s", name, a, upstreamAnswer)
+		}
+		if n := relay.asked(name); n != 0 {
+			t.Errorf("the sidecar was asked for %s, a name outside the mesh, %d times", name, n)
+		}
+	}
+
+	// The sidecar gone: names outside the mesh keep resolving, every one.
+	_ = relayPC.Close()
+	failed := 0
+	for i := range 20 {
+		a, err := queryAVia(t.Context(), vm.Dial, resolved.Stub, "gone"+string(rune('a'+i))+".outside.example")
+		if err != nil || !resolvesTo(upstreamAnswer)(a) {
+			failed++
+		}
+	}
+	if failed != 0 {
+		t.Errorf("with the sidecar gone, %d of 20 names outside the mesh did not resolve", failed)
+	}
+
+	if removed, err := hostdns.Disable(t.Context(), opts, link); err != nil || !removed {
+		t.Fatalf("dns-off: removed=%v, %v", removed, err)
+	}
+	if out, err := vm.Run(t.Context(), "ip", "-o", "link", "show"); err != nil || hostdns.Links(out)[link.Name] != "" || strings.Contains(string(out), link.Name) {
+		t.Errorf("after dns-off the VM still has %s (%v):\n%s", link.Name, err, out)
+	}
+	if a, ok := stub(svcName, unresolved); !ok {
+		t.Errorf("after dns-off: %s: %v, want no answer", svcName, a)
+	}
+	if n := relay.asked(svcName); n == 0 {
+		t.Error("the relay lost count")
+	}
+}
