@@ -170,7 +170,7 @@ func (d *demo) steps() []step.Step {
 		step.Step{Title: fmt.Sprintf("meshNetworks (ConfigMap istio) declares the gateway of %s (%s:%d): the pod gets ratings through it, never a VM's own address",
 			meshnet.VMNetwork, vmGatewayAddr, meshnet.GatewayPort),
 			Run: func(ctx context.Context, out io.Writer) error { return d.declareVMGateway(ctx, out, netVM) }},
-		step.Step{Title: fmt.Sprintf("%s resolves mesh names through its sidecar's DNS proxy (cluster.env's DNS_PROXY_ADDR): productpage.bookinfo.svc.cluster.local and a ServiceEntry host from istiod's name table, relayed by Embark; a name outside the mesh from its usual resolver",
+		step.Step{Title: fmt.Sprintf("%s resolves mesh names through its sidecar's DNS proxy (cluster.env's DNS_PROXY_ADDR): productpage.bookinfo.svc.cluster.local and a ServiceEntry host from istiod's name table, relayed by Embark; a name outside the mesh from its usual resolver; then through its own systemd-resolved, which the agent gives the sidecar's link (mesh domains only)",
 			netVM.Name),
 			Run: func(ctx context.Context, out io.Writer) error { return d.resolveMeshNames(ctx, out, netVM) }},
 	)

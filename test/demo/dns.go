@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -15,11 +16,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	agentconfig "github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	"github.com/embark-mesh/embark/test/demo/check"
 	"github.com/embark-mesh/embark/test/demo/dig"
 	"github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/resolved"
 	"github.com/embark-mesh/embark/test/vmsim"
 )
 
@@ -31,6 +34,9 @@ const (
 	// serviceEntryHost is the host of the operator's ServiceEntry, which
 	// declares no address: istiod allocates one.
 	serviceEntryHost = "api.payments.example"
+	// serviceEntryDomain is its domain, which the VM's resolver routes to
+	// the sidecar (sidecar.dns.domains).
+	serviceEntryDomain = "payments.example"
 	// outsideName is a name outside the mesh a VM resolves.
 	outsideName = "sts.us-east-2.amazonaws.com"
 )
@@ -135,7 +141,91 @@ func (d *demo) resolveMeshNames(ctx context.Context, out io.Writer, v *vm.VM) er
 	}); err != nil {
 		return err
 	}
-	return d.checkUpstreamAsked(out, outsideName, meshNames[0].name, meshNames[1].name)
+	if err := d.checkUpstreamAsked(out, outsideName, meshNames[0].name, meshNames[1].name); err != nil {
+		return err
+	}
+	return d.resolveThroughHostResolver(ctx, out, v, server, []netip.Addr{clusterIP, allocated})
+}
+
+// resolveThroughHostResolver shows v's own resolver, Debian's real
+// systemd-resolved (in a network namespace of the demo's: the demo's VMs
+// share this machine's), configured with the commands the agent's root
+// service runs on dns-on: a link of the sidecar's own carrying the mesh
+// domains, route-only. Programs on v ask resolved's stub; mesh names reach
+// the sidecar, every other name v's uplink server (a relay to the usual
+// resolver), never the sidecar. The sidecar's DNS proxy runs in this
+// machine's namespace: a relay at its address on v joins the two.
+func (d *demo) resolveThroughHostResolver(ctx context.Context, out io.Writer, v *vm.VM, sidecarDNS string, want []netip.Addr) error {
+	uplink := "127.0.0.78"
+	h, err := resolved.New(ctx, resolved.Options{UplinkDNS: []string{uplink}})
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	up, err := h.RelayUDP(uplink+":53", netip.AddrPortFrom(d.upstream.Addr, 53).String())
+	if err != nil {
+		return err
+	}
+	defer up.Close()
+	side, err := h.RelayUDP(sidecarDNS, sidecarDNS)
+	if err != nil {
+		return err
+	}
+	defer side.Close()
+	fmt.Fprintf(out, "\n%s's own resolver: systemd-resolved (real), its uplink's server %s; the agent's root service, once the sidecar answers (dns-on), runs:\n", v.Name, uplink)
+	link, err := hostdns.NewLink(hostdns.DefaultLinkName, hostdns.DefaultLinkAddress, sidecarDNS, []string{"cluster.local", serviceEntryDomain})
+	if err != nil {
+		return err
+	}
+	run := func(ctx context.Context, argv ...string) ([]byte, error) {
+		if argv[0] != "ip" || argv[1] != "-o" { // ip -o link show: how it finds its link
+			fmt.Fprintf(out, "# %s\n", strings.Join(argv, " "))
+		}
+		return h.Run(ctx, argv...)
+	}
+	if _, err := hostdns.Enable(ctx, hostdns.Options{Run: run, LegacyDropIn: filepath.Join(d.work, "no-legacy-drop-in")}, link); err != nil {
+		return err
+	}
+	if err := showCommand(ctx, out, h, nil, "resolvectl", "status", link.Name); err != nil {
+		return err
+	}
+	names := []string{"productpage.bookinfo.svc.cluster.local", serviceEntryHost}
+	for i, name := range names {
+		if err := showCommand(ctx, out, h, func(s string) error { return check.Contains(s, want[i].String()) }, "resolvectl", "query", "--cache=no", name); err != nil {
+			return err
+		}
+	}
+	if err := showCommand(ctx, out, h, func(s string) error { return check.Contains(s, upstreamAnswer.String()) }, "resolvectl", "query", "--cache=no", outsideName); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nthe sidecar was asked through the link for: %s %d, %s %d, %s %d\n", names[0], side.Asked(names[0]), names[1], side.Asked(names[1]), outsideName, side.Asked(outsideName))
+	if side.Asked(names[0]) == 0 || side.Asked(names[1]) == 0 {
+		return errors.New("the mesh names were answered without asking the sidecar")
+	}
+	if side.Asked(outsideName) != 0 {
+		return fmt.Errorf("the sidecar was asked for %s, a name outside the mesh domains", outsideName)
+	}
+	return nil
+}
+
+// showCommand runs argv on h's resolver host, shows it and its output, and
+// checks the output with ok (nil: any) until it passes or the demo's wait
+// ends.
+func showCommand(ctx context.Context, out io.Writer, h *resolved.Host, ok func(string) error, argv ...string) error {
+	var last []byte
+	var lastErr error
+	err := fixtures.Poll(ctx, pollInterval, waitFor, func() error {
+		last, lastErr = h.Run(ctx, argv...)
+		if lastErr != nil {
+			return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), lastErr, last)
+		}
+		if ok != nil {
+			return ok(string(last))
+		}
+		return nil
+	})
+	fmt.Fprintf(out, "\n$ %s\n%s", strings.Join(argv, " "), last)
+	return err
 }
 
 // showAllocated waits until istiod has allocated the ServiceEntry an

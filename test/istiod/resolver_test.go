@@ -1,11 +1,9 @@
 package istiod
 
 import (
-	"net"
 	"net/netip"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,61 +17,6 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
 	"github.com/embark-mesh/embark/test/resolved"
 )
-
-// sidecarRelay stands in for "the same host" between two network
-// namespaces: the real pilot-agent runs in the test's, the VM's resolver
-// (systemd-resolved) in its own. The relay listens on the VM's loopback at
-// the sidecar's DNS address, forwards each query to pilot-agent's DNS proxy
-// and its answer back, and counts the names it was asked: every name the
-// VM's resolver sends the sidecar.
-type sidecarRelay struct {
-	pc     net.PacketConn
-	target string
-	mu     sync.Mutex
-	seen   map[string]int
-}
-
-func (r *sidecarRelay) serve() {
-	buf := make([]byte, 4096)
-	for {
-		n, from, err := r.pc.ReadFrom(buf)
-		if err != nil {
-			return
-		}
-		q := append([]byte(nil), buf[:n]...)
-		var p dnsmessage.Parser
-		if _, err := p.Start(q); err == nil {
-			if question, err := p.Question(); err == nil {
-				r.mu.Lock()
-				r.seen[strings.ToLower(question.Name.String())]++
-				r.mu.Unlock()
-			}
-		}
-		go func() {
-			c, err := net.Dial("udp", r.target)
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-			if _, err := c.Write(q); err != nil {
-				return
-			}
-			reply := make([]byte, 65535)
-			m, err := c.Read(reply)
-			if err != nil {
-				return
-			}
-			_, _ = r.pc.WriteTo(reply[:m], from)
-		}()
-	}
-}
-
-func (r *sidecarRelay) asked(name string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.seen[strings.ToLower(name)+"."]
-}
 
 // The VM's own resolver, Debian's real systemd-resolved, configured by
 // hostdns with the real ip and resolvectl as the agent's root service does
@@ -127,13 +70,13 @@ func TestVMResolverAsksTheSidecarForMeshNamesOnly(t *testing.T) {
 		}
 		servers[name] = serveResolver(t, pc, addr)
 	}
-	relayPC, err := vm.ListenPacket("udp", "127.0.0.1:15053")
+	// pilot-agent runs in the test's network namespace, resolved in the
+	// VM's: the relay joins them at the sidecar's address on the VM.
+	relay, err := vm.RelayUDP("127.0.0.1:15053", dnsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay := &sidecarRelay{pc: relayPC, target: dnsAddr, seen: map[string]int{}}
-	t.Cleanup(func() { _ = relayPC.Close() })
-	go relay.serve()
+	t.Cleanup(func() { _ = relay.Close() })
 
 	stub := func(name string, check func(answer) bool) (answer, bool) {
 		t.Helper()
@@ -146,7 +89,7 @@ func TestVMResolverAsksTheSidecarForMeshNamesOnly(t *testing.T) {
 	if a, ok := stub(svcName, unresolved); !ok {
 		t.Errorf("before dns-on: %s: %v, want no answer", svcName, a)
 	}
-	if n := relay.asked(svcName); n != 0 {
+	if n := relay.Asked(svcName); n != 0 {
 		t.Errorf("before dns-on the sidecar was asked for %s %d times", svcName, n)
 	}
 
@@ -171,7 +114,7 @@ func TestVMResolverAsksTheSidecarForMeshNamesOnly(t *testing.T) {
 	if a, ok := stub("api.declared.example", resolvesTo(netip.MustParseAddr("10.20.30.41"))); !ok {
 		t.Errorf("after dns-on: api.declared.example: %v, want 10.20.30.41", a)
 	}
-	if relay.asked(svcName) == 0 {
+	if relay.Asked(svcName) == 0 {
 		t.Errorf("%s answered without asking the sidecar", svcName)
 	}
 	if n := theirs(svcName) - before; n != 0 {
@@ -184,13 +127,13 @@ func TestVMResolverAsksTheSidecarForMeshNamesOnly(t *testing.T) {
 		if a, ok := stub(name, resolvesTo(upstreamAnswer)); !ok {
 			t.Errorf("%s: %v, want the VM's servers' %s", name, a, upstreamAnswer)
 		}
-		if n := relay.asked(name); n != 0 {
+		if n := relay.Asked(name); n != 0 {
 			t.Errorf("the sidecar was asked for %s, a name outside the mesh, %d times", name, n)
 		}
 	}
 
 	// The sidecar gone: names outside the mesh keep resolving, every one.
-	_ = relayPC.Close()
+	_ = relay.Close()
 	failed := 0
 	for i := range 20 {
 		a, err := queryAVia(t.Context(), vm.Dial, resolved.Stub, "gone"+string(rune('a'+i))+".outside.example")
@@ -211,7 +154,7 @@ func TestVMResolverAsksTheSidecarForMeshNamesOnly(t *testing.T) {
 	if a, ok := stub(svcName, unresolved); !ok {
 		t.Errorf("after dns-off: %s: %v, want no answer", svcName, a)
 	}
-	if n := relay.asked(svcName); n == 0 {
+	if n := relay.Asked(svcName); n == 0 {
 		t.Error("the relay lost count")
 	}
 }

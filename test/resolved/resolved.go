@@ -13,6 +13,7 @@ package resolved
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -22,9 +23,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
 	"github.com/embark-mesh/embark/test/testenv"
@@ -49,33 +52,64 @@ type Host struct {
 	NetNS string
 	pid   int
 	bin   string
+	work  string
+	cmd   *exec.Cmd
+	done  chan struct{}
 }
 
-// Start starts systemd-resolved as Options say and waits until resolvectl
-// reaches it. Everything stops and goes with the test.
+// Start starts systemd-resolved as Options say (New) and stops it when the
+// test ends, with its log if the test failed.
 func Start(t *testing.T, o Options) *Host {
 	t.Helper()
+	h, err := New(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("systemd-resolved:\n%s", h.Log())
+		}
+		h.Close()
+	})
+	return h
+}
+
+// New starts systemd-resolved as Options say and waits until resolvectl
+// reaches it. Close stops it and removes its namespaces.
+func New(ctx context.Context, o Options) (*Host, error) {
 	if os.Geteuid() != 0 {
-		t.Fatal("resolved: the VM resolver needs root (network and mount namespaces)")
+		return nil, errors.New("resolved: the VM resolver needs root (network and mount namespaces)")
 	}
 	assets, err := testenv.AssetsDir("")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	dir := filepath.Join(assets, "systemd-resolved")
 	daemon := filepath.Join(dir, "lib", "systemd", "systemd-resolved")
 	if _, err := os.Stat(daemon); err != nil {
-		t.Fatalf("resolved: %v: run `make testenv` (test/tools/resolved.sh)", err)
+		return nil, fmt.Errorf("resolved: %w: run `make testenv` (test/tools/resolved.sh)", err)
 	}
 	for _, tool := range []string{"dbus-daemon", "nsenter", "ip"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("resolved: %s: %v (apt-get install dbus-daemon util-linux iproute2)", tool, err)
+			return nil, fmt.Errorf("resolved: %s: %w (apt-get install dbus-daemon util-linux iproute2)", tool, err)
 		}
 	}
-	h := &Host{NetNS: fmt.Sprintf("embark-res-%d", rand.IntN(1_000_000)), bin: filepath.Join(dir, "usr", "bin")}
-	work := t.TempDir()
-	if err := writeFiles(work, o); err != nil {
-		t.Fatal(err)
+	work, err := os.MkdirTemp("", "embark-resolved-")
+	if err != nil {
+		return nil, err
+	}
+	h := &Host{NetNS: fmt.Sprintf("embark-res-%d", rand.IntN(1_000_000)), bin: filepath.Join(dir, "usr", "bin"), work: work}
+	if err := h.start(ctx, o, daemon); err != nil {
+		log := h.Log()
+		h.Close()
+		return nil, fmt.Errorf("%w\n%s", err, log)
+	}
+	return h, nil
+}
+
+func (h *Host) start(ctx context.Context, o Options, daemon string) error {
+	if err := writeFiles(h.work, o); err != nil {
+		return err
 	}
 	for _, args := range [][]string{
 		{"netns", "add", h.NetNS},
@@ -86,11 +120,9 @@ func Start(t *testing.T, o Options) *Host {
 		{"-n", h.NetNS, "link", "set", "uplink0", "up"},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+			return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", h.NetNS).Run() })
-
 	// ip netns exec gives the command a mount namespace of its own (a slave
 	// of the host's): the private /run, users and resolv.conf stay there.
 	script := `set -e
@@ -105,51 +137,59 @@ echo $! >"$W/dbus.pid"
 for i in $(seq 50); do [ -S /run/dbus/system_bus_socket ] && break; sleep 0.1; done
 exec "$D"
 `
-	cmd := exec.Command("ip", "netns", "exec", h.NetNS, "sh", "-c", script)
-	cmd.Env = append(os.Environ(), "W="+work, "D="+daemon, "SYSTEMD_LOG_LEVEL=info")
+	h.cmd = exec.Command("ip", "netns", "exec", h.NetNS, "sh", "-c", script)
+	h.cmd.Env = append(os.Environ(), "W="+h.work, "D="+daemon, "SYSTEMD_LOG_LEVEL=info")
 	// A file, not a pipe: dbus-daemon inherits it and outlives the shell.
-	logs, err := os.Create(filepath.Join(work, "resolved.log"))
+	logs, err := os.Create(filepath.Join(h.work, "resolved.log"))
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer logs.Close()
-	cmd.Stdout, cmd.Stderr = logs, logs
-	readLogs := func() string { b, _ := os.ReadFile(logs.Name()); return string(b) }
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	h.cmd.Stdout, h.cmd.Stderr = logs, logs
+	if err := h.cmd.Start(); err != nil {
+		return err
 	}
-	h.pid = cmd.Process.Pid
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		if b, err := os.ReadFile(filepath.Join(work, "dbus.pid")); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
-				_ = unix.Kill(pid, unix.SIGKILL)
-			}
-		}
-		_ = cmd.Process.Kill()
-		<-done
-		if t.Failed() {
-			t.Logf("systemd-resolved:\n%s", readLogs())
-		}
-	})
+	h.pid = h.cmd.Process.Pid
+	h.done = make(chan struct{})
+	go func() { _ = h.cmd.Wait(); close(h.done) }()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		out, err := h.Run(t.Context(), "resolvectl", "status")
+		out, err := h.Run(ctx, "resolvectl", "status")
 		if err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("resolved did not start: resolvectl status: %v: %s\n%s", err, out, readLogs())
+			return fmt.Errorf("resolved did not start: resolvectl status: %w: %s", err, out)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	if len(o.UplinkDNS) > 0 {
-		if out, err := h.Run(t.Context(), append([]string{"resolvectl", "dns", "uplink0"}, o.UplinkDNS...)...); err != nil {
-			t.Fatalf("resolvectl dns uplink0: %v: %s", err, out)
+		if out, err := h.Run(ctx, append([]string{"resolvectl", "dns", "uplink0"}, o.UplinkDNS...)...); err != nil {
+			return fmt.Errorf("resolvectl dns uplink0: %w: %s", err, out)
 		}
 	}
-	return h
+	return nil
+}
+
+// Log is what resolved and its bus wrote.
+func (h *Host) Log() string {
+	b, _ := os.ReadFile(filepath.Join(h.work, "resolved.log"))
+	return string(b)
+}
+
+// Close stops resolved and its bus and deletes the namespace.
+func (h *Host) Close() {
+	if b, err := os.ReadFile(filepath.Join(h.work, "dbus.pid")); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+	}
+	if h.cmd != nil && h.cmd.Process != nil {
+		_ = h.cmd.Process.Kill()
+		<-h.done
+	}
+	_ = exec.Command("ip", "netns", "del", h.NetNS).Run()
+	_ = os.RemoveAll(h.work)
 }
 
 // writeFiles writes the bus's configuration (anyone may own any name: the
@@ -262,3 +302,75 @@ func (h *Host) inNetns(f func() error) error {
 	runtime.UnlockOSThread()
 	return ferr
 }
+
+// Relay listens on the VM's loopback and forwards each UDP query to a
+// server in the caller's network namespace and its answer back: the
+// sidecar's DNS proxy at its address on the VM, where the sidecar runs in
+// the test's namespace (a stand-in for "the same host"). It counts the
+// names it was asked.
+type Relay struct {
+	pc     net.PacketConn
+	target string
+	mu     sync.Mutex
+	seen   map[string]int
+}
+
+// RelayUDP starts a Relay from listen (inside the VM) to target.
+func (h *Host) RelayUDP(listen, target string) (*Relay, error) {
+	pc, err := h.ListenPacket("udp", listen)
+	if err != nil {
+		return nil, err
+	}
+	r := &Relay{pc: pc, target: target, seen: map[string]int{}}
+	go r.serve()
+	return r, nil
+}
+
+func (r *Relay) serve() {
+	buf := make([]byte, 4096)
+	for {
+		n, from, err := r.pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		q := append([]byte(nil), buf[:n]...)
+		var p dnsmessage.Parser
+		if _, err := p.Start(q); err == nil {
+			if question, err := p.Question(); err == nil {
+				r.mu.Lock()
+				r.seen[strings.ToLower(question.Name.String())]++
+				r.mu.Unlock()
+			}
+		}
+		go r.forward(q, from)
+	}
+}
+
+func (r *Relay) forward(q []byte, from net.Addr) {
+	c, err := net.Dial("udp", r.target)
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write(q); err != nil {
+		return
+	}
+	reply := make([]byte, 65535)
+	m, err := c.Read(reply)
+	if err != nil {
+		return
+	}
+	_, _ = r.pc.WriteTo(reply[:m], from)
+}
+
+// Asked is how many times the relay was asked for name (without the
+// trailing dot).
+func (r *Relay) Asked(name string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen[strings.ToLower(name)+"."]
+}
+
+// Close stops the relay: the sidecar is gone for the VM.
+func (r *Relay) Close() error { return r.pc.Close() }
