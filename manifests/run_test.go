@@ -378,30 +378,11 @@ func standaloneRun(t *testing.T, ctx context.Context) *run {
 // and certificate requests relayed, refused and failed at istiod.
 func istiodRun(t *testing.T, ctx context.Context) *run {
 	t.Helper()
-	i, err := testenv.StartIstiod(ctx, env, testenv.IstiodOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = i.Close() })
-	roots := filepath.Join(t.TempDir(), "istiod-root-cert.pem")
-	if err := os.WriteFile(roots, i.RootCert, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	istiodCfg := "istiod:\n  address: " + i.SecureGRPCAddr + "\n  serverName: " + testenv.IstiodServerName + "\n  rootCertFile: " + roots + "\n"
-	f := newWorkloadFixture(t)
-	host := "onboarding-endpoint.example.corp"
-	a := newEndpointAddrs(t)
-	awaitStop(t, runEndpoint(t, ctx, writeEndpointConfig(t, env.Namespace(t), host, f, a, istiodCfg, gracePeriod), env.KubeconfigPath, "onboarding-endpoint-istiod"))
-	targets := []scrapeTarget{{pod: "onboarding-endpoint-istiod", addr: a.metrics}}
-	r := newRun(t, "istiod", targets)
+	_, ir := startIstiodReplica(t, ctx)
+	r := newRun(t, "istiod", ir.targets)
 	r.scrape(t, 4)
-	ca := securityv1alpha1.NewIstioCertificateServiceClient(dialPlain(t, a.xds))
-	ask := func(token, csr string) error {
-		callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), 30*time.Second)
-		defer cancel()
-		_, err := ca.CreateCertificate(callCtx, &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
-		return err
-	}
+	a, host, f := ir.addrs, ir.host, ir.fixture
+	ask := func(token, csr string) error { return ir.ask(ctx, token, csr) }
 	for life := range lives {
 		v := onboardVM(t, ctx, a.onboarding, host, f, "172.31.5.254")
 		deny(t, ctx, a.onboarding, host, f)
@@ -419,6 +400,48 @@ func istiodRun(t *testing.T, ctx context.Context) *run {
 		sidecarLife(t, ctx, r, a.xds, v, f, fmt.Sprintf("v%d", life+2))
 	}
 	return r
+}
+
+// istiodReplica is one replica in istiod mode, relaying to a real istiod.
+type istiodReplica struct {
+	addrs   endpointAddrs
+	host    string
+	fixture *workloadFixture
+	targets []scrapeTarget
+	ca      securityv1alpha1.IstioCertificateServiceClient
+}
+
+// ask asks the replica's certificate API for csr with token.
+func (ir *istiodReplica) ask(ctx context.Context, token, csr string) error {
+	return ir.askWithin(ctx, 30*time.Second, token, csr)
+}
+
+// askWithin is ask with the caller's deadline d, as pilot-agent sets one.
+func (ir *istiodReplica) askWithin(ctx context.Context, d time.Duration, token, csr string) error {
+	callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token), d)
+	defer cancel()
+	_, err := ir.ca.CreateCertificate(callCtx, &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
+	return err
+}
+
+// startIstiodReplica starts a real istiod and one replica relaying to it.
+func startIstiodReplica(t *testing.T, ctx context.Context) (*testenv.Istiod, *istiodReplica) {
+	t.Helper()
+	i, err := testenv.StartIstiod(ctx, env, testenv.IstiodOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = i.Close() })
+	roots := filepath.Join(t.TempDir(), "istiod-root-cert.pem")
+	if err := os.WriteFile(roots, i.RootCert, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	istiodCfg := "istiod:\n  address: " + i.SecureGRPCAddr + "\n  serverName: " + testenv.IstiodServerName + "\n  rootCertFile: " + roots + "\n"
+	ir := &istiodReplica{fixture: newWorkloadFixture(t), host: "onboarding-endpoint.example.corp", addrs: newEndpointAddrs(t)}
+	awaitStop(t, runEndpoint(t, ctx, writeEndpointConfig(t, env.Namespace(t), ir.host, ir.fixture, ir.addrs, istiodCfg, gracePeriod), env.KubeconfigPath, "onboarding-endpoint-istiod"))
+	ir.targets = []scrapeTarget{{pod: "onboarding-endpoint-istiod", addr: ir.addrs.metrics}}
+	ir.ca = securityv1alpha1.NewIstioCertificateServiceClient(dialPlain(t, ir.addrs.xds))
+	return i, ir
 }
 
 // csrPEM is a PEM certificate request with a fresh key.

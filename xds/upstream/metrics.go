@@ -65,11 +65,21 @@ func (m *Metrics) setState(s connectivity.State) {
 	}
 }
 
-// watch reports conn's state until conn is closed.
-func (m *Metrics) watch(ctx context.Context, conn *grpc.ClientConn) {
+// keepConnected keeps conn connected to istiod and reports its state (m
+// may be nil) until conn is closed: gRPC leaves a connection idle after it
+// breaks until a call needs it, and connects lazily at first; connecting
+// whenever it is idle makes a replica reach istiod as soon as it starts
+// and keep retrying (with gRPC's backoff) while istiod is down, so the
+// state says whether istiod is reachable, not whether a call happened to
+// be waiting (an idle state between retries would reset
+// EmbarkIstiodUnreachable's for:).
+func keepConnected(ctx context.Context, conn *grpc.ClientConn, m *Metrics) {
 	for {
 		s := conn.GetState()
 		m.setState(s)
+		if s == connectivity.Idle {
+			conn.Connect()
+		}
 		if s == connectivity.Shutdown || !conn.WaitForStateChange(ctx, s) {
 			return
 		}

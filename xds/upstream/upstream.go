@@ -117,8 +117,9 @@ func (o *Options) setDefaults() error {
 }
 
 // Dial returns a client connection to istiod. It does not wait for the
-// connection to be established (gRPC connects on the first call and
-// reconnects with backoff); it fails only on bad options or an unreadable
+// connection to be established: it connects at once and again, with gRPC's
+// backoff, whenever the connection breaks (keepConnected); it fails only on
+// bad options or an unreadable
 // root file. ctx bounds nothing but reading the roots; the caller closes the
 // connection.
 func Dial(ctx context.Context, opts Options) (*grpc.ClientConn, error) {
@@ -153,9 +154,7 @@ func Dial(ctx context.Context, opts Options) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream: dial istiod at %s: %w", opts.Address, err)
 	}
-	if opts.Metrics != nil {
-		go opts.Metrics.watch(context.WithoutCancel(ctx), conn)
-	}
+	go keepConnected(context.WithoutCancel(ctx), conn, opts.Metrics)
 	return conn, nil
 }
 
