@@ -363,17 +363,17 @@ spec:
 		{
 			name:    "aws and jwt in one matcher",
 			yaml:    policy(`{aws: {accounts: ['123456789012']}, jwt: {issuer: 'https://issuer.example'}}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt or gcp must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
 		},
 		{
 			name:    "empty matcher",
 			yaml:    policy(`{}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt or gcp must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
 		},
 		{
 			name:    "gcp and aws in one matcher",
 			yaml:    policy(`{aws: {accounts: ['123456789012']}, gcp: {projects: [my-project]}}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt or gcp must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
 		},
 		{
 			name:    "gcp without projects",
