@@ -74,8 +74,8 @@ func (m *Microsoft) serve(w http.ResponseWriter, r *http.Request) {
 	case len(parts) == 4 && parts[1] == "v2.0" && parts[2] == ".well-known" && parts[3] == "openid-configuration":
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{
-			"issuer":   "https://login.microsoftonline.com/" + parts[0] + "/v2.0",
-			"jwks_uri": m.srv.URL + "/" + parts[0] + "/discovery/v2.0/keys",
+			"issuer":                                "https://login.microsoftonline.com/" + parts[0] + "/v2.0",
+			"jwks_uri":                              m.srv.URL + "/" + parts[0] + "/discovery/v2.0/keys",
 			"id_token_signing_alg_values_supported": []string{"RS256"},
 		})
 	default:
