@@ -11,7 +11,7 @@ import (
 // +kubebuilder:printcolumn:name="Groups",type=integer,JSONPath=`.status.selectedWorkloadGroupCount`,description="WorkloadGroups the rules currently select"
 // +kubebuilder:printcolumn:name="Accounts",type=string,JSONPath=`.spec.allow[*].workloads[*].aws.accounts`,description="AWS accounts the rules allow"
 // +kubebuilder:printcolumn:name="Projects",type=string,JSONPath=`.spec.allow[*].workloads[*].gcp.projects`,description="GCP projects the rules allow"
-// +kubebuilder:printcolumn:name="Subscriptions",type=string,JSONPath=`.spec.allow[*].workloads[*].azure.subscriptions`,description="Azure subscriptions the rules allow",priority=1
+// +kubebuilder:printcolumn:name="Subscriptions",type=string,JSONPath=`.spec.allow[*].workloads[*].azure.subscriptions`,description="Azure subscriptions the rules allow"
 // +kubebuilder:printcolumn:name="Issuers",type=string,JSONPath=`.spec.allow[*].workloads[*].jwt.issuer`,description="JWT issuers the rules allow"
 // +kubebuilder:printcolumn:name="Last Allowed",type=date,JSONPath=`.status.lastAllowedTime`,description="When a rule of this policy last allowed a workload"
 // +kubebuilder:printcolumn:name="Last Denied",type=date,JSONPath=`.status.lastDeniedTime`,description="When a workload was last denied joining a WorkloadGroup this policy selects"
