@@ -365,3 +365,33 @@ func TestIMDSIssuesManagedIdentityTokens(t *testing.T) {
 		t.Fatalf("a token for Resource Manager: %v, want WrongAudience", err)
 	}
 }
+
+// TestKeysFetchedCachedAndRefreshed: the tenant's keys are fetched when
+// first needed and cached; a token of a key Microsoft rotated in is
+// verified after one more fetch, and the next token of that key costs none.
+func TestKeysFetchedCachedAndRefreshed(t *testing.T) {
+	f := newFixture(t)
+	vm := azuretest.DefaultVM()
+	if _, err := f.v.Verify(t.Context(), f.sign(t, vm.Claims(audience, f.now.Add(-time.Hour)))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.v.Verify(t.Context(), f.sign(t, vm.Claims(audience, f.now.Add(-2*time.Hour)))); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.ms.Fetches(); n != 1 {
+		t.Fatalf("%d key fetches for two tokens of one key, want 1", n)
+	}
+	if err := f.ms.RotateKey(); err != nil {
+		t.Fatal(err)
+	}
+	f.now = f.now.Add(time.Minute)
+	if _, err := f.v.Verify(t.Context(), f.sign(t, vm.Claims(audience, f.now.Add(-time.Hour)))); err != nil {
+		t.Fatalf("token of the rotated-in key: %v", err)
+	}
+	if _, err := f.v.Verify(t.Context(), f.sign(t, vm.Claims(audience, f.now.Add(-2*time.Hour)))); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.ms.Fetches(); n != 2 {
+		t.Fatalf("%d key fetches after a rotation, want 2", n)
+	}
+}
