@@ -159,7 +159,7 @@ func identityProves(e Enrollment, typ runtimev1alpha1.AddressType, addr netip.Ad
 
 // notProven is the refusal of host address i of e.
 func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.Addr) error {
-	what := "its identity proves no address (a JWT host or a GCE instance)"
+	what := "its identity proves no address (a JWT host, a GCE instance or an Azure VM)"
 	if e.Identity.AWS != nil {
 		what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
 	}
@@ -191,13 +191,15 @@ func CheckHolder(war *runtimev1alpha1.WorkloadAutoRegistration, id runtimev1alph
 
 // FreshProof says whether the identity carries a proof that may take an
 // existing registration over from another agent session: an STS proof of
-// the instance's role session, a JWT (short-lived, issued to the host) or a
-// GCE instance identity token (short-lived, signed by Google, used once).
+// the instance's role session, a JWT (short-lived, issued to the host), a
+// GCE instance identity token (short-lived, signed by Google, used once) or
+// an Azure managed identity token (issued to the VM by Entra ID, used
+// once).
 // A bare instance identity document, which never expires and which anything
 // on the instance can read, never does.
 func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
 	switch {
-	case id.JWT != nil, id.GCP != nil:
+	case id.JWT != nil, id.GCP != nil, id.Azure != nil:
 		return true
 	case id.AWS != nil && id.AWS.EC2 != nil:
 		return id.AWS.EC2.IAMRole != ""
@@ -208,7 +210,9 @@ func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
 
 // SameWorkload says whether a and b are the same workload: the same EC2
 // instance (partition, account, zone, instance ID), the same GCE instance
-// (project, zone, instance ID) or the same JWT issuer and subject. Registration names are not compared: they are labels.
+// (project, zone, instance ID), the same Azure VM (tenant, subscription,
+// resource group and name: one resource ID names one VM at a time) or the
+// same JWT issuer and subject. Registration names are not compared: they are labels.
 func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
 	switch {
 	case a.AWS != nil && b.AWS != nil:
@@ -221,6 +225,9 @@ func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
 		return a.JWT.Issuer == b.JWT.Issuer && a.JWT.Subject == b.JWT.Subject
 	case a.GCP != nil && b.GCP != nil:
 		return a.GCP.ProjectID == b.GCP.ProjectID && a.GCP.Zone == b.GCP.Zone && a.GCP.InstanceID == b.GCP.InstanceID
+	case a.Azure != nil && b.Azure != nil:
+		x, y := a.Azure, b.Azure
+		return x.TenantID == y.TenantID && x.SubscriptionID == y.SubscriptionID && x.ResourceGroup == y.ResourceGroup && x.VMName == y.VMName
 	default:
 		return false
 	}

@@ -47,6 +47,10 @@ func TestSameWorkloadAndFreshProof(t *testing.T) {
 		{name: "same GCE instance", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("embark-test", "5180367924151823417"), wantSame: true, wantFresh: true},
 		{name: "GCE instance ID in another project", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("other-project", "5180367924151823417"), wantFresh: true},
 		{name: "another GCE instance", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("embark-test", "1"), wantFresh: true},
+		{name: "same Azure VM", a: azureIdentity("embark-rg", "ratings-1"), b: azureIdentity("embark-rg", "ratings-1"), wantSame: true, wantFresh: true},
+		{name: "Azure VM of that name in another resource group", a: azureIdentity("embark-rg", "ratings-1"), b: azureIdentity("other-rg", "ratings-1"), wantFresh: true},
+		{name: "another Azure VM", a: azureIdentity("embark-rg", "ratings-1"), b: azureIdentity("embark-rg", "ratings-2"), wantFresh: true},
+		{name: "GCE instance and Azure VM", a: gceIdentity("embark-test", "5180367924151823417"), b: azureIdentity("embark-rg", "ratings-1"), wantFresh: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -157,5 +161,12 @@ func gceIdentity(project, instanceID string) runtimev1alpha1.WorkloadIdentity {
 	return runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{
 		ProjectID: project, ProjectNumber: "123456789012", Zone: "us-central1-a", InstanceID: instanceID,
 		InstanceName: "ratings-1", ServiceAccount: "ratings@" + project + ".iam.gserviceaccount.com",
+	}}
+}
+
+func azureIdentity(group, name string) runtimev1alpha1.WorkloadIdentity {
+	return runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{
+		TenantID: "72f988bf-86f1-41af-91ab-2d7cd011db47", SubscriptionID: "0b1f6471-1bf0-4dda-aec3-cb9272f09590",
+		ResourceGroup: group, VMName: name, PrincipalID: "9b5a7f2e-3c1d-4e8f-a6b2-0d4c8e1f7a93",
 	}}
 }

@@ -213,7 +213,8 @@ func canonicalRevision(set, labels map[string]string) string {
 
 // HostnameOf returns the host name a registration's identity proves, as a
 // label value, or "": an EC2 instance's private DNS host name
-// (ip-10-0-0-7, from its VPC address), a GCE instance's name or a JWT
+// (ip-10-0-0-7, from its VPC address), a GCE instance's or Azure VM's name
+// or a JWT
 // subject that is a valid label value (an on-prem host's name). What the VM reports is not used.
 func HostnameOf(war *runtimev1alpha1.WorkloadAutoRegistration) string {
 	id := war.Spec.Identity
@@ -233,6 +234,8 @@ func HostnameOf(war *runtimev1alpha1.WorkloadAutoRegistration) string {
 		h = id.JWT.Subject
 	case id.GCP != nil:
 		h = id.GCP.InstanceName
+	case id.Azure != nil:
+		h = id.Azure.VMName
 	}
 	if len(validation.IsValidLabelValue(h)) > 0 {
 		return ""

@@ -204,6 +204,7 @@ func TestHostnameOf(t *testing.T) {
 		{runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{Subject: "vm-01.example.com"}}, nil, "vm-01.example.com"},
 		{runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{Subject: "system:serviceaccount:a:b"}}, nil, ""},
 		{runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{InstanceName: "ratings-1"}}, []runtimev1alpha1.HostAddress{{IP: "10.128.0.7", Type: runtimev1alpha1.AddressTypeVPC}}, "ratings-1"},
+		{runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{VMName: "ratings-1"}}, []runtimev1alpha1.HostAddress{{IP: "10.1.0.4", Type: runtimev1alpha1.AddressTypeVPC}}, "ratings-1"},
 		{runtimev1alpha1.WorkloadIdentity{}, nil, ""},
 	} {
 		war := &runtimev1alpha1.WorkloadAutoRegistration{}

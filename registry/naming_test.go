@@ -69,6 +69,8 @@ func TestIdentityName(t *testing.T) {
 			want: "jwt-corp-host-1-" + fullHashOf("https://corp.example\x00host-1")[:16]},
 		{name: "gce", id: runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{ProjectID: "embark-test", Zone: "us-central1-a", InstanceID: "5180367924151823417", InstanceName: "ratings-1"}},
 			want: "gcp-embark-test-us-central1-a-gce-5180367924151823417"},
+		{name: "azure", id: runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{TenantID: "72f988bf-86f1-41af-91ab-2d7cd011db47", SubscriptionID: "0b1f6471-1bf0-4dda-aec3-cb9272f09590", ResourceGroup: "embark-rg", VMName: "ratings-1"}},
+			want: "azure-0b1f6471-1bf0-4dda-aec3-cb9272f09590-embark-rg-vm-ratings-1"},
 		{name: "none", want: ""},
 	}
 	for _, tt := range tests {

@@ -290,9 +290,9 @@ func TestKubectlGetObpPrintsColumns(t *testing.T) {
 		header string
 		row    string
 	}{
-		{args: []string{"get", "obp", "-n", ns}, header: "NAME GROUPS ACCOUNTS PROJECTS ISSUERS LAST ALLOWED LAST DENIED AGE",
+		{args: []string{"get", "obp", "-n", ns}, header: "NAME GROUPS ACCOUNTS PROJECTS SUBSCRIPTIONS ISSUERS LAST ALLOWED LAST DENIED AGE",
 			row: `^` + regexp.QuoteMeta(p.Name) + `\s+2\s+\["123456789012","234567890123"\]\s+(9\d|1\d\d)s\s+\d+s$`}, // no issuer, never denied: empty
-		{args: []string{"get", "obp", "-n", ns, "-o", "wide"}, header: "NAME GROUPS ACCOUNTS PROJECTS ISSUERS LAST ALLOWED LAST DENIED SELECTED AGE",
+		{args: []string{"get", "obp", "-n", ns, "-o", "wide"}, header: "NAME GROUPS ACCOUNTS PROJECTS SUBSCRIPTIONS ISSUERS LAST ALLOWED LAST DENIED SELECTED AGE",
 			row: `^` + regexp.QuoteMeta(p.Name) + `\s+2\s+.*\s+\["details","ratings"\]\s+\d+s$`},
 	} {
 		out, err := env.Kubectl(ctx, nil, tc.args...)
@@ -363,17 +363,17 @@ spec:
 		{
 			name:    "aws and jwt in one matcher",
 			yaml:    policy(`{aws: {accounts: ['123456789012']}, jwt: {issuer: 'https://issuer.example'}}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt or gcp must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
 		},
 		{
 			name:    "empty matcher",
 			yaml:    policy(`{}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt or gcp must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
 		},
 		{
 			name:    "gcp and aws in one matcher",
 			yaml:    policy(`{aws: {accounts: ['123456789012']}, gcp: {projects: [my-project]}}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt or gcp must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
 		},
 		{
 			name:    "gcp without projects",
@@ -384,6 +384,26 @@ spec:
 			name:    "gcp project ID not an ID",
 			yaml:    policy(`gcp: {projects: ['My Project']}`),
 			wantErr: []string{"spec.allow[0].workloads[0].gcp.projects[0]"},
+		},
+		{
+			name:    "azure and gcp in one matcher",
+			yaml:    policy(`{gcp: {projects: [my-project]}, azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], subscriptions: [0b1f6471-1bf0-4dda-aec3-cb9272f09590]}}`),
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
+		},
+		{
+			name:    "azure without subscriptions",
+			yaml:    policy(`azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47]}`),
+			wantErr: []string{"spec.allow[0].workloads[0].azure.subscriptions", "Required value"},
+		},
+		{
+			name:    "azure tenant not an ID",
+			yaml:    policy(`azure: {tenants: [contoso.onmicrosoft.com], subscriptions: [0b1f6471-1bf0-4dda-aec3-cb9272f09590]}`),
+			wantErr: []string{"spec.allow[0].workloads[0].azure.tenants[0]"},
+		},
+		{
+			name:    "azure resourceGroups: []",
+			yaml:    policy(`azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], subscriptions: [0b1f6471-1bf0-4dda-aec3-cb9272f09590], resourceGroups: []}`),
+			wantErr: []string{"spec.allow[0].workloads[0].azure.resourceGroups"},
 		},
 		{
 			name: "missing workloadGroupSelector",

@@ -14,7 +14,9 @@ import (
 	"net/url"
 	"os"
 	"path"
+	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -313,6 +315,34 @@ type Identity struct {
 	// identity tokens (docs/platforms/gce.md). Default: unset, GCE
 	// credentials are refused.
 	GCE *GCEIdentity `json:"gce,omitempty"`
+	// Azure, when set, accepts Azure VM managed identity tokens
+	// (docs/platforms/azure.md). Default: unset, Azure credentials are
+	// refused.
+	Azure *AzureIdentity `json:"azure,omitempty"`
+}
+
+// AzureIdentity configures the verification of Azure VM managed identity
+// tokens. The issuers are pinned to each tenant's
+// https://sts.windows.net/<tenant>/ and
+// https://login.microsoftonline.com/<tenant>/v2.0.
+type AzureIdentity struct {
+	// Tenants are the Entra ID tenant IDs whose VMs may onboard. Required.
+	Tenants []string `json:"tenants"`
+	// Audiences the token must carry one of: the resource the agents ask
+	// the Instance Metadata Service for (host.azure.resource), the
+	// application ID URI of the endpoint's Entra application. Default: the
+	// endpoint's first host.
+	Audiences []string `json:"audiences,omitempty"`
+	// JWKSURL is where a tenant's signing keys are fetched (https), with
+	// {tenant} for the tenant ID. Default:
+	// https://login.microsoftonline.com/{tenant}/discovery/v2.0/keys.
+	JWKSURL string `json:"jwksURL,omitempty"`
+	// CAFile (PEM) holds the roots the keys are fetched with. Default: the
+	// system roots.
+	CAFile string `json:"caFile,omitempty"`
+	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
+	// Default 25h (Entra ID gives managed identity tokens about 24h).
+	MaxTokenLifetime *metav1.Duration `json:"maxTokenLifetime,omitempty"`
 }
 
 // GCEIdentity configures the verification of Compute Engine instance
@@ -625,6 +655,9 @@ func (c *Configuration) SetDefaults() {
 	if g := c.Identity.GCE; g != nil && len(g.Audiences) == 0 && len(c.Endpoint.Hosts) > 0 {
 		g.Audiences = []string{c.Endpoint.Hosts[0]}
 	}
+	if a := c.Identity.Azure; a != nil && len(a.Audiences) == 0 && len(c.Endpoint.Hosts) > 0 {
+		a.Audiences = []string{c.Endpoint.Hosts[0]}
+	}
 	c.Limits.Onboarding.SetDefaults()
 	c.Limits.XDS.SetDefaults()
 	c.Limits.Repository.SetDefaults()
@@ -761,6 +794,7 @@ func (c *Configuration) Validate() field.ErrorList {
 		}
 	}
 	errs = append(errs, c.Identity.GCE.validate(field.NewPath("identity", "gce"))...)
+	errs = append(errs, c.Identity.Azure.validate(field.NewPath("identity", "azure"))...)
 	r := field.NewPath("registration")
 	if c.Registration.GracePeriod.Duration < minGracePeriod {
 		errs = append(errs, field.Invalid(r.Child("gracePeriod"), c.Registration.GracePeriod.Duration.String(), "must be at least 1s"))
@@ -887,6 +921,47 @@ func (g *GCEIdentity) validate(p *field.Path) field.ErrorList {
 	}
 	if g.MaxTokenLifetime != nil && g.MaxTokenLifetime.Duration < 0 {
 		errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), g.MaxTokenLifetime.Duration.String(), "must not be negative"))
+	}
+	return errs
+}
+
+// azureTenantRE is a tenant ID: a GUID.
+var azureTenantRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// validate checks an Azure identity configuration (nil: not configured).
+func (a *AzureIdentity) validate(p *field.Path) field.ErrorList {
+	if a == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if len(a.Tenants) == 0 {
+		errs = append(errs, field.Required(p.Child("tenants"), "list the tenant IDs whose VMs may onboard"))
+	}
+	seen := map[string]bool{}
+	for i, t := range a.Tenants {
+		switch {
+		case !azureTenantRE.MatchString(t):
+			errs = append(errs, field.Invalid(p.Child("tenants").Index(i), t, "must be a tenant ID (a GUID)"))
+		case seen[strings.ToLower(t)]:
+			errs = append(errs, field.Duplicate(p.Child("tenants").Index(i), t))
+		}
+		seen[strings.ToLower(t)] = true
+	}
+	if len(a.Audiences) == 0 {
+		errs = append(errs, field.Required(p.Child("audiences"), "set audiences or endpoint.hosts"))
+	}
+	for i, au := range a.Audiences {
+		if au == "" {
+			errs = append(errs, field.Invalid(p.Child("audiences").Index(i), au, "must not be empty"))
+		}
+	}
+	if a.JWKSURL != "" {
+		if u, err := url.Parse(a.JWKSURL); err != nil || u.Scheme != "https" || u.Host == "" {
+			errs = append(errs, field.Invalid(p.Child("jwksURL"), a.JWKSURL, "must be an https URL"))
+		}
+	}
+	if a.MaxTokenLifetime != nil && a.MaxTokenLifetime.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), a.MaxTokenLifetime.Duration.String(), "must not be negative"))
 	}
 	return errs
 }

@@ -38,6 +38,10 @@ func FuzzAuthorizeRequest(f *testing.F) {
 		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: "bookinfo", Name: "ratings"},
 		Credential:    &onboardingv1alpha1.AuthorizeRequest_Jwt{Jwt: &onboardingv1alpha1.JWTCredential{Token: "eyJhbGciOiJub25lIn0.e30."}},
 	})
+	seed(&onboardingv1alpha1.AuthorizeRequest{
+		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: "bookinfo", Name: "ratings"},
+		Credential:    &onboardingv1alpha1.AuthorizeRequest_Azure{Azure: &onboardingv1alpha1.AzureCredential{Token: "eyJhbGciOiJub25lIn0.e30."}},
+	})
 	f.Add([]byte{0x0a, 0xff, 0xff})
 	verifier, err := awsidentity.NewVerifier(audience)
 	if err != nil {

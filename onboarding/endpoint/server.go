@@ -90,6 +90,9 @@ type Options struct {
 	// GCE verifies Compute Engine instance identity tokens (gce.Verifier).
 	// Default: GCE credentials are refused.
 	GCE JWTVerifier
+	// Azure verifies Azure VM managed identity tokens (azure.Verifier).
+	// Default: Azure credentials are refused.
+	Azure JWTVerifier
 	// Authorizer checks policies. Required.
 	Authorizer Authorizer
 	// Tokens issues onboarding tokens. Required.
@@ -311,6 +314,11 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 			return nil, errors.New("this endpoint does not accept GCE credentials (identity.gce is not configured)")
 		}
 		return s.opts.GCE.Verify(ctx, c.Gce.GetToken())
+	case *onboardingv1alpha1.AuthorizeRequest_Azure:
+		if s.opts.Azure == nil {
+			return nil, errors.New("this endpoint does not accept Azure credentials (identity.azure is not configured)")
+		}
+		return s.opts.Azure.Verify(ctx, c.Azure.GetToken())
 	default:
 		return nil, errors.New("no credential")
 	}
@@ -654,8 +662,9 @@ func agentErrorOf(req *onboardingv1alpha1.RegisterRequest) *runtimev1alpha1.Agen
 }
 
 // provenAddress is the address a verified identity proves, in canonical form:
-// an EC2 document's signed privateIp. JWT and GCE identities prove none (a
-// GCE instance identity token carries no address).
+// an EC2 document's signed privateIp. JWT, GCE and Azure identities prove
+// none (neither a GCE instance identity token nor an Azure managed identity
+// token carries an address).
 func provenAddress(id *identity.Identity) string {
 	if id.AWS == nil {
 		return ""
@@ -689,6 +698,12 @@ func APIIdentity(id *identity.Identity) runtimev1alpha1.WorkloadIdentity {
 		return runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{
 			ProjectID: g.ProjectID, ProjectNumber: g.ProjectNumber, Zone: g.Zone,
 			InstanceID: g.InstanceID, InstanceName: g.InstanceName, ServiceAccount: g.ServiceAccount,
+		}}
+	case id.Azure != nil:
+		a := id.Azure
+		return runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{
+			TenantID: a.TenantID, SubscriptionID: a.SubscriptionID, ResourceGroup: a.ResourceGroup,
+			VMName: a.VMName, PrincipalID: a.PrincipalID,
 		}}
 	default:
 		return runtimev1alpha1.WorkloadIdentity{}

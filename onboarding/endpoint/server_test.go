@@ -651,6 +651,14 @@ func TestMalformedRequestsAreRefused(t *testing.T) {
 			WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: "ratings"},
 			Credential:    &onboardingv1alpha1.AuthorizeRequest_Jwt{Jwt: &onboardingv1alpha1.JWTCredential{Token: "a.b.c"}},
 		}, wantCode: codes.Unauthenticated, wantMsg: "trusts no JWT issuer"},
+		{name: "azure not configured", req: &onboardingv1alpha1.AuthorizeRequest{
+			WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: "ratings"},
+			Credential:    &onboardingv1alpha1.AuthorizeRequest_Azure{Azure: &onboardingv1alpha1.AzureCredential{Token: "a.b.c"}},
+		}, wantCode: codes.Unauthenticated, wantMsg: "identity.azure is not configured"},
+		{name: "empty azure token", req: &onboardingv1alpha1.AuthorizeRequest{
+			WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: h.ns, Name: "ratings"},
+			Credential:    &onboardingv1alpha1.AuthorizeRequest_Azure{Azure: &onboardingv1alpha1.AzureCredential{}},
+		}, wantCode: codes.InvalidArgument, wantMsg: "azure.token"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -90,8 +90,12 @@ func ValidateAuthorizeRequest(req *onboardingv1alpha1.AuthorizeRequest) error {
 		if n := len(c.Gce.GetToken()); n == 0 || n > maxJWTBytes {
 			return fmt.Errorf("gce.token: %d bytes, want 1 to %d", n, maxJWTBytes)
 		}
+	case *onboardingv1alpha1.AuthorizeRequest_Azure:
+		if n := len(c.Azure.GetToken()); n == 0 || n > maxJWTBytes {
+			return fmt.Errorf("azure.token: %d bytes, want 1 to %d", n, maxJWTBytes)
+		}
 	default:
-		return errors.New("credential: one of aws, jwt or gce is required")
+		return errors.New("credential: one of aws, jwt, gce or azure is required")
 	}
 	return nil
 }

@@ -22,10 +22,13 @@ const (
 	// MethodGCEInstanceIdentityToken: a Google Compute Engine instance
 	// identity token (format=full) signed by Google.
 	MethodGCEInstanceIdentityToken Method = "gce-instance-identity-token"
+	// MethodAzureManagedIdentityToken: an Azure VM's system-assigned
+	// managed identity token (an Entra ID access token) signed by Microsoft.
+	MethodAzureManagedIdentityToken Method = "azure-managed-identity-token"
 )
 
-// Identity is a verified workload identity. Exactly one of AWS, JWT and
-// GCE is set. Verifiers fill it; nothing else should construct one from
+// Identity is a verified workload identity. Exactly one of AWS, JWT, GCE
+// and Azure is set. Verifiers fill it; nothing else should construct one from
 // unverified input.
 type Identity struct {
 	// Method says how the identity was proven.
@@ -36,6 +39,8 @@ type Identity struct {
 	JWT *JWTIdentity
 	// GCE is set for identities proven by the GCE verifier.
 	GCE *GCEIdentity
+	// Azure is set for identities proven by the Azure verifier.
+	Azure *AzureIdentity
 }
 
 // AWSIdentity holds the verified facts about an EC2 instance.
@@ -102,6 +107,30 @@ type GCEIdentity struct {
 	// ServiceAccount is the email of the instance's service account (the
 	// token's verified email claim).
 	ServiceAccount string
+	// Expiry is the token's exp.
+	Expiry time.Time
+}
+
+// AzureIdentity holds the verified facts of an Azure VM's managed identity
+// token: its tenant (tid), the VM's resource ID (xms_mirid) and the object
+// ID of the VM's system-assigned identity (oid). The token carries no
+// location and no address.
+type AzureIdentity struct {
+	// TenantID is the Entra ID tenant, a GUID in lower case.
+	TenantID string
+	// SubscriptionID is the VM's subscription, a GUID in lower case.
+	SubscriptionID string
+	// ResourceGroup is the VM's resource group, in lower case (Azure
+	// resource group names are case-insensitive).
+	ResourceGroup string
+	// VMName is the VM's name, in lower case (case-insensitive in Azure).
+	VMName string
+	// PrincipalID is the object ID of the VM's system-assigned managed
+	// identity (oid), a GUID in lower case: a VM deleted and created again
+	// under the same name gets another one.
+	PrincipalID string
+	// ResourceID is the token's xms_mirid as signed.
+	ResourceID string
 	// Expiry is the token's exp.
 	Expiry time.Time
 }

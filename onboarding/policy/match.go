@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"path"
 	"slices"
+	"strings"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
@@ -12,14 +13,14 @@ import (
 
 // failure is a set of constraints of one workloads[] matcher that an identity
 // fails.
-type failure uint16
+type failure uint32
 
 const (
 	// failKind: the matcher is for another kind of identity (aws, jwt,
-	// gcp), or the identity has none.
+	// gcp, azure), or the identity has none.
 	failKind failure = 1 << iota
-	// failMalformed: the matcher sets none or more than one of aws, jwt
-	// and gcp (admission refuses this; it never matches).
+	// failMalformed: the matcher sets none or more than one of aws, jwt,
+	// gcp and azure (admission refuses this; it never matches).
 	failMalformed
 	failPartition
 	failAccount
@@ -37,6 +38,9 @@ const (
 	failProject
 	failServiceAccount
 	failInstanceName
+	failTenant
+	failSubscription
+	failResourceGroup
 )
 
 // farAway is the distance of a matcher that cannot match this kind of
@@ -50,7 +54,7 @@ func (f failure) distance() int {
 	if f&(failKind|failMalformed) != 0 {
 		return farAway
 	}
-	return bits.OnesCount16(uint16(f))
+	return bits.OnesCount32(uint32(f))
 }
 
 // closestWorkload returns the index of the first matcher with the smallest
@@ -82,6 +86,8 @@ func matchWorkload(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.
 		return matchAWS(m.AWS, id.AWS)
 	case m.GCP != nil:
 		return matchGCP(m.GCP, id.GCP)
+	case m.Azure != nil:
+		return matchAzure(m.Azure, id.Azure)
 	default:
 		return matchJWT(m.JWT, id.JWT)
 	}
@@ -90,7 +96,7 @@ func matchWorkload(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.
 // matcherKinds counts the kinds of identity m sets (one is valid).
 func matcherKinds(m *authorizationv1alpha1.WorkloadMatcher) int {
 	n := 0
-	for _, set := range []bool{m.AWS != nil, m.JWT != nil, m.GCP != nil} {
+	for _, set := range []bool{m.AWS != nil, m.JWT != nil, m.GCP != nil, m.Azure != nil} {
 		if set {
 			n++
 		}
@@ -120,6 +126,57 @@ func matchGCP(m *authorizationv1alpha1.GCPMatcher, id *runtimev1alpha1.GCPIdenti
 		f |= failInstanceName
 	}
 	return f
+}
+
+func matchAzure(m *authorizationv1alpha1.AzureMatcher, id *runtimev1alpha1.AzureIdentity) failure {
+	if id == nil {
+		return failKind
+	}
+	var f failure
+	if emptyList(m.ResourceGroups) {
+		f |= failEmptyList
+	}
+	// Tenants and subscriptions are never a wildcard: an empty list matches
+	// nothing. Identities hold them in lower case; a policy may not.
+	if !containsFold(m.Tenants, id.TenantID) {
+		f |= failTenant
+	}
+	if !containsFold(m.Subscriptions, id.SubscriptionID) {
+		f |= failSubscription
+	}
+	if len(m.ResourceGroups) > 0 && !containsFold(m.ResourceGroups, id.ResourceGroup) {
+		f |= failResourceGroup
+	}
+	return f
+}
+
+// containsFold reports whether list holds s, compared without case (as
+// Azure compares IDs and names).
+func containsFold(list []string, s string) bool {
+	return slices.ContainsFunc(list, func(e string) bool { return strings.EqualFold(e, s) })
+}
+
+// azureReasons describes every constraint of an azure matcher that id
+// fails.
+func azureReasons(a *authorizationv1alpha1.AzureMatcher, id runtimev1alpha1.WorkloadIdentity) []string {
+	ida := id.Azure
+	if ida == nil {
+		return []string{fmt.Sprintf("rule matches azure workloads, identity is %s", identityKind(id))}
+	}
+	var out []string
+	if emptyList(a.ResourceGroups) {
+		out = append(out, "an empty list (resourceGroups: []) matches nothing")
+	}
+	if !containsFold(a.Tenants, ida.TenantID) {
+		out = append(out, fmt.Sprintf("tenant %s not in %s", clip(ida.TenantID), formatList(a.Tenants)))
+	}
+	if !containsFold(a.Subscriptions, ida.SubscriptionID) {
+		out = append(out, fmt.Sprintf("subscription %s not in %s", clip(ida.SubscriptionID), formatList(a.Subscriptions)))
+	}
+	if len(a.ResourceGroups) > 0 && !containsFold(a.ResourceGroups, ida.ResourceGroup) {
+		out = append(out, fmt.Sprintf("resource group %s not in %s", clip(ida.ResourceGroup), formatList(a.ResourceGroups)))
+	}
+	return out
 }
 
 // namePatternsMatch reports whether name matches one of the path.Match
@@ -202,11 +259,13 @@ func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha
 	var out []string
 	switch {
 	case matcherKinds(m) > 1:
-		return []string{"matcher sets more than one of aws, jwt and gcp"}
+		return []string{"matcher sets more than one of aws, jwt, gcp and azure"}
 	case matcherKinds(m) == 0:
-		return []string{"matcher sets none of aws, jwt and gcp"}
+		return []string{"matcher sets none of aws, jwt, gcp and azure"}
 	case m.GCP != nil:
 		return gcpReasons(m.GCP, id)
+	case m.Azure != nil:
+		return azureReasons(m.Azure, id)
 	case m.AWS != nil:
 		a, ida := m.AWS, id.AWS
 		if ida == nil {
@@ -333,6 +392,8 @@ func identityKind(id runtimev1alpha1.WorkloadIdentity) string {
 		return "jwt"
 	case id.GCP != nil:
 		return "gcp"
+	case id.Azure != nil:
+		return "azure"
 	default:
 		return "empty"
 	}

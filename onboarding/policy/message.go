@@ -75,8 +75,9 @@ func (d Decision) Message() string {
 // "aws partition aws account 123456789012 region us-east-2 zone us-east-2b
 // instance i-1234567890abcdef0 iam role ratings-role" (the role only when
 // proven), "gcp project my-project zone us-central1-a instance ratings-1
-// (5180367924151823417) service account sa@my-project.iam.gserviceaccount.com"
-// or "jwt issuer https://idp.example.com subject host-1".
+// (5180367924151823417) service account sa@my-project.iam.gserviceaccount.com",
+// "azure tenant <tenant> subscription <subscription> resource group embark-rg
+// vm ratings-1 (principal <object ID>)" or "jwt issuer https://idp.example.com subject host-1".
 func DescribeIdentity(id runtimev1alpha1.WorkloadIdentity) string {
 	switch {
 	case id.AWS != nil:
@@ -95,6 +96,10 @@ func DescribeIdentity(id runtimev1alpha1.WorkloadIdentity) string {
 		g := id.GCP
 		return fmt.Sprintf("gcp project %s zone %s instance %s (%s) service account %s",
 			clip(g.ProjectID), clip(g.Zone), clip(g.InstanceName), clip(g.InstanceID), clip(g.ServiceAccount))
+	case id.Azure != nil:
+		a := id.Azure
+		return fmt.Sprintf("azure tenant %s subscription %s resource group %s vm %s (principal %s)",
+			clip(a.TenantID), clip(a.SubscriptionID), clip(a.ResourceGroup), clip(a.VMName), clip(a.PrincipalID))
 	default:
 		return "a workload without a verified identity"
 	}

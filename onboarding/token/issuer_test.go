@@ -518,10 +518,19 @@ func TestIssueValidatesRequest(t *testing.T) {
 				Issuer: "https://idp.example.com", ShortName: "corp", Subject: "host-1", Attributes: map[string]string{"dc": "fra1"},
 			}}
 		}},
-		{name: "verified identity empty", mutate: func(r *token.Request) { r.Verified = &runtimev1alpha1.WorkloadIdentity{} }, wantErr: "exactly one of aws, jwt and gcp"},
+		{name: "verified Azure identity", mutate: func(r *token.Request) {
+			r.Verified = &runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{
+				TenantID: "72f988bf-86f1-41af-91ab-2d7cd011db47", SubscriptionID: "0b1f6471-1bf0-4dda-aec3-cb9272f09590",
+				ResourceGroup: "embark-rg", VMName: "ratings-1", PrincipalID: "9b5a7f2e-3c1d-4e8f-a6b2-0d4c8e1f7a93",
+			}}
+		}},
+		{name: "verified identity with Azure and GCP", mutate: func(r *token.Request) {
+			r.Verified = &runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{}, GCP: &runtimev1alpha1.GCPIdentity{}}
+		}, wantErr: "exactly one of aws, jwt, gcp and azure"},
+		{name: "verified identity empty", mutate: func(r *token.Request) { r.Verified = &runtimev1alpha1.WorkloadIdentity{} }, wantErr: "exactly one of aws, jwt, gcp and azure"},
 		{name: "verified identity with both", mutate: func(r *token.Request) {
 			r.Verified = &runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{}, JWT: &runtimev1alpha1.JWTIdentity{}}
-		}, wantErr: "exactly one of aws, jwt and gcp"},
+		}, wantErr: "exactly one of aws, jwt, gcp and azure"},
 		{name: "token too long", mutate: func(r *token.Request) {
 			attrs := map[string]string{}
 			for i := range 64 {

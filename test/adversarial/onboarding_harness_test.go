@@ -166,6 +166,8 @@ type onboardingOptions struct {
 	logger *slog.Logger
 	// gce, when set, verifies GCE instance identity tokens.
 	gce endpoint.JWTVerifier
+	// azure, when set, verifies Azure VM managed identity tokens.
+	azure endpoint.JWTVerifier
 	// peer, when set, makes this endpoint another replica of peer's
 	// deployment: the same namespace and the same AWS (IMDS, STS).
 	peer *onboarding
@@ -187,7 +189,7 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := endpoint.Options{AWS: verifier, InstanceProfiles: o.profiles, GCE: o.gce}
+	opts := endpoint.Options{AWS: verifier, InstanceProfiles: o.profiles, GCE: o.gce, Azure: o.azure}
 	if o.profiles == nil && o.profileCheck {
 		opts.InstanceProfiles = profileChecker(t, h.aws.EC2IAM)
 	}

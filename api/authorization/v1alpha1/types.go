@@ -11,6 +11,7 @@ import (
 // +kubebuilder:printcolumn:name="Groups",type=integer,JSONPath=`.status.selectedWorkloadGroupCount`,description="WorkloadGroups the rules currently select"
 // +kubebuilder:printcolumn:name="Accounts",type=string,JSONPath=`.spec.allow[*].workloads[*].aws.accounts`,description="AWS accounts the rules allow"
 // +kubebuilder:printcolumn:name="Projects",type=string,JSONPath=`.spec.allow[*].workloads[*].gcp.projects`,description="GCP projects the rules allow"
+// +kubebuilder:printcolumn:name="Subscriptions",type=string,JSONPath=`.spec.allow[*].workloads[*].azure.subscriptions`,description="Azure subscriptions the rules allow"
 // +kubebuilder:printcolumn:name="Issuers",type=string,JSONPath=`.spec.allow[*].workloads[*].jwt.issuer`,description="JWT issuers the rules allow"
 // +kubebuilder:printcolumn:name="Last Allowed",type=date,JSONPath=`.status.lastAllowedTime`,description="When a rule of this policy last allowed a workload"
 // +kubebuilder:printcolumn:name="Last Denied",type=date,JSONPath=`.status.lastDeniedTime`,description="When a workload was last denied joining a WorkloadGroup this policy selects"
@@ -117,7 +118,7 @@ type CIDR string
 
 // WorkloadMatcher matches verified workload identities. Exactly one member is
 // set.
-// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="exactly one of aws, jwt or gcp must be set"
+// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.azure) ? 1 : 0) == 1",message="exactly one of aws, jwt, gcp or azure must be set"
 type WorkloadMatcher struct {
 	// AWS matches workloads running on AWS compute.
 	// +optional
@@ -128,6 +129,41 @@ type WorkloadMatcher struct {
 	// GCP matches Google Compute Engine instances.
 	// +optional
 	GCP *GCPMatcher `json:"gcp,omitempty"`
+	// Azure matches Azure virtual machines.
+	// +optional
+	Azure *AzureMatcher `json:"azure,omitempty"`
+}
+
+// AzureMatcher matches Azure virtual machines by their managed identity
+// token. Every field that is set must match; an unset list matches any
+// value, except Tenants and Subscriptions, which must always be listed
+// explicitly. A list that is present but empty is refused at admission (and
+// matches nothing if stored anyway). There is no location: the token does
+// not carry one.
+type AzureMatcher struct {
+	// Tenants the VM's managed identity may belong to, by tenant ID. There
+	// is no wildcard.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
+	Tenants []string `json:"tenants"`
+	// Subscriptions the VM may belong to, by subscription ID. There is no
+	// wildcard.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
+	Subscriptions []string `json:"subscriptions"`
+	// ResourceGroups the VM may be in, compared without case (as Azure
+	// does); unset means any.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=set
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=90
+	ResourceGroups []string `json:"resourceGroups,omitempty"`
 }
 
 // GCPMatcher matches Compute Engine instances by their instance identity

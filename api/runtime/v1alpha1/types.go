@@ -111,7 +111,7 @@ type WorkloadAutoRegistrationSpec struct {
 }
 
 // WorkloadIdentity is a verified platform identity. Exactly one member is set.
-// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="exactly one of aws, jwt or gcp must be set"
+// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.azure) ? 1 : 0) == 1",message="exactly one of aws, jwt, gcp or azure must be set"
 type WorkloadIdentity struct {
 	// AWS is the identity of an AWS compute resource.
 	// +optional
@@ -122,6 +122,33 @@ type WorkloadIdentity struct {
 	// GCP is the identity of a Google Compute Engine instance.
 	// +optional
 	GCP *GCPIdentity `json:"gcp,omitempty"`
+	// Azure is the identity of an Azure virtual machine.
+	// +optional
+	Azure *AzureIdentity `json:"azure,omitempty"`
+}
+
+// AzureIdentity is an Azure virtual machine verified from the access token
+// of its system-assigned managed identity, signed by Microsoft Entra ID.
+// Names are in lower case (Azure compares them without case).
+type AzureIdentity struct {
+	// TenantID is the Entra ID tenant of the VM's managed identity.
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
+	TenantID string `json:"tenantId"`
+	// SubscriptionID is the VM's subscription.
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
+	SubscriptionID string `json:"subscriptionId"`
+	// ResourceGroup is the VM's resource group.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=90
+	ResourceGroup string `json:"resourceGroup"`
+	// VMName is the VM's name.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	VMName string `json:"vmName"`
+	// PrincipalID is the object ID of the VM's system-assigned managed
+	// identity: a VM created again under the same name has another one.
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
+	PrincipalID string `json:"principalId"`
 }
 
 // AWSIdentity is an AWS identity verified from the EC2 instance identity

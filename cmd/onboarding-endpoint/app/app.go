@@ -26,6 +26,7 @@ import (
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
+	azureidentity "github.com/embark-mesh/embark/onboarding/identity/azure"
 	gceidentity "github.com/embark-mesh/embark/onboarding/identity/gce"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
@@ -260,5 +261,25 @@ func newGCEVerifier(g *config.GCEIdentity, log *slog.Logger, used replay.Shared)
 		return nil, fmt.Errorf("identity.gce: %w", err)
 	}
 	log.Info("accepting GCE instance identity tokens", "audiences", c.Audiences, "jwksURL", v.JWKSURL())
+	return v, nil
+}
+
+func newAzureVerifier(a *config.AzureIdentity, log *slog.Logger, used replay.Shared) (*azureidentity.Verifier, error) {
+	c := azureidentity.Config{Tenants: a.Tenants, Audiences: a.Audiences, JWKSURL: a.JWKSURL}
+	if a.MaxTokenLifetime != nil {
+		c.MaxTokenLifetime = a.MaxTokenLifetime.Duration
+	}
+	if a.CAFile != "" {
+		ca, err := os.ReadFile(a.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("identity.azure.caFile: %w", err)
+		}
+		c.CACertificates = ca
+	}
+	v, err := azureidentity.NewVerifier(c, azureidentity.WithLogger(log), azureidentity.WithSharedReplay(used))
+	if err != nil {
+		return nil, fmt.Errorf("identity.azure: %w", err)
+	}
+	log.Info("accepting Azure VM managed identity tokens", "tenants", c.Tenants, "audiences", c.Audiences, "jwksURL", v.JWKSURL())
 	return v, nil
 }

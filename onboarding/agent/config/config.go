@@ -51,10 +51,11 @@ const (
 
 // Platforms the agent knows.
 const (
-	PlatformAuto = "auto"
-	PlatformAWS  = "aws"
-	PlatformJWT  = "jwt"
-	PlatformGCE  = "gce"
+	PlatformAuto  = "auto"
+	PlatformAWS   = "aws"
+	PlatformJWT   = "jwt"
+	PlatformGCE   = "gce"
+	PlatformAzure = "azure"
 )
 
 // AgentConfiguration is /etc/onboarding-agent/agent.config.yaml.
@@ -91,8 +92,9 @@ type AgentMetrics struct {
 // Host configures platform detection and credentials.
 type Host struct {
 	// Platform is auto (default: AWS when IMDS answers, else gce when the
-	// Compute Engine metadata server answers, else jwt when a JWT source is
-	// configured), aws, gce or jwt.
+	// Compute Engine metadata server answers, else azure when the Azure
+	// Instance Metadata Service answers, else jwt when a JWT source is
+	// configured), aws, gce, azure or jwt.
 	Platform string `json:"platform,omitempty"`
 	// AWS configures the EC2 credential.
 	AWS AWSPlatform `json:"aws,omitempty"`
@@ -100,6 +102,21 @@ type Host struct {
 	JWT JWTPlatform `json:"jwt,omitempty"`
 	// GCE configures the Compute Engine credential.
 	GCE GCEPlatform `json:"gce,omitempty"`
+	// Azure configures the Azure VM credential.
+	Azure AzurePlatform `json:"azure,omitempty"`
+}
+
+// AzurePlatform configures the Azure VM credential: the access token of
+// the VM's system-assigned managed identity.
+type AzurePlatform struct {
+	// IMDSEndpoint overrides the Instance Metadata Service's address
+	// (default http://169.254.169.254).
+	IMDSEndpoint string `json:"imdsEndpoint,omitempty"`
+	// Resource is the resource the token is requested for: the application
+	// ID URI of the onboarding endpoint's Entra application, one of the
+	// endpoint's identity.azure.audiences. Default: the onboarding
+	// endpoint's host name.
+	Resource string `json:"resource,omitempty"`
 }
 
 // GCEPlatform configures the Compute Engine credential: the instance
@@ -388,9 +405,12 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 	var errs field.ErrorList
 	host := field.NewPath("host")
 	switch c.Host.Platform {
-	case PlatformAuto, PlatformAWS, PlatformJWT, PlatformGCE:
+	case PlatformAuto, PlatformAWS, PlatformJWT, PlatformGCE, PlatformAzure:
 	default:
-		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformGCE, PlatformJWT}))
+		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformGCE, PlatformAzure, PlatformJWT}))
+	}
+	if u := c.Host.Azure.IMDSEndpoint; u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+		errs = append(errs, field.Invalid(host.Child("azure", "imdsEndpoint"), u, "must be an http:// or https:// URL"))
 	}
 	if u := c.Host.GCE.MetadataEndpoint; u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 		errs = append(errs, field.Invalid(host.Child("gce", "metadataEndpoint"), u, "must be an http:// or https:// URL"))

@@ -119,6 +119,8 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"metrics without a port", true, goodAgent + "metrics: {address: '127.0.0.1'}\n", "metrics.address"},
 		{"sidecar ready URL not http", true, goodAgent + "metrics: {address: '127.0.0.1:15099', sidecarReadyURL: 'file:///ready'}\n", "metrics.sidecarReadyURL"},
 		{"bad imds url", true, strings.Replace(goodAgent, "platform: jwt", "platform: jwt\n  aws: {imdsEndpoint: 169.254.169.254}", 1), "host.aws.imdsEndpoint"},
+		{"bad azure imds url", true, strings.Replace(goodAgent, "platform: jwt", "platform: azure\n  azure: {imdsEndpoint: 169.254.169.254}", 1), "host.azure.imdsEndpoint"},
+		{"unknown azure field", true, strings.Replace(goodAgent, "platform: jwt", "platform: azure\n  azure: {audience: x}", 1), `unknown field "audience"`},
 		{"wrong type", false, strings.Replace(goodOnboarding, "name: ratings", "name: [ratings]", 1), "workload.name"},
 		{"missing host", false, strings.Replace(goodOnboarding, "host: onboarding-endpoint.example", "tlsServerName: x", 1), "onboardingEndpoint.host"},
 		{"bad port", false, strings.Replace(goodOnboarding, "onboarding-endpoint.example", "onboarding-endpoint.example:99999", 1), "onboardingEndpoint.host"},

@@ -3,9 +3,11 @@
 // sts:GetCallerIdentity request, all through IMDSv2 with aws-sdk-go-v2's imds
 // client; on Google Compute Engine the instance identity token of its
 // metadata server; on premises a JWT read from a file or printed by a
-// credential plugin command. Detect picks the platform (AWS when IMDS
-// answers, else GCE when the metadata server answers) and says what it
-// found.
+// credential plugin command; on an Azure VM the access token of its
+// system-assigned managed identity from the Instance Metadata Service.
+// Detect picks the platform (AWS when IMDS answers, else GCE when the
+// metadata server answers, else Azure when its IMDS answers) and says what
+// it found.
 package platform
 
 import (
@@ -44,6 +46,7 @@ type Credential struct {
 	AWS     *onboardingv1alpha1.AWSCredential
 	JWT     *onboardingv1alpha1.JWTCredential
 	GCE     *onboardingv1alpha1.GCECredential
+	Azure   *onboardingv1alpha1.AzureCredential
 	Address *Address
 }
 
@@ -56,16 +59,21 @@ func (c *Credential) SetOn(req *onboardingv1alpha1.AuthorizeRequest) {
 		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Jwt{Jwt: c.JWT}
 	case c.GCE != nil:
 		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Gce{Gce: c.GCE}
+	case c.Azure != nil:
+		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Azure{Azure: c.Azure}
 	}
 }
 
 // DetectTimeout bounds the IMDS probe of autodetection.
 const DetectTimeout = 3 * time.Second
 
-// Detect returns the platform cfg selects: aws, gce or jwt when set, else AWS
-// when IMDS answers within DetectTimeout, else GCE when the metadata server
-// answers within DetectTimeout, else jwt when a JWT source is configured.
-// audience binds the STS proof and the GCE token to the onboarding endpoint. It
+// Detect returns the platform cfg selects: aws, gce, azure or jwt when set,
+// else AWS when IMDS answers within DetectTimeout, else GCE when the
+// metadata server answers within DetectTimeout, else Azure when its
+// Instance Metadata Service answers within DetectTimeout, else jwt when a
+// JWT source is configured. audience binds the STS proof, the GCE token and
+// (unless host.azure.resource is set) the Azure token to the onboarding
+// endpoint. It
 // logs what it detected and why.
 func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Logger) (Platform, error) {
 	switch cfg.Platform {
@@ -76,6 +84,10 @@ func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Log
 		g := NewGCE(cfg.GCE, audience, log)
 		log.Info("platform: gce (configured)", "metadataServer", g.endpoint)
 		return g, nil
+	case config.PlatformAzure:
+		a := NewAzure(cfg.Azure, audience, log)
+		log.Info("platform: azure (configured)", "imds", a.endpoint, "resource", a.resource)
+		return a, nil
 	case config.PlatformJWT:
 		p, err := NewJWT(cfg.JWT)
 		if err != nil {
@@ -100,6 +112,14 @@ func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Log
 		log.Info("platform: gce detected (the Compute Engine metadata server answered)", "metadataServer", gce.endpoint, "zone", zone)
 		return gce, nil
 	}
+	az := NewAzure(cfg.Azure, audience, log)
+	azCtx, cancelAz := context.WithTimeout(ctx, DetectTimeout)
+	defer cancelAz()
+	location, aerr := az.probe(azCtx)
+	if aerr == nil {
+		log.Info("platform: azure detected (the Instance Metadata Service answered)", "imds", az.endpoint, "location", location, "resource", az.resource)
+		return az, nil
+	}
 	if cfg.JWT.TokenFile != "" || len(cfg.JWT.Command) > 0 {
 		p, jerr := NewJWT(cfg.JWT)
 		if jerr != nil {
@@ -108,8 +128,8 @@ func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Log
 		log.Info("platform: jwt (IMDS did not answer, a JWT source is configured)", "source", p.source(), "imdsError", err.Error())
 		return p, nil
 	}
-	return nil, fmt.Errorf("no platform detected: AWS IMDS at %s did not answer (%w), the Compute Engine metadata server at %s did not answer (%w) and host.jwt names no tokenFile or command",
-		imdsEndpointName(cfg.AWS), err, gce.endpoint, gerr)
+	return nil, fmt.Errorf("no platform detected: AWS IMDS at %s did not answer (%w), the Compute Engine metadata server at %s did not answer (%w), the Azure Instance Metadata Service at %s did not answer (%w) and host.jwt names no tokenFile or command",
+		imdsEndpointName(cfg.AWS), err, gce.endpoint, gerr, az.endpoint, aerr)
 }
 
 func imdsEndpointName(c config.AWSPlatform) string {

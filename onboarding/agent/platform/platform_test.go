@@ -84,7 +84,7 @@ func TestDetectFallsBackToJWT(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	p, err := Detect(t.Context(), config.Host{Platform: config.PlatformAuto, AWS: config.AWSPlatform{IMDSEndpoint: deadURL}, GCE: config.GCEPlatform{MetadataEndpoint: deadURL}, JWT: config.JWTPlatform{TokenFile: file}}, "aud", testLogger(&logs))
+	p, err := Detect(t.Context(), config.Host{Platform: config.PlatformAuto, AWS: config.AWSPlatform{IMDSEndpoint: deadURL}, GCE: config.GCEPlatform{MetadataEndpoint: deadURL}, Azure: config.AzurePlatform{IMDSEndpoint: deadURL}, JWT: config.JWTPlatform{TokenFile: file}}, "aud", testLogger(&logs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +98,8 @@ func TestDetectFallsBackToJWT(t *testing.T) {
 	if cred.JWT.GetToken() != sampleJWT {
 		t.Errorf("token %q", cred.JWT.GetToken())
 	}
-	_, err = Detect(t.Context(), config.Host{Platform: config.PlatformAuto, AWS: config.AWSPlatform{IMDSEndpoint: deadURL}, GCE: config.GCEPlatform{MetadataEndpoint: deadURL}}, "aud", testLogger(&logs))
-	if err == nil || !strings.Contains(err.Error(), "no platform detected") {
+	_, err = Detect(t.Context(), config.Host{Platform: config.PlatformAuto, AWS: config.AWSPlatform{IMDSEndpoint: deadURL}, GCE: config.GCEPlatform{MetadataEndpoint: deadURL}, Azure: config.AzurePlatform{IMDSEndpoint: deadURL}}, "aud", testLogger(&logs))
+	if err == nil || !strings.Contains(err.Error(), "no platform detected") || !strings.Contains(err.Error(), "Azure Instance Metadata Service") {
 		t.Errorf("error %v, want no platform detected", err)
 	}
 }

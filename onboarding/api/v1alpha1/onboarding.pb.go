@@ -74,7 +74,7 @@ func (x RegistrationEvent_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RegistrationEvent_State.Descriptor instead.
 func (RegistrationEvent_State) EnumDescriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{18, 0}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{19, 0}
 }
 
 // WorkloadGroupRef names the WorkloadGroup a workload joins.
@@ -413,6 +413,54 @@ func (x *GCECredential) GetToken() string {
 	return ""
 }
 
+// AzureCredential proves an Azure virtual machine's identity with the
+// access token its Instance Metadata Service issues to the VM's
+// system-assigned managed identity (the endpoint's audience as resource),
+// signed by Microsoft Entra ID.
+type AzureCredential struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AzureCredential) Reset() {
+	*x = AzureCredential{}
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AzureCredential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AzureCredential) ProtoMessage() {}
+
+func (x *AzureCredential) ProtoReflect() protoreflect.Message {
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AzureCredential.ProtoReflect.Descriptor instead.
+func (*AzureCredential) Descriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AzureCredential) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
 // AuthorizeRequest asks for an onboarding token.
 type AuthorizeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -422,6 +470,7 @@ type AuthorizeRequest struct {
 	//	*AuthorizeRequest_Aws
 	//	*AuthorizeRequest_Jwt
 	//	*AuthorizeRequest_Gce
+	//	*AuthorizeRequest_Azure
 	Credential    isAuthorizeRequest_Credential `protobuf_oneof:"credential"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -429,7 +478,7 @@ type AuthorizeRequest struct {
 
 func (x *AuthorizeRequest) Reset() {
 	*x = AuthorizeRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -441,7 +490,7 @@ func (x *AuthorizeRequest) String() string {
 func (*AuthorizeRequest) ProtoMessage() {}
 
 func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -454,7 +503,7 @@ func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{6}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AuthorizeRequest) GetWorkloadGroup() *WorkloadGroupRef {
@@ -498,6 +547,15 @@ func (x *AuthorizeRequest) GetGce() *GCECredential {
 	return nil
 }
 
+func (x *AuthorizeRequest) GetAzure() *AzureCredential {
+	if x != nil {
+		if x, ok := x.Credential.(*AuthorizeRequest_Azure); ok {
+			return x.Azure
+		}
+	}
+	return nil
+}
+
 type isAuthorizeRequest_Credential interface {
 	isAuthorizeRequest_Credential()
 }
@@ -514,11 +572,17 @@ type AuthorizeRequest_Gce struct {
 	Gce *GCECredential `protobuf:"bytes,4,opt,name=gce,proto3,oneof"`
 }
 
+type AuthorizeRequest_Azure struct {
+	Azure *AzureCredential `protobuf:"bytes,5,opt,name=azure,proto3,oneof"`
+}
+
 func (*AuthorizeRequest_Aws) isAuthorizeRequest_Credential() {}
 
 func (*AuthorizeRequest_Jwt) isAuthorizeRequest_Credential() {}
 
 func (*AuthorizeRequest_Gce) isAuthorizeRequest_Credential() {}
+
+func (*AuthorizeRequest_Azure) isAuthorizeRequest_Credential() {}
 
 // AuthorizeResponse carries the onboarding token.
 type AuthorizeResponse struct {
@@ -535,7 +599,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +611,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +624,7 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{7}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AuthorizeResponse) GetToken() string {
@@ -603,7 +667,7 @@ type HostAddress struct {
 
 func (x *HostAddress) Reset() {
 	*x = HostAddress{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +679,7 @@ func (x *HostAddress) String() string {
 func (*HostAddress) ProtoMessage() {}
 
 func (x *HostAddress) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +692,7 @@ func (x *HostAddress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostAddress.ProtoReflect.Descriptor instead.
 func (*HostAddress) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{8}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HostAddress) GetIp() string {
@@ -665,7 +729,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +741,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +754,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{9}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RegisterRequest) GetAddresses() []*HostAddress {
@@ -750,7 +814,7 @@ type AgentError struct {
 
 func (x *AgentError) Reset() {
 	*x = AgentError{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +826,7 @@ func (x *AgentError) String() string {
 func (*AgentError) ProtoMessage() {}
 
 func (x *AgentError) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +839,7 @@ func (x *AgentError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentError.ProtoReflect.Descriptor instead.
 func (*AgentError) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{10}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AgentError) GetReason() string {
@@ -812,7 +876,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +888,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +901,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RegisterResponse) GetNamespace() string {
@@ -910,7 +974,7 @@ type SidecarBootstrap struct {
 
 func (x *SidecarBootstrap) Reset() {
 	*x = SidecarBootstrap{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +986,7 @@ func (x *SidecarBootstrap) String() string {
 func (*SidecarBootstrap) ProtoMessage() {}
 
 func (x *SidecarBootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +999,7 @@ func (x *SidecarBootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SidecarBootstrap.ProtoReflect.Descriptor instead.
 func (*SidecarBootstrap) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SidecarBootstrap) GetNodeId() string {
@@ -1031,7 +1095,7 @@ type RenewSidecarTokenRequest struct {
 
 func (x *RenewSidecarTokenRequest) Reset() {
 	*x = RenewSidecarTokenRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1107,7 @@ func (x *RenewSidecarTokenRequest) String() string {
 func (*RenewSidecarTokenRequest) ProtoMessage() {}
 
 func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1120,7 @@ func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSidecarTokenRequest.ProtoReflect.Descriptor instead.
 func (*RenewSidecarTokenRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
 }
 
 // RenewSidecarTokenResponse carries it.
@@ -1070,7 +1134,7 @@ type RenewSidecarTokenResponse struct {
 
 func (x *RenewSidecarTokenResponse) Reset() {
 	*x = RenewSidecarTokenResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1146,7 @@ func (x *RenewSidecarTokenResponse) String() string {
 func (*RenewSidecarTokenResponse) ProtoMessage() {}
 
 func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1159,7 @@ func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSidecarTokenResponse.ProtoReflect.Descriptor instead.
 func (*RenewSidecarTokenResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RenewSidecarTokenResponse) GetSidecarToken() string {
@@ -1121,7 +1185,7 @@ type UnregisterRequest struct {
 
 func (x *UnregisterRequest) Reset() {
 	*x = UnregisterRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1197,7 @@ func (x *UnregisterRequest) String() string {
 func (*UnregisterRequest) ProtoMessage() {}
 
 func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1210,7 @@ func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
 }
 
 // UnregisterResponse says how long the removal takes to reach peers.
@@ -1159,7 +1223,7 @@ type UnregisterResponse struct {
 
 func (x *UnregisterResponse) Reset() {
 	*x = UnregisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1235,7 @@ func (x *UnregisterResponse) String() string {
 func (*UnregisterResponse) ProtoMessage() {}
 
 func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1248,7 @@ func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UnregisterResponse) GetPropagationDelay() *durationpb.Duration {
@@ -1203,7 +1267,7 @@ type WatchRegistrationRequest struct {
 
 func (x *WatchRegistrationRequest) Reset() {
 	*x = WatchRegistrationRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1279,7 @@ func (x *WatchRegistrationRequest) String() string {
 func (*WatchRegistrationRequest) ProtoMessage() {}
 
 func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1292,7 @@ func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRegistrationRequest.ProtoReflect.Descriptor instead.
 func (*WatchRegistrationRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{18}
 }
 
 // RegistrationEvent is the state of the caller's registration.
@@ -1244,7 +1308,7 @@ type RegistrationEvent struct {
 
 func (x *RegistrationEvent) Reset() {
 	*x = RegistrationEvent{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1256,7 +1320,7 @@ func (x *RegistrationEvent) String() string {
 func (*RegistrationEvent) ProtoMessage() {}
 
 func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1269,7 +1333,7 @@ func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistrationEvent.ProtoReflect.Descriptor instead.
 func (*RegistrationEvent) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{18}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RegistrationEvent) GetState() RegistrationEvent_State {
@@ -1323,12 +1387,15 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"\rJWTCredential\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"%\n" +
 	"\rGCECredential\x12\x14\n" +
-	"\x05token\x18\x01 \x01(\tR\x05token\"\xb2\x02\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"'\n" +
+	"\x0fAzureCredential\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"\xf7\x02\n" +
 	"\x10AuthorizeRequest\x12S\n" +
 	"\x0eworkload_group\x18\x01 \x01(\v2,.embark.onboarding.v1alpha1.WorkloadGroupRefR\rworkloadGroup\x12=\n" +
 	"\x03aws\x18\x02 \x01(\v2).embark.onboarding.v1alpha1.AWSCredentialH\x00R\x03aws\x12=\n" +
 	"\x03jwt\x18\x03 \x01(\v2).embark.onboarding.v1alpha1.JWTCredentialH\x00R\x03jwt\x12=\n" +
-	"\x03gce\x18\x04 \x01(\v2).embark.onboarding.v1alpha1.GCECredentialH\x00R\x03gceB\f\n" +
+	"\x03gce\x18\x04 \x01(\v2).embark.onboarding.v1alpha1.GCECredentialH\x00R\x03gce\x12C\n" +
+	"\x05azure\x18\x05 \x01(\v2+.embark.onboarding.v1alpha1.AzureCredentialH\x00R\x05azureB\f\n" +
 	"\n" +
 	"credential\"\xaf\x01\n" +
 	"\x11AuthorizeResponse\x12\x14\n" +
@@ -1420,7 +1487,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP() []byte {
 }
 
 var file_onboarding_api_v1alpha1_onboarding_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
 	(RegistrationEvent_State)(0),      // 0: embark.onboarding.v1alpha1.RegistrationEvent.State
 	(*WorkloadGroupRef)(nil),          // 1: embark.onboarding.v1alpha1.WorkloadGroupRef
@@ -1429,23 +1496,24 @@ var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
 	(*Header)(nil),                    // 4: embark.onboarding.v1alpha1.Header
 	(*JWTCredential)(nil),             // 5: embark.onboarding.v1alpha1.JWTCredential
 	(*GCECredential)(nil),             // 6: embark.onboarding.v1alpha1.GCECredential
-	(*AuthorizeRequest)(nil),          // 7: embark.onboarding.v1alpha1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),         // 8: embark.onboarding.v1alpha1.AuthorizeResponse
-	(*HostAddress)(nil),               // 9: embark.onboarding.v1alpha1.HostAddress
-	(*RegisterRequest)(nil),           // 10: embark.onboarding.v1alpha1.RegisterRequest
-	(*AgentError)(nil),                // 11: embark.onboarding.v1alpha1.AgentError
-	(*RegisterResponse)(nil),          // 12: embark.onboarding.v1alpha1.RegisterResponse
-	(*SidecarBootstrap)(nil),          // 13: embark.onboarding.v1alpha1.SidecarBootstrap
-	(*RenewSidecarTokenRequest)(nil),  // 14: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	(*RenewSidecarTokenResponse)(nil), // 15: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	(*UnregisterRequest)(nil),         // 16: embark.onboarding.v1alpha1.UnregisterRequest
-	(*UnregisterResponse)(nil),        // 17: embark.onboarding.v1alpha1.UnregisterResponse
-	(*WatchRegistrationRequest)(nil),  // 18: embark.onboarding.v1alpha1.WatchRegistrationRequest
-	(*RegistrationEvent)(nil),         // 19: embark.onboarding.v1alpha1.RegistrationEvent
-	nil,                               // 20: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	nil,                               // 21: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 22: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 23: google.protobuf.Duration
+	(*AzureCredential)(nil),           // 7: embark.onboarding.v1alpha1.AzureCredential
+	(*AuthorizeRequest)(nil),          // 8: embark.onboarding.v1alpha1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),         // 9: embark.onboarding.v1alpha1.AuthorizeResponse
+	(*HostAddress)(nil),               // 10: embark.onboarding.v1alpha1.HostAddress
+	(*RegisterRequest)(nil),           // 11: embark.onboarding.v1alpha1.RegisterRequest
+	(*AgentError)(nil),                // 12: embark.onboarding.v1alpha1.AgentError
+	(*RegisterResponse)(nil),          // 13: embark.onboarding.v1alpha1.RegisterResponse
+	(*SidecarBootstrap)(nil),          // 14: embark.onboarding.v1alpha1.SidecarBootstrap
+	(*RenewSidecarTokenRequest)(nil),  // 15: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	(*RenewSidecarTokenResponse)(nil), // 16: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	(*UnregisterRequest)(nil),         // 17: embark.onboarding.v1alpha1.UnregisterRequest
+	(*UnregisterResponse)(nil),        // 18: embark.onboarding.v1alpha1.UnregisterResponse
+	(*WatchRegistrationRequest)(nil),  // 19: embark.onboarding.v1alpha1.WatchRegistrationRequest
+	(*RegistrationEvent)(nil),         // 20: embark.onboarding.v1alpha1.RegistrationEvent
+	nil,                               // 21: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	nil,                               // 22: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 24: google.protobuf.Duration
 }
 var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	3,  // 0: embark.onboarding.v1alpha1.AWSCredential.sts_get_caller_identity:type_name -> embark.onboarding.v1alpha1.SignedHTTPRequest
@@ -1454,31 +1522,32 @@ var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	2,  // 3: embark.onboarding.v1alpha1.AuthorizeRequest.aws:type_name -> embark.onboarding.v1alpha1.AWSCredential
 	5,  // 4: embark.onboarding.v1alpha1.AuthorizeRequest.jwt:type_name -> embark.onboarding.v1alpha1.JWTCredential
 	6,  // 5: embark.onboarding.v1alpha1.AuthorizeRequest.gce:type_name -> embark.onboarding.v1alpha1.GCECredential
-	22, // 6: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	9,  // 7: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
-	20, // 8: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	11, // 9: embark.onboarding.v1alpha1.RegisterRequest.last_error:type_name -> embark.onboarding.v1alpha1.AgentError
-	13, // 10: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
-	21, // 11: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	22, // 12: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
-	22, // 13: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	23, // 14: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
-	0,  // 15: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
-	7,  // 16: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
-	10, // 17: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
-	16, // 18: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
-	14, // 19: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	18, // 20: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
-	8,  // 21: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
-	12, // 22: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
-	17, // 23: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
-	15, // 24: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	19, // 25: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	7,  // 6: embark.onboarding.v1alpha1.AuthorizeRequest.azure:type_name -> embark.onboarding.v1alpha1.AzureCredential
+	23, // 7: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 8: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
+	21, // 9: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	12, // 10: embark.onboarding.v1alpha1.RegisterRequest.last_error:type_name -> embark.onboarding.v1alpha1.AgentError
+	14, // 11: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
+	22, // 12: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	23, // 13: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
+	23, // 14: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	24, // 15: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
+	0,  // 16: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
+	8,  // 17: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
+	11, // 18: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
+	17, // 19: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
+	15, // 20: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	19, // 21: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
+	9,  // 22: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
+	13, // 23: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
+	18, // 24: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
+	16, // 25: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	20, // 26: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_onboarding_api_v1alpha1_onboarding_proto_init() }
@@ -1486,10 +1555,11 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 	if File_onboarding_api_v1alpha1_onboarding_proto != nil {
 		return
 	}
-	file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[6].OneofWrappers = []any{
+	file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7].OneofWrappers = []any{
 		(*AuthorizeRequest_Aws)(nil),
 		(*AuthorizeRequest_Jwt)(nil),
 		(*AuthorizeRequest_Gce)(nil),
+		(*AuthorizeRequest_Azure)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1497,7 +1567,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc), len(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,284 @@
+// Package azuretest is a loopback Microsoft Entra ID for tests: a TLS
+// server publishing each tenant's OpenID configuration and keys (like
+// https://login.microsoftonline.com/<tenant>/discovery/v2.0/keys) with a
+// key that signs managed identity tokens as Entra ID does, and an Azure
+// Instance Metadata Service that issues them to a VM and reports its
+// network.
+package azuretest
+
+import (
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+)
+
+// Microsoft serves the tenants' OpenID configurations and JWKS over TLS and
+// signs tokens with its key.
+type Microsoft struct {
+	srv *httptest.Server
+	mu  sync.Mutex
+	key *rsa.PrivateKey
+	kid string
+	// fetches counts JWKS requests.
+	fetches int
+}
+
+// NewMicrosoft starts a key server with one fresh RSA key. Close it when
+// done.
+func NewMicrosoft() (*Microsoft, error) {
+	m := &Microsoft{}
+	if err := m.RotateKey(); err != nil {
+		return nil, err
+	}
+	m.srv = httptest.NewTLSServer(http.HandlerFunc(m.serve))
+	return m, nil
+}
+
+// NewKey returns a key of a signer Microsoft does not publish, for
+// forgeries.
+func NewKey() (*rsa.PrivateKey, error) { return rsa.GenerateKey(rand.Reader, 2048) }
+
+// RotateKey replaces the signing key (and the published JWKS) with a new one.
+func (m *Microsoft) RotateKey() error {
+	k, err := NewKey()
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.key, m.kid = k, fmt.Sprintf("azuretest-%d", time.Now().UnixNano())
+	return nil
+}
+
+// serve answers /<tenant>/discovery/v2.0/keys and
+// /<tenant>/v2.0/.well-known/openid-configuration.
+func (m *Microsoft) serve(w http.ResponseWriter, r *http.Request) {
+	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	switch {
+	case len(parts) == 4 && parts[1] == "discovery" && parts[2] == "v2.0" && parts[3] == "keys":
+		m.mu.Lock()
+		m.fetches++
+		set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &m.key.PublicKey, KeyID: m.kid, Algorithm: string(jose.RS256), Use: "sig"}}}
+		m.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(set)
+	case len(parts) == 4 && parts[1] == "v2.0" && parts[2] == ".well-known" && parts[3] == "openid-configuration":
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"issuer":                                "https://login.microsoftonline.com/" + parts[0] + "/v2.0",
+			"jwks_uri":                              m.srv.URL + "/" + parts[0] + "/discovery/v2.0/keys",
+			"id_token_signing_alg_values_supported": []string{"RS256"},
+		})
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// JWKSURL is the key endpoint's URL with the {tenant} placeholder, for
+// azure.Config.JWKSURL.
+func (m *Microsoft) JWKSURL() string { return m.srv.URL + "/{tenant}/discovery/v2.0/keys" }
+
+// OpenIDConfigurationURL is tenant's OpenID configuration document.
+func (m *Microsoft) OpenIDConfigurationURL(tenant string) string {
+	return m.srv.URL + "/" + tenant + "/v2.0/.well-known/openid-configuration"
+}
+
+// CACertificates is the PEM of the root the key endpoint is served with.
+func (m *Microsoft) CACertificates() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: m.srv.Certificate().Raw})
+}
+
+// Fetches is how many times a JWKS was fetched.
+func (m *Microsoft) Fetches() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.fetches
+}
+
+// Close stops the server.
+func (m *Microsoft) Close() { m.srv.Close() }
+
+// Sign signs claims (any JSON object) as Entra ID: RS256 with the published
+// key, its kid and x5t-style header.
+func (m *Microsoft) Sign(claims any) (string, error) {
+	m.mu.Lock()
+	k, kid := m.key, m.kid
+	m.mu.Unlock()
+	return SignWith(k, kid, claims)
+}
+
+// SignWith signs claims with key under kid.
+func SignWith(key *rsa.PrivateKey, kid string, claims any) (string, error) {
+	payload, err := json.Marshal(claims)
+	if err != nil {
+		return "", err
+	}
+	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key},
+		(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
+	if err != nil {
+		return "", err
+	}
+	obj, err := s.Sign(payload)
+	if err != nil {
+		return "", err
+	}
+	return obj.CompactSerialize()
+}
+
+// KeyID is the kid of the published key.
+func (m *Microsoft) KeyID() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.kid
+}
+
+// VM is an Azure virtual machine with a system-assigned managed identity.
+type VM struct {
+	TenantID       string
+	SubscriptionID string
+	ResourceGroup  string
+	Name           string
+	// VMID is the VM's unique ID (IMDS compute/vmId).
+	VMID string
+	// PrincipalID is the object ID of its system-assigned identity.
+	PrincipalID string
+	Location    string
+	// IP is the first network interface's private IPv4 address.
+	IP string
+}
+
+// DefaultVM is VM ratings-1 of resource group embark-rg.
+func DefaultVM() VM {
+	return VM{
+		TenantID: "72f988bf-86f1-41af-91ab-2d7cd011db47", SubscriptionID: "0b1f6471-1bf0-4dda-aec3-cb9272f09590",
+		ResourceGroup: "Embark-RG", Name: "ratings-1", VMID: "13f56399-bd52-4150-9748-7190aae1ff21",
+		PrincipalID: "9b5a7f2e-3c1d-4e8f-a6b2-0d4c8e1f7a93", Location: "westeurope", IP: "10.1.0.4",
+	}
+}
+
+// ResourceID is the VM's resource ID as xms_mirid spells it.
+func (vm VM) ResourceID() string {
+	return fmt.Sprintf("/subscriptions/%s/resourcegroups/%s/providers/Microsoft.Compute/virtualMachines/%s", vm.SubscriptionID, vm.ResourceGroup, vm.Name)
+}
+
+// Claims are the claims of a v1 managed identity access token for
+// audience issued at iat, valid for 24 hours, as Entra ID writes them.
+func (vm VM) Claims(audience string, iat time.Time) map[string]any {
+	return map[string]any{
+		"aud": audience, "iss": "https://sts.windows.net/" + vm.TenantID + "/",
+		"iat": iat.Unix(), "nbf": iat.Unix(), "exp": iat.Add(24 * time.Hour).Unix(),
+		"aio": "E2ZgYDh4cHn/", "appid": "5a2b1c3d-0000-4000-8000-000000000001", "appidacr": "2",
+		"idp": "https://sts.windows.net/" + vm.TenantID + "/", "idtyp": "app",
+		"oid": vm.PrincipalID, "sub": vm.PrincipalID, "tid": vm.TenantID,
+		"rh": "0.AAAA", "uti": "dHVp", "ver": "1.0", "xms_mirid": vm.ResourceID(),
+	}
+}
+
+// Token is a token Entra ID issues to vm for audience at iat.
+func (m *Microsoft) Token(vm VM, audience string, iat time.Time) (string, error) {
+	return m.Sign(vm.Claims(audience, iat))
+}
+
+// IMDS is a VM's Instance Metadata Service: it answers
+// /metadata/identity/oauth2/token (with Metadata: true, an api-version and
+// a resource) with a token Microsoft signs, /metadata/instance/network with
+// the VM's interface and /metadata/instance/compute/location in text, like
+// Azure's.
+type IMDS struct {
+	srv       *httptest.Server
+	microsoft *Microsoft
+	vm        VM
+	now       func() time.Time
+	mu        sync.Mutex
+	issued    int
+}
+
+// NewIMDS starts the metadata service of vm. Close it when done.
+func NewIMDS(m *Microsoft, vm VM) *IMDS {
+	s := &IMDS{microsoft: m, vm: vm, now: time.Now}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	return s
+}
+
+// URL is the service's base URL (in place of http://169.254.169.254).
+func (s *IMDS) URL() string { return s.srv.URL }
+
+// Issued is how many tokens the service issued.
+func (s *IMDS) Issued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.issued
+}
+
+// Close stops the server.
+func (s *IMDS) Close() { s.srv.Close() }
+
+func (s *IMDS) serve(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	if r.Header.Get("Metadata") != "true" || r.Header.Get("X-Forwarded-For") != "" {
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":"Bad request. Required metadata header not specified"}`))
+		return
+	}
+	if r.URL.Query().Get("api-version") == "" {
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":"Bad request. api-version was not specified in the request"}`))
+		return
+	}
+	switch r.URL.Path {
+	case "/metadata/identity/oauth2/token":
+		s.serveToken(w, r)
+	case "/metadata/instance/network":
+		_ = json.NewEncoder(w).Encode(map[string]any{"interface": []any{map[string]any{
+			"ipv4": map[string]any{
+				"ipAddress": []any{map[string]any{"privateIpAddress": s.vm.IP, "publicIpAddress": ""}},
+				"subnet":    []any{map[string]any{"address": "10.1.0.0", "prefix": "24"}},
+			},
+			"ipv6":       map[string]any{"ipAddress": []any{}},
+			"macAddress": "000D3A2B4C5D",
+		}}})
+	case "/metadata/instance/compute/location":
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte(s.vm.Location))
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func (s *IMDS) serveToken(w http.ResponseWriter, r *http.Request) {
+	resource := r.URL.Query().Get("resource")
+	if resource == "" {
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":"invalid_request","error_description":"Required query variable 'resource' is missing"}`))
+		return
+	}
+	now := s.now()
+	claims := s.vm.Claims(resource, now)
+	// RS256 signatures are deterministic, so two tokens of one second would
+	// be identical; Entra ID gives every token its own uti, and so does
+	// this fake, so that an agent's repeated authorizations are not refused
+	// as replays.
+	s.mu.Lock()
+	s.issued++
+	claims["uti"] = fmt.Sprintf("azuretest-%d", s.issued)
+	s.mu.Unlock()
+	tok, err := s.microsoft.Sign(claims)
+	if err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]string{
+		"access_token": tok, "client_id": "5a2b1c3d-0000-4000-8000-000000000001",
+		"expires_in": "86399", "expires_on": fmt.Sprint(now.Add(24 * time.Hour).Unix()), "ext_expires_in": "86399",
+		"not_before": fmt.Sprint(now.Unix()), "resource": resource, "token_type": "Bearer",
+	})
+}

@@ -1,0 +1,201 @@
+package azure
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/replay"
+)
+
+const (
+	// TenantPlaceholder in Config.JWKSURL is replaced by each tenant's ID.
+	TenantPlaceholder = "{tenant}"
+	// DefaultJWKSURL is where Microsoft publishes the keys that sign a
+	// tenant's tokens (the jwks_uri of its OpenID configuration).
+	DefaultJWKSURL = "https://login.microsoftonline.com/" + TenantPlaceholder + "/discovery/v2.0/keys"
+	// DefaultMaxTokenLifetime is Config.MaxTokenLifetime's default: Entra ID
+	// issues managed identity tokens valid for about 24 hours (iat is set
+	// five minutes before nbf).
+	DefaultMaxTokenLifetime = 25 * time.Hour
+	// DefaultReplayCacheSize bounds the used-token cache.
+	DefaultReplayCacheSize = 100_000
+)
+
+// IssuersOf are the two issuers of a tenant's access tokens: Entra ID's v1
+// (what the Instance Metadata Service issues unless the resource's
+// application asks for v2) and v2 issuers.
+func IssuersOf(tenant string) []string {
+	return []string{"https://sts.windows.net/" + tenant + "/", "https://login.microsoftonline.com/" + tenant + "/v2.0"}
+}
+
+// Config says which tokens the verifier accepts.
+type Config struct {
+	// Tenants are the Entra ID tenant IDs (GUIDs) whose tokens are
+	// accepted; the issuer of a token must be one of theirs. Required.
+	Tenants []string
+	// Audiences the token's aud must be one of: the resource the agent asks
+	// the Instance Metadata Service for (the application ID URI of the
+	// onboarding endpoint's Entra application, e.g. api://embark-onboarding,
+	// or its application ID for v2 tokens). Required.
+	Audiences []string
+	// JWKSURL is where a tenant's keys are fetched (https), with
+	// TenantPlaceholder for the tenant ID. Default DefaultJWKSURL.
+	JWKSURL string
+	// CACertificates (PEM) are the roots the JWKS is fetched with. Default:
+	// the system roots.
+	CACertificates []byte
+	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
+	// Default DefaultMaxTokenLifetime.
+	MaxTokenLifetime time.Duration
+}
+
+// Verifier verifies Azure managed identity tokens. It is safe for
+// concurrent use.
+type Verifier struct {
+	jwksURL string
+	// tenantOf maps each accepted issuer to its tenant.
+	tenantOf map[string]string
+	jwt      *jwt.Verifier
+	used     *replay.Cache
+	shared   replay.Shared
+	now      func() time.Time
+}
+
+var _ identity.Verifier[string] = (*Verifier)(nil)
+
+type options struct {
+	jwtOpts    []jwt.Option
+	now        func() time.Time
+	replaySize int
+	shared     replay.Shared
+}
+
+// Option configures a Verifier.
+type Option func(*options)
+
+// WithHTTPClient sets the client that fetches the JWKS (jwt.WithHTTPClient).
+func WithHTTPClient(c *http.Client) Option {
+	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithHTTPClient(c)) }
+}
+
+// WithClock sets the verifier's clock. Default: time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) { o.now = now; o.jwtOpts = append(o.jwtOpts, jwt.WithClock(now)) }
+}
+
+// WithJWKSRefresh sets how long a fetched JWKS is used and the least time
+// between two fetches (jwt.WithJWKSRefresh; defaults 1h and 30s).
+func WithJWKSRefresh(refresh, minRefresh time.Duration) Option {
+	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithJWKSRefresh(refresh, minRefresh)) }
+}
+
+// WithLogger sets the logger. Default: discard.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithLogger(l)) }
+}
+
+// WithReplayCacheSize bounds how many used tokens are remembered. Default
+// DefaultReplayCacheSize.
+func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize = n } }
+
+// WithSharedReplay makes the verifier record every accepted token in
+// store, shared by every replica of the deployment, and refuse a token
+// another replica accepted. Default: this verifier's own cache only.
+func WithSharedReplay(store replay.Shared) Option { return func(o *options) { o.shared = store } }
+
+// NewVerifier returns a Verifier of tokens of cfg.Tenants for
+// cfg.Audiences. The JWKS are fetched when first needed.
+func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
+	o := options{now: time.Now, replaySize: DefaultReplayCacheSize}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if len(cfg.Tenants) == 0 {
+		return nil, errors.New("azure identity verifier: at least one tenant is required")
+	}
+	if len(cfg.Audiences) == 0 {
+		return nil, errors.New("azure identity verifier: at least one audience is required")
+	}
+	if cfg.JWKSURL == "" {
+		cfg.JWKSURL = DefaultJWKSURL
+	}
+	if cfg.MaxTokenLifetime == 0 {
+		cfg.MaxTokenLifetime = DefaultMaxTokenLifetime
+	}
+	tenantOf := map[string]string{}
+	var issuers []jwt.IssuerConfig
+	for _, t := range cfg.Tenants {
+		if !guidRE.MatchString(t) {
+			return nil, fmt.Errorf("azure identity verifier: tenant %q is not a tenant ID (GUID)", t)
+		}
+		t = strings.ToLower(t)
+		keys := strings.ReplaceAll(cfg.JWKSURL, TenantPlaceholder, t)
+		for i, iss := range IssuersOf(t) {
+			if tenantOf[iss] != "" {
+				return nil, fmt.Errorf("azure identity verifier: tenant %s listed twice", t)
+			}
+			tenantOf[iss] = t
+			// Entra ID's access tokens carry uti, not jti; replays are
+			// refused here, by the token itself.
+			issuers = append(issuers, jwt.IssuerConfig{
+				Issuer: iss, ShortName: fmt.Sprintf("azure-v%d-%s", i+1, t), Audiences: cfg.Audiences, JWKSURL: keys,
+				CACertificates: cfg.CACertificates, MaxTokenLifetime: cfg.MaxTokenLifetime,
+				AllowTokensWithoutJTI: true, Attributes: claimPaths(),
+			})
+		}
+	}
+	v, err := jwt.NewVerifier(issuers, o.jwtOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("azure identity verifier: %w", err)
+	}
+	return &Verifier{jwksURL: cfg.JWKSURL, tenantOf: tenantOf, jwt: v, used: replay.New(o.replaySize), shared: o.shared, now: o.now}, nil
+}
+
+// JWKSURL is where the verifier fetches Microsoft's keys ({tenant} for
+// each tenant's ID).
+func (v *Verifier) JWKSURL() string { return v.jwksURL }
+
+// Verify verifies token and returns the VM identity it proves.
+func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity, error) {
+	id, err := v.jwt.Verify(ctx, token)
+	if err != nil {
+		return nil, err
+	}
+	tenant, ok := v.tenantOf[id.JWT.Issuer]
+	if !ok {
+		// The jwt verifier accepts only the configured issuers.
+		return nil, identity.Refuse(identity.ReasonUnknownIssuer, "token issuer %q is not an issuer of an allowed tenant", clip(id.JWT.Issuer))
+	}
+	az, err := parseIdentity(tenant, id.JWT.Attributes)
+	if err != nil {
+		return nil, err
+	}
+	az.Expiry = id.JWT.Expiry.UTC()
+	// Last, once everything else holds: a refused token is not used up.
+	sum := sha256.Sum256([]byte(token[strings.LastIndexByte(token, '.')+1:]))
+	key, expiry := hex.EncodeToString(sum[:]), az.Expiry.Add(jwt.DefaultLeeway)
+	replayed := identity.Refuse(identity.ReasonReplayed, "managed identity token of VM %s (resource group %s, subscription %s) was already used: every onboarding needs a token the endpoint has not seen", az.VMName, az.ResourceGroup, az.SubscriptionID)
+	if !v.used.Reserve(key, expiry, v.now()) {
+		return nil, replayed
+	}
+	if v.shared != nil {
+		fresh, err := v.shared.Reserve(ctx, "azure\x00"+key, expiry)
+		if err != nil {
+			v.used.Release(key) // nothing was decided: the agent may retry the token
+			return nil, fmt.Errorf("check the managed identity token of VM %s against the ones already used: %w", az.VMName, err)
+		}
+		if !fresh {
+			return nil, replayed
+		}
+	}
+	return &identity.Identity{Method: identity.MethodAzureManagedIdentityToken, Azure: az}, nil
+}
