@@ -53,6 +53,7 @@ const (
 	PlatformAWS  = "aws"
 	PlatformJWT  = "jwt"
 	PlatformGCE  = "gce"
+	PlatformECS  = "ecs"
 )
 
 // AgentConfiguration is /etc/onboarding-agent/agent.config.yaml.
@@ -88,9 +89,11 @@ type AgentMetrics struct {
 
 // Host configures platform detection and credentials.
 type Host struct {
-	// Platform is auto (default: AWS when IMDS answers, else gce when the
-	// Compute Engine metadata server answers, else jwt when a JWT source is
-	// configured), aws, gce or jwt.
+	// Platform is auto (default: ecs when ECS_CONTAINER_METADATA_URI_V4 is
+	// set, else AWS when IMDS answers, else gce when the Compute Engine
+	// metadata server answers, else jwt when a JWT source is configured),
+	// aws, ecs, gce or jwt. The ecs platform signs its STS proof for
+	// aws.stsEndpoint when set.
 	Platform string `json:"platform,omitempty"`
 	// AWS configures the EC2 credential.
 	AWS AWSPlatform `json:"aws,omitempty"`
@@ -368,9 +371,9 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 	var errs field.ErrorList
 	host := field.NewPath("host")
 	switch c.Host.Platform {
-	case PlatformAuto, PlatformAWS, PlatformJWT, PlatformGCE:
+	case PlatformAuto, PlatformAWS, PlatformJWT, PlatformGCE, PlatformECS:
 	default:
-		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformGCE, PlatformJWT}))
+		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformGCE, PlatformJWT, PlatformECS}))
 	}
 	if u := c.Host.GCE.MetadataEndpoint; u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 		errs = append(errs, field.Invalid(host.Child("gce", "metadataEndpoint"), u, "must be an http:// or https:// URL"))
