@@ -192,12 +192,13 @@ func CheckHolder(war *runtimev1alpha1.WorkloadAutoRegistration, id runtimev1alph
 // FreshProof says whether the identity carries a proof that may take an
 // existing registration over from another agent session: an STS proof of
 // the instance's role session, a JWT (short-lived, issued to the host) or a
-// GCE instance identity token (short-lived, signed by Google, used once).
+// GCE instance identity token (short-lived, signed by Google, used once), or
+// an ECS task role session's STS proof (fresh, used once).
 // A bare instance identity document, which never expires and which anything
 // on the instance can read, never does.
 func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
 	switch {
-	case id.JWT != nil, id.GCP != nil:
+	case id.JWT != nil, id.GCP != nil, id.ECS != nil:
 		return true
 	case id.AWS != nil && id.AWS.EC2 != nil:
 		return id.AWS.EC2.IAMRole != ""
@@ -208,7 +209,8 @@ func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
 
 // SameWorkload says whether a and b are the same workload: the same EC2
 // instance (partition, account, zone, instance ID), the same GCE instance
-// (project, zone, instance ID) or the same JWT issuer and subject. Registration names are not compared: they are labels.
+// (project, zone, instance ID), the same ECS task (partition, account,
+// region, cluster, task ID) or the same JWT issuer and subject. Registration names are not compared: they are labels.
 func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
 	switch {
 	case a.AWS != nil && b.AWS != nil:
@@ -221,6 +223,9 @@ func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
 		return a.JWT.Issuer == b.JWT.Issuer && a.JWT.Subject == b.JWT.Subject
 	case a.GCP != nil && b.GCP != nil:
 		return a.GCP.ProjectID == b.GCP.ProjectID && a.GCP.Zone == b.GCP.Zone && a.GCP.InstanceID == b.GCP.InstanceID
+	case a.ECS != nil && b.ECS != nil:
+		x, y := a.ECS, b.ECS
+		return x.Partition == y.Partition && x.Account == y.Account && x.Region == y.Region && x.Cluster == y.Cluster && x.TaskID == y.TaskID
 	default:
 		return false
 	}

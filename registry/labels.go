@@ -233,6 +233,8 @@ func HostnameOf(war *runtimev1alpha1.WorkloadAutoRegistration) string {
 		h = id.JWT.Subject
 	case id.GCP != nil:
 		h = id.GCP.InstanceName
+	case id.ECS != nil:
+		h = id.ECS.TaskID
 	}
 	if len(validation.IsValidLabelValue(h)) > 0 {
 		return ""

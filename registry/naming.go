@@ -49,6 +49,7 @@ func Name(group string, id runtimev1alpha1.WorkloadIdentity) string {
 // IdentityName returns the workload-identity part of a registration's name:
 // aws-<partition>-<account>-<zone>-ec2-<instance-id> for EC2 instances,
 // gcp-<project>-<zone>-gce-<instance-id> for Compute Engine instances,
+// aws-<partition>-<account>-<region>-ecs-<cluster>-<task-id> for ECS tasks,
 // jwt-<issuer-short-name>-<subject>-<hash> for JWT identities, where <hash>
 // is 16 hex digits of the SHA-256 of the issuer URL and the subject: short
 // names and subjects may both contain '-' (corp/lab-host1 and
@@ -66,6 +67,8 @@ func IdentityName(id runtimev1alpha1.WorkloadIdentity) string {
 		return strings.Join([]string{"aws", id.AWS.Partition, id.AWS.Account, id.AWS.Zone}, "-")
 	case id.GCP != nil:
 		return strings.Join([]string{"gcp", id.GCP.ProjectID, id.GCP.Zone, "gce", id.GCP.InstanceID}, "-")
+	case id.ECS != nil:
+		return strings.Join([]string{"aws", id.ECS.Partition, id.ECS.Account, id.ECS.Region, "ecs", id.ECS.Cluster, id.ECS.TaskID}, "-")
 	case id.JWT != nil:
 		sum := sha256.Sum256([]byte(id.JWT.Issuer + "\x00" + id.JWT.Subject))
 		return "jwt-" + id.JWT.ShortName + "-" + id.JWT.Subject + "-" + hex.EncodeToString(sum[:])[:jwtHashLen]

@@ -49,6 +49,11 @@ type JWTVerifier interface {
 	Verify(ctx context.Context, token string) (*identity.Identity, error)
 }
 
+// ECSVerifier verifies ECS task credentials (ecs.Verifier).
+type ECSVerifier interface {
+	Verify(ctx context.Context, cred awswire.ECSCredential) (*identity.Identity, error)
+}
+
 // Authorizer checks OnboardingPolicies (policy.Authorizer).
 type Authorizer interface {
 	Authorize(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity) (policy.Decision, error)
@@ -90,6 +95,9 @@ type Options struct {
 	// GCE verifies Compute Engine instance identity tokens (gce.Verifier).
 	// Default: GCE credentials are refused.
 	GCE JWTVerifier
+	// ECS verifies ECS task credentials (ecs.Verifier). Default: ECS
+	// credentials are refused.
+	ECS ECSVerifier
 	// Authorizer checks policies. Required.
 	Authorizer Authorizer
 	// Tokens issues onboarding tokens. Required.
@@ -311,6 +319,11 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 			return nil, errors.New("this endpoint does not accept GCE credentials (identity.gce is not configured)")
 		}
 		return s.opts.GCE.Verify(ctx, c.Gce.GetToken())
+	case *onboardingv1alpha1.AuthorizeRequest_Ecs:
+		if s.opts.ECS == nil {
+			return nil, errors.New("this endpoint does not accept ECS credentials (identity.ecs is not configured)")
+		}
+		return s.opts.ECS.Verify(ctx, awswire.ECSFromProto(c.Ecs))
 	default:
 		return nil, errors.New("no credential")
 	}
@@ -654,13 +667,20 @@ func agentErrorOf(req *onboardingv1alpha1.RegisterRequest) *runtimev1alpha1.Agen
 }
 
 // provenAddress is the address a verified identity proves, in canonical form:
-// an EC2 document's signed privateIp. JWT and GCE identities prove none (a
-// GCE instance identity token carries no address).
+// an EC2 document's signed privateIp, or the ENI address of an ECS task the
+// ECS API confirmed. JWT and GCE identities prove none (a GCE instance
+// identity token carries no address).
 func provenAddress(id *identity.Identity) string {
-	if id.AWS == nil {
+	var addr string
+	switch {
+	case id.AWS != nil:
+		addr = id.AWS.PrivateIP
+	case id.ECS != nil && id.ECS.TaskConfirmed:
+		addr = id.ECS.Address
+	default:
 		return ""
 	}
-	ip, err := netip.ParseAddr(id.AWS.PrivateIP)
+	ip, err := netip.ParseAddr(addr)
 	if err != nil {
 		return ""
 	}
@@ -689,6 +709,13 @@ func APIIdentity(id *identity.Identity) runtimev1alpha1.WorkloadIdentity {
 		return runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{
 			ProjectID: g.ProjectID, ProjectNumber: g.ProjectNumber, Zone: g.Zone,
 			InstanceID: g.InstanceID, InstanceName: g.InstanceName, ServiceAccount: g.ServiceAccount,
+		}}
+	case id.ECS != nil:
+		e := id.ECS
+		return runtimev1alpha1.WorkloadIdentity{ECS: &runtimev1alpha1.ECSIdentity{
+			Partition: e.Partition, Account: e.Account, Region: e.Region, Zone: e.Zone, Cluster: e.Cluster,
+			TaskARN: e.TaskARN, TaskID: e.TaskID, TaskRole: e.TaskRole, Family: e.Family, Revision: e.Revision,
+			TaskConfirmed: e.TaskConfirmed,
 		}}
 	default:
 		return runtimev1alpha1.WorkloadIdentity{}

@@ -95,6 +95,14 @@ func DescribeIdentity(id runtimev1alpha1.WorkloadIdentity) string {
 		g := id.GCP
 		return fmt.Sprintf("gcp project %s zone %s instance %s (%s) service account %s",
 			clip(g.ProjectID), clip(g.Zone), clip(g.InstanceName), clip(g.InstanceID), clip(g.ServiceAccount))
+	case id.ECS != nil:
+		e := id.ECS
+		s := fmt.Sprintf("ecs partition %s account %s region %s zone %s cluster %s task %s task role %s",
+			clip(e.Partition), clip(e.Account), clip(e.Region), clip(e.Zone), clip(e.Cluster), clip(e.TaskID), clip(e.TaskRole))
+		if !e.TaskConfirmed {
+			s += " (not confirmed by the ECS API)"
+		}
+		return s
 	default:
 		return "a workload without a verified identity"
 	}

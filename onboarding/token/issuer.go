@@ -323,7 +323,7 @@ func checkRequest(req Request) error {
 
 func validVerified(v *runtimev1alpha1.WorkloadIdentity) bool {
 	n := 0
-	for _, set := range []bool{v.AWS != nil, v.JWT != nil, v.GCP != nil} {
+	for _, set := range []bool{v.AWS != nil, v.JWT != nil, v.GCP != nil, v.ECS != nil} {
 		if set {
 			n++
 		}
