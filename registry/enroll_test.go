@@ -47,6 +47,9 @@ func TestSameWorkloadAndFreshProof(t *testing.T) {
 		{name: "same GCE instance", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("embark-test", "5180367924151823417"), wantSame: true, wantFresh: true},
 		{name: "GCE instance ID in another project", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("other-project", "5180367924151823417"), wantFresh: true},
 		{name: "another GCE instance", a: gceIdentity("embark-test", "5180367924151823417"), b: gceIdentity("embark-test", "1"), wantFresh: true},
+		{name: "same ECS task", a: ecsIdentity("123456789012", "prod", "abc"), b: ecsIdentity("123456789012", "prod", "abc"), wantSame: true, wantFresh: true},
+		{name: "ECS task ID in another cluster", a: ecsIdentity("123456789012", "prod", "abc"), b: ecsIdentity("123456789012", "dev", "abc"), wantFresh: true},
+		{name: "ECS task ID in another account", a: ecsIdentity("123456789012", "prod", "abc"), b: ecsIdentity("999999999999", "prod", "abc"), wantFresh: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -157,5 +160,12 @@ func gceIdentity(project, instanceID string) runtimev1alpha1.WorkloadIdentity {
 	return runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{
 		ProjectID: project, ProjectNumber: "123456789012", Zone: "us-central1-a", InstanceID: instanceID,
 		InstanceName: "ratings-1", ServiceAccount: "ratings@" + project + ".iam.gserviceaccount.com",
+	}}
+}
+
+func ecsIdentity(account, cluster, taskID string) runtimev1alpha1.WorkloadIdentity {
+	return runtimev1alpha1.WorkloadIdentity{ECS: &runtimev1alpha1.ECSIdentity{
+		Partition: "aws", Account: account, Region: "us-east-2", Zone: "us-east-2b", Cluster: cluster,
+		TaskARN: "arn:aws:ecs:us-east-2:" + account + ":task/" + cluster + "/" + taskID, TaskID: taskID, TaskRole: "ratings-task",
 	}}
 }

@@ -69,6 +69,10 @@ func TestIdentityName(t *testing.T) {
 			want: "jwt-corp-host-1-" + fullHashOf("https://corp.example\x00host-1")[:16]},
 		{name: "gce", id: runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{ProjectID: "embark-test", Zone: "us-central1-a", InstanceID: "5180367924151823417", InstanceName: "ratings-1"}},
 			want: "gcp-embark-test-us-central1-a-gce-5180367924151823417"},
+		{name: "ecs", id: ecsIdentity("123456789012", "prod", "158d1c8083dd49d6b527399fd6414f5c"),
+			want: "aws-aws-123456789012-us-east-2-ecs-prod-158d1c8083dd49d6b527399fd6414f5c"},
+		{name: "ecs cluster name with capitals and underscores", id: ecsIdentity("123456789012", "Prod_EU", "abc"),
+			want: "aws-aws-123456789012-us-east-2-ecs-Prod_EU-abc"},
 		{name: "none", want: ""},
 	}
 	for _, tt := range tests {
@@ -172,6 +176,8 @@ func TestName(t *testing.T) {
 	}{
 		{name: "seed 000 EC2 identity", group: "ratings", id: fixtures.AWSIdentity("i-1234567890abcdef0"), want: seedName},
 		{name: "no identity", group: "ratings", id: runtimev1alpha1.WorkloadIdentity{}, want: ""},
+		{name: "ecs task", group: "ratings", id: ecsIdentity("123456789012", "prod", "158d1c8083dd49d6b527399fd6414f5c"),
+			want: "ratings-aws-aws-123456789012-us-east-2-ecs-prod-158d1c8083dd49d6b527399fd6414f5c"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
