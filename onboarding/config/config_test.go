@@ -214,6 +214,8 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "jwt negative maxTokenLifetime", yaml: minimal + "identity: {jwt: [{issuer: 'https://idp.example', shortName: idp, maxTokenLifetime: -1m}]}\n", wantErr: "identity.jwt[0].maxTokenLifetime"},
 		{name: "gce jwksURL not https", yaml: minimal + "identity: {gce: {jwksURL: 'http://keys.example/certs'}}\n", wantErr: "identity.gce.jwksURL"},
 		{name: "gce negative maxTokenLifetime", yaml: minimal + "identity: {gce: {maxTokenLifetime: -1m}}\n", wantErr: "identity.gce.maxTokenLifetime"},
+		{name: "ecs taskCheck endpoint not a URL", yaml: minimal + "identity: {ecs: {taskCheck: {ecsEndpoint: 'ecs.internal'}}}\n", wantErr: "identity.ecs.taskCheck.ecsEndpoint"},
+		{name: "ecs taskCheck negative rate", yaml: minimal + "identity: {ecs: {taskCheck: {ratePerSecond: -1}}}\n", wantErr: "identity.ecs.taskCheck.ratePerSecond"},
 		{name: "negative outOfTrafficAfter", yaml: minimal + "registration: {outOfTrafficAfter: -1s}\n", wantErr: "registration.outOfTrafficAfter: Invalid value"},
 		{name: "outOfTrafficAfter beyond the grace period", yaml: minimal + "registration: {gracePeriod: 1m, outOfTrafficAfter: 2m}\n", wantErr: "must not exceed registration.gracePeriod"},
 		{name: "negative neverConnectedAfter", yaml: minimal + "registration: {neverConnectedAfter: -1s}\n", wantErr: "registration.neverConnectedAfter"},
