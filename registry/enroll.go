@@ -152,16 +152,24 @@ func proveAddresses(ctx context.Context, e Enrollment, policy Policy) (bool, err
 
 // identityProves says whether the identity of e proves addr as an address
 // of type typ: an EC2 instance identity document proves its signed
-// privateIp, as a VPC address, and nothing else; a JWT proves no address.
+// privateIp, as a VPC address, and nothing else; an ECS task the ECS API
+// confirmed proves its ENI's private address, as a VPC address; a JWT
+// proves no address.
 func identityProves(e Enrollment, typ runtimev1alpha1.AddressType, addr netip.Addr) bool {
-	return e.Identity.AWS != nil && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String()
+	proving := e.Identity.AWS != nil || (e.Identity.ECS != nil && e.Identity.ECS.TaskConfirmed)
+	return proving && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String()
 }
 
 // notProven is the refusal of host address i of e.
 func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.Addr) error {
 	what := "its identity proves no address (a JWT host or a GCE instance)"
-	if e.Identity.AWS != nil {
+	switch ecs := e.Identity.ECS; {
+	case e.Identity.AWS != nil:
 		what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
+	case ecs != nil && ecs.TaskConfirmed:
+		what = fmt.Sprintf("the ECS API confirmed only the task's ENI address %s (VPC)", e.ProvenAddress)
+	case ecs != nil:
+		what = "its identity proves no address (the ECS task was not confirmed by the ECS API: identity.ecs.taskCheck is not configured)"
 	}
 	return fmt.Errorf("%w: registration.host.addresses[%d].ip: address %s (%s) is not proven: %s, and no OnboardingPolicy rule allowing it in namespace %s lists it in addressCIDRs",
 		ErrAddressNotProven, i, addr, typ, what, e.Namespace)

@@ -107,6 +107,8 @@ func (p cidrPolicy) AllowsAddress(_ context.Context, _, _ string, _ runtimev1alp
 
 func TestProveAddresses(t *testing.T) {
 	ec2 := fixtures.AWSIdentity("i-1234567890abcdef0")
+	confirmedECS := ecsIdentity("123456789012", "prod", "abc")
+	confirmedECS.ECS.TaskConfirmed = true
 	host := func(connectedOver runtimev1alpha1.AddressType, addrs ...runtimev1alpha1.HostAddress) runtimev1alpha1.Registration {
 		return runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: addrs}, Settings: runtimev1alpha1.Settings{ConnectedOver: connectedOver}}
 	}
@@ -139,6 +141,11 @@ func TestProveAddresses(t *testing.T) {
 			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"))},
 		{name: "a JWT host outside addressCIDRs", id: jwtIdentity("https://idp", "vm-1"), policy: cidrPolicy{netip.MustParsePrefix("10.0.0.0/8")},
 			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"), internet("198.51.100.1")), wantRefused: "registration.host.addresses[1].ip"},
+		{name: "a confirmed ECS task's ENI address", id: confirmedECS, proven: "10.0.3.17", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.17")), wantProven: true},
+		{name: "another address of a confirmed ECS task", id: confirmedECS, proven: "10.0.3.17", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.18")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "an unconfirmed ECS task proves no address", id: ecsIdentity("123456789012", "prod", "abc"), proven: "10.0.3.17", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.17")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "an unconfirmed ECS task in addressCIDRs", id: ecsIdentity("123456789012", "prod", "abc"), policy: cidrPolicy{netip.MustParsePrefix("10.0.3.0/24")},
+			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.17"))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
