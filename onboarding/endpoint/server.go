@@ -619,14 +619,14 @@ func (s *Server) registerStatus(ctx context.Context, err error, op string) error
 }
 
 // reasonOf names an error's refusal reason for metrics.
-// verifierUnavailable reports whether a verification failed because STS,
-// which vouches for the credential, could not answer (unreachable,
+// verifierUnavailable reports whether a verification failed because STS (or
+// the ECS API), which vouches for the credential, could not answer (unreachable,
 // throttling or failing), or the deployment's record of used credentials
 // could not be read or written, as opposed to refusing it. KeySetUnavailable
 // stays a refusal: it also stands for a JWKS the endpoint will not accept (a
 // redirect to another origin, a discovery document naming another issuer).
 func verifierUnavailable(err error) bool {
-	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, replay.ErrUnavailable)
+	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, identity.ReasonTaskCheckUnavailable) || errors.Is(err, replay.ErrUnavailable)
 }
 
 func reasonOf(err error) string {
