@@ -126,7 +126,7 @@ func TestGenuineTask(t *testing.T) {
 			Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b", Cluster: "prod",
 			TaskARN: f.task.ARN(), TaskID: f.task.TaskID, TaskRole: "ratings-task",
 			CallerARN: awstest.AssumedRoleARN("aws", "123456789012", "ratings-task", f.task.TaskID),
-			Family: "ratings", Revision: "3",
+			Family:    "ratings", Revision: "3",
 		}
 		if check {
 			want.Address, want.TaskConfirmed = "10.0.3.17", true
@@ -149,7 +149,9 @@ func TestForgeries(t *testing.T) {
 		want  identity.Reason
 	}{
 		{name: "no STS proof", edit: func(_ *testing.T, c *ecs.Credential) { c.STS = nil }, want: identity.ReasonMalformed},
-		{name: "not a task ARN", edit: func(_ *testing.T, c *ecs.Credential) { c.TaskARN = "arn:aws:ecs:us-east-2:123456789012:service/prod/ratings" }, want: identity.ReasonMalformed},
+		{name: "not a task ARN", edit: func(_ *testing.T, c *ecs.Credential) {
+			c.TaskARN = "arn:aws:ecs:us-east-2:123456789012:service/prod/ratings"
+		}, want: identity.ReasonMalformed},
 		{name: "a task of another account", edit: func(_ *testing.T, c *ecs.Credential) {
 			c.TaskARN = awstest.Task{Account: "999999999999", Region: "us-east-2", Cluster: "prod", TaskID: f.task.TaskID}.ARN()
 		}, want: identity.ReasonAccountMismatch},

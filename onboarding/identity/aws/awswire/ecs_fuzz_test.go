@@ -58,7 +58,7 @@ func FuzzParseTaskARN(f *testing.F) {
 // and converting back gives the same message.
 func FuzzECSFromProto(f *testing.F) {
 	seed, _ := proto.Marshal(awswire.ECSToProto(&awswire.ECSCredential{
-		STS: &awswire.STSRequest{Method: "POST", URL: "https://sts.us-east-2.amazonaws.com/", Headers: map[string][]string{"Authorization": {"x"}}, Body: []byte("Action=GetCallerIdentity&Version=2011-06-15")},
+		STS:     &awswire.STSRequest{Method: "POST", URL: "https://sts.us-east-2.amazonaws.com/", Headers: map[string][]string{"Authorization": {"x"}}, Body: []byte("Action=GetCallerIdentity&Version=2011-06-15")},
 		Cluster: "prod", TaskARN: "arn:aws:ecs:us-east-2:123456789012:task/prod/abc", AvailabilityZone: "us-east-2b",
 	}))
 	f.Add(seed)
