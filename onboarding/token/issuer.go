@@ -316,7 +316,7 @@ func checkRequest(req Request) error {
 		return fmt.Errorf("onboarding token workload identity %q: want 1 to %d printable characters", req.WorkloadIdentity, maxIdentityLength)
 	}
 	if req.Verified != nil && !validVerified(req.Verified) {
-		return errors.New("onboarding token verified identity: want exactly one of aws, jwt and gcp")
+		return errors.New("onboarding token verified identity: want exactly one of aws, jwt, gcp and ecs")
 	}
 	return nil
 }
@@ -439,7 +439,7 @@ func (i *Issuer) checkClaims(w *wireClaims, key *Key) (*Claims, error) {
 		return nil, refuse(ReasonMalformed, "claim %s: identity missing or not printable", WorkloadClaimKey)
 	}
 	if w.Workload.Verified != nil && !validVerified(w.Workload.Verified) {
-		return nil, refuse(ReasonMalformed, "claim %s: verified identity has not exactly one of aws, jwt and gcp", WorkloadClaimKey)
+		return nil, refuse(ReasonMalformed, "claim %s: verified identity has not exactly one of aws, jwt, gcp and ecs", WorkloadClaimKey)
 	}
 	return &Claims{
 		Issuer:    w.Issuer,

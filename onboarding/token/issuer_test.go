@@ -518,10 +518,10 @@ func TestIssueValidatesRequest(t *testing.T) {
 				Issuer: "https://idp.example.com", ShortName: "corp", Subject: "host-1", Attributes: map[string]string{"dc": "fra1"},
 			}}
 		}},
-		{name: "verified identity empty", mutate: func(r *token.Request) { r.Verified = &runtimev1alpha1.WorkloadIdentity{} }, wantErr: "exactly one of aws, jwt and gcp"},
+		{name: "verified identity empty", mutate: func(r *token.Request) { r.Verified = &runtimev1alpha1.WorkloadIdentity{} }, wantErr: "exactly one of aws, jwt, gcp and ecs"},
 		{name: "verified identity with both", mutate: func(r *token.Request) {
 			r.Verified = &runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{}, JWT: &runtimev1alpha1.JWTIdentity{}}
-		}, wantErr: "exactly one of aws, jwt and gcp"},
+		}, wantErr: "exactly one of aws, jwt, gcp and ecs"},
 		{name: "token too long", mutate: func(r *token.Request) {
 			attrs := map[string]string{}
 			for i := range 64 {
