@@ -37,7 +37,7 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require github.com/aws/aws-sdk-go-v2/service/ecs v1.101.0 // indirect
+require github.com/aws/aws-sdk-go-v2/service/ecs v1.101.0
 
 require (
 	cel.dev/expr v0.25.3 // indirect
