@@ -33,6 +33,7 @@ import (
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
+	ecsidentity "github.com/embark-mesh/embark/onboarding/identity/ecs"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
@@ -49,9 +50,10 @@ type JWTVerifier interface {
 	Verify(ctx context.Context, token string) (*identity.Identity, error)
 }
 
-// ECSVerifier verifies ECS task credentials (ecs.Verifier).
+// ECSVerifier verifies ECS task credentials (ecs.Verifier): gate is asked
+// before the ECS API is.
 type ECSVerifier interface {
-	Verify(ctx context.Context, cred awswire.ECSCredential) (*identity.Identity, error)
+	VerifyGated(ctx context.Context, cred awswire.ECSCredential, gate ecsidentity.Gate) (*identity.Identity, error)
 }
 
 // Authorizer checks OnboardingPolicies (policy.Authorizer).
@@ -79,6 +81,7 @@ type TokenIssuer interface {
 
 var (
 	_ AWSVerifier = (*awsidentity.Verifier)(nil)
+	_ ECSVerifier = (*ecsidentity.Verifier)(nil)
 	_ Authorizer  = (*policy.Authorizer)(nil)
 	_ Registrar   = (*registry.Registrar)(nil)
 	_ TokenIssuer = (*token.Issuer)(nil)
@@ -323,10 +326,29 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 		if s.opts.ECS == nil {
 			return nil, errors.New("this endpoint does not accept ECS credentials (identity.ecs is not configured)")
 		}
-		return s.opts.ECS.Verify(ctx, awswire.ECSFromProto(c.Ecs))
+		return s.opts.ECS.VerifyGated(ctx, awswire.ECSFromProto(c.Ecs), func(ctx context.Context, claimed *identity.Identity) error {
+			return s.precheck(ctx, ns, group, claimed)
+		})
 	default:
 		return nil, errors.New("no credential")
 	}
+}
+
+// precheck refuses, as a gRPC status, an identity that no policy allows as
+// it is (recording the denial as Authorize does); the ECS task check asks it
+// with the task's claims before it asks the ECS API.
+func (s *Server) precheck(ctx context.Context, ns, group string, id *identity.Identity) error {
+	d, err := s.opts.Authorizer.Precheck(ctx, ns, group, APIIdentity(id))
+	if err != nil {
+		return s.authzStatus(ctx, err, "authorize")
+	}
+	if d.Allowed {
+		return nil
+	}
+	if _, err = s.opts.Authorizer.Authorize(ctx, ns, group, APIIdentity(id)); err == nil {
+		err = &policy.DeniedError{Decision: d}
+	}
+	return s.authzStatus(ctx, err, "authorize")
 }
 
 // unconfirmableSTS reports whether req carries an STS proof that the

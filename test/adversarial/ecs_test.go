@@ -89,15 +89,19 @@ func ecsRule(m authorizationv1alpha1.ECSMatcher) authorizationv1alpha1.AllowRule
 
 // Anyone can run a task with a task role in their own account: its role
 // session is genuine. It must not onboard where the policy names another
-// account, nor where only aws (EC2) rules exist.
+// account, nor where only aws (EC2) rules exist, nor spend the endpoint's
+// rate-limited ECS API calls (which would make legitimate tasks wait).
 func TestECSTaskOfAnotherAccountOnboards(t *testing.T) {
-	Attack(t, "a genuine ECS task role session of the attacker's own account onboards")
-	w := newECSWorld(t, false)
+	Attack(t, "a genuine ECS task role session of the attacker's own account onboards, or spends the endpoint's ECS API calls")
+	w := newECSWorld(t, true)
 	w.policy("ec2-and-ecs", anyEC2(), ecsRule(authorizationv1alpha1.ECSMatcher{Accounts: []string{"123456789012"}}))
 	attacker := awstest.Task{Account: "999999999999", Region: "us-east-2", Cluster: "prod", TaskID: "0123456789abcdef", Zone: "us-east-2b", Family: "x", Address: "10.0.3.17"}
 	_, err := w.authorize(claim(attacker, w.sessionOf("999999999999", "ratings-task", attacker.TaskID)))
 	wantCode(t, "authorize", err, codes.PermissionDenied, "account 999999999999 not in [123456789012]")
 	assertNoRegistrations(t, w.ns)
+	if n := w.api.Calls("DescribeTasks"); n != 0 {
+		t.Errorf("the attacker's task cost %d ECS DescribeTasks calls, want 0", n)
+	}
 
 	res, err := w.authorize(claim(w.task, w.sessionOf(w.task.Account, "ratings-task", w.task.TaskID)))
 	if err != nil {

@@ -46,8 +46,21 @@ func NewVerifier(sts CallerVerifier, tasks TaskChecker) (*Verifier, error) {
 	return &Verifier{sts: sts, tasks: tasks}, nil
 }
 
+// Gate decides, before the ECS API is asked, whether a task could be
+// admitted if the ECS API confirmed what it claims: claimed is the identity
+// STS proved with the claims as if confirmed. An error stops the
+// verification and is returned as it is.
+type Gate func(ctx context.Context, claimed *identity.Identity) error
+
 // Verify verifies cred and returns the task's identity.
 func (v *Verifier) Verify(ctx context.Context, cred Credential) (*identity.Identity, error) {
+	return v.VerifyGated(ctx, cred, nil)
+}
+
+// VerifyGated is Verify, with gate (when not nil) asked after STS proved the
+// caller and before the ECS API is asked: an identity no policy could admit
+// costs no ECS call (the calls are rate limited for every caller).
+func (v *Verifier) VerifyGated(ctx context.Context, cred Credential, gate Gate) (*identity.Identity, error) {
 	if cred.STS == nil {
 		return nil, identity.Refuse(identity.ReasonMalformed, "ECS credential carries no signed sts:GetCallerIdentity request")
 	}
@@ -71,6 +84,13 @@ func (v *Verifier) Verify(ctx context.Context, cred Credential) (*identity.Ident
 		CallerARN: caller.ARN, Family: cred.Family, Revision: cred.Revision,
 	}
 	if v.tasks != nil {
+		if gate != nil {
+			claimed := *id
+			claimed.Address, claimed.TaskConfirmed = cred.Address, true
+			if err := gate(ctx, &identity.Identity{Method: identity.MethodECSTaskRole, ECS: &claimed}); err != nil {
+				return nil, err
+			}
+		}
 		if err := v.confirm(ctx, cred, id); err != nil {
 			return nil, err
 		}

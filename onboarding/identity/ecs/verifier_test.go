@@ -1,6 +1,7 @@
 package ecs_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -315,5 +316,30 @@ func TestCredentialsEndpointNeedsToken(t *testing.T) {
 	}
 	if _, err := awswire.ParseTaskMetadata(body); err != nil {
 		t.Fatalf("the fake's task metadata: %v", err)
+	}
+}
+
+// The gate sees the task as claimed (confirmed, with its address) after
+// STS and before ECS: a gate that refuses costs no ECS call.
+func TestGateBeforeTheECSAPI(t *testing.T) {
+	f := newFixture(t)
+	refused := errors.New("no policy admits it")
+	var seen *identity.ECSIdentity
+	_, err := f.verifier(t, true).VerifyGated(t.Context(), f.credential(t), func(_ context.Context, claimed *identity.Identity) error {
+		seen = claimed.ECS
+		return refused
+	})
+	if !errors.Is(err, refused) {
+		t.Fatalf("VerifyGated() = %v, want the gate's error", err)
+	}
+	if seen == nil || !seen.TaskConfirmed || seen.Address != "10.0.3.17" || seen.TaskRole != "ratings-task" {
+		t.Errorf("the gate saw %+v, want the claimed task as if confirmed", seen)
+	}
+	if n := f.api.Calls("DescribeTasks"); n != 0 {
+		t.Errorf("a refused gate cost %d DescribeTasks calls", n)
+	}
+	id, err := f.verifier(t, true).VerifyGated(t.Context(), f.credential(t), func(context.Context, *identity.Identity) error { return nil })
+	if err != nil || !id.ECS.TaskConfirmed || f.api.Calls("DescribeTasks") != 1 {
+		t.Fatalf("an admitting gate: %+v, %v, %d calls", id, err, f.api.Calls("DescribeTasks"))
 	}
 }
