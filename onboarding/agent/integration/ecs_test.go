@@ -35,11 +35,10 @@ import (
 func TestECSTaskOnboards(t *testing.T) {
 	w := newWorld(t)
 	ctx := t.Context()
-	api := awstest.NewECS()
-	t.Cleanup(api.Close)
 	// The endpoint asks ECS with its own credentials (the SDK's default
 	// chain: the pair newWorld put in the environment).
-	api.AccessKeyID, api.SecretAccessKey = w.aws.EC2IAM.AccessKeyID, w.aws.EC2IAM.SecretAccessKey
+	api := awstest.NewECS(awstest.WithECSKey(w.aws.EC2IAM.AccessKeyID, w.aws.EC2IAM.SecretAccessKey))
+	t.Cleanup(api.Close)
 	task := api.Put(awstest.Task{Role: "ratings-task", TaskID: "158d1c8083dd49d6b527399fd6414f5c"})
 	md := awstest.NewTaskMetadata(task, w.aws.STS, "task-auth-token")
 	t.Cleanup(md.Close)

@@ -101,7 +101,8 @@ func (t Task) RoleARN() string {
 type ECS struct {
 	// URL is the endpoint, http://127.0.0.1:<port>.
 	URL string
-	// AccessKeyID and SecretAccessKey are the only credentials accepted.
+	// AccessKeyID and SecretAccessKey are the only credentials accepted
+	// (set them with WithECSKey).
 	AccessKeyID, SecretAccessKey string
 
 	server *httptest.Server
@@ -110,10 +111,22 @@ type ECS struct {
 	calls  map[string]int
 }
 
+// ECSOption configures an ECS fake.
+type ECSOption func(*ECS)
+
+// WithECSKey sets the only key pair the fake accepts (default: its own
+// AKIDEMBARKECSCHECK pair), e.g. the endpoint's own credentials.
+func WithECSKey(accessKeyID, secretAccessKey string) ECSOption {
+	return func(f *ECS) { f.AccessKeyID, f.SecretAccessKey = accessKeyID, secretAccessKey }
+}
+
 // NewECS starts an ECS fake that knows no task.
-func NewECS() *ECS {
+func NewECS(opts ...ECSOption) *ECS {
 	f := &ECS{AccessKeyID: "AKIDEMBARKECSCHECK", SecretAccessKey: "embark-ecs-check-secret",
 		tasks: map[string]Task{}, calls: map[string]int{}}
+	for _, o := range opts {
+		o(f)
+	}
 	f.server = httptest.NewServer(http.HandlerFunc(f.serve))
 	f.URL = f.server.URL
 	return f
