@@ -343,3 +343,25 @@ func TestGateBeforeTheECSAPI(t *testing.T) {
 		t.Fatalf("an admitting gate: %+v, %v, %d calls", id, err, f.api.Calls("DescribeTasks"))
 	}
 }
+
+// A task launched with overrides.taskRoleArn gets sessions of the
+// override's role, not its task definition's: the check takes the override.
+func TestTaskRoleOverride(t *testing.T) {
+	f := newFixture(t)
+	task := f.api.Put(awstest.Task{Role: "ratings-task", RoleOverride: "ratings-canary"})
+	meta := awstest.NewTaskMetadata(task, f.sts, "")
+	t.Cleanup(meta.Close)
+	cred := ecs.Credential{Cluster: "prod", TaskARN: task.ARN(), Family: "ratings", Revision: "3", AvailabilityZone: task.Zone, Address: task.Address,
+		STS: sign(t, endpointcreds.New(meta.CredentialsURI), f.sts.URL, audience)}
+	id, err := f.verifier(t, true).Verify(t.Context(), cred)
+	if err != nil || id.ECS.TaskRole != "ratings-canary" || !id.ECS.TaskConfirmed {
+		t.Fatalf("the override's session: %+v, %v", id, err)
+	}
+	if n := f.api.Calls("DescribeTaskDefinition"); n != 0 {
+		t.Errorf("%d DescribeTaskDefinition calls for a task whose role is overridden, want 0", n)
+	}
+	cred.STS = sign(t, static(f.sts.IssueRole("aws", task.Account, "ratings-task", task.TaskID, time.Hour)), f.sts.URL, audience)
+	if _, err := f.verifier(t, true).Verify(t.Context(), cred); identity.ReasonOf(err) != identity.ReasonTaskMismatch {
+		t.Fatalf("a session of the task definition's role, overridden at launch: Verify() = %v, want %s", err, identity.ReasonTaskMismatch)
+	}
+}

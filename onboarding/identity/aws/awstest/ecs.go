@@ -24,8 +24,11 @@ type Task struct {
 	// Family and Revision name the task definition. Default: ratings, 3.
 	Family   string
 	Revision int
-	// Role is the task role's name; "" means the task has none.
+	// Role is the task definition's task role's name; "" means none.
 	Role string
+	// RoleOverride, when set, is the task role RunTask overrode Role with
+	// (overrides.taskRoleArn): the role whose session the task gets.
+	RoleOverride string
 	// Address is the private IPv4 address of the task's ENI. Default 10.0.3.17.
 	Address string
 	// LastStatus and DesiredStatus default to RUNNING.
@@ -83,12 +86,22 @@ func (t Task) DefinitionARN() string {
 	return fmt.Sprintf("arn:%s:ecs:%s:%s:task-definition/%s:%d", t.partition(), t.Region, t.Account, t.Family, t.Revision)
 }
 
-// RoleARN is the task role's ARN ("" without a role).
-func (t Task) RoleARN() string {
-	if t.Role == "" {
+// RoleARN is the ARN of the task definition's task role ("" without one).
+func (t Task) RoleARN() string { return t.roleARN(t.Role) }
+
+func (t Task) roleARN(name string) string {
+	if name == "" {
 		return ""
 	}
-	return fmt.Sprintf("arn:%s:iam::%s:role/%s", t.partition(), t.Account, t.Role)
+	return fmt.Sprintf("arn:%s:iam::%s:role/%s", t.partition(), t.Account, name)
+}
+
+// sessionRole is the role whose session the task's containers get.
+func (t Task) sessionRole() string {
+	if t.RoleOverride != "" {
+		return t.RoleOverride
+	}
+	return t.Role
 }
 
 // ECS is a loopback fake of the two ECS API queries the endpoint's task
@@ -202,10 +215,14 @@ func (f *ECS) describeTasks(w http.ResponseWriter, body []byte) {
 			failures = append(failures, map[string]any{"arn": a, "reason": "MISSING"})
 			continue
 		}
+		overrides := map[string]any{"containerOverrides": []any{}}
+		if t.RoleOverride != "" {
+			overrides["taskRoleArn"] = t.roleARN(t.RoleOverride)
+		}
 		tasks = append(tasks, map[string]any{
 			"taskArn": t.ARN(), "clusterArn": t.ClusterARN(), "taskDefinitionArn": t.DefinitionARN(),
 			"lastStatus": t.LastStatus, "desiredStatus": t.DesiredStatus, "availabilityZone": t.Zone,
-			"launchType": "FARGATE", "overrides": map[string]any{"containerOverrides": []any{}},
+			"launchType": "FARGATE", "overrides": overrides,
 			"attachments": []any{map[string]any{"id": "eni-attach-1", "type": "ElasticNetworkInterface", "status": "ATTACHED",
 				"details": []kv{{"subnetId", "subnet-0abc"}, {"networkInterfaceId", "eni-0abc"}, {"privateIPv4Address", t.Address}}}},
 		})
@@ -314,13 +331,13 @@ func (m *TaskMetadata) serve(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, `{"code":"AccessDenied","message":"bad authorization token"}`, http.StatusForbidden)
 			return
 		}
-		if m.task.Role == "" {
+		if m.task.sessionRole() == "" {
 			http.Error(w, `{"code":"NotFound","message":"the task has no task role"}`, http.StatusNotFound)
 			return
 		}
 		c := m.roleCredentials()
 		writeJSON(w, map[string]string{
-			"RoleArn": m.task.RoleARN(), "AccessKeyId": c.AccessKeyID, "SecretAccessKey": c.SecretAccessKey,
+			"RoleArn": m.task.roleARN(m.task.sessionRole()), "AccessKeyId": c.AccessKeyID, "SecretAccessKey": c.SecretAccessKey,
 			"Token": c.SessionToken, "Expiration": c.Expiration.UTC().Format(time.RFC3339),
 		})
 	default:
@@ -350,7 +367,7 @@ func (m *TaskMetadata) roleCredentials() Credentials {
 	defer m.mu.Unlock()
 	if m.creds == nil || m.creds.Expiration.Sub(m.now()) < 5*time.Minute {
 		t := m.task
-		c := m.sts.IssueRole(t.partition(), t.Account, t.Role, t.TaskID, time.Hour)
+		c := m.sts.IssueRole(t.partition(), t.Account, t.sessionRole(), t.TaskID, time.Hour)
 		m.creds = &c
 	}
 	return *m.creds
