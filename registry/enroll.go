@@ -152,16 +152,24 @@ func proveAddresses(ctx context.Context, e Enrollment, policy Policy) (bool, err
 
 // identityProves says whether the identity of e proves addr as an address
 // of type typ: an EC2 instance identity document proves its signed
-// privateIp, as a VPC address, and nothing else; a JWT proves no address.
+// privateIp, as a VPC address, and nothing else; an ECS task the ECS API
+// confirmed proves its ENI's private address, as a VPC address; a JWT
+// proves no address.
 func identityProves(e Enrollment, typ runtimev1alpha1.AddressType, addr netip.Addr) bool {
-	return e.Identity.AWS != nil && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String()
+	proving := e.Identity.AWS != nil || (e.Identity.ECS != nil && e.Identity.ECS.TaskConfirmed)
+	return proving && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String()
 }
 
 // notProven is the refusal of host address i of e.
 func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.Addr) error {
 	what := "its identity proves no address (a JWT host, a GCE instance or an Azure VM)"
-	if e.Identity.AWS != nil {
+	switch ecs := e.Identity.ECS; {
+	case e.Identity.AWS != nil:
 		what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
+	case ecs != nil && ecs.TaskConfirmed:
+		what = fmt.Sprintf("the ECS API confirmed only the task's ENI address %s (VPC)", e.ProvenAddress)
+	case ecs != nil:
+		what = "its identity proves no address (the ECS task was not confirmed by the ECS API: identity.ecs.taskCheck is not configured)"
 	}
 	return fmt.Errorf("%w: registration.host.addresses[%d].ip: address %s (%s) is not proven: %s, and no OnboardingPolicy rule allowing it in namespace %s lists it in addressCIDRs",
 		ErrAddressNotProven, i, addr, typ, what, e.Namespace)
@@ -192,14 +200,14 @@ func CheckHolder(war *runtimev1alpha1.WorkloadAutoRegistration, id runtimev1alph
 // FreshProof says whether the identity carries a proof that may take an
 // existing registration over from another agent session: an STS proof of
 // the instance's role session, a JWT (short-lived, issued to the host), a
-// GCE instance identity token (short-lived, signed by Google, used once) or
+// GCE instance identity token (short-lived, signed by Google, used once),
 // an Azure managed identity token (issued to the VM by Entra ID, used
-// once).
+// once) or an ECS task role session's STS proof (fresh, used once).
 // A bare instance identity document, which never expires and which anything
 // on the instance can read, never does.
 func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
 	switch {
-	case id.JWT != nil, id.GCP != nil, id.Azure != nil:
+	case id.JWT != nil, id.GCP != nil, id.Azure != nil, id.ECS != nil:
 		return true
 	case id.AWS != nil && id.AWS.EC2 != nil:
 		return id.AWS.EC2.IAMRole != ""
@@ -211,8 +219,9 @@ func FreshProof(id runtimev1alpha1.WorkloadIdentity) bool {
 // SameWorkload says whether a and b are the same workload: the same EC2
 // instance (partition, account, zone, instance ID), the same GCE instance
 // (project, zone, instance ID), the same Azure VM (tenant, subscription,
-// resource group and name: one resource ID names one VM at a time) or the
-// same JWT issuer and subject. Registration names are not compared: they are labels.
+// resource group and name: one resource ID names one VM at a time), the
+// same ECS task (partition, account, region, cluster, task ID) or the same
+// JWT issuer and subject. Registration names are not compared: they are labels.
 func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
 	switch {
 	case a.AWS != nil && b.AWS != nil:
@@ -228,6 +237,9 @@ func SameWorkload(a, b runtimev1alpha1.WorkloadIdentity) bool {
 	case a.Azure != nil && b.Azure != nil:
 		x, y := a.Azure, b.Azure
 		return x.TenantID == y.TenantID && x.SubscriptionID == y.SubscriptionID && x.ResourceGroup == y.ResourceGroup && x.VMName == y.VMName
+	case a.ECS != nil && b.ECS != nil:
+		x, y := a.ECS, b.ECS
+		return x.Partition == y.Partition && x.Account == y.Account && x.Region == y.Region && x.Cluster == y.Cluster && x.TaskID == y.TaskID
 	default:
 		return false
 	}

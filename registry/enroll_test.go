@@ -51,6 +51,9 @@ func TestSameWorkloadAndFreshProof(t *testing.T) {
 		{name: "Azure VM of that name in another resource group", a: azureIdentity("embark-rg", "ratings-1"), b: azureIdentity("other-rg", "ratings-1"), wantFresh: true},
 		{name: "another Azure VM", a: azureIdentity("embark-rg", "ratings-1"), b: azureIdentity("embark-rg", "ratings-2"), wantFresh: true},
 		{name: "GCE instance and Azure VM", a: gceIdentity("embark-test", "5180367924151823417"), b: azureIdentity("embark-rg", "ratings-1"), wantFresh: true},
+		{name: "same ECS task", a: ecsIdentity("123456789012", "prod", "abc"), b: ecsIdentity("123456789012", "prod", "abc"), wantSame: true, wantFresh: true},
+		{name: "ECS task ID in another cluster", a: ecsIdentity("123456789012", "prod", "abc"), b: ecsIdentity("123456789012", "dev", "abc"), wantFresh: true},
+		{name: "ECS task ID in another account", a: ecsIdentity("123456789012", "prod", "abc"), b: ecsIdentity("999999999999", "prod", "abc"), wantFresh: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,6 +111,8 @@ func (p cidrPolicy) AllowsAddress(_ context.Context, _, _ string, _ runtimev1alp
 
 func TestProveAddresses(t *testing.T) {
 	ec2 := fixtures.AWSIdentity("i-1234567890abcdef0")
+	confirmedECS := ecsIdentity("123456789012", "prod", "abc")
+	confirmedECS.ECS.TaskConfirmed = true
 	host := func(connectedOver runtimev1alpha1.AddressType, addrs ...runtimev1alpha1.HostAddress) runtimev1alpha1.Registration {
 		return runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: addrs}, Settings: runtimev1alpha1.Settings{ConnectedOver: connectedOver}}
 	}
@@ -140,6 +145,11 @@ func TestProveAddresses(t *testing.T) {
 			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"))},
 		{name: "a JWT host outside addressCIDRs", id: jwtIdentity("https://idp", "vm-1"), policy: cidrPolicy{netip.MustParsePrefix("10.0.0.0/8")},
 			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.0.5"), internet("198.51.100.1")), wantRefused: "registration.host.addresses[1].ip"},
+		{name: "a confirmed ECS task's ENI address", id: confirmedECS, proven: "10.0.3.17", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.17")), wantProven: true},
+		{name: "another address of a confirmed ECS task", id: confirmedECS, proven: "10.0.3.17", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.18")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "an unconfirmed ECS task proves no address", id: ecsIdentity("123456789012", "prod", "abc"), proven: "10.0.3.17", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.17")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "an unconfirmed ECS task in addressCIDRs", id: ecsIdentity("123456789012", "prod", "abc"), policy: cidrPolicy{netip.MustParsePrefix("10.0.3.0/24")},
+			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.17"))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,5 +178,12 @@ func azureIdentity(group, name string) runtimev1alpha1.WorkloadIdentity {
 	return runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{
 		TenantID: "72f988bf-86f1-41af-91ab-2d7cd011db47", SubscriptionID: "0b1f6471-1bf0-4dda-aec3-cb9272f09590",
 		ResourceGroup: group, VMName: name, PrincipalID: "9b5a7f2e-3c1d-4e8f-a6b2-0d4c8e1f7a93",
+	}}
+}
+
+func ecsIdentity(account, cluster, taskID string) runtimev1alpha1.WorkloadIdentity {
+	return runtimev1alpha1.WorkloadIdentity{ECS: &runtimev1alpha1.ECSIdentity{
+		Partition: "aws", Account: account, Region: "us-east-2", Zone: "us-east-2b", Cluster: cluster,
+		TaskARN: "arn:aws:ecs:us-east-2:" + account + ":task/" + cluster + "/" + taskID, TaskID: taskID, TaskRole: "ratings-task",
 	}}
 }

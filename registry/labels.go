@@ -236,6 +236,8 @@ func HostnameOf(war *runtimev1alpha1.WorkloadAutoRegistration) string {
 		h = id.GCP.InstanceName
 	case id.Azure != nil:
 		h = id.Azure.VMName
+	case id.ECS != nil:
+		h = id.ECS.TaskID
 	}
 	if len(validation.IsValidLabelValue(h)) > 0 {
 		return ""

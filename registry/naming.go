@@ -51,6 +51,7 @@ func Name(group string, id runtimev1alpha1.WorkloadIdentity) string {
 // gcp-<project>-<zone>-gce-<instance-id> for Compute Engine instances,
 // azure-<subscription>-<resource-group>-vm-<vm-name> for Azure VMs (IDs and
 // names in lower case),
+// aws-<partition>-<account>-<region>-ecs-<cluster>-<task-id> for ECS tasks,
 // jwt-<issuer-short-name>-<subject>-<hash> for JWT identities, where <hash>
 // is 16 hex digits of the SHA-256 of the issuer URL and the subject: short
 // names and subjects may both contain '-' (corp/lab-host1 and
@@ -70,6 +71,8 @@ func IdentityName(id runtimev1alpha1.WorkloadIdentity) string {
 		return strings.Join([]string{"gcp", id.GCP.ProjectID, id.GCP.Zone, "gce", id.GCP.InstanceID}, "-")
 	case id.Azure != nil:
 		return strings.Join([]string{"azure", id.Azure.SubscriptionID, id.Azure.ResourceGroup, "vm", id.Azure.VMName}, "-")
+	case id.ECS != nil:
+		return strings.Join([]string{"aws", id.ECS.Partition, id.ECS.Account, id.ECS.Region, "ecs", id.ECS.Cluster, id.ECS.TaskID}, "-")
 	case id.JWT != nil:
 		sum := sha256.Sum256([]byte(id.JWT.Issuer + "\x00" + id.JWT.Subject))
 		return "jwt-" + id.JWT.ShortName + "-" + id.JWT.Subject + "-" + hex.EncodeToString(sum[:])[:jwtHashLen]

@@ -71,6 +71,10 @@ func TestIdentityName(t *testing.T) {
 			want: "gcp-embark-test-us-central1-a-gce-5180367924151823417"},
 		{name: "azure", id: runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{TenantID: "72f988bf-86f1-41af-91ab-2d7cd011db47", SubscriptionID: "0b1f6471-1bf0-4dda-aec3-cb9272f09590", ResourceGroup: "embark-rg", VMName: "ratings-1"}},
 			want: "azure-0b1f6471-1bf0-4dda-aec3-cb9272f09590-embark-rg-vm-ratings-1"},
+		{name: "ecs", id: ecsIdentity("123456789012", "prod", "158d1c8083dd49d6b527399fd6414f5c"),
+			want: "aws-aws-123456789012-us-east-2-ecs-prod-158d1c8083dd49d6b527399fd6414f5c"},
+		{name: "ecs cluster name with capitals and underscores", id: ecsIdentity("123456789012", "Prod_EU", "abc"),
+			want: "aws-aws-123456789012-us-east-2-ecs-Prod_EU-abc"},
 		{name: "none", want: ""},
 	}
 	for _, tt := range tests {
@@ -174,6 +178,8 @@ func TestName(t *testing.T) {
 	}{
 		{name: "seed 000 EC2 identity", group: "ratings", id: fixtures.AWSIdentity("i-1234567890abcdef0"), want: seedName},
 		{name: "no identity", group: "ratings", id: runtimev1alpha1.WorkloadIdentity{}, want: ""},
+		{name: "ecs task", group: "ratings", id: ecsIdentity("123456789012", "prod", "158d1c8083dd49d6b527399fd6414f5c"),
+			want: "ratings-aws-aws-123456789012-us-east-2-ecs-prod-158d1c8083dd49d6b527399fd6414f5c"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -236,6 +236,9 @@ func locality(id runtimev1alpha1.WorkloadIdentity) string {
 	if id.AWS != nil && id.AWS.Region != "" && id.AWS.Zone != "" {
 		return id.AWS.Region + "/" + id.AWS.Zone
 	}
+	if id.ECS != nil && id.ECS.Region != "" && id.ECS.Zone != "" {
+		return id.ECS.Region + "/" + id.ECS.Zone
+	}
 	if id.GCP != nil {
 		if region, ok := gcpRegion(id.GCP.Zone); ok {
 			return region + "/" + id.GCP.Zone

@@ -363,17 +363,32 @@ spec:
 		{
 			name:    "aws and jwt in one matcher",
 			yaml:    policy(`{aws: {accounts: ['123456789012']}, jwt: {issuer: 'https://issuer.example'}}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp, azure or ecs must be set"},
 		},
 		{
 			name:    "empty matcher",
 			yaml:    policy(`{}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp, azure or ecs must be set"},
 		},
 		{
 			name:    "gcp and aws in one matcher",
 			yaml:    policy(`{aws: {accounts: ['123456789012']}, gcp: {projects: [my-project]}}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp, azure or ecs must be set"},
+		},
+		{
+			name:    "ecs and aws in one matcher",
+			yaml:    policy(`{aws: {accounts: ['123456789012']}, ecs: {accounts: ['123456789012']}}`),
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp, azure or ecs must be set"},
+		},
+		{
+			name:    "ecs without accounts",
+			yaml:    policy(`ecs: {clusters: [prod]}`),
+			wantErr: []string{"spec.allow[0].workloads[0].ecs.accounts", "Required value"},
+		},
+		{
+			name:    "ecs with a malformed cluster name",
+			yaml:    policy(`ecs: {accounts: ['123456789012'], clusters: ['prod/eu']}`),
+			wantErr: []string{"spec.allow[0].workloads[0].ecs.clusters[0]"},
 		},
 		{
 			name:    "gcp without projects",

@@ -319,6 +319,11 @@ type Identity struct {
 	// (docs/platforms/azure.md). Default: unset, Azure credentials are
 	// refused.
 	Azure *AzureIdentity `json:"azure,omitempty"`
+	// ECS, when set (even to {}), accepts AWS ECS task credentials
+	// (docs/platforms/ecs.md): STS proofs of task role sessions, checked
+	// with identity.aws's STS settings. Default: unset, ECS credentials are
+	// refused.
+	ECS *ECSIdentity `json:"ecs,omitempty"`
 }
 
 // AzureIdentity configures the verification of Azure VM managed identity
@@ -795,6 +800,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	}
 	errs = append(errs, c.Identity.GCE.validate(field.NewPath("identity", "gce"))...)
 	errs = append(errs, c.Identity.Azure.validate(field.NewPath("identity", "azure"))...)
+	errs = append(errs, c.Identity.ECS.validate(field.NewPath("identity", "ecs"))...)
 	r := field.NewPath("registration")
 	if c.Registration.GracePeriod.Duration < minGracePeriod {
 		errs = append(errs, field.Invalid(r.Child("gracePeriod"), c.Registration.GracePeriod.Duration.String(), "must be at least 1s"))
@@ -962,6 +968,64 @@ func (a *AzureIdentity) validate(p *field.Path) field.ErrorList {
 	}
 	if a.MaxTokenLifetime != nil && a.MaxTokenLifetime.Duration < 0 {
 		errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), a.MaxTokenLifetime.Duration.String(), "must not be negative"))
+	}
+	return errs
+}
+
+// ECSIdentity configures the verification of ECS task credentials.
+type ECSIdentity struct {
+	// TaskCheck, when set (even to {}), confirms every task with the ECS
+	// API (DescribeTasks): RUNNING, in the claimed cluster and zone, with
+	// the proven task role and the claimed ENI address. Only a confirmed
+	// task proves its address, and only confirmed tasks match ecs rules
+	// naming regions, zones or clusters. Default: unset.
+	TaskCheck *ECSTaskCheck `json:"taskCheck,omitempty"`
+}
+
+// ECSTaskCheck configures the ECS API check. The endpoint's AWS credentials
+// come from the SDK's default chain (IRSA, EKS Pod Identity, environment).
+type ECSTaskCheck struct {
+	// RoleARN is assumed in each task's account to ask ECS; "{account}"
+	// and "{partition}" are replaced, e.g.
+	// arn:{partition}:iam::{account}:role/embark-ecs-task-reader. It needs
+	// only ecs:DescribeTasks and ecs:DescribeTaskDefinition. Empty: the
+	// endpoint's own credentials, for tasks of its own account.
+	RoleARN string `json:"roleARN,omitempty"`
+	// RatePerSecond and Burst bound the ECS calls (shared by all callers;
+	// over it Authorize answers UNAVAILABLE, retried). Default 5/s, burst 10.
+	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
+	Burst         int     `json:"burst,omitempty"`
+	// CacheTTL is how long a task's description is reused. Default 30s.
+	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+	// ECSEndpoint and STSEndpoint replace the AWS endpoints (tests, private
+	// endpoints).
+	ECSEndpoint string `json:"ecsEndpoint,omitempty"`
+	STSEndpoint string `json:"stsEndpoint,omitempty"`
+}
+
+// validate checks an ECS identity configuration (nil: not configured).
+func (e *ECSIdentity) validate(p *field.Path) field.ErrorList {
+	if e == nil || e.TaskCheck == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	tc, p := e.TaskCheck, p.Child("taskCheck")
+	if tc.RatePerSecond < 0 {
+		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), tc.RatePerSecond, "must not be negative"))
+	}
+	if tc.Burst < 0 {
+		errs = append(errs, field.Invalid(p.Child("burst"), tc.Burst, "must not be negative"))
+	}
+	if tc.CacheTTL != nil && tc.CacheTTL.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("cacheTTL"), tc.CacheTTL.Duration.String(), "must not be negative"))
+	}
+	for _, ep := range []struct{ name, val string }{{"ecsEndpoint", tc.ECSEndpoint}, {"stsEndpoint", tc.STSEndpoint}} {
+		if ep.val == "" {
+			continue
+		}
+		if u, err := url.Parse(ep.val); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			errs = append(errs, field.Invalid(p.Child(ep.name), ep.val, "must be an http(s) URL"))
+		}
 	}
 	return errs
 }

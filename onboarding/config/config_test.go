@@ -218,6 +218,8 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "azure tenant not a GUID", yaml: minimal + "identity: {azure: {tenants: [contoso.onmicrosoft.com]}}\n", wantErr: "identity.azure.tenants[0]"},
 		{name: "azure tenant twice", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47, 72F988BF-86F1-41AF-91AB-2D7CD011DB47]}}\n", wantErr: "identity.azure.tenants[1]"},
 		{name: "azure jwksURL not https", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], jwksURL: 'http://keys.example/{tenant}'}}\n", wantErr: "identity.azure.jwksURL"},
+		{name: "ecs taskCheck endpoint not a URL", yaml: minimal + "identity: {ecs: {taskCheck: {ecsEndpoint: 'ecs.internal'}}}\n", wantErr: "identity.ecs.taskCheck.ecsEndpoint"},
+		{name: "ecs taskCheck negative rate", yaml: minimal + "identity: {ecs: {taskCheck: {ratePerSecond: -1}}}\n", wantErr: "identity.ecs.taskCheck.ratePerSecond"},
 		{name: "negative outOfTrafficAfter", yaml: minimal + "registration: {outOfTrafficAfter: -1s}\n", wantErr: "registration.outOfTrafficAfter: Invalid value"},
 		{name: "outOfTrafficAfter beyond the grace period", yaml: minimal + "registration: {gracePeriod: 1m, outOfTrafficAfter: 2m}\n", wantErr: "must not exceed registration.gracePeriod"},
 		{name: "negative neverConnectedAfter", yaml: minimal + "registration: {neverConnectedAfter: -1s}\n", wantErr: "registration.neverConnectedAfter"},

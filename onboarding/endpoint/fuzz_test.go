@@ -42,6 +42,16 @@ func FuzzAuthorizeRequest(f *testing.F) {
 		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: "bookinfo", Name: "ratings"},
 		Credential:    &onboardingv1alpha1.AuthorizeRequest_Azure{Azure: &onboardingv1alpha1.AzureCredential{Token: "eyJhbGciOiJub25lIn0.e30."}},
 	})
+	seed(&onboardingv1alpha1.AuthorizeRequest{
+		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: "bookinfo", Name: "ratings"},
+		Credential: &onboardingv1alpha1.AuthorizeRequest_Ecs{Ecs: &onboardingv1alpha1.ECSCredential{
+			StsGetCallerIdentity: &onboardingv1alpha1.SignedHTTPRequest{Method: "POST", Url: "https://sts.us-east-2.amazonaws.com/",
+				Headers: []*onboardingv1alpha1.Header{{Name: "Authorization", Value: "AWS4-HMAC-SHA256 Credential=ASIA/20260101/us-east-2/sts/aws4_request"}},
+				Body:    []byte("Action=GetCallerIdentity&Version=2011-06-15")},
+			Cluster: "arn:aws:ecs:us-east-2:123456789012:cluster/prod", TaskArn: "arn:aws:ecs:us-east-2:123456789012:task/prod/158d1c8083dd49d6b527399fd6414f5c",
+			Family: "ratings", Revision: "3", AvailabilityZone: "us-east-2b", Address: "10.0.3.17",
+		}},
+	})
 	f.Add([]byte{0x0a, 0xff, 0xff})
 	verifier, err := awsidentity.NewVerifier(audience)
 	if err != nil {

@@ -33,6 +33,7 @@ import (
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
+	ecsidentity "github.com/embark-mesh/embark/onboarding/identity/ecs"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
@@ -47,6 +48,12 @@ type AWSVerifier interface {
 // JWTVerifier verifies JWT credentials (jwt.Verifier).
 type JWTVerifier interface {
 	Verify(ctx context.Context, token string) (*identity.Identity, error)
+}
+
+// ECSVerifier verifies ECS task credentials (ecs.Verifier): gate is asked
+// before the ECS API is.
+type ECSVerifier interface {
+	VerifyGated(ctx context.Context, cred awswire.ECSCredential, gate ecsidentity.Gate) (*identity.Identity, error)
 }
 
 // Authorizer checks OnboardingPolicies (policy.Authorizer).
@@ -74,6 +81,7 @@ type TokenIssuer interface {
 
 var (
 	_ AWSVerifier = (*awsidentity.Verifier)(nil)
+	_ ECSVerifier = (*ecsidentity.Verifier)(nil)
 	_ Authorizer  = (*policy.Authorizer)(nil)
 	_ Registrar   = (*registry.Registrar)(nil)
 	_ TokenIssuer = (*token.Issuer)(nil)
@@ -93,6 +101,9 @@ type Options struct {
 	// Azure verifies Azure VM managed identity tokens (azure.Verifier).
 	// Default: Azure credentials are refused.
 	Azure JWTVerifier
+	// ECS verifies ECS task credentials (ecs.Verifier). Default: ECS
+	// credentials are refused.
+	ECS ECSVerifier
 	// Authorizer checks policies. Required.
 	Authorizer Authorizer
 	// Tokens issues onboarding tokens. Required.
@@ -319,9 +330,33 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 			return nil, errors.New("this endpoint does not accept Azure credentials (identity.azure is not configured)")
 		}
 		return s.opts.Azure.Verify(ctx, c.Azure.GetToken())
+	case *onboardingv1alpha1.AuthorizeRequest_Ecs:
+		if s.opts.ECS == nil {
+			return nil, errors.New("this endpoint does not accept ECS credentials (identity.ecs is not configured)")
+		}
+		return s.opts.ECS.VerifyGated(ctx, awswire.ECSFromProto(c.Ecs), func(ctx context.Context, claimed *identity.Identity) error {
+			return s.precheck(ctx, ns, group, claimed)
+		})
 	default:
 		return nil, errors.New("no credential")
 	}
+}
+
+// precheck refuses, as a gRPC status, an identity that no policy allows as
+// it is (recording the denial as Authorize does); the ECS task check asks it
+// with the task's claims before it asks the ECS API.
+func (s *Server) precheck(ctx context.Context, ns, group string, id *identity.Identity) error {
+	d, err := s.opts.Authorizer.Precheck(ctx, ns, group, APIIdentity(id))
+	if err != nil {
+		return s.authzStatus(ctx, err, "authorize")
+	}
+	if d.Allowed {
+		return nil
+	}
+	if _, err = s.opts.Authorizer.Authorize(ctx, ns, group, APIIdentity(id)); err == nil {
+		err = &policy.DeniedError{Decision: d}
+	}
+	return s.authzStatus(ctx, err, "authorize")
 }
 
 // unconfirmableSTS reports whether req carries an STS proof that the
@@ -614,14 +649,14 @@ func (s *Server) registerStatus(ctx context.Context, err error, op string) error
 }
 
 // reasonOf names an error's refusal reason for metrics.
-// verifierUnavailable reports whether a verification failed because STS,
-// which vouches for the credential, could not answer (unreachable,
+// verifierUnavailable reports whether a verification failed because STS (or
+// the ECS API), which vouches for the credential, could not answer (unreachable,
 // throttling or failing), or the deployment's record of used credentials
 // could not be read or written, as opposed to refusing it. KeySetUnavailable
 // stays a refusal: it also stands for a JWKS the endpoint will not accept (a
 // redirect to another origin, a discovery document naming another issuer).
 func verifierUnavailable(err error) bool {
-	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, replay.ErrUnavailable)
+	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, identity.ReasonTaskCheckUnavailable) || errors.Is(err, replay.ErrUnavailable)
 }
 
 func reasonOf(err error) string {
@@ -662,14 +697,21 @@ func agentErrorOf(req *onboardingv1alpha1.RegisterRequest) *runtimev1alpha1.Agen
 }
 
 // provenAddress is the address a verified identity proves, in canonical form:
-// an EC2 document's signed privateIp. JWT, GCE and Azure identities prove
-// none (neither a GCE instance identity token nor an Azure managed identity
-// token carries an address).
+// an EC2 document's signed privateIp, or the ENI address of an ECS task the
+// ECS API confirmed. JWT, GCE and Azure identities prove none (neither a
+// GCE instance identity token nor an Azure managed identity token carries
+// an address).
 func provenAddress(id *identity.Identity) string {
-	if id.AWS == nil {
+	var addr string
+	switch {
+	case id.AWS != nil:
+		addr = id.AWS.PrivateIP
+	case id.ECS != nil && id.ECS.TaskConfirmed:
+		addr = id.ECS.Address
+	default:
 		return ""
 	}
-	ip, err := netip.ParseAddr(id.AWS.PrivateIP)
+	ip, err := netip.ParseAddr(addr)
 	if err != nil {
 		return ""
 	}
@@ -704,6 +746,13 @@ func APIIdentity(id *identity.Identity) runtimev1alpha1.WorkloadIdentity {
 		return runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{
 			TenantID: a.TenantID, SubscriptionID: a.SubscriptionID, ResourceGroup: a.ResourceGroup,
 			VMName: a.VMName, PrincipalID: a.PrincipalID,
+		}}
+	case id.ECS != nil:
+		e := id.ECS
+		return runtimev1alpha1.WorkloadIdentity{ECS: &runtimev1alpha1.ECSIdentity{
+			Partition: e.Partition, Account: e.Account, Region: e.Region, Zone: e.Zone, Cluster: e.Cluster,
+			TaskARN: e.TaskARN, TaskID: e.TaskID, TaskRole: e.TaskRole, Family: e.Family, Revision: e.Revision,
+			TaskConfirmed: e.TaskConfirmed,
 		}}
 	default:
 		return runtimev1alpha1.WorkloadIdentity{}

@@ -61,25 +61,8 @@ func ValidateAuthorizeRequest(req *onboardingv1alpha1.AuthorizeRequest) error {
 			return fmt.Errorf("aws.rsa2048_signature: %d bytes, want 1 to %d", n, maxSignatureBytes)
 		}
 		if r := a.GetStsGetCallerIdentity(); r != nil {
-			if r.GetMethod() != "POST" {
-				return fmt.Errorf("aws.sts_get_caller_identity.method %q: want POST", clip(r.GetMethod()))
-			}
-			if len(r.GetUrl()) > maxSTSURLBytes {
-				return fmt.Errorf("aws.sts_get_caller_identity.url: longer than %d bytes", maxSTSURLBytes)
-			}
-			if u, err := url.Parse(r.GetUrl()); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-				return fmt.Errorf("aws.sts_get_caller_identity.url %q: want an http(s) URL", clip(r.GetUrl()))
-			}
-			if len(r.GetHeaders()) > maxSTSHeaders {
-				return fmt.Errorf("aws.sts_get_caller_identity.headers: more than %d", maxSTSHeaders)
-			}
-			for i, h := range r.GetHeaders() {
-				if h.GetName() == "" || len(h.GetName())+len(h.GetValue()) > maxHeaderBytes {
-					return fmt.Errorf("aws.sts_get_caller_identity.headers[%d]: empty name or longer than %d bytes", i, maxHeaderBytes)
-				}
-			}
-			if len(r.GetBody()) > maxSTSBodyBytes {
-				return fmt.Errorf("aws.sts_get_caller_identity.body: longer than %d bytes", maxSTSBodyBytes)
+			if err := validateSignedRequest("aws.sts_get_caller_identity", r); err != nil {
+				return err
 			}
 		}
 	case *onboardingv1alpha1.AuthorizeRequest_Jwt:
@@ -94,8 +77,63 @@ func ValidateAuthorizeRequest(req *onboardingv1alpha1.AuthorizeRequest) error {
 		if n := len(c.Azure.GetToken()); n == 0 || n > maxJWTBytes {
 			return fmt.Errorf("azure.token: %d bytes, want 1 to %d", n, maxJWTBytes)
 		}
+	case *onboardingv1alpha1.AuthorizeRequest_Ecs:
+		return validateECS(c.Ecs)
 	default:
-		return errors.New("credential: one of aws, jwt, gce or azure is required")
+		return errors.New("credential: one of aws, jwt, gce, azure or ecs is required")
+	}
+	return nil
+}
+
+// validateECS checks the shape of an ECS credential; the verifier checks
+// what it claims.
+func validateECS(e *onboardingv1alpha1.ECSCredential) error {
+	r := e.GetStsGetCallerIdentity()
+	if r == nil {
+		return errors.New("ecs.sts_get_caller_identity: required")
+	}
+	if err := validateSignedRequest("ecs.sts_get_caller_identity", r); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name, value string
+		max         int
+	}{
+		{"ecs.cluster", e.GetCluster(), 512}, {"ecs.task_arn", e.GetTaskArn(), 512},
+		{"ecs.availability_zone", e.GetAvailabilityZone(), 48},
+	} {
+		if n := len(f.value); n == 0 || n > f.max || !utf8.ValidString(f.value) {
+			return fmt.Errorf("%s: %d bytes, want 1 to %d of UTF-8", f.name, n, f.max)
+		}
+	}
+	if len(e.GetFamily()) > 255 || len(e.GetRevision()) > 16 || len(e.GetAddress()) > 64 {
+		return errors.New("ecs.family, ecs.revision or ecs.address: too long")
+	}
+	return nil
+}
+
+// validateSignedRequest checks the shape of a signed sts:GetCallerIdentity
+// request; field names the request's field in errors.
+func validateSignedRequest(field string, r *onboardingv1alpha1.SignedHTTPRequest) error {
+	if r.GetMethod() != "POST" {
+		return fmt.Errorf("%s.method %q: want POST", field, clip(r.GetMethod()))
+	}
+	if len(r.GetUrl()) > maxSTSURLBytes {
+		return fmt.Errorf("%s.url: longer than %d bytes", field, maxSTSURLBytes)
+	}
+	if u, err := url.Parse(r.GetUrl()); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return fmt.Errorf("%s.url %q: want an http(s) URL", field, clip(r.GetUrl()))
+	}
+	if len(r.GetHeaders()) > maxSTSHeaders {
+		return fmt.Errorf("%s.headers: more than %d", field, maxSTSHeaders)
+	}
+	for i, h := range r.GetHeaders() {
+		if h.GetName() == "" || len(h.GetName())+len(h.GetValue()) > maxHeaderBytes {
+			return fmt.Errorf("%s.headers[%d]: empty name or longer than %d bytes", field, i, maxHeaderBytes)
+		}
+	}
+	if len(r.GetBody()) > maxSTSBodyBytes {
+		return fmt.Errorf("%s.body: longer than %d bytes", field, maxSTSBodyBytes)
 	}
 	return nil
 }

@@ -93,6 +93,16 @@ const (
 	// ReasonWrongSubject: the token's sub does not start with the issuer's
 	// configured subjectPrefix.
 	ReasonWrongSubject Reason = "WrongSubject"
+	// ReasonTaskMismatch: the ECS task claimed is not the task role session
+	// STS answered with (another task ID, account or partition), or the ECS
+	// API reports it otherwise (another cluster, role, zone or address).
+	ReasonTaskMismatch Reason = "TaskMismatch"
+	// ReasonTaskNotRunning: the ECS API does not know the claimed task or
+	// reports it not RUNNING.
+	ReasonTaskNotRunning Reason = "TaskNotRunning"
+	// ReasonTaskCheckUnavailable: the ECS API could not be asked about the
+	// task (unreachable, throttled, over the endpoint's rate limit).
+	ReasonTaskCheckUnavailable Reason = "TaskCheckUnavailable"
 )
 
 // Reasons lists every Reason, in the order of the constants above.
@@ -105,6 +115,7 @@ func Reasons() []Reason {
 		ReasonDocumentReused, ReasonUnknownIssuer, ReasonExpired, ReasonNotYetValid,
 		ReasonWrongAudience, ReasonUnknownKey, ReasonDisallowedAlgorithm, ReasonKeySetUnavailable,
 		ReasonReplayed, ReasonLifetimeTooLong, ReasonWrongSubject,
+		ReasonTaskMismatch, ReasonTaskNotRunning, ReasonTaskCheckUnavailable,
 	}
 }
 

@@ -25,10 +25,14 @@ const (
 	// MethodAzureManagedIdentityToken: an Azure VM's system-assigned
 	// managed identity token (an Entra ID access token) signed by Microsoft.
 	MethodAzureManagedIdentityToken Method = "azure-managed-identity-token"
+	// MethodECSTaskRole: a signed sts:GetCallerIdentity request answered
+	// with an ECS task's task role session, optionally confirmed with ECS
+	// DescribeTasks.
+	MethodECSTaskRole Method = "aws-ecs-task-role+sts-get-caller-identity"
 )
 
-// Identity is a verified workload identity. Exactly one of AWS, JWT, GCE
-// and Azure is set. Verifiers fill it; nothing else should construct one from
+// Identity is a verified workload identity. Exactly one of AWS, JWT, GCE,
+// Azure and ECS is set. Verifiers fill it; nothing else should construct one from
 // unverified input.
 type Identity struct {
 	// Method says how the identity was proven.
@@ -41,6 +45,37 @@ type Identity struct {
 	GCE *GCEIdentity
 	// Azure is set for identities proven by the Azure verifier.
 	Azure *AzureIdentity
+	// ECS is set for identities proven by the ECS verifier.
+	ECS *ECSIdentity
+}
+
+// ECSIdentity holds the verified facts about an ECS task.
+type ECSIdentity struct {
+	// Partition and Account are the task role's, as STS answered.
+	Partition string
+	Account   string
+	// Region, Zone and Cluster (a name) are the task's.
+	Region  string
+	Zone    string
+	Cluster string
+	// TaskARN and TaskID name the task; TaskID is the role session's name.
+	TaskARN string
+	TaskID  string
+	// TaskRole is the name of the task role, as STS answered.
+	TaskRole string
+	// CallerARN is the ARN STS answered with.
+	CallerARN string
+	// Family and Revision name the task definition.
+	Family   string
+	Revision string
+	// Address is the private IPv4 address of the task's ENI; set only when
+	// TaskConfirmed (the ECS API reported it).
+	Address string
+	// TaskConfirmed says the ECS API confirmed the task (RUNNING, in
+	// Cluster and Zone, with TaskRole and Address). Without it Region,
+	// Zone, Cluster, Family and Revision are the agent's claim, consistent
+	// with the task ARN and the role session.
+	TaskConfirmed bool
 }
 
 // AWSIdentity holds the verified facts about an EC2 instance.

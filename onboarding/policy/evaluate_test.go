@@ -578,7 +578,7 @@ spec:
 			policies: []authorizationv1alpha1.OnboardingPolicy{neither},
 			group:    ratings, id: ec2("123456789012", "us-east-2", "us-east-2b", ""),
 			wantPolicies: 1,
-			wantMessage:  []string{"policy neither/rule 0: matcher sets none of aws, jwt, gcp and azure"},
+			wantMessage:  []string{"policy neither/rule 0: matcher sets none of aws, jwt, gcp, azure and ecs"},
 		},
 		{
 			name:         "identity with neither aws nor jwt is denied",

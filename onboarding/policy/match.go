@@ -41,6 +41,10 @@ const (
 	failTenant
 	failSubscription
 	failResourceGroup
+	failCluster
+	// failUnconfirmed: an ecs rule names regions, zones or clusters and the
+	// ECS API did not confirm the task.
+	failUnconfirmed
 )
 
 // farAway is the distance of a matcher that cannot match this kind of
@@ -88,6 +92,8 @@ func matchWorkload(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.
 		return matchGCP(m.GCP, id.GCP)
 	case m.Azure != nil:
 		return matchAzure(m.Azure, id.Azure)
+	case m.ECS != nil:
+		return matchECS(m.ECS, id.ECS)
 	default:
 		return matchJWT(m.JWT, id.JWT)
 	}
@@ -96,12 +102,81 @@ func matchWorkload(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.
 // matcherKinds counts the kinds of identity m sets (one is valid).
 func matcherKinds(m *authorizationv1alpha1.WorkloadMatcher) int {
 	n := 0
-	for _, set := range []bool{m.AWS != nil, m.JWT != nil, m.GCP != nil, m.Azure != nil} {
+	for _, set := range []bool{m.AWS != nil, m.JWT != nil, m.GCP != nil, m.Azure != nil, m.ECS != nil} {
 		if set {
 			n++
 		}
 	}
 	return n
+}
+
+// matchECS returns the constraints of an ecs matcher that id fails.
+func matchECS(m *authorizationv1alpha1.ECSMatcher, id *runtimev1alpha1.ECSIdentity) failure {
+	if id == nil {
+		return failKind
+	}
+	var f failure
+	if emptyList(m.Regions) || emptyList(m.Zones) || emptyList(m.Clusters) || emptyList(m.TaskRoles) {
+		f |= failEmptyList
+	}
+	// Accounts are never a wildcard: an empty list matches no account.
+	if !slices.Contains(m.Accounts, id.Account) {
+		f |= failAccount
+	}
+	if len(m.Regions) > 0 && !slices.Contains(m.Regions, id.Region) {
+		f |= failRegion
+	}
+	if len(m.Zones) > 0 && !slices.Contains(m.Zones, id.Zone) {
+		f |= failZone
+	}
+	if len(m.Clusters) > 0 && !slices.Contains(m.Clusters, id.Cluster) {
+		f |= failCluster
+	}
+	if len(m.TaskRoles) > 0 && !slices.Contains(m.TaskRoles, id.TaskRole) {
+		f |= failRole
+	}
+	if ecsNeedsConfirmation(m) && !id.TaskConfirmed {
+		f |= failUnconfirmed
+	}
+	return f
+}
+
+// ecsNeedsConfirmation says whether m constrains what only the ECS API
+// confirms: the task's region, zone and cluster are the agent's claim
+// otherwise (STS proves the account, the role and the task ID).
+func ecsNeedsConfirmation(m *authorizationv1alpha1.ECSMatcher) bool {
+	return m.Regions != nil || m.Zones != nil || m.Clusters != nil
+}
+
+// ecsReasons describes every constraint of an ecs matcher that id fails.
+func ecsReasons(e *authorizationv1alpha1.ECSMatcher, id runtimev1alpha1.WorkloadIdentity) []string {
+	ide := id.ECS
+	if ide == nil {
+		return []string{fmt.Sprintf("rule matches ecs tasks, identity is %s", identityKind(id))}
+	}
+	var out []string
+	if emptyList(e.Regions) || emptyList(e.Zones) || emptyList(e.Clusters) || emptyList(e.TaskRoles) {
+		out = append(out, "an empty list (regions, zones, clusters or taskRoles: []) matches nothing")
+	}
+	if !slices.Contains(e.Accounts, ide.Account) {
+		out = append(out, fmt.Sprintf("account %s not in %s", clip(ide.Account), formatList(e.Accounts)))
+	}
+	if len(e.Regions) > 0 && !slices.Contains(e.Regions, ide.Region) {
+		out = append(out, fmt.Sprintf("region %s not in %s", clip(ide.Region), formatList(e.Regions)))
+	}
+	if len(e.Zones) > 0 && !slices.Contains(e.Zones, ide.Zone) {
+		out = append(out, fmt.Sprintf("zone %s not in %s", clip(ide.Zone), formatList(e.Zones)))
+	}
+	if len(e.Clusters) > 0 && !slices.Contains(e.Clusters, ide.Cluster) {
+		out = append(out, fmt.Sprintf("cluster %s not in %s", clip(ide.Cluster), formatList(e.Clusters)))
+	}
+	if len(e.TaskRoles) > 0 && !slices.Contains(e.TaskRoles, ide.TaskRole) {
+		out = append(out, fmt.Sprintf("task role %s not in %s", clip(ide.TaskRole), formatList(e.TaskRoles)))
+	}
+	if ecsNeedsConfirmation(e) && !ide.TaskConfirmed {
+		out = append(out, "task not confirmed by the ECS API (the rule names regions, zones or clusters; the endpoint needs identity.ecs.taskCheck)")
+	}
+	return out
 }
 
 func matchGCP(m *authorizationv1alpha1.GCPMatcher, id *runtimev1alpha1.GCPIdentity) failure {
@@ -259,13 +334,15 @@ func workloadReasons(m *authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha
 	var out []string
 	switch {
 	case matcherKinds(m) > 1:
-		return []string{"matcher sets more than one of aws, jwt, gcp and azure"}
+		return []string{"matcher sets more than one of aws, jwt, gcp, azure and ecs"}
 	case matcherKinds(m) == 0:
-		return []string{"matcher sets none of aws, jwt, gcp and azure"}
+		return []string{"matcher sets none of aws, jwt, gcp, azure and ecs"}
 	case m.GCP != nil:
 		return gcpReasons(m.GCP, id)
 	case m.Azure != nil:
 		return azureReasons(m.Azure, id)
+	case m.ECS != nil:
+		return ecsReasons(m.ECS, id)
 	case m.AWS != nil:
 		a, ida := m.AWS, id.AWS
 		if ida == nil {
@@ -394,6 +471,8 @@ func identityKind(id runtimev1alpha1.WorkloadIdentity) string {
 		return "gcp"
 	case id.Azure != nil:
 		return "azure"
+	case id.ECS != nil:
+		return "ecs"
 	default:
 		return "empty"
 	}

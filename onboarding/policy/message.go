@@ -100,6 +100,14 @@ func DescribeIdentity(id runtimev1alpha1.WorkloadIdentity) string {
 		a := id.Azure
 		return fmt.Sprintf("azure tenant %s subscription %s resource group %s vm %s (principal %s)",
 			clip(a.TenantID), clip(a.SubscriptionID), clip(a.ResourceGroup), clip(a.VMName), clip(a.PrincipalID))
+	case id.ECS != nil:
+		e := id.ECS
+		s := fmt.Sprintf("ecs partition %s account %s region %s zone %s cluster %s task %s task role %s",
+			clip(e.Partition), clip(e.Account), clip(e.Region), clip(e.Zone), clip(e.Cluster), clip(e.TaskID), clip(e.TaskRole))
+		if !e.TaskConfirmed {
+			s += " (not confirmed by the ECS API)"
+		}
+		return s
 	default:
 		return "a workload without a verified identity"
 	}

@@ -316,14 +316,14 @@ func checkRequest(req Request) error {
 		return fmt.Errorf("onboarding token workload identity %q: want 1 to %d printable characters", req.WorkloadIdentity, maxIdentityLength)
 	}
 	if req.Verified != nil && !validVerified(req.Verified) {
-		return errors.New("onboarding token verified identity: want exactly one of aws, jwt, gcp and azure")
+		return errors.New("onboarding token verified identity: want exactly one of aws, jwt, gcp, azure and ecs")
 	}
 	return nil
 }
 
 func validVerified(v *runtimev1alpha1.WorkloadIdentity) bool {
 	n := 0
-	for _, set := range []bool{v.AWS != nil, v.JWT != nil, v.GCP != nil, v.Azure != nil} {
+	for _, set := range []bool{v.AWS != nil, v.JWT != nil, v.GCP != nil, v.Azure != nil, v.ECS != nil} {
 		if set {
 			n++
 		}
@@ -439,7 +439,7 @@ func (i *Issuer) checkClaims(w *wireClaims, key *Key) (*Claims, error) {
 		return nil, refuse(ReasonMalformed, "claim %s: identity missing or not printable", WorkloadClaimKey)
 	}
 	if w.Workload.Verified != nil && !validVerified(w.Workload.Verified) {
-		return nil, refuse(ReasonMalformed, "claim %s: verified identity has not exactly one of aws, jwt, gcp and azure", WorkloadClaimKey)
+		return nil, refuse(ReasonMalformed, "claim %s: verified identity has not exactly one of aws, jwt, gcp, azure and ecs", WorkloadClaimKey)
 	}
 	return &Claims{
 		Issuer:    w.Issuer,

@@ -526,11 +526,11 @@ func TestIssueValidatesRequest(t *testing.T) {
 		}},
 		{name: "verified identity with Azure and GCP", mutate: func(r *token.Request) {
 			r.Verified = &runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{}, GCP: &runtimev1alpha1.GCPIdentity{}}
-		}, wantErr: "exactly one of aws, jwt, gcp and azure"},
-		{name: "verified identity empty", mutate: func(r *token.Request) { r.Verified = &runtimev1alpha1.WorkloadIdentity{} }, wantErr: "exactly one of aws, jwt, gcp and azure"},
+		}, wantErr: "exactly one of aws, jwt, gcp, azure and ecs"},
+		{name: "verified identity empty", mutate: func(r *token.Request) { r.Verified = &runtimev1alpha1.WorkloadIdentity{} }, wantErr: "exactly one of aws, jwt, gcp, azure and ecs"},
 		{name: "verified identity with both", mutate: func(r *token.Request) {
 			r.Verified = &runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{}, JWT: &runtimev1alpha1.JWTIdentity{}}
-		}, wantErr: "exactly one of aws, jwt, gcp and azure"},
+		}, wantErr: "exactly one of aws, jwt, gcp, azure and ecs"},
 		{name: "token too long", mutate: func(r *token.Request) {
 			attrs := map[string]string{}
 			for i := range 64 {

@@ -168,6 +168,8 @@ type onboardingOptions struct {
 	gce endpoint.JWTVerifier
 	// azure, when set, verifies Azure VM managed identity tokens.
 	azure endpoint.JWTVerifier
+	// ecs, when set, makes the ECS verifier on the endpoint's AWS verifier.
+	ecs func(*awsidentity.Verifier) endpoint.ECSVerifier
 	// peer, when set, makes this endpoint another replica of peer's
 	// deployment: the same namespace and the same AWS (IMDS, STS).
 	peer *onboarding
@@ -190,6 +192,9 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 		t.Fatal(err)
 	}
 	opts := endpoint.Options{AWS: verifier, InstanceProfiles: o.profiles, GCE: o.gce, Azure: o.azure}
+	if o.ecs != nil {
+		opts.ECS = o.ecs(verifier)
+	}
 	if o.profiles == nil && o.profileCheck {
 		opts.InstanceProfiles = profileChecker(t, h.aws.EC2IAM)
 	}

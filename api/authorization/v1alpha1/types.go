@@ -118,7 +118,7 @@ type CIDR string
 
 // WorkloadMatcher matches verified workload identities. Exactly one member is
 // set.
-// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.azure) ? 1 : 0) == 1",message="exactly one of aws, jwt, gcp or azure must be set"
+// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.azure) ? 1 : 0) + (has(self.ecs) ? 1 : 0) == 1",message="exactly one of aws, jwt, gcp, azure or ecs must be set"
 type WorkloadMatcher struct {
 	// AWS matches workloads running on AWS compute.
 	// +optional
@@ -132,6 +132,9 @@ type WorkloadMatcher struct {
 	// Azure matches Azure virtual machines.
 	// +optional
 	Azure *AzureMatcher `json:"azure,omitempty"`
+	// ECS matches AWS ECS tasks. aws rules never match ECS tasks.
+	// +optional
+	ECS *ECSMatcher `json:"ecs,omitempty"`
 }
 
 // AzureMatcher matches Azure virtual machines by their managed identity
@@ -164,6 +167,51 @@ type AzureMatcher struct {
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=90
 	ResourceGroups []string `json:"resourceGroups,omitempty"`
+}
+
+// ECSMatcher matches AWS ECS tasks by their task role session. Every field
+// that is set must match; an unset list matches any value, except Accounts,
+// which must always be listed explicitly. A list that is present but empty is
+// refused at admission (and matches nothing if stored anyway). Regions, Zones
+// and Clusters match only tasks the ECS API confirmed (the endpoint's
+// identity.ecs.taskCheck): without it they are the agent's claim.
+type ECSMatcher struct {
+	// Accounts the task role may belong to, as 12-digit AWS account IDs.
+	// There is no wildcard.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[0-9]{12}$`
+	Accounts []string `json:"accounts"`
+	// Regions the task may be in, e.g. us-east-2; unset means any.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[a-z]{2,4}(-[a-z]+)+-[0-9]+$`
+	Regions []string `json:"regions,omitempty"`
+	// Zones the task may be in, e.g. us-east-2b; unset means any.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=128
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[a-z]{2,4}(-[a-z0-9]+)+$`
+	Zones []string `json:"zones,omitempty"`
+	// Clusters the task may run in, by cluster name; unset means any.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[a-zA-Z0-9_-]{1,255}$`
+	Clusters []string `json:"clusters,omitempty"`
+	// TaskRoles the task's IAM role (by name) must be one of; unset means
+	// any. STS proves the role.
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:Pattern=`^[\w+=,.@-]{1,64}$`
+	TaskRoles []string `json:"taskRoles,omitempty"`
 }
 
 // GCPMatcher matches Compute Engine instances by their instance identity

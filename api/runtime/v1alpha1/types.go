@@ -111,7 +111,7 @@ type WorkloadAutoRegistrationSpec struct {
 }
 
 // WorkloadIdentity is a verified platform identity. Exactly one member is set.
-// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.azure) ? 1 : 0) == 1",message="exactly one of aws, jwt, gcp or azure must be set"
+// +kubebuilder:validation:XValidation:rule="(has(self.aws) ? 1 : 0) + (has(self.jwt) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.azure) ? 1 : 0) + (has(self.ecs) ? 1 : 0) == 1",message="exactly one of aws, jwt, gcp, azure or ecs must be set"
 type WorkloadIdentity struct {
 	// AWS is the identity of an AWS compute resource.
 	// +optional
@@ -125,6 +125,9 @@ type WorkloadIdentity struct {
 	// Azure is the identity of an Azure virtual machine.
 	// +optional
 	Azure *AzureIdentity `json:"azure,omitempty"`
+	// ECS is the identity of an AWS ECS task.
+	// +optional
+	ECS *ECSIdentity `json:"ecs,omitempty"`
 }
 
 // AzureIdentity is an Azure virtual machine verified from the access token
@@ -149,6 +152,58 @@ type AzureIdentity struct {
 	// identity: a VM created again under the same name has another one.
 	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
 	PrincipalID string `json:"principalId"`
+}
+
+// ECSIdentity is an AWS ECS task verified from a signed
+// sts:GetCallerIdentity request made with its task role's credentials (the
+// role session ECS names after the task ID) and, when TaskConfirmed, the ECS
+// API's DescribeTasks.
+type ECSIdentity struct {
+	// Partition is the AWS partition, e.g. aws.
+	// +kubebuilder:validation:MinLength=3
+	// +kubebuilder:validation:MaxLength=32
+	Partition string `json:"partition"`
+	// Account is the 12-digit AWS account ID of the task role.
+	// +kubebuilder:validation:Pattern=`^[0-9]{12}$`
+	Account string `json:"account"`
+	// Region is the task's region, e.g. us-east-2.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=32
+	Region string `json:"region"`
+	// Zone is the task's availability zone, e.g. us-east-2b.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=48
+	Zone string `json:"zone"`
+	// Cluster is the name of the task's cluster.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	Cluster string `json:"cluster"`
+	// TaskARN is the task's ARN.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	TaskARN string `json:"taskArn"`
+	// TaskID is the task's ID, the last part of its ARN and the name of its
+	// task role session.
+	// +kubebuilder:validation:Pattern=`^[0-9a-zA-Z_-]{1,64}$`
+	TaskID string `json:"taskId"`
+	// TaskRole is the name of the task's IAM role, proven by STS.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=64
+	TaskRole string `json:"taskRole"`
+	// Family and Revision name the task's task definition.
+	// +optional
+	// +kubebuilder:validation:MaxLength=255
+	Family string `json:"family,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=16
+	Revision string `json:"revision,omitempty"`
+	// TaskConfirmed says the ECS API (DescribeTasks) confirmed the task:
+	// it is RUNNING in Cluster with TaskRole, in Zone, with the ENI address
+	// the agent claimed. When false, Region, Zone, Cluster, Family and
+	// Revision are what the agent claimed, consistent with the task ARN and
+	// the role session but not confirmed.
+	// +optional
+	TaskConfirmed bool `json:"taskConfirmed,omitempty"`
 }
 
 // AWSIdentity is an AWS identity verified from the EC2 instance identity

@@ -27,6 +27,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	azureidentity "github.com/embark-mesh/embark/onboarding/identity/azure"
+	ecsidentity "github.com/embark-mesh/embark/onboarding/identity/ecs"
 	gceidentity "github.com/embark-mesh/embark/onboarding/identity/gce"
 	jwtidentity "github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
@@ -281,5 +282,33 @@ func newAzureVerifier(a *config.AzureIdentity, log *slog.Logger, used replay.Sha
 		return nil, fmt.Errorf("identity.azure: %w", err)
 	}
 	log.Info("accepting Azure VM managed identity tokens", "tenants", c.Tenants, "audiences", c.Audiences, "jwksURL", v.JWKSURL())
+	return v, nil
+}
+
+// newECSVerifier returns the ECS task verifier of identity.ecs: STS proofs
+// go through awsVerifier (its audience, STS endpoint and record of used
+// requests), tasks are confirmed with the ECS API when taskCheck is set.
+func newECSVerifier(ctx context.Context, e *config.ECSIdentity, awsVerifier *awsidentity.Verifier, log *slog.Logger) (*ecsidentity.Verifier, error) {
+	var checker ecsidentity.TaskChecker // nil interface when not configured
+	if tc := e.TaskCheck; tc != nil {
+		clients, err := ecsidentity.NewClients(ctx, ecsidentity.ClientOptions{RoleARN: tc.RoleARN, ECSEndpoint: tc.ECSEndpoint, STSEndpoint: tc.STSEndpoint})
+		if err != nil {
+			return nil, fmt.Errorf("identity.ecs.taskCheck: %w", err)
+		}
+		opts := ecsidentity.CheckerOptions{Clients: clients, Rate: tc.RatePerSecond, Burst: tc.Burst, Logger: log}
+		if tc.CacheTTL != nil {
+			opts.CacheTTL = tc.CacheTTL.Duration
+		}
+		c, err := ecsidentity.NewChecker(opts)
+		if err != nil {
+			return nil, fmt.Errorf("identity.ecs.taskCheck: %w", err)
+		}
+		checker = c
+	}
+	v, err := ecsidentity.NewVerifier(awsVerifier, checker)
+	if err != nil {
+		return nil, fmt.Errorf("identity.ecs: %w", err)
+	}
+	log.Info("accepting ECS task role credentials", "taskCheck", checker != nil)
 	return v, nil
 }

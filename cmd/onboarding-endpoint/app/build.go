@@ -295,6 +295,12 @@ func (b *build) onboarding(ctx context.Context) error {
 			return err
 		}
 	}
+	var ecsVerifier endpoint.ECSVerifier
+	if cfg.Identity.ECS != nil {
+		if ecsVerifier, err = newECSVerifier(ctx, cfg.Identity.ECS, awsVerifier, log); err != nil {
+			return err
+		}
+	}
 	// OnboardingPolicy status: selected WorkloadGroups and this replica's
 	// decisions, written when they change.
 	decisions := policystatus.NewDecisions()
@@ -329,7 +335,7 @@ func (b *build) onboarding(ctx context.Context) error {
 		log.Warn("accepting loopback workload addresses (registration.allowLoopbackAddresses): for demos and tests only")
 	}
 	b.server, err = endpoint.NewServer(endpoint.Options{
-		AWS: awsVerifier, JWT: jwtVerifier, GCE: gceVerifier, Azure: azureVerifier, Authorizer: authz, Tokens: tokens, Registrar: registrar, Client: b.kc,
+		AWS: awsVerifier, JWT: jwtVerifier, GCE: gceVerifier, Azure: azureVerifier, ECS: ecsVerifier, Authorizer: authz, Tokens: tokens, Registrar: registrar, Client: b.kc,
 		Bootstrap: endpoint.BootstrapSettings{
 			DiscoveryAddress: cfg.Mesh.DiscoveryAddress, ClusterID: cfg.Mesh.ClusterID, TrustDomain: cfg.Mesh.TrustDomain,
 			RootCertFile: cfg.Mesh.RootCertFile,

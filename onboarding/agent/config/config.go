@@ -56,6 +56,7 @@ const (
 	PlatformJWT   = "jwt"
 	PlatformGCE   = "gce"
 	PlatformAzure = "azure"
+	PlatformECS   = "ecs"
 )
 
 // AgentConfiguration is /etc/onboarding-agent/agent.config.yaml.
@@ -91,10 +92,12 @@ type AgentMetrics struct {
 
 // Host configures platform detection and credentials.
 type Host struct {
-	// Platform is auto (default: AWS when IMDS answers, else gce when the
-	// Compute Engine metadata server answers, else azure when the Azure
-	// Instance Metadata Service answers, else jwt when a JWT source is
-	// configured), aws, gce, azure or jwt.
+	// Platform is auto (default: ecs when ECS_CONTAINER_METADATA_URI_V4 is
+	// set, else AWS when IMDS answers, else gce when the Compute Engine
+	// metadata server answers, else azure when the Azure Instance Metadata
+	// Service answers, else jwt when a JWT source is configured), aws, ecs,
+	// gce, azure or jwt. The ecs platform signs its STS proof for
+	// aws.stsEndpoint when set.
 	Platform string `json:"platform,omitempty"`
 	// AWS configures the EC2 credential.
 	AWS AWSPlatform `json:"aws,omitempty"`
@@ -405,9 +408,9 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 	var errs field.ErrorList
 	host := field.NewPath("host")
 	switch c.Host.Platform {
-	case PlatformAuto, PlatformAWS, PlatformJWT, PlatformGCE, PlatformAzure:
+	case PlatformAuto, PlatformAWS, PlatformJWT, PlatformGCE, PlatformAzure, PlatformECS:
 	default:
-		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformGCE, PlatformAzure, PlatformJWT}))
+		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformECS, PlatformGCE, PlatformAzure, PlatformJWT}))
 	}
 	if u := c.Host.Azure.IMDSEndpoint; u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 		errs = append(errs, field.Invalid(host.Child("azure", "imdsEndpoint"), u, "must be an http:// or https:// URL"))

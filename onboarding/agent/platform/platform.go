@@ -1,7 +1,8 @@
 // Package platform is how the onboarding agent proves what its host is: on
 // AWS EC2 the instance identity document, its rsa2048 signature and a signed
 // sts:GetCallerIdentity request, all through IMDSv2 with aws-sdk-go-v2's imds
-// client; on Google Compute Engine the instance identity token of its
+// client; in an ECS task the task metadata endpoint v4 and an
+// sts:GetCallerIdentity request signed with the task role; on Google Compute Engine the instance identity token of its
 // metadata server; on premises a JWT read from a file or printed by a
 // credential plugin command; on an Azure VM the access token of its
 // system-assigned managed identity from the Instance Metadata Service.
@@ -17,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
@@ -47,6 +49,7 @@ type Credential struct {
 	JWT     *onboardingv1alpha1.JWTCredential
 	GCE     *onboardingv1alpha1.GCECredential
 	Azure   *onboardingv1alpha1.AzureCredential
+	ECS     *onboardingv1alpha1.ECSCredential
 	Address *Address
 }
 
@@ -61,19 +64,21 @@ func (c *Credential) SetOn(req *onboardingv1alpha1.AuthorizeRequest) {
 		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Gce{Gce: c.GCE}
 	case c.Azure != nil:
 		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Azure{Azure: c.Azure}
+	case c.ECS != nil:
+		req.Credential = &onboardingv1alpha1.AuthorizeRequest_Ecs{Ecs: c.ECS}
 	}
 }
 
 // DetectTimeout bounds the IMDS probe of autodetection.
 const DetectTimeout = 3 * time.Second
 
-// Detect returns the platform cfg selects: aws, gce, azure or jwt when set,
-// else AWS when IMDS answers within DetectTimeout, else GCE when the
-// metadata server answers within DetectTimeout, else Azure when its
-// Instance Metadata Service answers within DetectTimeout, else jwt when a
-// JWT source is configured. audience binds the STS proof, the GCE token and
-// (unless host.azure.resource is set) the Azure token to the onboarding
-// endpoint. It
+// Detect returns the platform cfg selects: aws, ecs, gce, azure or jwt
+// when set, else ecs when ECS_CONTAINER_METADATA_URI_V4 is set, else AWS
+// when IMDS answers within DetectTimeout, else GCE when the metadata server
+// answers within DetectTimeout, else Azure when its Instance Metadata
+// Service answers within DetectTimeout, else jwt when a JWT source is
+// configured. audience binds the STS proof, the GCE token and (unless
+// host.azure.resource is set) the Azure token to the onboarding endpoint. It
 // logs what it detected and why.
 func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Logger) (Platform, error) {
 	switch cfg.Platform {
@@ -88,6 +93,13 @@ func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Log
 		a := NewAzure(cfg.Azure, audience, log)
 		log.Info("platform: azure (configured)", "imds", a.endpoint, "resource", a.resource)
 		return a, nil
+	case config.PlatformECS:
+		e, err := NewECS(cfg.AWS, audience, log)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("platform: ecs (configured)", "taskMetadata", e.metadataURI)
+		return e, nil
 	case config.PlatformJWT:
 		p, err := NewJWT(cfg.JWT)
 		if err != nil {
@@ -95,6 +107,14 @@ func Detect(ctx context.Context, cfg config.Host, audience string, log *slog.Log
 		}
 		log.Info("platform: jwt (configured)", "source", p.source())
 		return p, nil
+	}
+	if os.Getenv(EnvECSMetadataURIV4) != "" {
+		e, err := NewECS(cfg.AWS, audience, log)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("platform: ecs detected ("+EnvECSMetadataURIV4+" is set)", "taskMetadata", e.metadataURI)
+		return e, nil
 	}
 	aws := NewAWS(cfg.AWS, audience, log)
 	probeCtx, cancel := context.WithTimeout(ctx, DetectTimeout)

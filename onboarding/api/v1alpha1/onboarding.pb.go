@@ -74,7 +74,7 @@ func (x RegistrationEvent_State) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RegistrationEvent_State.Descriptor instead.
 func (RegistrationEvent_State) EnumDescriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{19, 0}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{20, 0}
 }
 
 // WorkloadGroupRef names the WorkloadGroup a workload joins.
@@ -461,6 +461,109 @@ func (x *AzureCredential) GetToken() string {
 	return ""
 }
 
+// ECSCredential proves an AWS ECS task's identity: an sts:GetCallerIdentity
+// request signed with the task role's credentials (the role session ECS
+// creates for the task, named after the task ID) and bound to this endpoint
+// like AWSCredential's, and the task the agent read from the task metadata
+// endpoint (v4). The endpoint checks the claimed task against STS's answer
+// and, when configured, against the ECS API (DescribeTasks).
+type ECSCredential struct {
+	state                protoimpl.MessageState `protogen:"open.v1"`
+	StsGetCallerIdentity *SignedHTTPRequest     `protobuf:"bytes,1,opt,name=sts_get_caller_identity,json=stsGetCallerIdentity,proto3" json:"sts_get_caller_identity,omitempty"`
+	// The task's cluster, as the task metadata reports it (an ARN or a name).
+	Cluster string `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// The task's ARN, arn:<partition>:ecs:<region>:<account>:task/<cluster>/<id>.
+	TaskArn string `protobuf:"bytes,3,opt,name=task_arn,json=taskArn,proto3" json:"task_arn,omitempty"`
+	// The task definition's family and revision.
+	Family   string `protobuf:"bytes,4,opt,name=family,proto3" json:"family,omitempty"`
+	Revision string `protobuf:"bytes,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The task's availability zone, e.g. us-east-2b.
+	AvailabilityZone string `protobuf:"bytes,6,opt,name=availability_zone,json=availabilityZone,proto3" json:"availability_zone,omitempty"`
+	// The private IPv4 address of the task's ENI (awsvpc network mode).
+	Address       string `protobuf:"bytes,7,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ECSCredential) Reset() {
+	*x = ECSCredential{}
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ECSCredential) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ECSCredential) ProtoMessage() {}
+
+func (x *ECSCredential) ProtoReflect() protoreflect.Message {
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ECSCredential.ProtoReflect.Descriptor instead.
+func (*ECSCredential) Descriptor() ([]byte, []int) {
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ECSCredential) GetStsGetCallerIdentity() *SignedHTTPRequest {
+	if x != nil {
+		return x.StsGetCallerIdentity
+	}
+	return nil
+}
+
+func (x *ECSCredential) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *ECSCredential) GetTaskArn() string {
+	if x != nil {
+		return x.TaskArn
+	}
+	return ""
+}
+
+func (x *ECSCredential) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *ECSCredential) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *ECSCredential) GetAvailabilityZone() string {
+	if x != nil {
+		return x.AvailabilityZone
+	}
+	return ""
+}
+
+func (x *ECSCredential) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 // AuthorizeRequest asks for an onboarding token.
 type AuthorizeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -471,6 +574,7 @@ type AuthorizeRequest struct {
 	//	*AuthorizeRequest_Jwt
 	//	*AuthorizeRequest_Gce
 	//	*AuthorizeRequest_Azure
+	//	*AuthorizeRequest_Ecs
 	Credential    isAuthorizeRequest_Credential `protobuf_oneof:"credential"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -478,7 +582,7 @@ type AuthorizeRequest struct {
 
 func (x *AuthorizeRequest) Reset() {
 	*x = AuthorizeRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +594,7 @@ func (x *AuthorizeRequest) String() string {
 func (*AuthorizeRequest) ProtoMessage() {}
 
 func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +607,7 @@ func (x *AuthorizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{7}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AuthorizeRequest) GetWorkloadGroup() *WorkloadGroupRef {
@@ -556,6 +660,15 @@ func (x *AuthorizeRequest) GetAzure() *AzureCredential {
 	return nil
 }
 
+func (x *AuthorizeRequest) GetEcs() *ECSCredential {
+	if x != nil {
+		if x, ok := x.Credential.(*AuthorizeRequest_Ecs); ok {
+			return x.Ecs
+		}
+	}
+	return nil
+}
+
 type isAuthorizeRequest_Credential interface {
 	isAuthorizeRequest_Credential()
 }
@@ -576,6 +689,10 @@ type AuthorizeRequest_Azure struct {
 	Azure *AzureCredential `protobuf:"bytes,5,opt,name=azure,proto3,oneof"`
 }
 
+type AuthorizeRequest_Ecs struct {
+	Ecs *ECSCredential `protobuf:"bytes,6,opt,name=ecs,proto3,oneof"`
+}
+
 func (*AuthorizeRequest_Aws) isAuthorizeRequest_Credential() {}
 
 func (*AuthorizeRequest_Jwt) isAuthorizeRequest_Credential() {}
@@ -583,6 +700,8 @@ func (*AuthorizeRequest_Jwt) isAuthorizeRequest_Credential() {}
 func (*AuthorizeRequest_Gce) isAuthorizeRequest_Credential() {}
 
 func (*AuthorizeRequest_Azure) isAuthorizeRequest_Credential() {}
+
+func (*AuthorizeRequest_Ecs) isAuthorizeRequest_Credential() {}
 
 // AuthorizeResponse carries the onboarding token.
 type AuthorizeResponse struct {
@@ -599,7 +718,7 @@ type AuthorizeResponse struct {
 
 func (x *AuthorizeResponse) Reset() {
 	*x = AuthorizeResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +730,7 @@ func (x *AuthorizeResponse) String() string {
 func (*AuthorizeResponse) ProtoMessage() {}
 
 func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +743,7 @@ func (x *AuthorizeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{8}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AuthorizeResponse) GetToken() string {
@@ -667,7 +786,7 @@ type HostAddress struct {
 
 func (x *HostAddress) Reset() {
 	*x = HostAddress{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +798,7 @@ func (x *HostAddress) String() string {
 func (*HostAddress) ProtoMessage() {}
 
 func (x *HostAddress) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[9]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +811,7 @@ func (x *HostAddress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostAddress.ProtoReflect.Descriptor instead.
 func (*HostAddress) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{9}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HostAddress) GetIp() string {
@@ -729,7 +848,7 @@ type RegisterRequest struct {
 
 func (x *RegisterRequest) Reset() {
 	*x = RegisterRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +860,7 @@ func (x *RegisterRequest) String() string {
 func (*RegisterRequest) ProtoMessage() {}
 
 func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[10]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +873,7 @@ func (x *RegisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{10}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterRequest) GetAddresses() []*HostAddress {
@@ -814,7 +933,7 @@ type AgentError struct {
 
 func (x *AgentError) Reset() {
 	*x = AgentError{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +945,7 @@ func (x *AgentError) String() string {
 func (*AgentError) ProtoMessage() {}
 
 func (x *AgentError) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[11]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +958,7 @@ func (x *AgentError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentError.ProtoReflect.Descriptor instead.
 func (*AgentError) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{11}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AgentError) GetReason() string {
@@ -876,7 +995,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1007,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[12]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1020,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{12}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RegisterResponse) GetNamespace() string {
@@ -974,7 +1093,7 @@ type SidecarBootstrap struct {
 
 func (x *SidecarBootstrap) Reset() {
 	*x = SidecarBootstrap{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1105,7 @@ func (x *SidecarBootstrap) String() string {
 func (*SidecarBootstrap) ProtoMessage() {}
 
 func (x *SidecarBootstrap) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[13]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1118,7 @@ func (x *SidecarBootstrap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SidecarBootstrap.ProtoReflect.Descriptor instead.
 func (*SidecarBootstrap) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{13}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SidecarBootstrap) GetNodeId() string {
@@ -1095,7 +1214,7 @@ type RenewSidecarTokenRequest struct {
 
 func (x *RenewSidecarTokenRequest) Reset() {
 	*x = RenewSidecarTokenRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1107,7 +1226,7 @@ func (x *RenewSidecarTokenRequest) String() string {
 func (*RenewSidecarTokenRequest) ProtoMessage() {}
 
 func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[14]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1120,7 +1239,7 @@ func (x *RenewSidecarTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSidecarTokenRequest.ProtoReflect.Descriptor instead.
 func (*RenewSidecarTokenRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{14}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
 }
 
 // RenewSidecarTokenResponse carries it.
@@ -1134,7 +1253,7 @@ type RenewSidecarTokenResponse struct {
 
 func (x *RenewSidecarTokenResponse) Reset() {
 	*x = RenewSidecarTokenResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1265,7 @@ func (x *RenewSidecarTokenResponse) String() string {
 func (*RenewSidecarTokenResponse) ProtoMessage() {}
 
 func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[15]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1278,7 @@ func (x *RenewSidecarTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewSidecarTokenResponse.ProtoReflect.Descriptor instead.
 func (*RenewSidecarTokenResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{15}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RenewSidecarTokenResponse) GetSidecarToken() string {
@@ -1185,7 +1304,7 @@ type UnregisterRequest struct {
 
 func (x *UnregisterRequest) Reset() {
 	*x = UnregisterRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1316,7 @@ func (x *UnregisterRequest) String() string {
 func (*UnregisterRequest) ProtoMessage() {}
 
 func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[16]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1329,7 @@ func (x *UnregisterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{16}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17}
 }
 
 // UnregisterResponse says how long the removal takes to reach peers.
@@ -1223,7 +1342,7 @@ type UnregisterResponse struct {
 
 func (x *UnregisterResponse) Reset() {
 	*x = UnregisterResponse{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1354,7 @@ func (x *UnregisterResponse) String() string {
 func (*UnregisterResponse) ProtoMessage() {}
 
 func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[17]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1367,7 @@ func (x *UnregisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterResponse) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{17}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UnregisterResponse) GetPropagationDelay() *durationpb.Duration {
@@ -1267,7 +1386,7 @@ type WatchRegistrationRequest struct {
 
 func (x *WatchRegistrationRequest) Reset() {
 	*x = WatchRegistrationRequest{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1398,7 @@ func (x *WatchRegistrationRequest) String() string {
 func (*WatchRegistrationRequest) ProtoMessage() {}
 
 func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[18]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1411,7 @@ func (x *WatchRegistrationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRegistrationRequest.ProtoReflect.Descriptor instead.
 func (*WatchRegistrationRequest) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{18}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{19}
 }
 
 // RegistrationEvent is the state of the caller's registration.
@@ -1308,7 +1427,7 @@ type RegistrationEvent struct {
 
 func (x *RegistrationEvent) Reset() {
 	*x = RegistrationEvent{}
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[19]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1439,7 @@ func (x *RegistrationEvent) String() string {
 func (*RegistrationEvent) ProtoMessage() {}
 
 func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[19]
+	mi := &file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1452,7 @@ func (x *RegistrationEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegistrationEvent.ProtoReflect.Descriptor instead.
 func (*RegistrationEvent) Descriptor() ([]byte, []int) {
-	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{19}
+	return file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RegistrationEvent) GetState() RegistrationEvent_State {
@@ -1389,13 +1508,22 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"\rGCECredential\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"'\n" +
 	"\x0fAzureCredential\x12\x14\n" +
-	"\x05token\x18\x01 \x01(\tR\x05token\"\xf7\x02\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\"\xa5\x02\n" +
+	"\rECSCredential\x12d\n" +
+	"\x17sts_get_caller_identity\x18\x01 \x01(\v2-.embark.onboarding.v1alpha1.SignedHTTPRequestR\x14stsGetCallerIdentity\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12\x19\n" +
+	"\btask_arn\x18\x03 \x01(\tR\ataskArn\x12\x16\n" +
+	"\x06family\x18\x04 \x01(\tR\x06family\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\tR\brevision\x12+\n" +
+	"\x11availability_zone\x18\x06 \x01(\tR\x10availabilityZone\x12\x18\n" +
+	"\aaddress\x18\a \x01(\tR\aaddress\"\xb6\x03\n" +
 	"\x10AuthorizeRequest\x12S\n" +
 	"\x0eworkload_group\x18\x01 \x01(\v2,.embark.onboarding.v1alpha1.WorkloadGroupRefR\rworkloadGroup\x12=\n" +
 	"\x03aws\x18\x02 \x01(\v2).embark.onboarding.v1alpha1.AWSCredentialH\x00R\x03aws\x12=\n" +
 	"\x03jwt\x18\x03 \x01(\v2).embark.onboarding.v1alpha1.JWTCredentialH\x00R\x03jwt\x12=\n" +
 	"\x03gce\x18\x04 \x01(\v2).embark.onboarding.v1alpha1.GCECredentialH\x00R\x03gce\x12C\n" +
-	"\x05azure\x18\x05 \x01(\v2+.embark.onboarding.v1alpha1.AzureCredentialH\x00R\x05azureB\f\n" +
+	"\x05azure\x18\x05 \x01(\v2+.embark.onboarding.v1alpha1.AzureCredentialH\x00R\x05azure\x12=\n" +
+	"\x03ecs\x18\x06 \x01(\v2).embark.onboarding.v1alpha1.ECSCredentialH\x00R\x03ecsB\f\n" +
 	"\n" +
 	"credential\"\xaf\x01\n" +
 	"\x11AuthorizeResponse\x12\x14\n" +
@@ -1487,7 +1615,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_rawDescGZIP() []byte {
 }
 
 var file_onboarding_api_v1alpha1_onboarding_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_onboarding_api_v1alpha1_onboarding_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
 	(RegistrationEvent_State)(0),      // 0: embark.onboarding.v1alpha1.RegistrationEvent.State
 	(*WorkloadGroupRef)(nil),          // 1: embark.onboarding.v1alpha1.WorkloadGroupRef
@@ -1497,57 +1625,60 @@ var file_onboarding_api_v1alpha1_onboarding_proto_goTypes = []any{
 	(*JWTCredential)(nil),             // 5: embark.onboarding.v1alpha1.JWTCredential
 	(*GCECredential)(nil),             // 6: embark.onboarding.v1alpha1.GCECredential
 	(*AzureCredential)(nil),           // 7: embark.onboarding.v1alpha1.AzureCredential
-	(*AuthorizeRequest)(nil),          // 8: embark.onboarding.v1alpha1.AuthorizeRequest
-	(*AuthorizeResponse)(nil),         // 9: embark.onboarding.v1alpha1.AuthorizeResponse
-	(*HostAddress)(nil),               // 10: embark.onboarding.v1alpha1.HostAddress
-	(*RegisterRequest)(nil),           // 11: embark.onboarding.v1alpha1.RegisterRequest
-	(*AgentError)(nil),                // 12: embark.onboarding.v1alpha1.AgentError
-	(*RegisterResponse)(nil),          // 13: embark.onboarding.v1alpha1.RegisterResponse
-	(*SidecarBootstrap)(nil),          // 14: embark.onboarding.v1alpha1.SidecarBootstrap
-	(*RenewSidecarTokenRequest)(nil),  // 15: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	(*RenewSidecarTokenResponse)(nil), // 16: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	(*UnregisterRequest)(nil),         // 17: embark.onboarding.v1alpha1.UnregisterRequest
-	(*UnregisterResponse)(nil),        // 18: embark.onboarding.v1alpha1.UnregisterResponse
-	(*WatchRegistrationRequest)(nil),  // 19: embark.onboarding.v1alpha1.WatchRegistrationRequest
-	(*RegistrationEvent)(nil),         // 20: embark.onboarding.v1alpha1.RegistrationEvent
-	nil,                               // 21: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	nil,                               // 22: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 24: google.protobuf.Duration
+	(*ECSCredential)(nil),             // 8: embark.onboarding.v1alpha1.ECSCredential
+	(*AuthorizeRequest)(nil),          // 9: embark.onboarding.v1alpha1.AuthorizeRequest
+	(*AuthorizeResponse)(nil),         // 10: embark.onboarding.v1alpha1.AuthorizeResponse
+	(*HostAddress)(nil),               // 11: embark.onboarding.v1alpha1.HostAddress
+	(*RegisterRequest)(nil),           // 12: embark.onboarding.v1alpha1.RegisterRequest
+	(*AgentError)(nil),                // 13: embark.onboarding.v1alpha1.AgentError
+	(*RegisterResponse)(nil),          // 14: embark.onboarding.v1alpha1.RegisterResponse
+	(*SidecarBootstrap)(nil),          // 15: embark.onboarding.v1alpha1.SidecarBootstrap
+	(*RenewSidecarTokenRequest)(nil),  // 16: embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	(*RenewSidecarTokenResponse)(nil), // 17: embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	(*UnregisterRequest)(nil),         // 18: embark.onboarding.v1alpha1.UnregisterRequest
+	(*UnregisterResponse)(nil),        // 19: embark.onboarding.v1alpha1.UnregisterResponse
+	(*WatchRegistrationRequest)(nil),  // 20: embark.onboarding.v1alpha1.WatchRegistrationRequest
+	(*RegistrationEvent)(nil),         // 21: embark.onboarding.v1alpha1.RegistrationEvent
+	nil,                               // 22: embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	nil,                               // 23: embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 24: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 25: google.protobuf.Duration
 }
 var file_onboarding_api_v1alpha1_onboarding_proto_depIdxs = []int32{
 	3,  // 0: embark.onboarding.v1alpha1.AWSCredential.sts_get_caller_identity:type_name -> embark.onboarding.v1alpha1.SignedHTTPRequest
 	4,  // 1: embark.onboarding.v1alpha1.SignedHTTPRequest.headers:type_name -> embark.onboarding.v1alpha1.Header
-	1,  // 2: embark.onboarding.v1alpha1.AuthorizeRequest.workload_group:type_name -> embark.onboarding.v1alpha1.WorkloadGroupRef
-	2,  // 3: embark.onboarding.v1alpha1.AuthorizeRequest.aws:type_name -> embark.onboarding.v1alpha1.AWSCredential
-	5,  // 4: embark.onboarding.v1alpha1.AuthorizeRequest.jwt:type_name -> embark.onboarding.v1alpha1.JWTCredential
-	6,  // 5: embark.onboarding.v1alpha1.AuthorizeRequest.gce:type_name -> embark.onboarding.v1alpha1.GCECredential
-	7,  // 6: embark.onboarding.v1alpha1.AuthorizeRequest.azure:type_name -> embark.onboarding.v1alpha1.AzureCredential
-	23, // 7: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 8: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
-	21, // 9: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
-	12, // 10: embark.onboarding.v1alpha1.RegisterRequest.last_error:type_name -> embark.onboarding.v1alpha1.AgentError
-	14, // 11: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
-	22, // 12: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
-	23, // 13: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
-	23, // 14: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	24, // 15: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
-	0,  // 16: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
-	8,  // 17: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
-	11, // 18: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
-	17, // 19: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
-	15, // 20: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
-	19, // 21: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
-	9,  // 22: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
-	13, // 23: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
-	18, // 24: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
-	16, // 25: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
-	20, // 26: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	3,  // 2: embark.onboarding.v1alpha1.ECSCredential.sts_get_caller_identity:type_name -> embark.onboarding.v1alpha1.SignedHTTPRequest
+	1,  // 3: embark.onboarding.v1alpha1.AuthorizeRequest.workload_group:type_name -> embark.onboarding.v1alpha1.WorkloadGroupRef
+	2,  // 4: embark.onboarding.v1alpha1.AuthorizeRequest.aws:type_name -> embark.onboarding.v1alpha1.AWSCredential
+	5,  // 5: embark.onboarding.v1alpha1.AuthorizeRequest.jwt:type_name -> embark.onboarding.v1alpha1.JWTCredential
+	6,  // 6: embark.onboarding.v1alpha1.AuthorizeRequest.gce:type_name -> embark.onboarding.v1alpha1.GCECredential
+	7,  // 7: embark.onboarding.v1alpha1.AuthorizeRequest.azure:type_name -> embark.onboarding.v1alpha1.AzureCredential
+	8,  // 8: embark.onboarding.v1alpha1.AuthorizeRequest.ecs:type_name -> embark.onboarding.v1alpha1.ECSCredential
+	24, // 9: embark.onboarding.v1alpha1.AuthorizeResponse.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 10: embark.onboarding.v1alpha1.RegisterRequest.addresses:type_name -> embark.onboarding.v1alpha1.HostAddress
+	22, // 11: embark.onboarding.v1alpha1.RegisterRequest.labels:type_name -> embark.onboarding.v1alpha1.RegisterRequest.LabelsEntry
+	13, // 12: embark.onboarding.v1alpha1.RegisterRequest.last_error:type_name -> embark.onboarding.v1alpha1.AgentError
+	15, // 13: embark.onboarding.v1alpha1.RegisterResponse.bootstrap:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap
+	23, // 14: embark.onboarding.v1alpha1.SidecarBootstrap.labels:type_name -> embark.onboarding.v1alpha1.SidecarBootstrap.LabelsEntry
+	24, // 15: embark.onboarding.v1alpha1.SidecarBootstrap.sidecar_token_expires_at:type_name -> google.protobuf.Timestamp
+	24, // 16: embark.onboarding.v1alpha1.RenewSidecarTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	25, // 17: embark.onboarding.v1alpha1.UnregisterResponse.propagation_delay:type_name -> google.protobuf.Duration
+	0,  // 18: embark.onboarding.v1alpha1.RegistrationEvent.state:type_name -> embark.onboarding.v1alpha1.RegistrationEvent.State
+	9,  // 19: embark.onboarding.v1alpha1.OnboardingService.Authorize:input_type -> embark.onboarding.v1alpha1.AuthorizeRequest
+	12, // 20: embark.onboarding.v1alpha1.OnboardingService.Register:input_type -> embark.onboarding.v1alpha1.RegisterRequest
+	18, // 21: embark.onboarding.v1alpha1.OnboardingService.Unregister:input_type -> embark.onboarding.v1alpha1.UnregisterRequest
+	16, // 22: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:input_type -> embark.onboarding.v1alpha1.RenewSidecarTokenRequest
+	20, // 23: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:input_type -> embark.onboarding.v1alpha1.WatchRegistrationRequest
+	10, // 24: embark.onboarding.v1alpha1.OnboardingService.Authorize:output_type -> embark.onboarding.v1alpha1.AuthorizeResponse
+	14, // 25: embark.onboarding.v1alpha1.OnboardingService.Register:output_type -> embark.onboarding.v1alpha1.RegisterResponse
+	19, // 26: embark.onboarding.v1alpha1.OnboardingService.Unregister:output_type -> embark.onboarding.v1alpha1.UnregisterResponse
+	17, // 27: embark.onboarding.v1alpha1.OnboardingService.RenewSidecarToken:output_type -> embark.onboarding.v1alpha1.RenewSidecarTokenResponse
+	21, // 28: embark.onboarding.v1alpha1.OnboardingService.WatchRegistration:output_type -> embark.onboarding.v1alpha1.RegistrationEvent
+	24, // [24:29] is the sub-list for method output_type
+	19, // [19:24] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_onboarding_api_v1alpha1_onboarding_proto_init() }
@@ -1555,11 +1686,12 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 	if File_onboarding_api_v1alpha1_onboarding_proto != nil {
 		return
 	}
-	file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[7].OneofWrappers = []any{
+	file_onboarding_api_v1alpha1_onboarding_proto_msgTypes[8].OneofWrappers = []any{
 		(*AuthorizeRequest_Aws)(nil),
 		(*AuthorizeRequest_Jwt)(nil),
 		(*AuthorizeRequest_Gce)(nil),
 		(*AuthorizeRequest_Azure)(nil),
+		(*AuthorizeRequest_Ecs)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1567,7 +1699,7 @@ func file_onboarding_api_v1alpha1_onboarding_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc), len(file_onboarding_api_v1alpha1_onboarding_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -307,27 +307,39 @@ type verifiedCaller struct {
 	arn string
 }
 
+// Caller is who a signed sts:GetCallerIdentity request proved: the
+// assumed-role session STS answered with.
+type Caller struct {
+	AssumedRoleARN
+	// ARN is the caller ARN exactly as STS answered it.
+	ARN string
+}
+
+// VerifyCaller checks a signed sts:GetCallerIdentity request as Verify
+// checks an EC2 instance's (bound to this verifier's audience, fresh, sent
+// to the STS endpoint of region, each request used once) and returns the
+// assumed-role session STS answered with. Other platforms whose identity is
+// a role session (ECS tasks) use it; it checks nothing about the session's
+// name.
+func (v *Verifier) VerifyCaller(ctx context.Context, req *STSRequest, region string) (*Caller, error) {
+	arn, account, err := v.confirmSTS(ctx, req, region)
+	if err != nil {
+		return nil, err
+	}
+	a, err := ParseAssumedRoleARN(arn)
+	if err != nil {
+		return nil, err
+	}
+	if account != "" && account != a.Account {
+		return nil, identity.Refuse(identity.ReasonAccountMismatch, "STS answered with account %s and caller %s of another account", account, arn)
+	}
+	return &Caller{AssumedRoleARN: *a, ARN: arn}, nil
+}
+
 func (v *Verifier) verifySTS(ctx context.Context, req *STSRequest, doc *Document) (*verifiedCaller, error) {
-	endpoint, err := v.endpointFor(ctx, doc.Region)
+	arn, account, err := v.confirmSTS(ctx, req, doc.Region)
 	if err != nil {
-		return nil, err
-	}
-	checked, err := v.checkSTSRequest(req, endpoint, v.now())
-	if err != nil {
-		return nil, err
-	}
-	key, expiry := checked.auth.signature, checked.signedAt.Add(v.stsWindow)
-	if !v.replay.Reserve(key, expiry, v.now()) {
-		return nil, stsReplayed(checked)
-	}
-	arn, account, err := v.callSTS(ctx, req, checked, endpoint)
-	if err != nil {
-		v.replay.Release(key)
-		v.log.DebugContext(ctx, "STS did not confirm signed request", "instance", doc.InstanceID, "endpoint", endpoint.Host, "error", err)
-		return nil, err
-	}
-	// Only a request STS confirmed costs a write to the shared store.
-	if err := v.reserveShared(ctx, key, expiry, checked); err != nil {
+		v.log.DebugContext(ctx, "STS did not confirm signed request", "instance", doc.InstanceID, "error", err)
 		return nil, err
 	}
 	caller, err := matchCaller(arn, account, doc)
@@ -335,6 +347,34 @@ func (v *Verifier) verifySTS(ctx context.Context, req *STSRequest, doc *Document
 		return nil, err
 	}
 	return &verifiedCaller{AssumedRoleARN: caller, arn: arn}, nil
+}
+
+// confirmSTS makes the local checks of a signed request for region's STS
+// endpoint, refuses one used before, sends it to STS and returns the caller
+// ARN and account STS answered with.
+func (v *Verifier) confirmSTS(ctx context.Context, req *STSRequest, region string) (arn, account string, err error) {
+	endpoint, err := v.endpointFor(ctx, region)
+	if err != nil {
+		return "", "", err
+	}
+	checked, err := v.checkSTSRequest(req, endpoint, v.now())
+	if err != nil {
+		return "", "", err
+	}
+	key, expiry := checked.auth.signature, checked.signedAt.Add(v.stsWindow)
+	if !v.replay.Reserve(key, expiry, v.now()) {
+		return "", "", stsReplayed(checked)
+	}
+	arn, account, err = v.callSTS(ctx, req, checked, endpoint)
+	if err != nil {
+		v.replay.Release(key)
+		return "", "", err
+	}
+	// Only a request STS confirmed costs a write to the shared store.
+	if err := v.reserveShared(ctx, key, expiry, checked); err != nil {
+		return "", "", err
+	}
+	return arn, account, nil
 }
 
 // reserveShared records the request signed with key in the deployment's

@@ -1,5 +1,5 @@
-// Package awstest provides loopback fakes of the two AWS services an EC2
-// onboarding touches, for tests and demos of Embark and of the packages that
+// Package awstest provides loopback fakes of the AWS services an EC2
+// or ECS onboarding touches, for tests and demos of Embark and of the packages that
 // use its AWS identity verifier:
 //
 //   - [CA]: a demo "AWS region certificate" (self-signed RSA-2048) that
@@ -14,7 +14,11 @@
 //     the AWS Signature Version 4 of every request with the secret keys it
 //     issued (through IMDS) and answers with the caller's ARN, or with AWS's
 //     error XML (SignatureDoesNotMatch, InvalidClientTokenId, ExpiredToken,
-//     ...).
+//     ...);
+//   - [ECS]: the ECS API's DescribeTasks and DescribeTaskDefinition (AWS
+//     JSON 1.1, SigV4-checked), and [TaskMetadata]: an ECS task's task
+//     metadata endpoint v4 and container credentials endpoint, serving the
+//     task role session STS issues for the task (named after its task ID).
 //
 // The fakes sit at the true external edge: they are meant to be driven by
 // the real aws-sdk-go-v2 clients (feature/ec2/imds, credentials/ec2rolecreds,

@@ -55,13 +55,7 @@ type STSRequest struct {
 func ToProto(cred *Credential) *onboardingv1alpha1.AWSCredential {
 	out := &onboardingv1alpha1.AWSCredential{InstanceIdentityDocument: cred.Document, Rsa2048Signature: string(cred.Signature)}
 	if cred.STS != nil {
-		r := &onboardingv1alpha1.SignedHTTPRequest{Method: cred.STS.Method, Url: cred.STS.URL, Body: cred.STS.Body}
-		for name, vals := range cred.STS.Headers {
-			for _, v := range vals {
-				r.Headers = append(r.Headers, &onboardingv1alpha1.Header{Name: name, Value: v})
-			}
-		}
-		out.StsGetCallerIdentity = r
+		out.StsGetCallerIdentity = signedToProto(cred.STS)
 	}
 	return out
 }
@@ -71,11 +65,7 @@ func ToProto(cred *Credential) *onboardingv1alpha1.AWSCredential {
 func FromProto(c *onboardingv1alpha1.AWSCredential) Credential {
 	cred := Credential{Document: c.GetInstanceIdentityDocument(), Signature: []byte(c.GetRsa2048Signature())}
 	if r := c.GetStsGetCallerIdentity(); r != nil {
-		h := http.Header{}
-		for _, kv := range r.GetHeaders() {
-			h.Add(kv.GetName(), kv.GetValue())
-		}
-		cred.STS = &STSRequest{Method: r.GetMethod(), URL: r.GetUrl(), Headers: h, Body: r.GetBody()}
+		cred.STS = signedFromProto(r)
 	}
 	return cred
 }

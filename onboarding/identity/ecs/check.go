@@ -1,0 +1,342 @@
+package ecs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/arn"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials/stscreds"
+	"github.com/aws/aws-sdk-go-v2/service/ecs"
+	ecstypes "github.com/aws/aws-sdk-go-v2/service/ecs/types"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
+	"golang.org/x/time/rate"
+
+	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
+)
+
+// API is the part of the ECS client the check calls.
+type API interface {
+	DescribeTasks(ctx context.Context, in *ecs.DescribeTasksInput, opts ...func(*ecs.Options)) (*ecs.DescribeTasksOutput, error)
+	DescribeTaskDefinition(ctx context.Context, in *ecs.DescribeTaskDefinitionInput, opts ...func(*ecs.Options)) (*ecs.DescribeTaskDefinitionOutput, error)
+}
+
+var _ API = (*ecs.Client)(nil)
+
+// Clients returns the ECS client of an account's region.
+type Clients func(ctx context.Context, account, region string) (API, error)
+
+// Errors of Describe. ErrTaskNotFound is a refusal; the others say the
+// check could not be made now.
+var (
+	ErrTaskNotFound = errors.New("ECS does not know the task")
+	ErrRateLimited  = errors.New("ECS task checks over their rate limit")
+	ErrUnavailable  = errors.New("ECS could not be asked")
+)
+
+// Task is what the ECS API reports of a task.
+type Task struct {
+	ARN, ClusterARN           string
+	LastStatus, DesiredStatus string
+	Zone                      string
+	// Address is the private IPv4 address of the task's attached ENI.
+	Address string
+	// Family and Revision of the task definition.
+	Family, Revision string
+	// RoleARN is the task role (the override's, else the task
+	// definition's); RoleAccount and RoleName are parsed from it.
+	RoleARN, RoleAccount, RoleName string
+}
+
+// Defaults of CheckerOptions.
+const (
+	DefaultRate     = 5.0
+	DefaultBurst    = 10
+	DefaultCacheTTL = 30 * time.Second
+	DefaultTimeout  = 10 * time.Second
+	maxCacheEntries = 4096
+)
+
+// CheckerOptions configures a Checker. Every field documents its default.
+type CheckerOptions struct {
+	// Clients makes the ECS clients. Required.
+	Clients Clients
+	// Rate and Burst bound the ECS calls per second (token bucket); a
+	// check that needs a call over it fails ErrRateLimited. Defaults 5/s,
+	// burst 10.
+	Rate  float64
+	Burst int
+	// CacheTTL is how long a task's description is reused: a task stopped
+	// since is seen after at most this long. Task definitions never
+	// change and are cached for 10 times as long. Default 30s.
+	CacheTTL time.Duration
+	// Timeout bounds each ECS call. Default 10s.
+	Timeout time.Duration
+	// Clock. Default time.Now.
+	Clock func() time.Time
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Checker describes tasks with the ECS API, rate limited and cached.
+type Checker struct {
+	opts  CheckerOptions
+	limit *rate.Limiter
+
+	mu    sync.Mutex
+	tasks map[string]cached[Task]   // task ARN
+	defs  map[string]cached[string] // task definition ARN -> role ARN
+}
+
+type cached[T any] struct {
+	value   T
+	expires time.Time
+}
+
+// NewChecker returns a Checker.
+func NewChecker(opts CheckerOptions) (*Checker, error) {
+	if opts.Clients == nil {
+		return nil, errors.New("ecs task check: Clients is required")
+	}
+	if opts.Rate <= 0 {
+		opts.Rate = DefaultRate
+	}
+	if opts.Burst <= 0 {
+		opts.Burst = DefaultBurst
+	}
+	if opts.CacheTTL <= 0 {
+		opts.CacheTTL = DefaultCacheTTL
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Checker{opts: opts, limit: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
+		tasks: map[string]cached[Task]{}, defs: map[string]cached[string]{}}, nil
+}
+
+// Describe returns what ECS reports of the task taskARN in cluster (a
+// name) of account's region.
+func (c *Checker) Describe(ctx context.Context, account, region, cluster, taskARN string) (*Task, error) {
+	if t, ok := lookup(c, c.tasks, taskARN); ok {
+		return &t, nil
+	}
+	api, err := c.opts.Clients(ctx, account, region)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ECS client of %s/%s: %w", ErrUnavailable, account, region, err)
+	}
+	t, err := c.describeTask(ctx, api, cluster, taskARN)
+	if err != nil {
+		return nil, err
+	}
+	if t.RoleARN == "" {
+		if t.RoleARN, err = c.definitionRole(ctx, api, t.definitionARN); err != nil {
+			return nil, err
+		}
+	}
+	if a, err := arn.Parse(t.RoleARN); err == nil && a.Service == "iam" && strings.HasPrefix(a.Resource, "role/") {
+		t.RoleAccount, t.RoleName = a.AccountID, a.Resource[strings.LastIndex(a.Resource, "/")+1:]
+	}
+	store(c, c.tasks, taskARN, t.Task, c.opts.CacheTTL)
+	return &t.Task, nil
+}
+
+type describedTask struct {
+	Task
+	definitionARN string
+}
+
+func (c *Checker) call(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if !c.limit.AllowN(c.opts.Clock(), 1) {
+		return nil, nil, ErrRateLimited
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	return ctx, cancel, nil
+}
+
+func (c *Checker) describeTask(ctx context.Context, api API, cluster, taskARN string) (*describedTask, error) {
+	ctx, cancel, err := c.call(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	out, err := api.DescribeTasks(ctx, &ecs.DescribeTasksInput{Cluster: aws.String(cluster), Tasks: []string{taskARN}})
+	if err != nil {
+		return nil, fmt.Errorf("%w: ecs:DescribeTasks %s: %w", ErrUnavailable, taskARN, err)
+	}
+	var found *ecstypes.Task
+	for i := range out.Tasks {
+		if aws.ToString(out.Tasks[i].TaskArn) == taskARN {
+			found = &out.Tasks[i]
+		}
+	}
+	if found == nil {
+		reason := "no task answered"
+		if len(out.Failures) > 0 {
+			reason = aws.ToString(out.Failures[0].Reason)
+		}
+		return nil, fmt.Errorf("%w: %s in cluster %s: %s", ErrTaskNotFound, taskARN, cluster, reason)
+	}
+	t := &describedTask{Task: Task{
+		ARN: taskARN, ClusterARN: aws.ToString(found.ClusterArn),
+		LastStatus: aws.ToString(found.LastStatus), DesiredStatus: aws.ToString(found.DesiredStatus),
+		Zone: aws.ToString(found.AvailabilityZone), Address: eniAddress(found.Attachments),
+	}, definitionARN: aws.ToString(found.TaskDefinitionArn)}
+	t.Family, t.Revision = familyRevision(t.definitionARN)
+	if found.Overrides != nil {
+		t.RoleARN = aws.ToString(found.Overrides.TaskRoleArn)
+	}
+	return t, nil
+}
+
+// definitionRole returns the task role of a task definition ("" when it
+// has none).
+func (c *Checker) definitionRole(ctx context.Context, api API, def string) (string, error) {
+	if v, ok := lookup(c, c.defs, def); ok {
+		return v, nil
+	}
+	ctx, cancel, err := c.call(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer cancel()
+	out, err := api.DescribeTaskDefinition(ctx, &ecs.DescribeTaskDefinitionInput{TaskDefinition: aws.String(def)})
+	if err != nil {
+		return "", fmt.Errorf("%w: ecs:DescribeTaskDefinition %s: %w", ErrUnavailable, def, err)
+	}
+	if out.TaskDefinition == nil || aws.ToString(out.TaskDefinition.TaskDefinitionArn) != def {
+		return "", fmt.Errorf("%w: ecs:DescribeTaskDefinition %s answered another task definition", ErrUnavailable, def)
+	}
+	role := aws.ToString(out.TaskDefinition.TaskRoleArn)
+	store(c, c.defs, def, role, 10*c.opts.CacheTTL)
+	return role, nil
+}
+
+// eniAddress is the private IPv4 address of the task's attached ENI.
+func eniAddress(atts []ecstypes.Attachment) string {
+	for _, a := range atts {
+		if aws.ToString(a.Type) != "ElasticNetworkInterface" || aws.ToString(a.Status) != "ATTACHED" {
+			continue
+		}
+		for _, d := range a.Details {
+			if aws.ToString(d.Name) == "privateIPv4Address" {
+				return aws.ToString(d.Value)
+			}
+		}
+	}
+	return ""
+}
+
+// familyRevision splits arn:...:task-definition/<family>:<revision>.
+func familyRevision(def string) (family, revision string) {
+	_, res, ok := strings.Cut(def, ":task-definition/")
+	if !ok {
+		return "", ""
+	}
+	family, revision, ok = strings.Cut(res, ":")
+	if _, err := strconv.Atoi(revision); !ok || err != nil {
+		return "", ""
+	}
+	return family, revision
+}
+
+func lookup[T any](c *Checker, m map[string]cached[T], key string) (T, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := m[key]
+	if !ok || !c.opts.Clock().Before(e.expires) {
+		var zero T
+		return zero, false
+	}
+	return e.value, true
+}
+
+func store[T any](c *Checker, m map[string]cached[T], key string, v T, ttl time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.opts.Clock()
+	if len(m) >= maxCacheEntries {
+		for k, e := range m {
+			if !now.Before(e.expires) {
+				delete(m, k)
+			}
+		}
+		for k := range m { // still full: drop an arbitrary entry, the map is bounded
+			if len(m) < maxCacheEntries {
+				break
+			}
+			delete(m, k)
+		}
+	}
+	m[key] = cached[T]{value: v, expires: now.Add(ttl)}
+}
+
+// ClientOptions configures NewClients.
+type ClientOptions struct {
+	// RoleARN, when set, is the role assumed in each task's account to ask
+	// ECS ("{account}" and "{partition}" are replaced); it needs only
+	// ecs:DescribeTasks and ecs:DescribeTaskDefinition. Empty: the
+	// endpoint's own credentials are used (tasks of its own account only).
+	RoleARN string
+	// ECSEndpoint and STSEndpoint replace the AWS endpoints (tests, private
+	// endpoints). Empty: the SDK's regional endpoints.
+	ECSEndpoint, STSEndpoint string
+	// Credentials are the endpoint's own AWS credentials. Default: the
+	// SDK's default chain.
+	Credentials aws.CredentialsProvider
+}
+
+// NewClients returns Clients with the endpoint's AWS credentials from the
+// SDK's default chain, one client per account and region, made once.
+func NewClients(ctx context.Context, opts ClientOptions) (Clients, error) {
+	var loadOpts []func(*config.LoadOptions) error
+	if opts.Credentials != nil {
+		loadOpts = append(loadOpts, config.WithCredentialsProvider(opts.Credentials))
+	}
+	base, err := config.LoadDefaultConfig(ctx, loadOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("load AWS configuration: %w", err)
+	}
+	var mu sync.Mutex
+	made := map[string]API{}
+	return func(_ context.Context, account, region string) (API, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		key := account + "/" + region
+		if c, ok := made[key]; ok {
+			return c, nil
+		}
+		cfg := base.Copy()
+		cfg.Region = region
+		if opts.RoleARN != "" {
+			role := strings.NewReplacer("{account}", account, "{partition}", awswire.PartitionForRegion(region)).Replace(opts.RoleARN)
+			stsc := sts.NewFromConfig(cfg, func(o *sts.Options) {
+				if opts.STSEndpoint != "" {
+					o.BaseEndpoint = aws.String(opts.STSEndpoint)
+				}
+			})
+			cfg.Credentials = aws.NewCredentialsCache(stscreds.NewAssumeRoleProvider(stsc, role, func(o *stscreds.AssumeRoleOptions) {
+				o.RoleSessionName = "embark-ecs-task-check"
+			}))
+		}
+		c := ecs.NewFromConfig(cfg, func(o *ecs.Options) {
+			if opts.ECSEndpoint != "" {
+				o.BaseEndpoint = aws.String(opts.ECSEndpoint)
+			}
+		})
+		made[key] = c
+		return c, nil
+	}, nil
+}
