@@ -403,7 +403,7 @@ spec:
 		{
 			name:    "azure and gcp in one matcher",
 			yaml:    policy(`{gcp: {projects: [my-project]}, azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], subscriptions: [0b1f6471-1bf0-4dda-aec3-cb9272f09590]}}`),
-			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp or azure must be set"},
+			wantErr: []string{"spec.allow[0].workloads[0]", "exactly one of aws, jwt, gcp, azure or ecs must be set"},
 		},
 		{
 			name:    "azure without subscriptions",
