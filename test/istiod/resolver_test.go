@@ -12,6 +12,7 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
@@ -130,6 +131,33 @@ func TestVMResolverAsksTheSidecarForMeshNamesOnly(t *testing.T) {
 		if n := relay.Asked(name); n != 0 {
 			t.Errorf("the sidecar was asked for %s, a name outside the mesh, %d times", name, n)
 		}
+	}
+
+	// A Service created after the VM joined resolves through the VM's
+	// resolver within seconds; once deleted it stops resolving as soon as
+	// the sidecar's name table drops it: resolved caches nothing a server on
+	// the host answers (CacheFromLocalhost=no, its default), and the test
+	// allows 45 s, more than the name table's TTL, in case a host caches.
+	late := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "late", Namespace: ns}, Spec: corev1.ServiceSpec{
+		Selector: map[string]string{"app": "late"},
+		Ports:    []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromInt32(8080)}},
+	}}
+	if err := env.Client.Create(t.Context(), late); err != nil {
+		t.Fatal(err)
+	}
+	lateName := "late." + ns + ".svc.cluster.local"
+	if a, took, ok := waitAnswerVia(t, vm.Dial, resolved.Stub, lateName, 15*time.Second, resolvesTo(netip.MustParseAddr(late.Spec.ClusterIP))); !ok {
+		t.Errorf("new Service %s through the VM's resolver: %v after %v, want %s", lateName, a, took.Round(time.Millisecond), late.Spec.ClusterIP)
+	} else {
+		t.Logf("new Service %s resolves through the VM's resolver after %v", lateName, took.Round(time.Millisecond))
+	}
+	if err := env.Client.Delete(t.Context(), late); err != nil {
+		t.Fatal(err)
+	}
+	if a, took, ok := waitAnswerVia(t, vm.Dial, resolved.Stub, lateName, 45*time.Second, unresolved); !ok {
+		t.Errorf("deleted Service %s through the VM's resolver: %v after %v, want no answer", lateName, a, took.Round(time.Millisecond))
+	} else {
+		t.Logf("deleted Service %s stops resolving through the VM's resolver after %v: %v", lateName, took.Round(time.Millisecond), a)
 	}
 
 	// The sidecar gone: names outside the mesh keep resolving, every one.
