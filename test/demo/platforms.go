@@ -148,6 +148,9 @@ type platformWorkload struct {
 	wantName   string   // its registration's name, as docs/identity.md promises
 	platformLn string   // the agent log line naming its platform
 	describe   [][2]string
+	// proof says what the platform's fakes were asked while the workload
+	// onboarded, and fails when they were not asked at all.
+	proof      func() (string, error)
 	refused    *vm.VM
 	refusedIn  string // what the refused workload is, for the reader
 	otherHost  string
@@ -180,7 +183,12 @@ func (d *demo) ecsWorkload() platformWorkload {
 		wantName:   fmt.Sprintf("ratings-aws-aws-%s-%s-ecs-%s-%s", t.Account, t.Region, t.Cluster, t.TaskID),
 		platformLn: "platform: ecs detected",
 		describe: [][2]string{{"Account", t.Account}, {"Region", t.Region}, {"Zone", t.Zone}, {"Cluster", t.Cluster},
-			{"Task Arn", t.ARN()}, {"Task Id", t.TaskID}, {"Task Role", t.Role}, {"Task Confirmed", "true"}},
+			{"Task Arn", t.ARN()}, {"Task Id", t.TaskID}, {"Task Role", t.Role},
+			{"Family", t.Family}, {"Revision", fmt.Sprint(t.Revision)}, {"Task Confirmed", "true"}},
+		proof: func() (string, error) {
+			return asked(fmt.Sprintf("the endpoint confirmed the task with ECS: DescribeTasks answered %d time(s)", p.ecs.Calls("DescribeTasks")),
+				p.ecs.Calls("DescribeTasks"))
+		},
 		refused:    &vm.VM{Name: "ecs-task-" + o.TaskID[:8], PlatformIP: o.Address},
 		refusedIn:  fmt.Sprintf("a task of cluster %s, task role %s", o.Cluster, o.Role),
 		otherHost:  vm.ECSHost(d.aws.sts.URL),
@@ -211,6 +219,10 @@ func (d *demo) gceWorkload() platformWorkload {
 		platformLn: "platform: gce",
 		describe: [][2]string{{"Project Id", in.ProjectID}, {"Project Number", fmt.Sprint(in.ProjectNumber)}, {"Zone", in.Zone},
 			{"Instance Id", in.InstanceID}, {"Instance Name", in.InstanceName}, {"Service Account", in.ServiceAccount}},
+		proof: func() (string, error) {
+			return asked(fmt.Sprintf("the metadata server issued %d identity token(s); the endpoint fetched Google's keys %d time(s)", p.gce.Issued(), p.google.Fetches()),
+				p.gce.Issued(), p.google.Fetches())
+		},
 		refused:    &vm.VM{Name: o.InstanceName, PlatformIP: o.IP},
 		refusedIn:  fmt.Sprintf("an instance of project %s", o.ProjectID),
 		otherHost:  vm.GCEHost(p.otherGCE.URL()),
@@ -240,6 +252,10 @@ func (d *demo) azureWorkload() platformWorkload {
 		platformLn: "platform: azure",
 		describe: [][2]string{{"Tenant Id", v.TenantID}, {"Subscription Id", v.SubscriptionID}, {"Resource Group", rg},
 			{"Vm Name", v.Name}, {"Principal Id", v.PrincipalID}},
+		proof: func() (string, error) {
+			return asked(fmt.Sprintf("the Instance Metadata Service issued %d managed identity token(s); the endpoint fetched Entra ID's keys %d time(s)", p.azure.Issued(), p.microsoft.Fetches()),
+				p.azure.Issued(), p.microsoft.Fetches())
+		},
 		refused:    &vm.VM{Name: o.Name, PlatformIP: o.IP},
 		refusedIn:  fmt.Sprintf("a VM of subscription %s", o.SubscriptionID),
 		otherHost:  vm.AzureHost(p.otherAzure.URL(), azureResource),
@@ -299,6 +315,11 @@ spec:
 	if err := check.Contains(v.AgentLog(w.platformLn), w.platformLn); err != nil {
 		return err
 	}
+	proof, err := w.proof()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, proof)
 	fmt.Fprintln(out)
 	if err := d.showChecked(ctx, out, func(s string) error { return d.nextToOthers(s, w.wantName) }, "get", "war", "-n", "bookinfo"); err != nil {
 		return err
@@ -425,6 +446,16 @@ func (d *demo) refusePlatform(ctx context.Context, out io.Writer, w platformWork
 		}
 		return nil
 	}, "get", "war", "-n", "bookinfo")
+}
+
+// asked returns what, or an error naming it when a count is zero.
+func asked(what string, counts ...int) (string, error) {
+	for _, n := range counts {
+		if n == 0 {
+			return "", fmt.Errorf("not so: %s", what)
+		}
+	}
+	return what, nil
 }
 
 // firstLine returns s's first line.
