@@ -735,10 +735,11 @@ func (d *demo) cleanup() {
 		go func() { defer wg.Done(); v.Shutdown() }()
 	}
 	wg.Wait()
-	d.tb.Close() // pilot-agents left
+	// The refused workloads' agents: they retry until stopped.
 	for _, v := range d.refused {
 		v.Shutdown()
 	}
+	d.tb.Close() // pilot-agents left
 	for _, v := range append(append(d.vms, d.denied), d.refused...) {
 		if v != nil {
 			v.Close()

@@ -452,7 +452,7 @@ func (d *demo) refusePlatform(ctx context.Context, out io.Writer, w platformWork
 func asked(what string, counts ...int) (string, error) {
 	for _, n := range counts {
 		if n == 0 {
-			return "", fmt.Errorf("not so: %s", what)
+			return "", fmt.Errorf("a fake was never asked: %s", what)
 		}
 	}
 	return what, nil
