@@ -65,8 +65,10 @@ type demo struct {
 
 	env          *testenv.Env
 	aws          *simulatedAWS
+	platforms    *simulatedPlatforms // ECS, GCE and Azure (platforms.go)
 	vms          []*vm.VM
 	denied       *vm.VM
+	refused      []*vm.VM // the other platforms' refused workloads
 	endpointDone chan error
 	stopEndpoint context.CancelFunc
 	serving      servingCert
@@ -103,7 +105,7 @@ func run(ctx context.Context, out io.Writer, interactive bool) error {
 		_ = os.RemoveAll(work)
 	}()
 
-	fmt.Fprintln(out, "Embark demo: EC2 instances onboard into a local control plane and connect their Istio sidecars")
+	fmt.Fprintln(out, "Embark demo: EC2 instances, an on-prem host, an ECS task, a Compute Engine and an Azure VM onboard into a local control plane and connect their Istio sidecars")
 	if err := step.Run(ctx, out, d.steps()); err != nil {
 		d.showLogsOnFailure()
 		return err
@@ -131,7 +133,7 @@ func (d *demo) steps() []step.Step {
 		{Title: "create namespace bookinfo with the seed 004 WorkloadGroup, OnboardingPolicy and Sidecar", Run: d.applySeeds},
 		{Title: "declare the pods' network (kube-network: the istio-system label, vmgateway's address), start a real istiod (pilot-discovery, the mesh's control plane and CA), the ratings Service, and a productpage pod's proxy watching ratings' endpoints", Run: d.startIstiod},
 		{Title: "simulate AWS us-east-2: a demo region certificate, STS, and EC2 instances with IMDS", Run: d.simulateAWS},
-		{Title: fmt.Sprintf("start the onboarding endpoint in istiod mode (certificates and configuration relayed from istiod; grace period shortened to %v)", gracePeriod), Run: d.startEndpoint},
+		{Title: fmt.Sprintf("start the onboarding endpoint in istiod mode (certificates and configuration relayed from istiod; grace period shortened to %v), trusting simulated ECS, Compute Engine and Azure too", gracePeriod), Run: d.startEndpoint},
 	}
 	for _, v := range d.vms {
 		steps = append(steps, step.Step{Title: fmt.Sprintf("start simulated VM %s: its onboarding agent onboards and starts pilot-agent as the sidecar", v.Name),
@@ -173,6 +175,14 @@ func (d *demo) steps() []step.Step {
 		step.Step{Title: fmt.Sprintf("%s resolves mesh names through its sidecar's DNS proxy (cluster.env's DNS_PROXY_ADDR): productpage.bookinfo.svc.cluster.local and a ServiceEntry host from istiod's name table, relayed by Embark; a name outside the mesh from its usual resolver; then through its own systemd-resolved, which the agent gives the sidecar's link (mesh domains only)",
 			netVM.Name),
 			Run: func(ctx context.Context, out io.Writer) error { return d.resolveMeshNames(ctx, out, netVM) }},
+		step.Step{Title: "an ECS task (cluster prod, task role ratings-task) onboards through its onboarding agent, a container of the task, next to the EC2 instances and the on-prem host: its task role's STS proof, confirmed with ECS DescribeTasks; a task of cluster staging is refused by the ecs rule",
+			Run: func(ctx context.Context, out io.Writer) error { return d.platformOnboarding(ctx, out, d.ecsWorkload()) }},
+		step.Step{Title: "a Compute Engine instance (project embark-test) onboards through its onboarding agent with its instance identity token; an instance of project embark-other is refused by the gcp rule",
+			Run: func(ctx context.Context, out io.Writer) error { return d.platformOnboarding(ctx, out, d.gceWorkload()) }},
+		step.Step{Title: "an Azure VM onboards through its onboarding agent with its managed identity token; a VM of another subscription is refused by the azure rule",
+			Run: func(ctx context.Context, out io.Writer) error {
+				return d.platformOnboarding(ctx, out, d.azureWorkload())
+			}},
 	)
 	return steps
 }
@@ -299,6 +309,12 @@ listen:
 	if cfg, err = d.withOnPremIssuer(ctx, cfg); err != nil {
 		return err
 	}
+	if err := d.simulatePlatforms(); err != nil {
+		return err
+	}
+	if cfg, err = d.withPlatforms(cfg); err != nil {
+		return err
+	}
 	// The endpoint's own AWS credentials, for its instance profile check,
 	// come from the SDK's default chain: here the environment, with the
 	// key pair the EC2/IAM fake accepts. (The VMs' agents sign with their
@@ -341,6 +357,10 @@ listen:
 	fmt.Fprintf(out, "xDS             %s (TLS; sidecars authenticate with their bound token)\n", d.addrs.xds)
 	fmt.Fprintf(out, "xDS debug       %s (loopback, for istioctl proxy-status)\n", d.addrs.debugXDS)
 	fmt.Fprintf(out, "metrics         http://%s/metrics\n", d.addrs.metrics)
+	p := d.platforms
+	fmt.Fprintf(out, "identity.ecs    task check against ECS %s (DescribeTasks); STS proofs to %s\n", p.ecs.URL, d.aws.sts.URL)
+	fmt.Fprintf(out, "identity.gce    Google's keys %s\n", p.google.JWKSURL())
+	fmt.Fprintf(out, "identity.azure  tenant %s, audience %s, Entra ID's keys %s\n", p.azureVM.TenantID, azureResource, p.microsoft.JWKSURL())
 	d.conn, err = grpc.NewClient(d.addrs.onboarding, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: d.serving.pool, ServerName: endpointHost})))
 	if err != nil {
 		return err
@@ -715,8 +735,12 @@ func (d *demo) cleanup() {
 		go func() { defer wg.Done(); v.Shutdown() }()
 	}
 	wg.Wait()
+	// The refused workloads' agents: they retry until stopped.
+	for _, v := range d.refused {
+		v.Shutdown()
+	}
 	d.tb.Close() // pilot-agents left
-	for _, v := range append(d.vms, d.denied) {
+	for _, v := range append(append(d.vms, d.denied), d.refused...) {
 		if v != nil {
 			v.Close()
 		}
@@ -736,6 +760,7 @@ func (d *demo) cleanup() {
 		}
 	}
 	d.stopIstiod()
+	d.platforms.close()
 	d.aws.close()
 	if d.env != nil {
 		if err := d.env.Stop(); err != nil {

@@ -5,7 +5,11 @@
 // and STS with a demo AWS certificate), each running the real onboarding
 // agent, which onboards, writes the sidecar's bootstrap and starts Istio's
 // real pilot-agent (without Envoy) as the sidecar through the VM's
-// simulated systemd unit. The mesh has two networks, declared as
+// simulated systemd unit. An on-prem host (an OIDC JWT), an ECS task, a
+// Compute Engine instance and an Azure VM (their metadata servers and key
+// endpoints on loopback) onboard the same way through their own agents, and
+// each of the last three platforms refuses a workload by its policy rule.
+// The mesh has two networks, declared as
 // docs/multi-network.md says (test/meshnet): the pods on kube-network behind
 // vmgateway, the seed group's VMs on virtual-machines; the last steps show
 // what istiod sends each side of the other.

@@ -1,5 +1,7 @@
 // Package vm simulates the demo's VMs: an EC2 instance (its IMDS on
-// loopback) or an on-prem host (a JWT from a credential command), each with
+// loopback), an ECS task, a Compute Engine instance or an Azure VM (their
+// metadata servers on loopback) or an on-prem host (a JWT from a credential
+// command), each with
 // its application, its sidecar unit, and its real onboarding agent in a
 // process of its own (the demo binary run as `demo onboarding-agent`,
 // RunAgent), which onboards, writes the sidecar's bootstrap and restarts
@@ -51,8 +53,12 @@ const (
 // VM is one simulated VM.
 type VM struct {
 	Name string        // the demo's name for it, e.g. ratings-1
-	IMDS *awstest.IMDS // an EC2 instance's; nil for an on-prem host
-	App  *vmsim.App
+	IMDS *awstest.IMDS // an EC2 instance's; nil for any other workload
+	// PlatformIP is the address the platform's metadata proves for a
+	// workload that is not an EC2 instance (an ECS task's ENI, a GCE or
+	// Azure VM's network interface).
+	PlatformIP string
+	App        *vmsim.App
 	// Root is the VM's root directory: its onboarding agent's configuration
 	// and log, the sidecar files the agent writes, pilot-agent's working
 	// directory.
@@ -84,13 +90,16 @@ func (v *VM) Reg() string {
 	return name
 }
 
-// IP returns the VM's workload address: an EC2 instance's private IP, or
-// the address an on-prem host's agent declares.
+// IP returns the VM's workload address: an EC2 instance's private IP, the
+// address an on-prem host's agent declares, or PlatformIP.
 func (v *VM) IP() string {
-	if v.IMDS != nil {
+	switch {
+	case v.IMDS != nil:
 		return v.IMDS.Instance().PrivateIP
+	case v.settings.Address != "":
+		return v.settings.Address
 	}
-	return v.settings.Address
+	return v.PlatformIP
 }
 
 // State returns the VM's registration name and its sidecar restarts so far.
@@ -168,6 +177,9 @@ type Settings struct {
 	// Address is the workload address the agent declares ("": the
 	// platform's).
 	Address string
+	// Env is added to the agent's environment, e.g. what ECS gives a task's
+	// containers.
+	Env []string
 }
 
 // AWSHost is the host section of an EC2 instance's agent: the platform
@@ -178,6 +190,25 @@ func (v *VM) AWSHost(stsURL string) string {
     imdsEndpoint: %s
     stsEndpoint: %s
 `, v.IMDS.URL, stsURL)
+}
+
+// ECSHost is the host section of an ECS task's agent: the platform is
+// detected from the task's environment (Settings.Env), its STS proof sent
+// to the STS at stsURL.
+func ECSHost(stsURL string) string {
+	return fmt.Sprintf("  aws:\n    stsEndpoint: %s\n", stsURL)
+}
+
+// GCEHost is the host section of a Compute Engine instance's agent: the
+// instance identity token from the metadata server at url.
+func GCEHost(url string) string {
+	return fmt.Sprintf("  platform: gce\n  gce:\n    metadataEndpoint: %s\n", url)
+}
+
+// AzureHost is the host section of an Azure VM's agent: the managed
+// identity token for resource from the Instance Metadata Service at url.
+func AzureHost(url, resource string) string {
+	return fmt.Sprintf("  platform: azure\n  azure:\n    imdsEndpoint: %s\n    resource: %s\n", url, resource)
 }
 
 // JWTHost is the host section of an on-prem host's agent: a JWT that
@@ -247,6 +278,9 @@ workload:
 	}
 	cmd := exec.Command(s.Exe, AgentArg, "--agent-config", p(agentConfig), "--onboarding-config", p(onbConfig))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if len(s.Env) > 0 {
+		cmd.Env = append(os.Environ(), s.Env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()
