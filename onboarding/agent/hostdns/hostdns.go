@@ -143,11 +143,13 @@ func (o Options) run(ctx context.Context, argv ...string) error {
 
 // Enable creates the link if it is missing (a dummy interface, or where
 // the kernel has no dummy driver a veth pair), gives it its address, brings
-// it up and configures resolved for it: the sidecar's server, the domains
-// route-only, not a default route, and no LLMNR, mDNS, DNSSEC or DNS over
-// TLS (the sidecar speaks plain DNS on loopback). Every step is idempotent,
-// so Enable also repairs a link that lost its settings. It returns whether
-// it created the link.
+// it up and configures resolved for it: not a default route, no LLMNR,
+// mDNS, DNSSEC or DNS over TLS (the sidecar speaks plain DNS on loopback),
+// the domains route-only and, last, the sidecar's server, so that no step
+// leaves a link that is a default route with the sidecar's server. If a
+// step fails the link is deleted: the host's resolver is as it was. Every
+// step is idempotent, so Enable also repairs a link that lost its
+// settings. It returns whether it created the link.
 func Enable(ctx context.Context, o Options, l Link) (bool, error) {
 	if err := removeLegacy(ctx, o); err != nil {
 		return false, err
@@ -168,17 +170,21 @@ func Enable(ctx context.Context, o Options, l Link) (bool, error) {
 	steps := [][]string{
 		{"ip", "address", "replace", l.Address.String(), "dev", l.Name},
 		{"ip", "link", "set", "dev", l.Name, "up"},
-		{"resolvectl", "dns", l.Name, l.Server.String()},
-		append([]string{"resolvectl", "domain", l.Name}, routes...),
 		{"resolvectl", "default-route", l.Name, "false"},
 		{"resolvectl", "llmnr", l.Name, "false"},
 		{"resolvectl", "mdns", l.Name, "false"},
 		{"resolvectl", "dnssec", l.Name, "false"},
 		{"resolvectl", "dnsovertls", l.Name, "false"},
+		append([]string{"resolvectl", "domain", l.Name}, routes...),
+		{"resolvectl", "dns", l.Name, l.Server.String()},
 	}
 	for _, s := range steps {
 		if err := o.run(ctx, s...); err != nil {
-			return !exists, fmt.Errorf("mesh DNS link %s: %w", l.Name, err)
+			err = fmt.Errorf("mesh DNS link %s: %w", l.Name, err)
+			if derr := o.run(ctx, "ip", "link", "delete", "dev", l.Name); derr != nil {
+				err = fmt.Errorf("%w; deleting the link: %w", err, derr)
+			}
+			return false, err
 		}
 	}
 	return !exists, nil

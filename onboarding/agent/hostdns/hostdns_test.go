@@ -119,13 +119,13 @@ func TestEnableDisable(t *testing.T) {
 	configure := []string{
 		"ip address replace 169.254.53.53/32 dev mesh-dns0",
 		"ip link set dev mesh-dns0 up",
-		"resolvectl dns mesh-dns0 127.0.0.1:15053",
-		"resolvectl domain mesh-dns0 ~cluster.local ~corp.example",
 		"resolvectl default-route mesh-dns0 false",
 		"resolvectl llmnr mesh-dns0 false",
 		"resolvectl mdns mesh-dns0 false",
 		"resolvectl dnssec mesh-dns0 false",
 		"resolvectl dnsovertls mesh-dns0 false",
+		"resolvectl domain mesh-dns0 ~cluster.local ~corp.example",
+		"resolvectl dns mesh-dns0 127.0.0.1:15053",
 	}
 	tests := []struct {
 		name        string
@@ -221,5 +221,12 @@ func TestEnableReportsTheFailingCommand(t *testing.T) {
 	_, err = Enable(t.Context(), Options{Run: h.run, LegacyDropIn: filepath.Join(t.TempDir(), "none")}, l)
 	if err == nil || !strings.Contains(err.Error(), "resolvectl domain mesh-dns0 ~cluster.local") || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("err = %v, want the failing command and its output", err)
+	}
+	// The server was never set, and the half-configured link is gone.
+	if slices.ContainsFunc(h.calls, func(c string) bool { return strings.HasPrefix(c, "resolvectl dns ") }) {
+		t.Errorf("the sidecar's server was set before the link was configured: %v", h.calls)
+	}
+	if _, ok := h.links["mesh-dns0"]; ok {
+		t.Errorf("a failed Enable left the link: %v", h.calls)
 	}
 }
