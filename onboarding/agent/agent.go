@@ -126,7 +126,8 @@ type session struct {
 	sidecarIssued  time.Time
 	hasSidecarCred bool
 	// sessionKey binds this agent to its registration (RegisterResponse
-	// session_key); sent on Register, RenewSidecarToken and Unregister.
+	// session_key); sent on Register, RenewSidecarToken, Unregister and
+	// the Authorize that renews the onboarding token.
 	sessionKey string
 }
 

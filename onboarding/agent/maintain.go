@@ -93,9 +93,14 @@ func (a *Agent) renewAt(issued, expiry time.Time, fraction float64) time.Time {
 	return issued.Add(time.Duration(float64(life) * fraction))
 }
 
-// renewToken authorizes again with a fresh platform credential.
+// renewToken authorizes again with a fresh platform credential. The request
+// carries the current onboarding token and session key, as
+// RenewSidecarToken's does: a platform whose metadata service hands out
+// the same cached credential again (Azure's) has it accepted a second time
+// only as this session's renewal.
 func (a *Agent) renewToken(ctx context.Context) error {
-	auth, err := a.authorize(ctx)
+	s := a.current()
+	auth, err := a.authorize(withSession(withToken(ctx, s.token), s.sessionKey))
 	if err != nil {
 		return err
 	}

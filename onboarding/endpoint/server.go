@@ -100,7 +100,7 @@ type Options struct {
 	GCE JWTVerifier
 	// Azure verifies Azure VM managed identity tokens (azure.Verifier).
 	// Default: Azure credentials are refused.
-	Azure JWTVerifier
+	Azure AzureVerifier
 	// ECS verifies ECS task credentials (ecs.Verifier). Default: ECS
 	// credentials are refused.
 	ECS ECSVerifier
@@ -329,7 +329,7 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 		if s.opts.Azure == nil {
 			return nil, errors.New("this endpoint does not accept Azure credentials (identity.azure is not configured)")
 		}
-		return s.opts.Azure.Verify(ctx, c.Azure.GetToken())
+		return s.opts.Azure.VerifyRenewal(ctx, c.Azure.GetToken(), s.azureRenewal(ctx, ns, group))
 	case *onboardingv1alpha1.AuthorizeRequest_Ecs:
 		if s.opts.ECS == nil {
 			return nil, errors.New("this endpoint does not accept ECS credentials (identity.ecs is not configured)")

@@ -140,3 +140,104 @@ func TestAzureVMRegistersAnotherAddress(t *testing.T) {
 		t.Fatalf("address in addressCIDRs: %v", err)
 	}
 }
+
+// azureAgent is an Azure VM onboarded at the endpoint: the managed identity
+// token it onboarded with (which Azure's metadata service hands it again
+// for most of a day), its onboarding token and its session key.
+type azureAgent struct {
+	vm                  azuretest.VM
+	imdsToken, onboard  string
+	sessionKey, address string
+}
+
+// onboardVM onboards vm with a fresh token at address.
+func (w *azureWorld) onboardVM(vm azuretest.VM, address string) azureAgent {
+	w.t.Helper()
+	a := azureAgent{vm: vm, imdsToken: w.token(vm, audience), address: address}
+	res, err := w.authorize(a.imdsToken)
+	if err != nil {
+		w.t.Fatalf("onboard %s: authorize: %v", vm.Name, err)
+	}
+	reg, err := w.register(res.GetToken(), "", address, "VPC")
+	if err != nil {
+		w.t.Fatalf("onboard %s: register: %v", vm.Name, err)
+	}
+	a.onboard, a.sessionKey = res.GetToken(), reg.GetSessionKey()
+	return a
+}
+
+// renew is the agent's renewal of its onboarding token: Authorize with
+// imdsToken, carrying onboard and sessionKey in the request metadata.
+func (w *azureWorld) renew(imdsToken, onboard, sessionKey string) (*onboardingv1alpha1.AuthorizeResponse, error) {
+	return w.client.Authorize(w.call(onboard, sessionKey), &onboardingv1alpha1.AuthorizeRequest{
+		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: w.ns, Name: "ratings"},
+		Credential:    &onboardingv1alpha1.AuthorizeRequest_Azure{Azure: &onboardingv1alpha1.AzureCredential{Token: imdsToken}},
+	})
+}
+
+// assertAgentRenews checks that a, re-presenting its cached token with its
+// own onboarding token and session, renews its onboarding token and that
+// the renewed token renews its sidecar token: the refusals before it are
+// about the attacker's request, not about every re-presented token.
+func (w *azureWorld) assertAgentRenews(a azureAgent) {
+	w.t.Helper()
+	res, err := w.renew(a.imdsToken, a.onboard, a.sessionKey)
+	if err != nil {
+		w.t.Fatalf("the agent's own renewal with its cached token: %v", err)
+	}
+	if _, err := w.client.RenewSidecarToken(w.call(res.GetToken(), a.sessionKey), &onboardingv1alpha1.RenewSidecarTokenRequest{}); err != nil {
+		w.t.Fatalf("sidecar token renewal with the renewed onboarding token: %v", err)
+	}
+}
+
+func otherAzureVM() azuretest.VM {
+	vm := azuretest.DefaultVM()
+	vm.Name, vm.VMID, vm.PrincipalID, vm.IP = "reviews-1", "6d3e1f0a-8c2b-4a5d-9e7f-1b2c3d4e5f60", "2c4e6a8b-1d3f-4a5b-8c7d-9e0f1a2b3c4d", "10.1.0.5"
+	return vm
+}
+
+// A VM's managed identity token, which Azure's metadata service hands out
+// for most of a day, is captured (from a log, a proxy, a service it was
+// also sent to) and presented again without the agent's session, or with
+// the agent's onboarding token but no session key.
+func TestAzureCachedTokenWithoutSession(t *testing.T) {
+	Attack(t, "a VM's cached Azure managed identity token, captured, is re-presented without the agent's session")
+	w := newAzureWorld(t)
+	agent := w.onboardVM(azuretest.DefaultVM(), "10.1.0.4")
+	_, err := w.authorize(agent.imdsToken)
+	wantCode(t, "no onboarding token, no session", err, codes.Unauthenticated, "Replayed", "already used", "no onboarding token")
+	_, err = w.renew(agent.imdsToken, agent.onboard, "")
+	wantCode(t, "the agent's onboarding token, no session key", err, codes.Unauthenticated, "Replayed", "no session key")
+	w.assertAgentRenews(agent)
+}
+
+// Another VM the policy allows (the attacker's own) holds a valid
+// onboarding token and session of its own, and presents a captured token of
+// the victim VM with them, to get an onboarding token for the victim.
+func TestAzureCachedTokenWithAnotherVMsSession(t *testing.T) {
+	Attack(t, "a captured Azure token of a VM is re-presented with the onboarding token and session of another VM")
+	w := newAzureWorld(t)
+	victim := w.onboardVM(azuretest.DefaultVM(), "10.1.0.4")
+	attacker := w.onboardVM(otherAzureVM(), "10.1.0.5")
+	_, err := w.renew(victim.imdsToken, attacker.onboard, attacker.sessionKey)
+	wantCode(t, "the other VM's onboarding token and session", err, codes.Unauthenticated, "Replayed", "another workload's")
+	_, err = w.renew(victim.imdsToken, attacker.onboard, victim.sessionKey)
+	wantCode(t, "the other VM's onboarding token, the victim's session key", err, codes.Unauthenticated, "Replayed", "another workload's")
+	w.assertAgentRenews(victim)
+	w.assertAgentRenews(attacker)
+}
+
+// The victim's onboarding token leaked with its cached managed identity
+// token, but not its session key (which the agent keeps in memory): the
+// pair with any other session key is refused.
+func TestAzureCachedTokenWithWrongSessionKey(t *testing.T) {
+	Attack(t, "a captured Azure token is re-presented with the VM's own onboarding token but a session key that is not its registration's")
+	w := newAzureWorld(t)
+	victim := w.onboardVM(azuretest.DefaultVM(), "10.1.0.4")
+	attacker := w.onboardVM(otherAzureVM(), "10.1.0.5")
+	for name, key := range map[string]string{"a guessed key": "0123456789abcdef0123456789abcdef", "another VM's key": attacker.sessionKey} {
+		_, err := w.renew(victim.imdsToken, victim.onboard, key)
+		wantCode(t, name, err, codes.Unauthenticated, "Replayed", "another agent session")
+	}
+	w.assertAgentRenews(victim)
+}

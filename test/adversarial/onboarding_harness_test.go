@@ -167,7 +167,7 @@ type onboardingOptions struct {
 	// gce, when set, verifies GCE instance identity tokens.
 	gce endpoint.JWTVerifier
 	// azure, when set, verifies Azure VM managed identity tokens.
-	azure endpoint.JWTVerifier
+	azure endpoint.AzureVerifier
 	// ecs, when set, makes the ECS verifier on the endpoint's AWS verifier.
 	ecs func(*awsidentity.Verifier) endpoint.ECSVerifier
 	// peer, when set, makes this endpoint another replica of peer's

@@ -289,7 +289,7 @@ func (b *build) onboarding(ctx context.Context) error {
 			return err
 		}
 	}
-	var azureVerifier endpoint.JWTVerifier
+	var azureVerifier endpoint.AzureVerifier
 	if cfg.Identity.Azure != nil {
 		if azureVerifier, err = newAzureVerifier(cfg.Identity.Azure, log, used); err != nil {
 			return err

@@ -164,8 +164,47 @@ func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
 // each tenant's ID).
 func (v *Verifier) JWKSURL() string { return v.jwksURL }
 
-// Verify verifies token and returns the VM identity it proves.
+// Verify verifies token and returns the VM identity it proves. A token
+// already used is refused (identity.ReasonReplayed).
 func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity, error) {
+	return v.VerifyRenewal(ctx, token, nil)
+}
+
+// VerifyRenewal is Verify, except that a token already used, and valid
+// otherwise, is accepted when renewal accepts the identity it proves
+// (returns nil). Azure's Instance Metadata Service caches a VM's token for
+// most of its 24 hours and hands the same token to every request, so an
+// agent renewing its onboarding token re-presents the token it onboarded
+// with; renewal decides whether the request proves it comes from the agent
+// that first used it (its onboarding token and session). renewal is asked
+// only about a replayed token whose signature, issuer, audience, lifetime
+// and claims all hold; a nil renewal accepts nothing twice. A token accepted
+// this way stays recorded as used.
+func (v *Verifier) VerifyRenewal(ctx context.Context, token string, renewal func(*identity.Identity) error) (*identity.Identity, error) {
+	id, err := v.verifyToken(ctx, token)
+	if err != nil {
+		return nil, err
+	}
+	fresh, err := v.reserve(ctx, token, id.Azure)
+	switch {
+	case err != nil:
+		return nil, err
+	case fresh:
+		return id, nil
+	}
+	replayed := fmt.Sprintf("managed identity token of VM %s (resource group %s, subscription %s) was already used: every onboarding needs a token the endpoint has not seen",
+		id.Azure.VMName, id.Azure.ResourceGroup, id.Azure.SubscriptionID)
+	if renewal == nil {
+		return nil, identity.Refuse(identity.ReasonReplayed, "%s", replayed)
+	}
+	if err := renewal(id); err != nil {
+		return nil, identity.RefuseWrap(identity.ReasonReplayed, err, "%s, and it is not this VM's renewal", replayed)
+	}
+	return id, nil
+}
+
+// verifyToken checks everything of token but whether it was used.
+func (v *Verifier) verifyToken(ctx context.Context, token string) (*identity.Identity, error) {
 	id, err := v.jwt.Verify(ctx, token)
 	if err != nil {
 		return nil, err
@@ -180,22 +219,25 @@ func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity
 		return nil, err
 	}
 	az.Expiry = id.JWT.Expiry.UTC()
-	// Last, once everything else holds: a refused token is not used up.
+	return &identity.Identity{Method: identity.MethodAzureManagedIdentityToken, Azure: az}, nil
+}
+
+// reserve records token as used, here and in the shared record, and says
+// whether it was not used before. It runs last, once everything else holds:
+// a refused token is not used up.
+func (v *Verifier) reserve(ctx context.Context, token string, az *identity.AzureIdentity) (bool, error) {
 	sum := sha256.Sum256([]byte(token[strings.LastIndexByte(token, '.')+1:]))
 	key, expiry := hex.EncodeToString(sum[:]), az.Expiry.Add(jwt.DefaultLeeway)
-	replayed := identity.Refuse(identity.ReasonReplayed, "managed identity token of VM %s (resource group %s, subscription %s) was already used: every onboarding needs a token the endpoint has not seen", az.VMName, az.ResourceGroup, az.SubscriptionID)
 	if !v.used.Reserve(key, expiry, v.now()) {
-		return nil, replayed
+		return false, nil
 	}
-	if v.shared != nil {
-		fresh, err := v.shared.Reserve(ctx, "azure\x00"+key, expiry)
-		if err != nil {
-			v.used.Release(key) // nothing was decided: the agent may retry the token
-			return nil, fmt.Errorf("check the managed identity token of VM %s against the ones already used: %w", az.VMName, err)
-		}
-		if !fresh {
-			return nil, replayed
-		}
+	if v.shared == nil {
+		return true, nil
 	}
-	return &identity.Identity{Method: identity.MethodAzureManagedIdentityToken, Azure: az}, nil
+	fresh, err := v.shared.Reserve(ctx, "azure\x00"+key, expiry)
+	if err != nil {
+		v.used.Release(key) // nothing was decided: the agent may retry the token
+		return false, fmt.Errorf("check the managed identity token of VM %s against the ones already used: %w", az.VMName, err)
+	}
+	return fresh, nil
 }

@@ -200,11 +200,36 @@ type IMDS struct {
 	now       func() time.Time
 	mu        sync.Mutex
 	issued    int
+	served    int
+	// cached, when not nil, holds the token last issued per resource
+	// (NewCachingIMDS).
+	cached map[string]cachedToken
 }
 
-// NewIMDS starts the metadata service of vm. Close it when done.
+// cachedToken is a token answer a caching IMDS hands out again.
+type cachedToken struct {
+	iat time.Time
+	tok string
+}
+
+// CacheRefreshBefore is how long before its expiry a caching IMDS
+// (NewCachingIMDS) stops handing out a cached token and issues a new one.
+const CacheRefreshBefore = 5 * time.Minute
+
+// NewIMDS starts the metadata service of vm, issuing a new token (its own
+// uti) for every request. Close it when done.
 func NewIMDS(m *Microsoft, vm VM) *IMDS {
 	s := &IMDS{microsoft: m, vm: vm, now: time.Now}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	return s
+}
+
+// NewCachingIMDS starts the metadata service of vm that caches tokens as
+// Azure's managed identity subsystem does: every request for a resource gets
+// the same token until it is within CacheRefreshBefore of its expiry
+// (24 hours after issue). Close it when done.
+func NewCachingIMDS(m *Microsoft, vm VM) *IMDS {
+	s := &IMDS{microsoft: m, vm: vm, now: time.Now, cached: map[string]cachedToken{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	return s
 }
@@ -217,6 +242,22 @@ func (s *IMDS) Issued() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.issued
+}
+
+// SetClock sets the service's clock (default time.Now), which dates the
+// tokens it issues and says when a cached one is near expiry.
+func (s *IMDS) SetClock(now func() time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.now = now
+}
+
+// Served is how many token requests the service answered (with a new or a
+// cached token).
+func (s *IMDS) Served() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.served
 }
 
 // Close stops the server.
@@ -261,24 +302,40 @@ func (s *IMDS) serveToken(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"error":"invalid_request","error_description":"Required query variable 'resource' is missing"}`))
 		return
 	}
-	now := s.now()
-	claims := s.vm.Claims(resource, now)
-	// RS256 signatures are deterministic, so two tokens of one second would
-	// be identical; Entra ID gives every token its own uti, and so does
-	// this fake, so that an agent's repeated authorizations are not refused
-	// as replays.
-	s.mu.Lock()
-	s.issued++
-	claims["uti"] = fmt.Sprintf("azuretest-%d", s.issued)
-	s.mu.Unlock()
-	tok, err := s.microsoft.Sign(claims)
+	iat, left, tok, err := s.token(resource)
 	if err != nil {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
 	_ = json.NewEncoder(w).Encode(map[string]string{
 		"access_token": tok, "client_id": "5a2b1c3d-0000-4000-8000-000000000001",
-		"expires_in": "86399", "expires_on": fmt.Sprint(now.Add(24 * time.Hour).Unix()), "ext_expires_in": "86399",
-		"not_before": fmt.Sprint(now.Unix()), "resource": resource, "token_type": "Bearer",
+		"expires_in": fmt.Sprint(int(left.Seconds())), "expires_on": fmt.Sprint(iat.Add(24 * time.Hour).Unix()), "ext_expires_in": fmt.Sprint(int(left.Seconds())),
+		"not_before": fmt.Sprint(iat.Unix()), "resource": resource, "token_type": "Bearer",
 	})
+}
+
+// token returns the token for resource, when it was issued and how long it
+// has left: the cached one if the service caches and it is not near
+// expiry, else a new one.
+func (s *IMDS) token(resource string) (iat time.Time, left time.Duration, tok string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.served++
+	if c, ok := s.cached[resource]; ok && now.Before(c.iat.Add(24*time.Hour-CacheRefreshBefore)) {
+		return c.iat, c.iat.Add(24 * time.Hour).Sub(now), c.tok, nil
+	}
+	claims := s.vm.Claims(resource, now)
+	// RS256 signatures are deterministic, so two tokens of one second would
+	// be identical; Entra ID gives every token its own uti, and so does
+	// this fake, so that tokens issued apart are never the same.
+	s.issued++
+	claims["uti"] = fmt.Sprintf("azuretest-%d", s.issued)
+	if tok, err = s.microsoft.Sign(claims); err != nil {
+		return now, 0, "", err
+	}
+	if s.cached != nil {
+		s.cached[resource] = cachedToken{iat: now, tok: tok}
+	}
+	return now, 24 * time.Hour, tok, nil
 }
