@@ -4,8 +4,23 @@
 # bin/testenv/systemd-resolved/ for the tests that run a VM's resolver
 # (test/resolved). It runs from there against the machine's libsystemd-shared
 # (package systemd) and beside dbus-daemon (package dbus-daemon).
-# Skipped when the unpacked version is the candidate apt offers.
+# Skipped when the unpacked version is the candidate apt offers. What it
+# runs beside (dbus-daemon, nsenter, ip, libsystemd-shared) is installed
+# with apt-get when missing, so that `make demo` and `make test` work on a
+# fresh Debian machine as the README says.
 set -euo pipefail
+
+missing=()
+command -v dbus-daemon >/dev/null || missing+=(dbus-daemon)
+command -v nsenter >/dev/null || missing+=(util-linux)
+command -v ip >/dev/null || missing+=(iproute2)
+compgen -G '/usr/lib/*/systemd/libsystemd-shared-*.so' >/dev/null || missing+=(systemd)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "testenv: apt-get install ${missing[*]} (the VM resolver tests run systemd-resolved beside them)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
