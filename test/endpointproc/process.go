@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -38,14 +38,7 @@ func Build(ctx context.Context, dir string) (string, error) {
 }
 
 // FreeAddr returns a free loopback address.
-func FreeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
+func FreeAddr() (string, error) { return freeport.Addr() }
 
 // Cluster describes the endpoint deployment shared by replicas: the
 // namespace it runs in (leases, token keys) and the AWS CA it trusts.

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	meshconfig "istio.io/api/mesh/v1alpha1"
+
+	"github.com/embark-mesh/embark/test/freeport"
 )
 
 // Paths inside an agent's working directory, as pilot-agent resolves them
@@ -682,29 +684,10 @@ func writeFile(path string, data []byte, perm os.FileMode) error {
 }
 
 // closedPort returns a loopback port nothing listened on a moment ago.
-func closedPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a closed port: %w", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	return port, nil
-}
+func closedPort() (int, error) { return freeport.Port() }
 
-// freePort returns a TCP port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", ":0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	_, port, err := net.SplitHostPort(l.Addr().String())
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	return strconv.Atoi(port)
-}
+// freePort returns a TCP port free now (see package freeport).
+func freePort() (int, error) { return freeport.Port() }
 
 // logBuffer collects a process's output; it is written from exec's copying
 // goroutines and read from the test.

@@ -27,6 +27,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/istioagent"
 )
 
@@ -394,20 +395,7 @@ func TestMeshNamesResolveOnTheVM(t *testing.T) {
 // DNS proxy binds UDP and TCP there).
 func freeUDPAddr(t *testing.T) string {
 	t.Helper()
-	for range 20 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := pc.LocalAddr().String()
-		_ = pc.Close()
-		if l, err := net.Listen("tcp", addr); err == nil {
-			_ = l.Close()
-			return addr
-		}
-	}
-	t.Fatal("no free loopback port for UDP and TCP")
-	return ""
+	return freeport.MustDNSAddr(t)
 }
 
 // startDNSSidecar starts the VM's real pilot-agent for vm, connected to ep,

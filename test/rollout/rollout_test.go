@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -29,6 +28,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/test/vmsim"
 )
@@ -652,10 +652,7 @@ func (w *watcher) waitAll(t *testing.T, what string, cond func(wstate) bool) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.MustPort(t)
 }
 
 // writeServingCert writes a test CA (ca.crt) and a serving certificate

@@ -22,6 +22,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/embark-mesh/embark/test/freeport"
 )
 
 // IstiodNamespace is the namespace the test istiod runs "in" (POD_NAMESPACE):
@@ -320,22 +322,16 @@ func validPEMCerts(data []byte) bool {
 	return len(bytes.TrimSpace(data)) > 0 && x509.NewCertPool().AppendCertsFromPEM(data)
 }
 
-// freePorts reserves n distinct loopback ports and releases them.
+// freePorts returns n distinct loopback ports free now (see package
+// freeport).
 func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
 	ports := make([]int, 0, n)
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := freeport.Port()
 		if err != nil {
-			return nil, fmt.Errorf("reserve a loopback port: %w", err)
+			return nil, err
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, p)
 	}
 	return ports, nil
 }

@@ -1,15 +1,14 @@
 package vmsim
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 
 	meshconfig "istio.io/api/mesh/v1alpha1"
 
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
+	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/istioagent"
 )
 
@@ -65,18 +64,4 @@ func SidecarOptions(root, istiodSAN string) (istioagent.Options, error) {
 }
 
 // freeDNSAddr is a loopback address whose port is free for UDP and TCP.
-func freeDNSAddr() (string, error) {
-	for range 20 {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			return "", fmt.Errorf("free DNS port: %w", err)
-		}
-		addr := pc.LocalAddr().String()
-		_ = pc.Close()
-		if l, err := net.Listen("tcp", addr); err == nil {
-			_ = l.Close()
-			return addr, nil
-		}
-	}
-	return "", errors.New("free DNS port: none free for UDP and TCP")
-}
+func freeDNSAddr() (string, error) { return freeport.DNSAddr() }

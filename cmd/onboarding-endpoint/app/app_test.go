@@ -32,6 +32,7 @@ import (
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	"github.com/embark-mesh/embark/registry/replica"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -41,12 +42,7 @@ func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{GarbageCollector: 
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return freeport.MustAddr(t)
 }
 
 // writeConfig writes an endpoint configuration for namespace ns that

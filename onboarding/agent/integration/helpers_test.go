@@ -30,6 +30,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/test/vmsim"
 )
@@ -237,10 +238,7 @@ func must(t *testing.T, err error) {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return freeport.MustAddr(t)
 }
 
 // writeServingCert writes a test CA and a serving certificate for

@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,6 +39,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/vmsim"
 )
@@ -381,12 +381,7 @@ func writeExec(t *testing.T, path, content string) {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer func() { _ = l.Close() }()
-	_, p, _ := net.SplitHostPort(l.Addr().String())
-	n, _ := strconv.Atoi(p)
-	return n
+	return freeport.MustPort(t)
 }
 
 // serverTLS returns a root PEM and a serving certificate for 127.0.0.1
