@@ -25,7 +25,7 @@ import (
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
-// workloadFixture is a workload namespace with seed 004's policy, the
+// workloadFixture is a workload namespace with the example policy, the
 // ratings WorkloadGroup and its ServiceAccount, and a fake AWS (IMDS and
 // STS on loopback: the true external edge) whose CA the endpoint trusts.
 type workloadFixture struct {

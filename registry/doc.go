@@ -3,7 +3,7 @@
 //
 //   - Registrar: the rules of a Register (Enroll, enroll.go: the policy
 //     re-check, the WorkloadGroup, the address proof, reuse by the same
-//     agent session or takeover with a fresh proof), naming (seed 000),
+//     agent session or takeover with a fresh proof), naming,
 //     the WorkloadGroup snapshot, the registration and its WorkloadEntry,
 //     IP-reuse fencing, the sidecar's Secret-bound service-account token
 //     (credential.go);

@@ -21,7 +21,7 @@ const (
 )
 
 // RegistrationName returns the name of the WorkloadAutoRegistration of a
-// workload: <workload-group>-<workload-identity> (seed 000), e.g.
+// workload: <workload-group>-<workload-identity>, e.g.
 // ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0.
 //
 // The result is always a valid DNS-1123 subdomain of at most maxLen

@@ -22,7 +22,7 @@ func TestRegistrationName(t *testing.T) {
 		want     string
 	}{
 		{
-			name:  "seed 000 example",
+			name:  "documented example",
 			group: "ratings", identity: IdentityName(ec2),
 			want: "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0",
 		},
@@ -176,7 +176,7 @@ func TestName(t *testing.T) {
 		id    runtimev1alpha1.WorkloadIdentity
 		want  string
 	}{
-		{name: "seed 000 EC2 identity", group: "ratings", id: fixtures.AWSIdentity("i-1234567890abcdef0"), want: seedName},
+		{name: "documented EC2 identity", group: "ratings", id: fixtures.AWSIdentity("i-1234567890abcdef0"), want: seedName},
 		{name: "no identity", group: "ratings", id: runtimev1alpha1.WorkloadIdentity{}, want: ""},
 		{name: "ecs task", group: "ratings", id: ecsIdentity("123456789012", "prod", "158d1c8083dd49d6b527399fd6414f5c"),
 			want: "ratings-aws-aws-123456789012-us-east-2-ecs-prod-158d1c8083dd49d6b527399fd6414f5c"},

@@ -204,8 +204,8 @@ type Result struct {
 	SidecarToken *SidecarToken
 }
 
-// Register creates the workload's WorkloadAutoRegistration (named as seed 000
-// says, owned by the WorkloadGroup, holding the identity, registration and a
+// Register creates the workload's WorkloadAutoRegistration (named by
+// RegistrationName, owned by the WorkloadGroup, holding the identity, registration and a
 // snapshot of the group) and its WorkloadEntry (owned by the registration).
 // Registering the same identity again reuses the registration, keeps its
 // snapshot and updates what the workload reported. Once the registration

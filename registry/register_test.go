@@ -57,7 +57,7 @@ func newRegistrar(t *testing.T, c client.Client) *Registrar {
 	return r
 }
 
-// createGroup creates seed 004's ratings WorkloadGroup in ns, its template
+// createGroup creates the example ratings WorkloadGroup in ns, its template
 // serving port http 8080, and the service account it names.
 func createGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
 	t.Helper()
@@ -80,7 +80,7 @@ func TestRegisterCreatesRegistrationAndWorkloadEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !res.Created || res.Registration.Name != seedName {
-		t.Fatalf("created=%v name=%q, want the seed 000 name", res.Created, res.Registration.Name)
+		t.Fatalf("created=%v name=%q, want the documented name", res.Created, res.Registration.Name)
 	}
 
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}

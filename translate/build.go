@@ -26,8 +26,8 @@ import (
 )
 
 // DefaultEgressBind is where egress listeners bind when a Sidecar egress
-// listener has no bind (seed 004: onboarded VMs have no iptables, so the
-// application reaches the mesh on 127.0.0.2).
+// listener has no bind: onboarded VMs run without iptables, so the
+// application reaches the mesh on 127.0.0.2.
 const DefaultEgressBind = "127.0.0.2"
 
 // Translate computes the workload's configuration. It returns a

@@ -112,7 +112,7 @@ func FuzzTranslateSidecar(f *testing.F) {
 }
 
 // FuzzTranslateAuthorizationPolicy translates a fuzzed AuthorizationPolicy
-// selecting the seed 004 ratings VM: it must never panic, every successful
+// selecting the example ratings VM: it must never panic, every successful
 // translation validates, and a policy it cannot enforce always leaves every
 // ingress chain refusing all traffic.
 func FuzzTranslateAuthorizationPolicy(f *testing.F) {

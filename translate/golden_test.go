@@ -162,7 +162,7 @@ func TestGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 			// "# include: <path>" lines pull in shared inputs such as the
-			// seed 004 Sidecar under api/crds/testdata.
+			// example Sidecar under api/crds/testdata/seed004.
 			for _, line := range strings.Split(string(data), "\n") {
 				if inc, ok := strings.CutPrefix(line, "# include: "); ok {
 					extra, err := os.ReadFile(filepath.FromSlash(strings.TrimSpace(inc)))

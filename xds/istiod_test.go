@@ -343,7 +343,7 @@ func waitSynced(t *testing.T, i *testenv.Istiod, name string) (plain, perType st
 // Embark only, gets what istiod generates for it (RBAC from an
 // AuthorizationPolicy, a VirtualService's route, a DestinationRule's
 // settings), Embark keeps the connection and health, and istioctl lists the
-// VM through istiod as seed 000 shows.
+// VM through istiod, as an operator runs it.
 func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 	i := startIstiod(t)
 	r := startReplica(t, "replica-a", nil, func(o *Options) { o.Relay = istiodRelay(t, i, nil) })
@@ -389,7 +389,7 @@ func TestIstiodModeServesIstiodConfiguration(t *testing.T) {
 		t.Errorf("reviews cluster max connections %d, want the DestinationRule's 7", got)
 	}
 
-	// Seed 000: istioctl proxy-status through istiod lists the VM.
+	// istioctl proxy-status through istiod lists the VM.
 	name := w.key.Name + "." + ns
 	plain, perType := waitSynced(t, i, name)
 	t.Logf("istioctl proxy-status --xds-address <istiod> --plaintext -r default:\n%s\nwith -v 1:\n%s", plain, perType)

@@ -30,17 +30,17 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{}, &env) }
 
-// seedWARName is the example name of seed 000.
+// seedWARName is the documented example registration name (docs/api.md).
 const seedWARName = "ratings-aws-aws-123456789012-us-east-2b-ec2-i-1234567890abcdef0"
 
 func TestSeed004ExamplesApplyUnchanged(t *testing.T) {
 	ctx := t.Context()
-	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bookinfo"}}); err != nil {
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bookinfo"}}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatalf("create namespace bookinfo: %v", err)
 	}
 	files, err := filepath.Glob("testdata/seed004/*.yaml")
 	if err != nil || len(files) != 4 {
-		t.Fatalf("want the 4 seed 004 examples, got %v (%v)", files, err)
+		t.Fatalf("want the 4 examples of testdata/seed004, got %v (%v)", files, err)
 	}
 	for _, f := range files {
 		// kubectl validates strictly by default: an unknown field would fail here.
@@ -99,7 +99,8 @@ func TestSeed004ExamplesApplyUnchanged(t *testing.T) {
 	}
 }
 
-// seedWAR is the registration that seed 000's `kubectl describe war` shows.
+// seedWAR is the example registration `kubectl describe war` shows in
+// docs/api.md.
 func seedWAR(t *testing.T, ns string) *runtimev1alpha1.WorkloadAutoRegistration {
 	t.Helper()
 	spec, err := json.Marshal(map[string]any{
@@ -518,8 +519,12 @@ func TestManifestsInstallTheGeneratedCRDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "istio-system"}}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
+	// The manifests hold objects of istio-system and of the example
+	// namespace bookinfo.
+	for _, ns := range []string{"istio-system", "bookinfo"} {
+		if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 	}
 	applied, err := env.Kubectl(ctx, []byte(out), "apply", "--server-side", "--force-conflicts", "--dry-run=server", "-f", "-")
 	if err != nil {

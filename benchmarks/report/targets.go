@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// Target is one of the project's scale targets (issue 18) and how to read
+// Target is one of the project's scale targets (docs/benchmarks.md) and how to read
 // it from a report's figures.
 type Target struct {
 	// Package is the import path's suffix of the figures.
@@ -22,7 +22,7 @@ type Target struct {
 	Check func(get func(name, unit string) (Figure, bool)) (value, limit float64, met, ok bool)
 }
 
-// Targets are issue 18's targets.
+// Targets are the project's scale targets.
 var Targets = []Target{
 	{Package: "benchmarks/push", Figure: "SidecarChange/workloads=1000", Unit: "ms/push",
 		Text: "from the change seen, after the debounce: ≤ 1,000 ms and ≤ 1.5 × raw fan-out",

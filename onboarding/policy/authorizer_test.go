@@ -90,7 +90,7 @@ func newAuthorizer(t *testing.T, reader client.Reader, recorder record.EventReco
 	return a
 }
 
-// createSeedGroup creates seed 004's WorkloadGroup "ratings" in ns.
+// createSeedGroup creates the example WorkloadGroup "ratings" in ns.
 func createSeedGroup(t *testing.T, ns string) *networkingv1.WorkloadGroup {
 	t.Helper()
 	wg := seedGroup(t)

@@ -8,7 +8,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 )
 
-// benchPolicies returns n policies shaped like seed 004's narrow example,
+// benchPolicies returns n policies shaped like the narrow example policy,
 // each for its own account; only the last one allows allowedAccount().
 func benchPolicies(n int) []authorizationv1alpha1.OnboardingPolicy {
 	out := make([]authorizationv1alpha1.OnboardingPolicy, n)

@@ -17,7 +17,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 )
 
-// seedDir holds seed 004's examples as the API package's test data.
+// seedDir holds the example objects, the API package's test data.
 const seedDir = "../../api/crds/testdata/seed004"
 
 const (
@@ -38,12 +38,12 @@ func loadSeed(t testing.TB, file string, out any) {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(seedDir, file))
 	if err != nil {
-		t.Fatalf("read seed 004 example: %v", err)
+		t.Fatalf("read example: %v", err)
 	}
 	decodeYAML(t, data, out)
 }
 
-// seedPolicies returns seed 004's two OnboardingPolicies (namespace bookinfo).
+// seedPolicies returns the two example OnboardingPolicies (namespace bookinfo).
 func seedPolicies(t testing.TB) (anyEC2, narrow authorizationv1alpha1.OnboardingPolicy) {
 	t.Helper()
 	loadSeed(t, "policy-any-ec2-in-accounts.yaml", &anyEC2)
@@ -54,7 +54,7 @@ func seedPolicies(t testing.TB) (anyEC2, narrow authorizationv1alpha1.Onboarding
 	return anyEC2, narrow
 }
 
-// seedGroup returns seed 004's WorkloadGroup bookinfo/ratings (label app=ratings).
+// seedGroup returns the example WorkloadGroup bookinfo/ratings (label app=ratings).
 func seedGroup(t testing.TB) *networkingv1.WorkloadGroup {
 	t.Helper()
 	wg := &networkingv1.WorkloadGroup{}
@@ -277,7 +277,7 @@ spec:
 		wantNeedsIAMRoleProof bool
 		wantInvalidSelectors  int
 	}{
-		// Seed 004, first example: any EC2 instance of two accounts, any group.
+		// First example: any EC2 instance of two accounts, any group.
 		{
 			name:     "seed any-ec2: instance of the first account joins",
 			policies: []authorizationv1alpha1.OnboardingPolicy{anyEC2},
@@ -330,7 +330,7 @@ spec:
 			group: ratings, id: ec2("123456789012", "us-east-2", "us-east-2b", "ratings-role"),
 			wantMessage: []string{"aws partition aws account 123456789012 region us-east-2 zone us-east-2b instance i-1234567890abcdef0 iam role ratings-role is not authorized to join WorkloadGroup bookinfo/ratings: no OnboardingPolicy in namespace bookinfo"},
 		},
-		// Seed 004, second example: partition, account, region, zone, IAM role, app=ratings.
+		// Second example: partition, account, region, zone, IAM role, app=ratings.
 		{
 			name:     "seed narrow: matching instance with proven role joins ratings",
 			policies: []authorizationv1alpha1.OnboardingPolicy{narrow},

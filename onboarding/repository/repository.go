@@ -1,6 +1,6 @@
 // Package repository is the onboarding endpoint's local package repository:
 // it serves the DEB and RPM packages of onboarding-agent and istio-sidecar
-// that VMs install (seed 004), from a directory that mirrors the URL tree
+// that VMs install (docs/vm-install.md), from a directory that mirrors the URL tree
 // below /install:
 //
 //	/install/{deb,rpm}/{amd64,arm64}/{onboarding-agent,istio-sidecar}.{deb,rpm}

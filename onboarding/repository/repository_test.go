@@ -14,7 +14,7 @@ import (
 	"testing"
 )
 
-// seedPaths are every repository path of seed 004's install instructions,
+// seedPaths are every repository path of the VM install guide's commands,
 // plus a revisioned sidecar.
 var seedPaths = []string{
 	"/install/deb/amd64/onboarding-agent.deb",
@@ -54,7 +54,7 @@ func newRepo(t *testing.T) (*httptest.Server, string) {
 	return srv, dir
 }
 
-// As seed 004's install commands: curl -fLO the package and its .sha256,
+// As the VM install guide's commands: curl -fLO the package and its .sha256,
 // then sha256sum --check.
 func TestCurlAndSha256sumCheck(t *testing.T) {
 	for _, tool := range []string{"curl", "sha256sum"} {

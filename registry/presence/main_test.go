@@ -56,5 +56,5 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 // The group, identity and registration of these tests are test/fixtures':
-// seed 004's ratings group (fixtures.SeedGroup), the simulated EC2
+// the example ratings group (fixtures.SeedGroup), the simulated EC2
 // instance (fixtures.AWSIdentity) and a VM's host (fixtures.Registration).

@@ -130,7 +130,7 @@ func (d *demo) steps() []step.Step {
 	d.denied = &vm.VM{Name: "intruder-1"}
 	steps := []step.Step{
 		{Title: "start a local kube-apiserver + etcd + kube-controller-manager with Embark's and Istio's CRDs", Run: d.startControlPlane},
-		{Title: "create namespace bookinfo with the seed 004 WorkloadGroup, OnboardingPolicy and Sidecar", Run: d.applySeeds},
+		{Title: "create namespace bookinfo with the example WorkloadGroup, OnboardingPolicy and Sidecar", Run: d.applySeeds},
 		{Title: "declare the pods' network (kube-network: the istio-system label, vmgateway's address), start a real istiod (pilot-discovery, the mesh's control plane and CA), the ratings Service, and a productpage pod's proxy watching ratings' endpoints", Run: d.startIstiod},
 		{Title: "simulate AWS us-east-2: a demo region certificate, STS, and EC2 instances with IMDS", Run: d.simulateAWS},
 		{Title: fmt.Sprintf("start the onboarding endpoint in istiod mode (certificates and configuration relayed from istiod; grace period shortened to %v), trusting simulated ECS, Compute Engine and Azure too", gracePeriod), Run: d.startEndpoint},
@@ -145,7 +145,7 @@ func (d *demo) steps() []step.Step {
 		step.Step{Title: "kubectl get workloadentries: one per VM, connected to this replica", Run: d.listWorkloadEntries},
 		step.Step{Title: "kubectl describe war " + d.vms[0].Name + "'s registration", Run: d.describeRegistration},
 		step.Step{Title: "istioctl proxy-status against Embark's xDS server: the sidecars connected to Embark", Run: d.proxyStatus},
-		step.Step{Title: "istioctl proxy-status against istiod (seed 000): every VM with CDS, LDS, EDS and RDS SYNCED", Run: d.istiodProxyStatus},
+		step.Step{Title: "istioctl proxy-status against istiod: every VM with CDS, LDS, EDS and RDS SYNCED", Run: d.istiodProxyStatus},
 		step.Step{Title: "each VM's workload certificate: from istiod's CA through Embark, identity of the WorkloadGroup's service account", Run: d.certificateIdentity},
 		step.Step{Title: "istiod serves every VM to a pod as an endpoint of the ratings Service", Run: d.ratingsEndpoints},
 		step.Step{Title: "health flip: " + d.vms[0].Name + "'s application fails its readiness probe, then recovers: WorkloadEntry Healthy follows",

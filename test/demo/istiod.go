@@ -144,7 +144,7 @@ func (d *demo) certificateIdentity(ctx context.Context, out io.Writer) error {
 	return nil
 }
 
-// istiodProxyStatus runs seed 000's plain `istioctl proxy-status` against
+// istiodProxyStatus runs a plain `istioctl proxy-status` against
 // istiod: every VM listed as <registration>.bookinfo with istiod in the
 // ISTIOD column, then per type: CDS, LDS, EDS and RDS SYNCED.
 func (d *demo) istiodProxyStatus(ctx context.Context, out io.Writer) error {

@@ -1,6 +1,6 @@
 // Command demo runs Embark locally, as `make demo` does: a real
 // kube-apiserver + etcd with Embark's and Istio's CRDs, the onboarding
-// endpoint serving over TLS, the seed 004 bookinfo WorkloadGroup,
+// endpoint serving over TLS, the example bookinfo WorkloadGroup,
 // OnboardingPolicy and Sidecar, and simulated EC2 instances (loopback IMDS
 // and STS with a demo AWS certificate), each running the real onboarding
 // agent, which onboards, writes the sidecar's bootstrap and starts Istio's

@@ -147,7 +147,7 @@ listen:
 	return e
 }
 
-// ratingsGroup creates seed 004's ratings WorkloadGroup (with a readiness
+// ratingsGroup creates the example ratings WorkloadGroup (with a readiness
 // probe), its service account and the ratings Service that selects it.
 func ratingsGroup(t *testing.T, ns string) *istionetworkingv1.WorkloadGroup {
 	t.Helper()

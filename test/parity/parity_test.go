@@ -64,7 +64,7 @@ type world struct {
 	labels   map[string]string
 }
 
-// seed004World is seed 004's ratings VM (WorkloadGroup template labels
+// seed004World is the example ratings VM (WorkloadGroup template labels
 // app=ratings class=vm, service account ratings) with its Sidecar, a
 // ratings Service selecting it, and details and reviews Services backed by
 // pods of their own service accounts.
@@ -158,7 +158,7 @@ func (w *world) inputs() *translate.Inputs {
 	}
 }
 
-// node is what pilot-agent sends for the VM (seed 004: no traffic capture).
+// node is what pilot-agent sends for the VM (no traffic capture).
 func (w *world) node() *core.Node {
 	labels := map[string]any{}
 	for k, v := range w.labels {

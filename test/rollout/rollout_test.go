@@ -77,7 +77,7 @@ func TestRolloutWithRealAgents(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(certs, "us-east-2.pem"), ca.CertificatePEM(), 0o644))
 	appPort := freePort(t)
 
-	// The group, its service account, the seed 004 policy.
+	// The group, its service account, the example policy.
 	group := fixtures.WorkloadGroup(ns, map[string]string{"app": "ratings", "version": "v1"})
 	// Three failures, 5 s timeouts: a loaded machine does not flip a
 	// healthy workload.

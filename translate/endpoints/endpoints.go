@@ -232,7 +232,7 @@ func (x *Index) ofServiceEntryUncached(se *istionetworkingv1.ServiceEntry, sp *n
 		}
 		out = append(out, Endpoint{Addr: we.Spec.GetAddress(), Port: entryPort(&we.Spec, sp), Weight: we.Spec.GetWeight(), SA: we.Spec.GetServiceAccount()})
 	}
-	// Pods are selected too (seed 003: VMs and pods load-balance together).
+	// Pods are selected too: VMs and pods of a Service load-balance together.
 	for _, p := range x.pods {
 		if p == nil || p.Namespace != se.Namespace || !selection.LabelsMatch(sel, p.Labels) || !podReady(p) {
 			continue

@@ -21,7 +21,7 @@ import (
 
 var sidecarID = nodeid.Build("10.0.0.5", types.NamespacedName{Namespace: "bookinfo", Name: "ratings-vm-1"})
 
-// registration is a registration of seed 004's ratings group (template
+// registration is a registration of the example ratings group (template
 // labels app=ratings and class=vm, service account ratings-vm, network
 // virtual-machines unless network says otherwise) at 10.0.0.5 that
 // reported the label version=v1.

@@ -315,7 +315,7 @@ type EC2Matcher struct {
 	// RequireSTSProof requires the instance to prove its IAM role session
 	// with a signed sts:GetCallerIdentity request (any role unless
 	// IAMRoleNames is set). Default false: the signed instance identity
-	// document alone is enough to onboard (seed 004's `ec2: {}`), but such
+	// document alone is enough to onboard (a rule of just `ec2: {}`), but such
 	// document-only onboarding can never take over an existing
 	// registration (see docs/security.md).
 	// +optional

@@ -99,7 +99,7 @@ listen:
   xds: %s
 `, onboardingAddr, metricsAddr, xdsAddr))
 
-	// The seed 004 objects, in the test's namespace.
+	// The example objects (api/crds/testdata/seed004), in the test's namespace.
 	policyYAML, err := os.ReadFile("../../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
 	if err != nil {
 		t.Fatal(err)

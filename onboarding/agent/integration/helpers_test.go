@@ -159,7 +159,7 @@ func (w *world) stopEndpoint() {
 	w.endpoint = nil
 }
 
-// allow applies the seed 004 policy allowing the instance's account.
+// allow applies the example policy allowing the instance's account.
 func (w *world) allow() {
 	w.t.Helper()
 	data, err := os.ReadFile("../../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")

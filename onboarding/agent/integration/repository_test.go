@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// The endpoint's local repository, as seed 004's install commands use it:
+// The endpoint's local repository, as the VM install guide's commands use it:
 // curl -fLO of every package and its .sha256 over the endpoint's HTTPS (its
 // serving certificate and host name), then sha256sum --check.
 func TestEndpointServesTheLocalRepository(t *testing.T) {
