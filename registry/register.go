@@ -114,7 +114,7 @@ func NewRegistrar(opts Options) (*Registrar, error) {
 		opts.Logger = slog.Default()
 	}
 	if opts.Recorder == nil {
-		opts.Recorder = &record.FakeRecorder{} // drops events when Events is nil
+		opts.Recorder = NoEvents{}
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now

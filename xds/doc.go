@@ -8,8 +8,12 @@
 // when its registration is deleted, and answers istio.io/debug/syncz for
 // `istioctl proxy-status` on a separate loopback-only debug listener.
 //
-// What a workload is served comes from a ConfigSource, one snapshot per node;
-// until the translation of Sidecar resources plugs in, every workload gets an
-// empty but valid configuration. go-control-plane's snapshot cache logs
-// through the server's injected logger (component=snapshot-cache).
+// What a workload is served depends on the mode. In istiod mode (Options.Relay
+// set) every stream's discovery requests are relayed to istiod (package
+// relay), which decides the configuration. In standalone mode it comes from a
+// ConfigSource, one snapshot per node: package xds/configsource serves the
+// translation of Sidecar resources (package translate); EmptyConfig, an empty
+// but valid configuration, is the default when none is given.
+// go-control-plane's snapshot cache logs through the server's injected logger
+// (component=snapshot-cache).
 package xds

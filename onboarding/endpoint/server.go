@@ -648,7 +648,6 @@ func (s *Server) registerStatus(ctx context.Context, err error, op string) error
 	}
 }
 
-// reasonOf names an error's refusal reason for metrics.
 // verifierUnavailable reports whether a verification failed because STS (or
 // the ECS API), which vouches for the credential, could not answer (unreachable,
 // throttling or failing), or the deployment's record of used credentials
@@ -659,6 +658,7 @@ func verifierUnavailable(err error) bool {
 	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, identity.ReasonTaskCheckUnavailable) || errors.Is(err, replay.ErrUnavailable)
 }
 
+// reasonOf names an error's refusal reason for metrics.
 func reasonOf(err error) string {
 	if r := identity.ReasonOf(err); r != "" {
 		return string(r)

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/replica"
 	"github.com/embark-mesh/embark/registry/write"
 )
@@ -173,7 +174,7 @@ func (o *LifecycleOptions) setDefaults() error {
 		o.Workers = defaultLifecycleWorkers
 	}
 	if o.Recorder == nil {
-		o.Recorder = &record.FakeRecorder{} // drops events when Events is nil
+		o.Recorder = registry.NoEvents{}
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()

@@ -20,9 +20,11 @@
 // write through the replica's one write.Writer. The xDS server reports stream opens, closes and health
 // reports; it never writes itself.
 //
-// Package map of the registry: registry (registration: Registrar, naming,
-// sidecar credential, WorkloadEntry shape, address fencing, enforcement,
-// lifecycle: sweeper, replica Leases, election, drift), registry/presence
-// (this package), registry/write (the write budget), registry/nodeid (the
-// node-ID contract), registry/rollout (WorkloadGroup rollouts).
+// The registry's packages: registry (registration: Registrar, naming,
+// sidecar credential, WorkloadEntry shape, address fencing),
+// registry/enforcement (the ConfigurationEnforced condition),
+// registry/lifecycle (sweeper, drift, entries and orphans, on the elected
+// replica), registry/replica (replica Leases and election), registry/presence (this package), registry/write (the write
+// budget), registry/nodeid (the node-ID contract), registry/rollout
+// (WorkloadGroup rollouts), registry/boundtoken (claims of the sidecar's bound token).
 package presence

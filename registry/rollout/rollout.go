@@ -64,7 +64,7 @@ func (o *Options) setDefaults() error {
 		return errors.New("rollout: Options.Client and Cache are required")
 	}
 	if o.Recorder == nil {
-		o.Recorder = &record.FakeRecorder{}
+		o.Recorder = registry.NoEvents{}
 	}
 	if o.RecheckInterval <= 0 {
 		o.RecheckInterval = DefaultRecheckInterval
