@@ -71,6 +71,7 @@ type Authorizer interface {
 type Registrar interface {
 	Enroll(ctx context.Context, e registry.Enrollment, policy registry.Policy) (*registry.Result, error)
 	RenewSidecarToken(ctx context.Context, key types.NamespacedName) (*registry.SidecarToken, error)
+	Unregister(ctx context.Context, key types.NamespacedName, id runtimev1alpha1.WorkloadIdentity, sessionKey string) (bool, error)
 }
 
 // TokenIssuer issues and verifies onboarding tokens (token.Issuer).
@@ -444,20 +445,13 @@ func (s *Server) Unregister(ctx context.Context, _ *onboardingv1alpha1.Unregiste
 		return nil, err
 	}
 	ns, name, _ := strings.Cut(claims.Subject, "/")
-	war := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := s.opts.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, war); err != nil {
-		if apierrors.IsNotFound(err) {
-			return &onboardingv1alpha1.UnregisterResponse{PropagationDelay: durationpb.New(0)}, nil
-		}
-		return nil, status.Errorf(codes.Unavailable, "read registration %s: %v", claims.Subject, err)
-	}
-	if err := registry.CheckHolder(war, *claims.Workload.Verified, sessionKey(ctx)); err != nil {
+	deleted, err := s.opts.Registrar.Unregister(ctx, types.NamespacedName{Namespace: ns, Name: name}, *claims.Workload.Verified, sessionKey(ctx))
+	if err != nil {
 		return nil, s.registerStatus(ctx, err, "unregister")
 	}
-	if err := s.opts.Client.Delete(ctx, war, client.Preconditions{UID: &war.UID}); client.IgnoreNotFound(err) != nil {
-		return nil, status.Errorf(codes.Unavailable, "delete registration %s: %v", claims.Subject, err)
+	if !deleted {
+		return &onboardingv1alpha1.UnregisterResponse{PropagationDelay: durationpb.New(0)}, nil
 	}
-	s.log.Info("unregistered workload", "registration", claims.Subject)
 	return &onboardingv1alpha1.UnregisterResponse{PropagationDelay: durationpb.New(s.opts.PropagationDelay)}, nil
 }
 
