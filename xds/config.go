@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/xds/internal/snapcache"
 )
 
@@ -46,7 +46,7 @@ var WorkloadTypes = []string{
 // Proxy is a workload's sidecar as one of its streams describes it.
 type Proxy struct {
 	// Workload is the registration the stream is bound to.
-	Workload presence.Workload
+	Workload registry.StreamWorkload
 	// NodeID is the proxy's node ID.
 	NodeID string
 	// IP is the address in the node ID.
@@ -103,14 +103,14 @@ var emptySnapshot = sync.OnceValues(func() (cache.ResourceSnapshot, error) {
 	return snap, nil
 })
 
-// Health is one health report of a workload (presence.Health, so that the
-// registry's HealthMirror is a HealthSink).
-type Health = presence.Health
+// Health is one health report of a workload (registry.HealthReport, the
+// type registry/presence's HealthMirror takes, so that it is a HealthSink).
+type Health = registry.HealthReport
 
 // HealthSink receives the health reports of bound workloads. It must not
 // block: it runs on the stream's goroutine.
 type HealthSink interface {
-	ReportHealth(ctx context.Context, w presence.Workload, h Health)
+	ReportHealth(ctx context.Context, w registry.StreamWorkload, h Health)
 }
 
 // LogHealth logs health reports (until the registry mirrors them onto the
@@ -120,7 +120,7 @@ type LogHealth struct{ Logger *slog.Logger }
 var _ HealthSink = LogHealth{}
 
 // ReportHealth implements HealthSink.
-func (l LogHealth) ReportHealth(ctx context.Context, w presence.Workload, h Health) {
+func (l LogHealth) ReportHealth(ctx context.Context, w registry.StreamWorkload, h Health) {
 	log := l.Logger
 	if log == nil {
 		log = slog.Default()

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/xds/nodepin"
 )
@@ -63,7 +64,7 @@ func FuzzRequest(f *testing.F) {
 		st := s.newStream()
 		st.debug = debug
 		if !debug {
-			st.proxy = &Proxy{Workload: presence.Workload{Key: types.NamespacedName{Namespace: "ns", Name: "a"}}, NodeID: first.GetId(),
+			st.proxy = &Proxy{Workload: registry.StreamWorkload{Key: types.NamespacedName{Namespace: "ns", Name: "a"}}, NodeID: first.GetId(),
 				Metadata: req.GetNode().GetMetadata(), Registration: &runtimev1alpha1.WorkloadAutoRegistration{}}
 			st.counted = true
 		}

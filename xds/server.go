@@ -31,10 +31,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
-	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/xds/internal/snapcache"
 	"github.com/embark-mesh/embark/xds/internal/watch"
 	"github.com/embark-mesh/embark/xds/istiodnode"
@@ -99,7 +97,8 @@ type Options struct {
 	Clock func() time.Time
 	// FirstRequestTimeout is how long a workload stream may wait for its
 	// first request, which names the node, before it is closed
-	// DeadlineExceeded. Default limits.DefaultFirstRequestTimeout (10s).
+	// DeadlineExceeded. Default DefaultFirstRequestTimeout; the endpoint
+	// passes its limits.xds.firstRequestTimeout.
 	FirstRequestTimeout time.Duration
 	// Subscriptions bound what one workload stream may subscribe to
 	// (limits.xds.maxSubscribedNamesPerType and
@@ -113,6 +112,10 @@ type Options struct {
 	// PermissionDenied naming the namespace. Default: every namespace.
 	Namespaces []string
 }
+
+// DefaultFirstRequestTimeout is Options.FirstRequestTimeout's default, the
+// same as the endpoint configuration's default.
+const DefaultFirstRequestTimeout = 10 * time.Second
 
 func (o *Options) setDefaults() error {
 	if o.Connections == nil || o.TokenReviews == nil || o.Reader == nil || o.Informers == nil {
@@ -143,7 +146,7 @@ func (o *Options) setDefaults() error {
 		o.Clock = time.Now
 	}
 	if o.FirstRequestTimeout <= 0 {
-		o.FirstRequestTimeout = limits.DefaultFirstRequestTimeout
+		o.FirstRequestTimeout = DefaultFirstRequestTimeout
 	}
 	return nil
 }
@@ -154,14 +157,12 @@ type ConnectionTracker interface {
 	// NewStreamID returns a stream ID unique in the tracker.
 	NewStreamID() int64
 	// Opened tells that stream id of workload w opened.
-	Opened(w presence.Workload, id int64)
+	Opened(w registry.StreamWorkload, id int64)
 	// Closed tells that stream id of workload w closed.
-	Closed(w presence.Workload, id int64)
+	Closed(w registry.StreamWorkload, id int64)
 	// Replica is this replica's name, the control-plane ID syncz reports.
 	Replica() string
 }
-
-var _ ConnectionTracker = (*presence.Connections)(nil)
 
 // Server is the ADS server. Register it on a gRPC server with Register, and
 // its debug service (syncz) on a loopback-only one with RegisterDebug; Run
@@ -496,7 +497,7 @@ func (s *Server) authorize(ctx context.Context, cred *tokenauth.Credential, node
 	war.ManagedFields = nil
 	war.Status = runtimev1alpha1.WorkloadAutoRegistrationStatus{}
 	return &Proxy{
-		Workload:     presence.Workload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
+		Workload:     registry.StreamWorkload{Key: key, UID: war.UID, Group: war.Spec.WorkloadGroup.Name},
 		NodeID:       node.GetId(),
 		IP:           info.IP,
 		Metadata:     keptMetadata(node.GetMetadata()),

@@ -108,7 +108,7 @@ type recordingHealth struct {
 	of      []types.NamespacedName // the workload of each report
 }
 
-func (r *recordingHealth) ReportHealth(_ context.Context, w presence.Workload, h Health) {
+func (r *recordingHealth) ReportHealth(_ context.Context, w registry.StreamWorkload, h Health) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reports = append(r.reports, h)
@@ -950,3 +950,9 @@ func TestNamespaceNotServedIsRefused(t *testing.T) {
 		t.Errorf("certificate request of a workload in %s = %v, want PermissionDenied naming the namespace", ns, err)
 	}
 }
+
+// The registry's writers are what the endpoint gives the server.
+var (
+	_ ConnectionTracker = (*presence.Connections)(nil)
+	_ HealthSink        = (*presence.HealthMirror)(nil)
+)

@@ -26,17 +26,6 @@ import (
 	"github.com/embark-mesh/embark/registry/write"
 )
 
-// Workload names the registration a sidecar's streams are bound to.
-type Workload struct {
-	// Key is the registration's namespace and name.
-	Key types.NamespacedName
-	// UID is the registration's UID; events of an earlier registration of
-	// the same name never touch a newer one.
-	UID types.UID
-	// Group is the WorkloadGroup's name (a metrics label).
-	Group string
-}
-
 // ConnectionOptions configures Connections. Every field documents its default.
 type ConnectionOptions struct {
 	// Client writes registrations and WorkloadEntries, and reads them fresh
@@ -132,7 +121,7 @@ type Connections struct {
 	flushing int                            // Flush calls waiting: held disconnects are written at once
 	// idle are called (without mu) when a workload's last stream on this
 	// replica closes, so that per-workload state elsewhere is dropped.
-	idle []func(Workload)
+	idle []func(registry.StreamWorkload)
 	// outTimers are the pending out-of-traffic timers, one per workload
 	// whose disconnect this replica stored less than outAfter ago; a
 	// connect or Drain cancels them.
@@ -143,7 +132,7 @@ type Connections struct {
 
 // connEntry is one workload's streams on this replica and its pending state.
 type connEntry struct {
-	workload    Workload
+	workload    registry.StreamWorkload
 	streams     []int64   // open streams' IDs (a workload has one or a few)
 	connectedAt time.Time // when the current (or last) connection began
 	slot        slot[connState]
@@ -151,7 +140,7 @@ type connEntry struct {
 
 // connState is a connection state to store.
 type connState struct {
-	workload       Workload
+	workload       registry.StreamWorkload
 	connected      bool
 	connectedAt    time.Time
 	disconnectedAt time.Time
@@ -217,7 +206,7 @@ func (c *Connections) NewStreamID() int64 { return c.streamIDs.Add(1) }
 // stream of a workload marks it connected. streamID must name no other open
 // stream of this tracker (see NewStreamID); an ID already open for w is
 // ignored.
-func (c *Connections) Opened(w Workload, streamID int64) {
+func (c *Connections) Opened(w registry.StreamWorkload, streamID int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.cancelOutOfTrafficLocked(w.Key)
@@ -248,7 +237,7 @@ func (c *Connections) Opened(w Workload, streamID int64) {
 // Closed records that stream streamID of workload w closed. When it was the
 // workload's last stream on this replica, the workload is marked
 // disconnected.
-func (c *Connections) Closed(w Workload, streamID int64) {
+func (c *Connections) Closed(w registry.StreamWorkload, streamID int64) {
 	c.mu.Lock()
 	e := c.entries[w.Key]
 	if e == nil {
@@ -278,7 +267,7 @@ func (c *Connections) Closed(w Workload, streamID int64) {
 
 // onIdle registers f to be called when a workload's last stream on this
 // replica closes.
-func (c *Connections) onIdle(f func(Workload)) {
+func (c *Connections) onIdle(f func(registry.StreamWorkload)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.idle = append(c.idle, f)
@@ -701,7 +690,7 @@ func NewConnectionMetrics(reg prometheus.Registerer) (*ConnectionMetrics, error)
 	return m, nil
 }
 
-func (m *ConnectionMetrics) opened(w Workload) {
+func (m *ConnectionMetrics) opened(w registry.StreamWorkload) {
 	if m == nil {
 		return
 	}
@@ -712,7 +701,7 @@ func (m *ConnectionMetrics) opened(w Workload) {
 	m.connects.WithLabelValues(w.Key.Namespace, w.Group).Inc()
 }
 
-func (m *ConnectionMetrics) closed(w Workload) {
+func (m *ConnectionMetrics) closed(w registry.StreamWorkload) {
 	if m == nil {
 		return
 	}

@@ -88,14 +88,14 @@ var (
 	}
 )
 
-func registerForConnections(t *testing.T) (Workload, *registry.Result) {
+func registerForConnections(t *testing.T) (registry.StreamWorkload, *registry.Result) {
 	t.Helper()
 	return registerNthForConnections(t, 0)
 }
 
 // registerNthForConnections registers workload n (0-255) of its own
 // namespace, with an instance ID and address of its own.
-func registerNthForConnections(t *testing.T, n int) (Workload, *registry.Result) {
+func registerNthForConnections(t *testing.T, n int) (registry.StreamWorkload, *registry.Result) {
 	t.Helper()
 	ns := env.Namespace(t)
 	wg := fixtures.SeedGroup(ns)
@@ -108,7 +108,7 @@ func registerNthForConnections(t *testing.T, n int) (Workload, *registry.Result)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Workload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: wg.Name}, res
+	return registry.StreamWorkload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: wg.Name}, res
 }
 
 func TestConnectDisconnectReconnect(t *testing.T) {
@@ -550,7 +550,7 @@ func TestReconnectStormWritesAtMostOncePerWorkload(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	const n = 5
-	var ws []Workload
+	var ws []registry.StreamWorkload
 	for i := range n {
 		w, _ := registerNthForConnections(t, i+1)
 		ws = append(ws, w)

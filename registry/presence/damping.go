@@ -1,6 +1,10 @@
 package presence
 
-import "time"
+import (
+	"time"
+
+	"github.com/embark-mesh/embark/registry"
+)
 
 // DefaultHealthDamping is the default damping window of health flips.
 const DefaultHealthDamping = 10 * time.Second
@@ -38,7 +42,7 @@ type damper struct {
 }
 
 // observe records a report.
-func (d *damper) observe(h Health) {
+func (d *damper) observe(h registry.HealthReport) {
 	if d.known && d.status == h.Healthy {
 		return
 	}

@@ -3,6 +3,8 @@ package presence
 import (
 	"testing"
 	"time"
+
+	"github.com/embark-mesh/embark/registry"
 )
 
 // TestDamperRule replays report sequences through the damping rule with
@@ -87,7 +89,7 @@ func TestDamperRule(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			d := damper{window: tt.window}
 			for i, s := range tt.steps {
-				d.observe(Health{Healthy: s.healthy, At: at(s.at)})
+				d.observe(registry.HealthReport{Healthy: s.healthy, At: at(s.at)})
 				got := d.due(s.stored != nil, s.stored != nil && *s.stored)
 				want := time.Time{}
 				if s.wantDue >= 0 {

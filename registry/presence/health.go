@@ -25,17 +25,6 @@ import (
 	"github.com/embark-mesh/embark/registry/write"
 )
 
-// Health is one health report of a workload, as its sidecar sent it (an
-// istio.v1.HealthInformation request on its ADS stream).
-type Health struct {
-	// Healthy is false when the report carries an error detail.
-	Healthy bool
-	// Message is the error detail's message, if any.
-	Message string
-	// At is when the report arrived.
-	At time.Time
-}
-
 // HealthOptions configures a HealthMirror. Every field documents its default.
 type HealthOptions struct {
 	// Client reads registrations and WorkloadEntries fresh from the API
@@ -93,14 +82,14 @@ type HealthMirror struct {
 
 	mu      sync.Mutex
 	entries map[types.NamespacedName]*healthEntry
-	queue   *latest[*healthEntry, Health] // guarded by mu
+	queue   *latest[*healthEntry, registry.HealthReport] // guarded by mu
 }
 
 // healthEntry is one workload's health as this replica knows it.
 type healthEntry struct {
-	workload Workload
+	workload registry.StreamWorkload
 	damp     damper
-	slot     slot[Health] // the latest report, not stored yet
+	slot     slot[registry.HealthReport] // the latest report, not stored yet
 	// firstHealthyFor is the connection (its connectedAt) whose first
 	// healthy report was measured.
 	firstHealthyFor time.Time
@@ -128,7 +117,7 @@ func NewHealthMirror(ctx context.Context, opts HealthOptions) (*HealthMirror, er
 		retry: opts.Retry, damping: opts.Damping, metrics: opts.Metrics, log: opts.Logger, now: opts.Clock,
 		entries: map[types.NamespacedName]*healthEntry{},
 	}
-	m.queue = &latest[*healthEntry, Health]{ctx: ctx, mu: &m.mu, retry: opts.Retry, store: m.storeOnce, retrying: m.retrying, ended: m.ended}
+	m.queue = &latest[*healthEntry, registry.HealthReport]{ctx: ctx, mu: &m.mu, retry: opts.Retry, store: m.storeOnce, retrying: m.retrying, ended: m.ended}
 	opts.Connections.onIdle(m.disconnected)
 	return m, nil
 }
@@ -137,7 +126,7 @@ func NewHealthMirror(ctx context.Context, opts HealthOptions) (*HealthMirror, er
 // w's last stream on this replica closed, unless a report is being
 // stored: then drain drops it once done. A reconnecting workload starts
 // with fresh damping.
-func (m *HealthMirror) disconnected(w Workload) {
+func (m *HealthMirror) disconnected(w registry.StreamWorkload) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e := m.entries[w.Key]; e != nil && !e.slot.running && e.workload.UID == w.UID {
@@ -153,7 +142,7 @@ func (m *HealthMirror) tracked() int {
 }
 
 // ReportHealth records a health report of workload w. It never blocks.
-func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
+func (m *HealthMirror) ReportHealth(_ context.Context, w registry.StreamWorkload, h registry.HealthReport) {
 	if h.At.IsZero() {
 		h.At = m.now()
 	}
@@ -166,7 +155,7 @@ func (m *HealthMirror) ReportHealth(_ context.Context, w Workload, h Health) {
 			e.workload = w // its writer drops the old registration's report
 			e.damp = damper{window: m.damping}
 		} else {
-			e = &healthEntry{workload: w, damp: damper{window: m.damping}, slot: newSlot[Health]()}
+			e = &healthEntry{workload: w, damp: damper{window: m.damping}, slot: newSlot[registry.HealthReport]()}
 			m.entries[w.Key] = e
 		}
 	}
@@ -210,7 +199,7 @@ func (h heldUntil) Error() string { return "held by damping until " + h.at.Forma
 // storeOnce stores h once (the latest queue's store): done when it is
 // stored or dropped (the registration is gone or held by another replica);
 // a hold while damping holds it; an error to retry.
-func (m *HealthMirror) storeOnce(e *healthEntry, h *Health) (time.Duration, error) {
+func (m *HealthMirror) storeOnce(e *healthEntry, h *registry.HealthReport) (time.Duration, error) {
 	m.mu.Lock()
 	w := e.workload
 	m.mu.Unlock()
@@ -232,7 +221,7 @@ func (m *HealthMirror) storeOnce(e *healthEntry, h *Health) (time.Duration, erro
 }
 
 // retrying counts and logs a report whose store failed and is retried.
-func (m *HealthMirror) retrying(e *healthEntry, h *Health, err error, in time.Duration) {
+func (m *HealthMirror) retrying(e *healthEntry, h *registry.HealthReport, err error, in time.Duration) {
 	m.mu.Lock()
 	key := e.workload.Key
 	m.mu.Unlock()
@@ -251,7 +240,7 @@ func (m *HealthMirror) forget(e *healthEntry) {
 
 // store writes h to the WorkloadEntry's and the registration's Healthy
 // condition, unless damping holds it.
-func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
+func (m *HealthMirror) store(e *healthEntry, w registry.StreamWorkload, h *registry.HealthReport) error {
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	if err := m.client.Get(m.ctx, w.Key, war); err != nil {
 		return fmt.Errorf("read registration %s: %w", w.Key, err)
@@ -336,7 +325,7 @@ func (m *HealthMirror) store(e *healthEntry, w Workload, h *Health) error {
 
 // storeRegistration writes the registration's Healthy condition to match
 // the WorkloadEntry's.
-func (m *HealthMirror) storeRegistration(w Workload, we *istiometa.IstioCondition) error {
+func (m *HealthMirror) storeRegistration(w registry.StreamWorkload, we *istiometa.IstioCondition) error {
 	err := m.writer.Do(m.ctx, func(ctx context.Context) error {
 		cur := &runtimev1alpha1.WorkloadAutoRegistration{}
 		if err := m.client.Get(ctx, w.Key, cur); err != nil {
@@ -377,7 +366,7 @@ func registrationHealthMessage(c *istiometa.IstioCondition) string {
 // healthCondition is the WorkloadEntry condition for report h, given the one
 // stored (prev, may be nil): lastTransitionTime moves only when the status
 // flips.
-func healthCondition(prev *istiometa.IstioCondition, h *Health) *istiometa.IstioCondition {
+func healthCondition(prev *istiometa.IstioCondition, h *registry.HealthReport) *istiometa.IstioCondition {
 	c := &istiometa.IstioCondition{
 		Type:          registry.ConditionHealthy,
 		Status:        string(metav1.ConditionFalse),

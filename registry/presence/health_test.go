@@ -30,7 +30,7 @@ import (
 // healthHarness is a registered workload of a group with a probe, connected
 // to replica "replica-a", and a HealthMirror.
 type healthHarness struct {
-	w      Workload
+	w      registry.StreamWorkload
 	conns  *Connections
 	mirror *HealthMirror
 	reg    *prometheus.Registry
@@ -62,7 +62,7 @@ func startHealthWith(t *testing.T, damping time.Duration, wrap func(client.Clien
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &healthHarness{w: Workload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: wg.Name}}
+	h := &healthHarness{w: registry.StreamWorkload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: wg.Name}}
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	h.conns, err = NewConnections(ctx, ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
@@ -154,16 +154,16 @@ func TestHealthConditionFollowsReports(t *testing.T) {
 
 	base := time.Now().UTC().Truncate(time.Millisecond)
 	t1, t2, t3, t4 := base, base.Add(2*time.Second), base.Add(4*time.Second), base.Add(6*time.Second)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: false, Message: "HTTP probe failed with statuscode: 503", At: t1})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: false, Message: "HTTP probe failed with statuscode: 503", At: t1})
 	c, r := waitHealth(t, h.w.Key, t1)
 	checkHealth(t, c, r, metav1.ConditionFalse, t1, "HTTP probe failed with statuscode: 503")
 
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: t2})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: t2})
 	c, r = waitHealth(t, h.w.Key, t2)
 	checkHealth(t, c, r, metav1.ConditionTrue, t2, "")
 
 	// The same status again: a new probe time, the transition stays.
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: t3})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: t3})
 	c, r = waitHealth(t, h.w.Key, t3)
 	checkHealth(t, c, r, metav1.ConditionTrue, t2, "")
 
@@ -173,7 +173,7 @@ func TestHealthConditionFollowsReports(t *testing.T) {
 	waitObserved(t, h.w.Key, disconnectedFrom("replica-a"))
 	c, r = healthOf(t, h.w.Key)
 	checkHealth(t, c, r, metav1.ConditionTrue, t2, "")
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: false, Message: "connection refused", At: t4})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: false, Message: "connection refused", At: t4})
 	c, r = waitHealth(t, h.w.Key, t4)
 	checkHealth(t, c, r, metav1.ConditionFalse, t4, "connection refused")
 
@@ -237,7 +237,7 @@ func TestHealthOfAnotherReplicasWorkloadIsNotWritten(t *testing.T) {
 	b.Opened(h.w, 7)
 	waitObserved(t, h.w.Key, connectedTo("replica-b"))
 
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: time.Now()})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: time.Now()})
 	if err := h.mirror.Flush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -252,14 +252,14 @@ func TestHealthOfAnotherReplicasWorkloadIsNotWritten(t *testing.T) {
 func TestHealthFlappingIsDampedAgainstTheAPIServer(t *testing.T) {
 	h := startHealth(t, time.Hour)
 	t1 := time.Now().UTC().Truncate(time.Millisecond)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: t1})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: t1})
 	waitHealth(t, h.w.Key, t1)
 	// A flip one second later is held (for an hour); the flip back agrees
 	// with the stored status and is stored at once, so the failure in
 	// between never shows.
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: false, Message: "flap", At: t1.Add(time.Second)})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: false, Message: "flap", At: t1.Add(time.Second)})
 	t3 := t1.Add(2 * time.Second)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: t3})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: t3})
 	c, r := waitHealth(t, h.w.Key, t3)
 	checkHealth(t, c, r, metav1.ConditionTrue, t1, "")
 	if err := h.mirror.Flush(t.Context()); err != nil {
@@ -270,10 +270,10 @@ func TestHealthFlappingIsDampedAgainstTheAPIServer(t *testing.T) {
 	// its transition time is when it began.
 	h2 := startHealth(t, 2*time.Second)
 	s1 := time.Now().UTC().Truncate(time.Millisecond)
-	h2.mirror.ReportHealth(t.Context(), h2.w, Health{Healthy: true, At: s1})
+	h2.mirror.ReportHealth(t.Context(), h2.w, registry.HealthReport{Healthy: true, At: s1})
 	waitHealth(t, h2.w.Key, s1)
 	s2 := s1.Add(100 * time.Millisecond)
-	h2.mirror.ReportHealth(t.Context(), h2.w, Health{Healthy: false, Message: "down", At: s2})
+	h2.mirror.ReportHealth(t.Context(), h2.w, registry.HealthReport{Healthy: false, Message: "down", At: s2})
 	c, r = waitHealth(t, h2.w.Key, s2)
 	checkHealth(t, c, r, metav1.ConditionFalse, s2, "down")
 }
@@ -291,7 +291,7 @@ func TestHealthFlipSupersededWhileStoredIsNotWritten(t *testing.T) {
 			Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 				if _, ok := obj.(*istionetworkingv1.WorkloadEntry); ok && armed.CompareAndSwap(true, false) {
 					// The flip's store is under way: the flip back arrives.
-					h.mirror.ReportHealth(ctx, h.w, Health{Healthy: true, At: t3})
+					h.mirror.ReportHealth(ctx, h.w, registry.HealthReport{Healthy: true, At: t3})
 				}
 				return c.Get(ctx, key, obj, opts...)
 			},
@@ -299,13 +299,13 @@ func TestHealthFlipSupersededWhileStoredIsNotWritten(t *testing.T) {
 	})
 	t1 := time.Now().UTC().Truncate(time.Millisecond)
 	t3 = t1.Add(2 * time.Second)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: t1})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: t1})
 	waitHealth(t, h.w.Key, t1)
 	if err := h.mirror.Flush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	armed.Store(true)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: false, Message: "flap", At: t1.Add(time.Second)})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: false, Message: "flap", At: t1.Add(time.Second)})
 	c, r := waitHealth(t, h.w.Key, t3)
 	checkHealth(t, c, r, metav1.ConditionTrue, t1, "")
 	if armed.Load() {
@@ -362,7 +362,7 @@ func TestHealthWriteRetriedUntilStored(t *testing.T) {
 	}
 
 	at := time.Now().UTC().Truncate(time.Millisecond)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: at})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: at})
 	err = wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		return counterValue(t, h.reg, "embark_registry_health_writes_total", "retried") >= 2, nil
 	})
@@ -407,7 +407,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, result string) f
 func TestHealthStateDroppedAfterDisconnect(t *testing.T) {
 	h := startHealth(t, -1)
 	base := time.Now().UTC().Truncate(time.Millisecond)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: base})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: base})
 	waitHealth(t, h.w.Key, base)
 	if err := h.mirror.Flush(t.Context()); err != nil {
 		t.Fatal(err)
@@ -422,7 +422,7 @@ func TestHealthStateDroppedAfterDisconnect(t *testing.T) {
 	}
 
 	late := base.Add(2 * time.Second)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: false, Message: "connection refused", At: late})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: false, Message: "connection refused", At: late})
 	waitHealth(t, h.w.Key, late)
 	if err := h.mirror.Flush(t.Context()); err != nil {
 		t.Fatal(err)

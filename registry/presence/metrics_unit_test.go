@@ -30,8 +30,8 @@ func TestConnectionMetricsForgetEmptyGroups(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.counterRetention = 10 * time.Millisecond
-	w := func(ns, name, group string) Workload {
-		return Workload{Key: types.NamespacedName{Namespace: ns, Name: name}, Group: group}
+	w := func(ns, name, group string) registry.StreamWorkload {
+		return registry.StreamWorkload{Key: types.NamespacedName{Namespace: ns, Name: name}, Group: group}
 	}
 	a, b, c := w("bookinfo", "a", "ratings"), w("bookinfo", "b", "ratings"), w("shop", "c", "cart")
 	m.opened(a)

@@ -31,7 +31,7 @@ const testOutOfTrafficAfter = 500 * time.Millisecond
 // probe, connected to replica-a (whose API calls are counted), with a
 // health mirror.
 type trafficHarness struct {
-	w       Workload
+	w       registry.StreamWorkload
 	cc      *countingClient
 	conns   *Connections
 	mirror  *HealthMirror
@@ -64,7 +64,7 @@ func startTrafficAfter(t *testing.T, probe bool, delay time.Duration) *trafficHa
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &trafficHarness{w: Workload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: wg.Name}, cc: newCountingClient()}
+	h := &trafficHarness{w: registry.StreamWorkload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: wg.Name}, cc: newCountingClient()}
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	if h.metrics, err = NewConnectionMetrics(prometheus.NewRegistry()); err != nil {
@@ -107,7 +107,7 @@ func startTrafficAfter(t *testing.T, probe bool, delay time.Duration) *trafficHa
 func (h *trafficHarness) report(t *testing.T, healthy bool) {
 	t.Helper()
 	at := time.Now().UTC().Truncate(time.Millisecond)
-	h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: healthy, At: at})
+	h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: healthy, At: at})
 	fixtures.Eventually(t, 30*time.Second, "the report stored", func() bool {
 		c := registry.IstioCondition(entry(t, h.w.Key).Status.Conditions, registry.ConditionHealthy)
 		return c.GetLastProbeTime().AsTime().Equal(at)
@@ -207,7 +207,7 @@ func TestDisconnectedWorkloadLeavesTrafficAndComesBack(t *testing.T) {
 
 			// A report of the closed stream (held or retried) is not
 			// stored over it.
-			h.mirror.ReportHealth(t.Context(), h.w, Health{Healthy: true, At: time.Now()})
+			h.mirror.ReportHealth(t.Context(), h.w, registry.HealthReport{Healthy: true, At: time.Now()})
 			if err := h.mirror.Flush(t.Context()); err != nil {
 				t.Fatal(err)
 			}

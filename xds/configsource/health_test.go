@@ -170,7 +170,7 @@ func TestUnhealthyWorkloadLeavesTheEDSOfOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reviews := presence.Workload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: "reviews"}
+	reviews := registry.StreamWorkload{Key: client.ObjectKeyFromObject(res.Registration), UID: res.Registration.UID, Group: "reviews"}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "reviews", Namespace: ns}}
 	svc.Spec.Selector = map[string]string{"app": "reviews"}
 	svc.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 8080}}
@@ -196,9 +196,9 @@ func TestUnhealthyWorkloadLeavesTheEDSOfOthers(t *testing.T) {
 	// Registered with a probe, no report yet: unhealthy, no endpoint.
 	s.waitEndpoints(t, "before the first probe", cluster, func(eps []string) bool { return len(eps) == 0 })
 
-	mirror.ReportHealth(ctx, reviews, presence.Health{Healthy: true, At: time.Now()})
+	mirror.ReportHealth(ctx, reviews, registry.HealthReport{Healthy: true, At: time.Now()})
 	s.waitEndpoints(t, "after the first passing probe", cluster, func(eps []string) bool { return slices.Equal(eps, []string{"10.0.0.30"}) })
 
-	mirror.ReportHealth(ctx, reviews, presence.Health{Healthy: false, Message: "HTTP probe failed with statuscode: 503", At: time.Now()})
+	mirror.ReportHealth(ctx, reviews, registry.HealthReport{Healthy: false, Message: "HTTP probe failed with statuscode: 503", At: time.Now()})
 	s.waitEndpoints(t, "after the probe failed", cluster, func(eps []string) bool { return len(eps) == 0 })
 }
