@@ -15,6 +15,9 @@ PROTOC_GEN_GO_VERSION := $(shell go list -m -f '{{.Version}}' google.golang.org/
 PROTOC_GEN_GO := $(TOOLS_BIN)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 PROTOC_GEN_GO_GRPC := $(TOOLS_BIN)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)
+# golangci-lint (make lint, part of make verify), configured in .golangci.yml.
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(TOOLS_BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 PROTO_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.proto')
 
 GO_TEST_FLAGS ?= -race -count=1
@@ -74,7 +77,7 @@ generate: $(CONTROLLER_GEN) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate
 		$(PROTO_FILES)
 
 .PHONY: verify
-verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet complains, a go.mod is not tidy, or git tracks a binary or a file over 2 MiB.
+verify: $(GOLANGCI_LINT) ## Fail when generated files are stale, code is not gofmt-clean, go vet or golangci-lint (the layering of docs/architecture.md included) complains, a go.mod is not tidy, or git tracks a binary or a file over 2 MiB.
 	@before=$$($(GENERATED_SUM)); \
 		$(MAKE) --no-print-directory generate >/dev/null; \
 		after=$$($(GENERATED_SUM)); \
@@ -85,6 +88,8 @@ verify: ## Fail when generated files are stale, code is not gofmt-clean, go vet 
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
 	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go vet ./...;)
+	$(GOLANGCI_LINT) run --timeout 20m ./...
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && $(GOLANGCI_LINT) run --timeout 20m ./...;)
 	@# go.mod and go.sum tidy in every module (a test module replaces the main
 	@# one: a change of the main go.mod needs its go.mod updated too).
 	$(foreach m,. $(TEST_MODULES),cd $(ROOT)/$(m) && go mod tidy -diff >/dev/null || { echo "go.mod of $(m) is not tidy: run 'go mod tidy' there and commit" >&2; exit 1; };)
@@ -257,11 +262,18 @@ soak: testenv ## Onboard and churn at a steady rate for SOAK_DURATION; sample he
 	SOAK_DURATION=$(SOAK_DURATION) go test -tags soak -count=1 -timeout 0 -v ./test/soak/
 
 .PHONY: lint
-lint: ## Run gofmt and go vet.
+lint: $(GOLANGCI_LINT) ## Run gofmt, go vet and golangci-lint (.golangci.yml: the layering rules, staticcheck, unused, revive, ...).
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 	go vet ./...
 	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && go vet ./...;)
+	$(GOLANGCI_LINT) run --timeout 20m ./...
+	$(foreach m,$(TEST_MODULES),cd $(ROOT)/$(m) && $(GOLANGCI_LINT) run --timeout 20m ./...;)
+
+$(GOLANGCI_LINT):
+	mkdir -p $(TOOLS_BIN)
+	GOBIN=$(TOOLS_BIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(TOOLS_BIN)/golangci-lint $@
 
 $(PROTOC_GEN_GO):
 	mkdir -p $(TOOLS_BIN)

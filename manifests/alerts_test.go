@@ -76,12 +76,12 @@ const (
 	faultSteps     = 80
 )
 
-// run scrapes the replicas' real metrics (fetched once, held in real),
+// run scrapes the replicas' real metrics (fetched once, held in scraped),
 // changed by f from the fault's start, into a fresh TSDB and evaluates
 // every alerting rule after each scrape with Prometheus' rule engine. It
 // returns, per alert, when it first went pending and when it first fired
 // (zero if never), and the labels it fired with.
-func runAlertTimeline(t *testing.T, ctx context.Context, rs *replicas, real map[string]families, f fault) (pending, firing map[string]time.Time, firedLabels map[string]labels.Labels, faultStart time.Time) {
+func runAlertTimeline(t *testing.T, ctx context.Context, rs *replicas, scraped map[string]families, f fault) (pending, firing map[string]time.Time, firedLabels map[string]labels.Labels, faultStart time.Time) {
 	t.Helper()
 	p := newPromDB(t)
 	query := rules.EngineQueryFunc(p.engine, p.db)
@@ -94,7 +94,7 @@ func runAlertTimeline(t *testing.T, ctx context.Context, rs *replicas, real map[
 		app := p.db.Appender(ctx)
 		for _, tg := range rs.targets {
 			fams := families{}
-			for name, mf := range real[tg.pod] {
+			for name, mf := range scraped[tg.pod] {
 				fams[name] = proto.Clone(mf).(*dto.MetricFamily)
 			}
 			if i >= healthySteps && f != nil && !f(t, i-healthySteps, tg, fams) {
@@ -319,14 +319,14 @@ func TestEveryAlertFires(t *testing.T) {
 	}
 
 	leader, other := rs.leader(t)
-	real := map[string]families{}
+	scraped := map[string]families{}
 	for _, tg := range rs.targets {
-		real[tg.pod] = fetch(t, tg)
+		scraped[tg.pod] = fetch(t, tg)
 	}
-	denial := firstLabels(t, real[other.pod], "embark_onboarding_denials_total")
+	denial := firstLabels(t, scraped[other.pod], "embark_onboarding_denials_total")
 	// The fixture's workload: the API server may hold other tests'
 	// registrations, which the leader counts too.
-	workload := labelsWhere(t, real[leader.pod], "embark_registry_workloads", "workload_namespace", rs.fixture.ns)
+	workload := labelsWhere(t, scraped[leader.pod], "embark_registry_workloads", "workload_namespace", rs.fixture.ns)
 	unhealthy := map[string]string{}
 	for k, v := range workload {
 		unhealthy[k] = v
@@ -425,7 +425,7 @@ func TestEveryAlertFires(t *testing.T) {
 			if _, ok := holds[tc.alert]; !ok {
 				t.Fatalf("monitoring/prometheusrule.yaml has no alert %s", tc.alert)
 			}
-			pending, firing, fired, faultStart := runAlertTimeline(t, ctx, rs, real, tc.fault)
+			pending, firing, fired, faultStart := runAlertTimeline(t, ctx, rs, scraped, tc.fault)
 			if at, ok := pending[tc.alert]; ok && at.Before(faultStart) {
 				t.Errorf("%s was active at %s, before the failure began at %s", tc.alert, at, faultStart)
 			}
@@ -452,7 +452,7 @@ func TestEveryAlertFires(t *testing.T) {
 	}
 
 	t.Run("healthy installation: no alert", func(t *testing.T) {
-		pending, _, _, _ := runAlertTimeline(t, ctx, rs, real, nil)
+		pending, _, _, _ := runAlertTimeline(t, ctx, rs, scraped, nil)
 		for name, at := range pending {
 			t.Errorf("%s active at %s on the healthy installation", name, at)
 		}
@@ -477,7 +477,7 @@ func TestEveryAlertFires(t *testing.T) {
 			setGauge(t, fams, "embark_serving_certificate_expiry_timestamp_seconds", map[string]string{}, year)
 			return true
 		}
-		pending, _, _, _ := runAlertTimeline(t, ctx, rs, real, healthy)
+		pending, _, _, _ := runAlertTimeline(t, ctx, rs, scraped, healthy)
 		for name, at := range pending {
 			t.Errorf("%s active at %s on a healthy replica in istiod mode", name, at)
 		}

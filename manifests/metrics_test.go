@@ -43,7 +43,7 @@ func exportedMetrics(reg prometheus.Registerer, reader client.Reader) error {
 	if _, err := presence.NewConnectionMetrics(reg); err != nil {
 		return fmt.Errorf("connection metrics: %w", err)
 	}
-	if _, err := lifecycle.NewLifecycleMetrics(reg); err != nil {
+	if _, err := lifecycle.NewMetrics(reg); err != nil {
 		return fmt.Errorf("lifecycle metrics: %w", err)
 	}
 	if _, err := presence.NewHealthMetrics(reg, reader); err != nil {

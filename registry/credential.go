@@ -40,8 +40,8 @@ const (
 	minSidecarTokenLifetime = 10 * time.Minute
 )
 
-// ErrServiceAccountMissing: the WorkloadGroup template's service account does
-// not exist. Embark never creates service accounts by itself.
+// ErrServiceAccountMissing says that the WorkloadGroup template's service
+// account does not exist. Embark never creates service accounts by itself.
 var ErrServiceAccountMissing = errors.New("service account missing")
 
 // SidecarCredentialOptions configures the sidecar's token. Zero fields take
@@ -198,7 +198,8 @@ func (r *Registrar) requestSidecarToken(ctx context.Context, war *runtimev1alpha
 	}, nil
 }
 
-// ErrRegistrationNotFound: the registration (or its sidecar Secret) does not exist.
+// ErrRegistrationNotFound says that the registration (or its sidecar Secret)
+// does not exist.
 var ErrRegistrationNotFound = errors.New("registration not found")
 
 // RenewSidecarToken returns a fresh token for the sidecar of the registration

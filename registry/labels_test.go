@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"encoding/json"
 	"maps"
 	"strings"
 	"testing"
@@ -210,8 +209,7 @@ func TestHostnameOf(t *testing.T) {
 		war := &runtimev1alpha1.WorkloadAutoRegistration{}
 		war.Spec.Identity, war.Spec.Registration.Host.Addresses = tc.id, tc.addrs
 		if got := HostnameOf(war); got != tc.want {
-			b, _ := json.Marshal(tc)
-			t.Errorf("HostnameOf(%s) = %q, want %q", b, got, tc.want)
+			t.Errorf("HostnameOf(%+v, %+v) = %q, want %q", tc.id, tc.addrs, got, tc.want)
 		}
 	}
 }

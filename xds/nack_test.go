@@ -195,9 +195,5 @@ func TestAFailingFirstConfigurationServesAnEmptyOne(t *testing.T) {
 func (s *Server) streamsOf(key types.NamespacedName) []*stream {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []*stream
-	for _, st := range s.byWorkload[key] {
-		out = append(out, st)
-	}
-	return out
+	return append([]*stream(nil), s.byWorkload[key]...)
 }

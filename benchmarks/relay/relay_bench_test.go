@@ -225,10 +225,8 @@ func startEmbark(b *testing.B, i *testenv.Istiod, serving *tls.Config) (string, 
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = srv.Run(ctx) }()
 	// The endpoint's per-source limits are left out (every client here is
-	// 127.0.0.1); its connection buffers are the endpoint's own
-	// and its TLS (limits.BufferOptions, which limits.GRPCServerOptions
-	// includes, and limits.TLSServerOptions).
-	opts := append(limits.BufferOptions(), limits.TLSServerOptions(serving)...)
+	// 127.0.0.1); its TLS is the endpoint's own (limits.TLSServerOptions).
+	opts := limits.TLSServerOptions(serving)
 	g := grpc.NewServer(append(opts, grpc.MaxConcurrentStreams(1<<20))...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -45,8 +45,10 @@ func TestSourceCheck(t *testing.T) {
 func TestVerifyLimitIsPerSource(t *testing.T) {
 	l := newSourceLimiter(RateLimit{PerSecond: 0.001, Burst: 2, Sources: 2})
 	a, b := fromPeer(t.Context(), "192.0.2.1:1"), fromPeer(t.Context(), "192.0.2.2:1")
-	if !l.allow(a) || !l.allow(a) {
-		t.Fatal("burst of 2 refused")
+	for i := range 2 {
+		if !l.allow(a) {
+			t.Fatalf("request %d of a burst of 2 refused", i+1)
+		}
 	}
 	if l.allow(a) {
 		t.Error("third request within the burst window allowed")

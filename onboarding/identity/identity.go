@@ -10,22 +10,22 @@ import (
 type Method string
 
 const (
-	// MethodAWSInstanceIdentityDocument: an EC2 instance identity document
+	// MethodAWSInstanceIdentityDocument is an EC2 instance identity document
 	// with a valid RSA-2048 PKCS#7 signature of AWS.
 	MethodAWSInstanceIdentityDocument Method = "aws-ec2-instance-identity-document"
-	// MethodAWSInstanceIdentityDocumentAndSTS: as above, plus a signed
+	// MethodAWSInstanceIdentityDocumentAndSTS is the same, plus a signed
 	// sts:GetCallerIdentity request answered with the instance's role
 	// session.
 	MethodAWSInstanceIdentityDocumentAndSTS Method = "aws-ec2-instance-identity-document+sts-get-caller-identity"
-	// MethodJWT: a JWT of a configured OIDC issuer.
+	// MethodJWT is a JWT of a configured OIDC issuer.
 	MethodJWT Method = "jwt"
-	// MethodGCEInstanceIdentityToken: a Google Compute Engine instance
+	// MethodGCEInstanceIdentityToken is a Google Compute Engine instance
 	// identity token (format=full) signed by Google.
 	MethodGCEInstanceIdentityToken Method = "gce-instance-identity-token"
-	// MethodAzureManagedIdentityToken: an Azure VM's system-assigned
+	// MethodAzureManagedIdentityToken is an Azure VM's system-assigned
 	// managed identity token (an Entra ID access token) signed by Microsoft.
 	MethodAzureManagedIdentityToken Method = "azure-managed-identity-token"
-	// MethodECSTaskRole: a signed sts:GetCallerIdentity request answered
+	// MethodECSTaskRole is a signed sts:GetCallerIdentity request answered
 	// with an ECS task's task role session, optionally confirmed with ECS
 	// DescribeTasks.
 	MethodECSTaskRole Method = "aws-ecs-task-role+sts-get-caller-identity"

@@ -274,12 +274,13 @@ func (l *Limiter) allowPeer(ctx context.Context) error {
 
 // GRPCServerOptions are the options enforcing the limits on a gRPC server:
 // MaxConcurrentStreams, keepalive enforcement and parameters, the idle
-// limit, the message size and the per-source rate of new calls; and write
-// buffers shared between connections. Serve it on
-// l.Listen(lis) for the connection limits.
+// limit, the message size and the per-source rate of new calls (gRPC shares
+// write buffers between connections by itself, so an idle sidecar's
+// connection keeps none). Serve it on l.Listen(lis) for the connection
+// limits.
 func (l *Limiter) GRPCServerOptions() []grpc.ServerOption {
 	o := l.opts
-	return append(BufferOptions(), []grpc.ServerOption{
+	return []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(o.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(o.MaxRecvMessageBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: o.KeepaliveMinTime.Duration, PermitWithoutStream: true}),
@@ -300,16 +301,6 @@ func (l *Limiter) GRPCServerOptions() []grpc.ServerOption {
 			}
 			return next(srv, ss)
 		}),
-	}...)
-}
-
-// BufferOptions are the gRPC server's connection buffers: each sidecar holds
-// a connection of its own that is idle most of the time, so a write buffer
-// is taken from a shared pool while a frame is written, rather than 32 KiB
-// kept per connection.
-func BufferOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.SharedWriteBuffer(true),
 	}
 }
 

@@ -35,11 +35,11 @@ const DefaultEventInterval = 5 * time.Minute
 const maxTrackedEvents = 4096
 
 var (
-	// ErrWorkloadGroupNotFound: the WorkloadGroup a workload asked to join
-	// does not exist. The onboarding endpoint answers FailedPrecondition, as
+	// ErrWorkloadGroupNotFound says that the WorkloadGroup a workload asked
+	// to join does not exist. The onboarding endpoint answers FailedPrecondition, as
 	// Istio does.
 	ErrWorkloadGroupNotFound = errors.New("WorkloadGroup not found")
-	// ErrDenied: no OnboardingPolicy allows the workload to join the
+	// ErrDenied says that no OnboardingPolicy allows the workload to join the
 	// WorkloadGroup. Errors for which errors.Is(err, ErrDenied) holds are
 	// *DeniedError values; the onboarding endpoint answers PermissionDenied
 	// with their message.

@@ -885,7 +885,7 @@ func TestTruncateAndClip(t *testing.T) {
 
 func TestDeniedError(t *testing.T) {
 	d := Evaluate(nil, group("bookinfo", "ratings"), ec2("123456789012", "us-east-2", "us-east-2b", ""))
-	var err error = fmt.Errorf("onboard: %w", &DeniedError{Decision: d})
+	err := fmt.Errorf("onboard: %w", &DeniedError{Decision: d})
 	tests := []struct {
 		name string
 		got  bool

@@ -214,8 +214,8 @@ func yumRepo(t *testing.T, srv *httptest.Server, keys openpgp.EntityList, base s
 		if sum := sha256.Sum256(plain); hex.EncodeToString(sum[:]) != d.Open {
 			t.Fatalf("%s: open checksum", d.Location.Href)
 		}
-		var any struct{}
-		if err := xml.Unmarshal(plain, &any); err != nil {
+		var doc struct{}
+		if err := xml.Unmarshal(plain, &doc); err != nil {
 			t.Fatalf("%s: %v", d.Location.Href, err)
 		}
 		if d.Type == "primary" {

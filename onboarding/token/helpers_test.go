@@ -167,7 +167,7 @@ func signRaw(t testing.TB, alg jose.SignatureAlgorithm, priv any, kid string, pa
 	for k, v := range extra {
 		opts.WithHeader(k, v)
 	}
-	var key any = priv
+	key := any(priv)
 	if kid != "" {
 		key = jose.JSONWebKey{Key: priv, KeyID: kid}
 	}

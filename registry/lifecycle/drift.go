@@ -127,7 +127,7 @@ type driftReconciler struct {
 	cache   cache.Cache
 	writer  *write.Writer
 	log     *slog.Logger
-	metrics *LifecycleMetrics
+	metrics *Metrics
 	resync  time.Duration
 	workers int
 	now     func() time.Time

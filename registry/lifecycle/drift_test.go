@@ -106,13 +106,13 @@ func TestWorkloadGroupDriftCondition(t *testing.T) {
 	wg := lifecycleGroup(t, ns)
 	war, _ := createRegistration(t, wg, 1)
 	// One worker: registrations are reconciled in the order they are queued.
-	h := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = time.Hour; o.Workers = 1 })
+	h := startLifecycle(t, ns, "replica-a", func(o *Options) { o.GracePeriod = time.Hour; o.Workers = 1 })
 
-	cur := waitCondition(t, war, runtimev1alpha1.ConditionWorkloadGroupOutOfDate, metav1.ConditionFalse, ReasonUpToDate)
+	waitCondition(t, war, runtimev1alpha1.ConditionWorkloadGroupOutOfDate, metav1.ConditionFalse, ReasonUpToDate)
 
 	// The template changes: True, naming the field and the generations.
 	changed := updateGroup(t, wg, func(g *istionetworkingv1.WorkloadGroup) { g.Spec.Template.ServiceAccount = "ratings-v2" })
-	cur = waitCondition(t, war, runtimev1alpha1.ConditionWorkloadGroupOutOfDate, metav1.ConditionTrue, ReasonWorkloadGroupChanged)
+	cur := waitCondition(t, war, runtimev1alpha1.ConditionWorkloadGroupOutOfDate, metav1.ConditionTrue, ReasonWorkloadGroupChanged)
 	msg := meta.FindStatusCondition(cur.Status.Conditions, runtimev1alpha1.ConditionWorkloadGroupOutOfDate).Message
 	for _, want := range []string{"template.serviceAccount", "snapshot generation 1", "current generation 2", "kubectl delete war " + war.Name} {
 		if !strings.Contains(msg, want) {

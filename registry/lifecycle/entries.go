@@ -37,7 +37,7 @@ const (
 	ReasonWorkloadEntryNotRecreated = "WorkloadEntryNotRecreated"
 )
 
-// DefaultRecreateQPS is LifecycleOptions.RecreateQPS's default.
+// DefaultRecreateQPS is Options.RecreateQPS's default.
 const DefaultRecreateQPS = 10.0
 
 // entryReconciler keeps every live registration's WorkloadEntry: one deleted
@@ -56,7 +56,7 @@ type entryReconciler struct {
 	recorder record.EventRecorder
 	limit    *rate.Limiter
 	log      *slog.Logger
-	metrics  *LifecycleMetrics
+	metrics  *Metrics
 	resync   time.Duration
 	workers  int
 	now      func() time.Time

@@ -76,7 +76,7 @@ func TestDeletedWorkloadEntryIsRecreated(t *testing.T) {
 		})
 	})
 	// One worker: the fenced registration, deleted first, is looked at first.
-	h := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = time.Hour; o.Workers = 1 })
+	h := startLifecycle(t, ns, "replica-a", func(o *Options) { o.GracePeriod = time.Hour; o.Workers = 1 })
 	for _, we := range []*istionetworkingv1.WorkloadEntry{fencedEntry, liveEntry} {
 		if err := env.Client.Delete(t.Context(), we); err != nil {
 			t.Fatal(err)
@@ -139,7 +139,7 @@ func TestIstiodAnnotationsAreRemoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = time.Hour })
+	startLifecycle(t, ns, "replica-a", func(o *Options) { o.GracePeriod = time.Hour })
 	got := waitEntry(t, war, "lost istiod's annotations", func(we *istionetworkingv1.WorkloadEntry) bool {
 		return !registry.HasIstiodAnnotations(we.Annotations)
 	})

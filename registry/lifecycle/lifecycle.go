@@ -23,7 +23,7 @@ import (
 // SweeperLeaseName is the Lease that elects the replica that sweeps.
 const SweeperLeaseName = "embark-sweeper"
 
-// Defaults of LifecycleOptions.
+// Defaults of Options.
 const (
 	DefaultGracePeriod        = 5 * time.Minute
 	DefaultRemovalQPS         = 20.0
@@ -39,8 +39,8 @@ const (
 // errNoReplica is returned for a Lifecycle without a replica name.
 var errNoReplica = errors.New("registry: the replica name is required")
 
-// LifecycleOptions configures a Lifecycle. Every field documents its default.
-type LifecycleOptions struct {
+// Options configures a Lifecycle. Every field documents its default.
+type Options struct {
 	// Client writes registration status and deletes registrations. Required.
 	Client client.Client
 	// APIReader reads the live registration right before a write or a
@@ -102,7 +102,7 @@ type LifecycleOptions struct {
 	// Recorder records Events on registrations. Default: none recorded.
 	Recorder record.EventRecorder
 	// Metrics. Default: none recorded.
-	Metrics *LifecycleMetrics
+	Metrics *Metrics
 	// Logger. Default: slog.Default().
 	Logger *slog.Logger
 	// Clock for grace-period decisions and timestamps. Default: time.Now.
@@ -117,9 +117,9 @@ type LifecycleOptions struct {
 // ElectionTiming times the sweeper's leader election.
 type ElectionTiming = replica.ElectionTiming
 
-func (o *LifecycleOptions) setDefaults() error {
+func (o *Options) setDefaults() error {
 	if o.Client == nil || o.Cache == nil || o.Kube == nil {
-		return errors.New("registry: LifecycleOptions.Client, Cache and Kube are required")
+		return errors.New("registry: Options.Client, Cache and Kube are required")
 	}
 	if o.APIReader == nil {
 		o.APIReader = o.Client
@@ -193,7 +193,7 @@ func (o *LifecycleOptions) setDefaults() error {
 // while its registration lives, and removes the credential Secrets and
 // WorkloadEntries whose registration is gone.
 type Lifecycle struct {
-	opts      LifecycleOptions
+	opts      Options
 	leases    *replica.Leases
 	heartbeat *replica.Heartbeat
 	sweeper   *sweeper
@@ -205,7 +205,7 @@ type Lifecycle struct {
 }
 
 // NewLifecycle returns a Lifecycle; Start runs it.
-func NewLifecycle(opts LifecycleOptions) (*Lifecycle, error) {
+func NewLifecycle(opts Options) (*Lifecycle, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}

@@ -7,9 +7,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// LifecycleMetrics are the lifecycle's Prometheus metrics. A nil
-// *LifecycleMetrics records nothing.
-type LifecycleMetrics struct {
+// Metrics are the lifecycle's Prometheus metrics. A nil
+// *Metrics records nothing.
+type Metrics struct {
 	removals    *prometheus.CounterVec
 	replicaLost prometheus.Counter
 	leader      prometheus.Gauge
@@ -18,9 +18,9 @@ type LifecycleMetrics struct {
 	orphans     *prometheus.CounterVec
 }
 
-// NewLifecycleMetrics creates the metrics and registers them with reg.
-func NewLifecycleMetrics(reg prometheus.Registerer) (*LifecycleMetrics, error) {
-	m := &LifecycleMetrics{
+// NewMetrics creates the metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
 		removals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "embark", Subsystem: "registry", Name: "grace_period_removals_total",
 			Help: "Registrations removed (with their WorkloadEntry) after their workload had no ADS stream for the grace period, by cause: disconnected, never_connected, replica_gone.",
@@ -54,19 +54,19 @@ func NewLifecycleMetrics(reg prometheus.Registerer) (*LifecycleMetrics, error) {
 	return m, nil
 }
 
-func (m *LifecycleMetrics) removed(cause string) {
+func (m *Metrics) removed(cause string) {
 	if m != nil {
 		m.removals.WithLabelValues(cause).Inc()
 	}
 }
 
-func (m *LifecycleMetrics) replicaGone() {
+func (m *Metrics) replicaGone() {
 	if m != nil {
 		m.replicaLost.Inc()
 	}
 }
 
-func (m *LifecycleMetrics) setLeader(leading bool) {
+func (m *Metrics) setLeader(leading bool) {
 	if m == nil {
 		return
 	}
@@ -77,19 +77,19 @@ func (m *LifecycleMetrics) setLeader(leading bool) {
 	}
 }
 
-func (m *LifecycleMetrics) recreated() {
+func (m *Metrics) recreated() {
 	if m != nil {
 		m.recreations.Inc()
 	}
 }
 
-func (m *LifecycleMetrics) driftWritten(status metav1.ConditionStatus) {
+func (m *Metrics) driftWritten(status metav1.ConditionStatus) {
 	if m != nil {
 		m.drift.WithLabelValues(string(status)).Inc()
 	}
 }
 
-func (m *LifecycleMetrics) orphanRemoved(kind string) {
+func (m *Metrics) orphanRemoved(kind string) {
 	if m != nil {
 		m.orphans.WithLabelValues(kind).Inc()
 	}

@@ -61,7 +61,7 @@ func TestNeverConnectedDue(t *testing.T) {
 func TestSweeperWritesAgentNeverConnectedThenRemoves(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := lifecycleGroup(t, ns)
-	h := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) {
+	h := startLifecycle(t, ns, "replica-a", func(o *Options) {
 		o.NeverConnectedAfter = time.Second
 		o.GracePeriod = 6 * time.Second
 	})

@@ -166,7 +166,7 @@ type orphanCollector struct {
 	cache    cache.Cache
 	writer   *write.Writer
 	removals *rate.Limiter
-	metrics  *LifecycleMetrics
+	metrics  *Metrics
 	log      *slog.Logger
 	resync   time.Duration
 	workers  int

@@ -257,7 +257,7 @@ func TestSweeperLeaderRemovesOrphans(t *testing.T) {
 	wg := lifecycleGroup(t, ns)
 	war, entry := createRegistration(t, wg, 1)
 	secret := createCredential(t, war)
-	h := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = time.Hour })
+	h := startLifecycle(t, ns, "replica-a", func(o *Options) { o.GracePeriod = time.Hour })
 	orphanDelete(t, h.cache, war, secret, entry)
 	waitGoneLive(t, secret, "orphaned credential Secret")
 	waitGoneLive(t, entry, "orphaned WorkloadEntry")

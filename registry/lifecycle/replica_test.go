@@ -23,8 +23,8 @@ func TestReplicaLeaseRenewedAndReleased(t *testing.T) {
 	wg := lifecycleGroup(t, ns)
 	// a watches; b is the replica that comes and goes. No resync: the
 	// release is noticed through the Lease's deletion.
-	a := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = time.Hour; o.ResyncPeriod = time.Hour })
-	b := startLifecycle(t, ns, "replica-b", func(o *LifecycleOptions) { o.GracePeriod = time.Hour; o.ResyncPeriod = time.Hour })
+	a := startLifecycle(t, ns, "replica-a", func(o *Options) { o.GracePeriod = time.Hour; o.ResyncPeriod = time.Hour })
+	b := startLifecycle(t, ns, "replica-b", func(o *Options) { o.GracePeriod = time.Hour; o.ResyncPeriod = time.Hour })
 
 	select {
 	case <-b.lc.Ready():

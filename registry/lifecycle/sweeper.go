@@ -145,15 +145,15 @@ type sweeper struct {
 	removals *rate.Limiter
 	writer   *write.Writer
 	recorder record.EventRecorder
-	metrics  *LifecycleMetrics
+	metrics  *Metrics
 	log      *slog.Logger
 	now      func() time.Time
 
-	// neverConnectedAfter: see LifecycleOptions.NeverConnectedAfter.
+	// neverConnectedAfter: see Options.NeverConnectedAfter.
 	neverConnectedAfter time.Duration
 	// leaseGrace is how long after this sweeper started leading an expired
 	// replica Lease is not yet taken as proof that its replica is gone
-	// (LifecycleOptions.ReplicaLeaseDuration). leadingSince is set by run.
+	// (Options.ReplicaLeaseDuration). leadingSince is set by run.
 	leaseGrace   time.Duration
 	leadingSince time.Time
 

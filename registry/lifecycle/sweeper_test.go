@@ -33,7 +33,7 @@ import (
 // lifecycleHarness is one running Lifecycle (one endpoint replica).
 type lifecycleHarness struct {
 	lc      *Lifecycle
-	metrics *LifecycleMetrics
+	metrics *Metrics
 	reg     *prometheus.Registry
 	cache   cache.Cache
 	cancel  context.CancelFunc
@@ -46,14 +46,14 @@ type lifecycleHarness struct {
 // startLifecycle starts a Lifecycle for replica, watching leaseNamespace only, with test-sized timings
 // (grace period 2s, replica Lease 2s, election Lease 2s) that mutate may
 // change; it is stopped when the test ends.
-func startLifecycle(t *testing.T, leaseNamespace, replica string, mutate func(*LifecycleOptions)) *lifecycleHarness {
+func startLifecycle(t *testing.T, leaseNamespace, replica string, mutate func(*Options)) *lifecycleHarness {
 	t.Helper()
 	kube, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	metrics, err := NewLifecycleMetrics(reg)
+	metrics, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func startLifecycle(t *testing.T, leaseNamespace, replica string, mutate func(*L
 	if !informers.WaitForCacheSync(ctx) {
 		t.Fatal("cache did not sync")
 	}
-	opts := LifecycleOptions{
+	opts := Options{
 		Client: env.Client, Cache: informers, Kube: kube,
 		Replica: replica, LeaseNamespace: leaseNamespace,
 		GracePeriod:          2 * time.Second,
@@ -436,7 +436,7 @@ func TestReconnectRacingTheRemovalWins(t *testing.T) {
 			return err
 		},
 	})
-	startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.Client = racing; o.APIReader = env.Client })
+	startLifecycle(t, ns, "replica-a", func(o *Options) { o.Client = racing; o.APIReader = env.Client })
 
 	// Both never connected: they expire together.
 	waitRemovedOnTime(t, control, control.CreationTimestamp.Add(2*time.Second), onTime)
@@ -506,7 +506,7 @@ func TestSweeperMarksConnectionsOfGoneReplicasThenRemoves(t *testing.T) {
 	}
 	// The resync is out of the picture: the expiring Lease is noticed by
 	// its expiry watch.
-	h := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = grace; o.ResyncPeriod = time.Hour })
+	h := startLifecycle(t, ns, "replica-a", func(o *Options) { o.GracePeriod = grace; o.ResyncPeriod = time.Hour })
 	// A connection of the live replica is established after it started (a
 	// connection stamped before its start would rightly count as one of a
 	// previous run of the replica).
@@ -574,7 +574,7 @@ func TestSweeperRestartRemovesOnTimeFromStoredTimestamps(t *testing.T) {
 	const grace = 3 * time.Second
 	ns := env.Namespace(t)
 	wg := lifecycleGroup(t, ns)
-	first := startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) { o.GracePeriod = grace })
+	first := startLifecycle(t, ns, "replica-a", func(o *Options) { o.GracePeriod = grace })
 	waitLeader(t, first)
 	war, we := createRegistration(t, wg, 1)
 	setConnection(t, war, "replica-a", true, time.Now())
@@ -586,7 +586,7 @@ func TestSweeperRestartRemovesOnTimeFromStoredTimestamps(t *testing.T) {
 	if !time.Now().Before(deadline) {
 		t.Fatal("the first sweeper stopped after the grace period had ended; the test proves nothing")
 	}
-	second := startLifecycle(t, ns, "replica-b", func(o *LifecycleOptions) { o.GracePeriod = grace })
+	second := startLifecycle(t, ns, "replica-b", func(o *Options) { o.GracePeriod = grace })
 	waitRemovedOnTime(t, war, deadline, onTime)
 	fixtures.WaitGone(t, env.Client, we)
 	if got := second.removals(t, causeDisconnected); got != 1 {
@@ -638,7 +638,7 @@ func TestOnlyTheElectedSweeperRemoves(t *testing.T) {
 	counters := map[string]*deleteCounter{"replica-a": {}, "replica-b": {}}
 	sweepers := map[string]*lifecycleHarness{}
 	for name, c := range counters {
-		sweepers[name] = startLifecycle(t, ns, name, func(o *LifecycleOptions) { o.Client = c.client(env.Client); o.APIReader = env.Client })
+		sweepers[name] = startLifecycle(t, ns, name, func(o *Options) { o.Client = c.client(env.Client); o.APIReader = env.Client })
 	}
 	var wars []*runtimev1alpha1.WorkloadAutoRegistration
 	for i := range 3 {
@@ -693,7 +693,7 @@ func TestRemovalsAreRateLimited(t *testing.T) {
 	}
 	counter := &deleteCounter{}
 	// A grace period of 1ns: every registration is expired at once.
-	startLifecycle(t, ns, "replica-a", func(o *LifecycleOptions) {
+	startLifecycle(t, ns, "replica-a", func(o *Options) {
 		o.GracePeriod = time.Nanosecond
 		o.RemovalQPS = qps
 		o.Workers = 4

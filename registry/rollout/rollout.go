@@ -82,7 +82,7 @@ func (o *Options) setDefaults() error {
 }
 
 // Controller drives WorkloadGroupRollouts. Run it only while leading (the
-// sweeper election): LifecycleOptions.Leading.
+// sweeper election): lifecycle.Options.Leading.
 type Controller struct {
 	opts  Options
 	asks  *rate.Limiter

@@ -102,8 +102,11 @@ type Fatal string
 // panic with Fatal, which the unit recovers), not the goroutine.
 type FatalTB struct{ testing.TB }
 
+// Fatalf fails the unit command: it panics with Fatal.
 func (f FatalTB) Fatalf(format string, args ...any) { panic(Fatal(fmt.Sprintf(format, args...))) }
-func (f FatalTB) Fatal(args ...any)                 { panic(Fatal(fmt.Sprint(args...))) }
+
+// Fatal fails the unit command: it panics with Fatal.
+func (f FatalTB) Fatal(args ...any) { panic(Fatal(fmt.Sprint(args...))) }
 
 // Unit plays systemd for a VM's istio-sidecar unit.
 type Unit struct {

@@ -30,13 +30,13 @@ func newDebouncer(quiet time.Duration) *debouncer {
 	return &debouncer{quiet: quiet, max: 10 * quiet, pending: map[batchKey]change{}, signal: make(chan struct{}, 1)}
 }
 
-// add records that obj changed from old (nil: created) to new (nil:
+// add records that obj changed from old (nil: created) to updated (nil:
 // deleted) at now. Changes of one object within a batch merge: the batch
-// keeps its first old and last new state.
-func (d *debouncer) add(kind string, old, new client.Object, now time.Time) {
+// keeps its first old and last updated state.
+func (d *debouncer) add(kind string, old, updated client.Object, now time.Time) {
 	o := old
 	if o == nil {
-		o = new
+		o = updated
 	}
 	k := batchKey{kind: kind, obj: types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}}
 	d.mu.Lock()
@@ -49,7 +49,7 @@ func (d *debouncer) add(kind string, old, new client.Object, now time.Time) {
 	if !seen {
 		c.old = old
 	}
-	c.new = new
+	c.new = updated
 	d.pending[k] = c
 	select {
 	case d.signal <- struct{}{}:

@@ -19,27 +19,27 @@ import (
 // what it reads. Status and annotation writes of the registry (connection
 // state on registrations and WorkloadEntries) are not, so a fleet
 // connecting does not recompute everyone's configuration.
-func relevant(old, new client.Object) bool {
-	if old.GetGeneration() != new.GetGeneration() || !maps.Equal(old.GetLabels(), new.GetLabels()) {
+func relevant(old, updated client.Object) bool {
+	if old.GetGeneration() != updated.GetGeneration() || !maps.Equal(old.GetLabels(), updated.GetLabels()) {
 		return true
 	}
 	switch o := old.(type) {
 	case *istionetworkingv1.WorkloadEntry:
-		n, ok := new.(*istionetworkingv1.WorkloadEntry)
+		n, ok := updated.(*istionetworkingv1.WorkloadEntry)
 		return !ok || o.Annotations[translate.HealthChecksAnnotation] != n.Annotations[translate.HealthChecksAnnotation] ||
 			!proto.Equal(&o.Status, &n.Status)
 	case *corev1.Service:
-		n, ok := new.(*corev1.Service)
+		n, ok := updated.(*corev1.Service)
 		return !ok || !equality.Semantic.DeepEqual(o.Spec, n.Spec) || !equality.Semantic.DeepEqual(serviceExportTo(o), serviceExportTo(n))
 	case *corev1.Pod:
 		// Translation reads a pod's service account, IP and readiness (and
 		// its labels, compared above); kubelet's other status writes are
 		// not relevant.
-		n, ok := new.(*corev1.Pod)
+		n, ok := updated.(*corev1.Pod)
 		return !ok || o.Spec.ServiceAccountName != n.Spec.ServiceAccountName || o.Status.PodIP != n.Status.PodIP ||
 			o.Status.Phase != n.Status.Phase || podReady(o) != podReady(n) || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil)
 	case *discoveryv1.EndpointSlice:
-		n, ok := new.(*discoveryv1.EndpointSlice)
+		n, ok := updated.(*discoveryv1.EndpointSlice)
 		return !ok || o.AddressType != n.AddressType || !equality.Semantic.DeepEqual(o.Endpoints, n.Endpoints) || !equality.Semantic.DeepEqual(o.Ports, n.Ports)
 	}
 	return false

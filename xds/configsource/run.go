@@ -73,14 +73,14 @@ func (s *Source) Run(ctx context.Context, push Pusher) error {
 		// translation as it is.
 		_, isRegistration := obj.(*runtimev1alpha1.WorkloadAutoRegistration)
 		indexed := isIndexed(obj)
-		add := func(old, new client.Object) {
+		add := func(old, updated client.Object) {
 			if !isRegistration {
 				s.scopes.changed()
 			}
 			if indexed {
 				s.endpoints.changed()
 			}
-			d.add(kind, old, new, s.opts.Clock())
+			d.add(kind, old, updated, s.opts.Clock())
 		}
 		err := handlers.Add(ctx, s.opts.Cache, obj, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: func(o any) {

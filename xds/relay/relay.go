@@ -499,10 +499,9 @@ func (s *relayed[Req, Resp]) drop(err error) {
 		s.backoff = 0
 	}
 	s.answered = false
-	switch {
-	case s.backoff == 0:
+	if s.backoff == 0 {
 		s.backoff = s.r.opts.MinBackoff
-	default:
+	} else {
 		s.backoff = min(2*s.backoff, s.r.opts.MaxBackoff)
 	}
 	wait := s.backoff/2 + rand.N(s.backoff/2+1)

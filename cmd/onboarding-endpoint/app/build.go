@@ -382,7 +382,7 @@ func (b *build) registry(ctx context.Context) error {
 			log.Error("connection reassertion watch stopped", "error", err)
 		}
 	}()
-	lifecycleMetrics, err := lifecycle.NewLifecycleMetrics(b.reg)
+	lifecycleMetrics, err := lifecycle.NewMetrics(b.reg)
 	if err != nil {
 		return err
 	}
@@ -390,7 +390,7 @@ func (b *build) registry(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if b.lifecycle, err = lifecycle.NewLifecycle(lifecycle.LifecycleOptions{
+	if b.lifecycle, err = lifecycle.NewLifecycle(lifecycle.Options{
 		Client: b.kc, APIReader: b.apiReader, Cache: b.informers, Kube: b.cs,
 		Replica: b.opts.Replica, LeaseNamespace: cfg.Namespace,
 		GracePeriod: cfg.Registration.GracePeriod.Duration, RemovalQPS: cfg.Registration.SweepRatePerSecond,

@@ -42,12 +42,19 @@ func NewTB(ctx context.Context, log io.Writer, tempDir string) *TB {
 	return &TB{ctx: ctx, log: log, temp: tempDir}
 }
 
-func (t *TB) Helper()                  {}
-func (t *TB) Context() context.Context { return t.ctx }
-func (t *TB) Name() string             { return "embark-demo" }
+// Helper implements the helpers' TB; it does nothing.
+func (t *TB) Helper() {}
 
+// Context is the demo's context.
+func (t *TB) Context() context.Context { return t.ctx }
+
+// Name is the demo's name.
+func (t *TB) Name() string { return "embark-demo" }
+
+// Logf writes a line to the demo's log.
 func (t *TB) Logf(format string, args ...any) { fmt.Fprintf(t.log, format+"\n", args...) }
 
+// Errorf logs the failure and records it for Errs; the step goes on.
 func (t *TB) Errorf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	t.mu.Lock()
@@ -56,24 +63,29 @@ func (t *TB) Errorf(format string, args ...any) {
 	t.Logf("%s", msg)
 }
 
+// Fatalf logs the failure and ends the step: it panics with a value that
+// runStep turns into the step's error.
 func (t *TB) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	t.Logf("%s", msg)
 	panic(fatal(msg))
 }
 
+// Failed reports whether Errorf was called.
 func (t *TB) Failed() bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.errs) > 0
 }
 
+// Cleanup registers fn to run at Close, last registered first.
 func (t *TB) Cleanup(fn func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.cleanups = append(t.cleanups, fn)
 }
 
+// TempDir returns a new directory under the demo's temporary directory.
 func (t *TB) TempDir() string {
 	t.mu.Lock()
 	t.temps++

@@ -123,7 +123,7 @@ func (s *Store) Reserve(ctx context.Context, key string, expiry time.Time) (bool
 			return false, unavailable(name, err)
 		}
 	}
-	return false, unavailable(name, fmt.Errorf("Lease replaced by another replica %d times", maxAttempts))
+	return false, unavailable(name, fmt.Errorf("the Lease was replaced by another replica %d times", maxAttempts))
 }
 
 // lease is the Lease recording name from now until expiry.
