@@ -1,6 +1,7 @@
 package adversarial
 
 import (
+	"fmt"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -157,4 +158,28 @@ func TestGCETokenOfAReplacedInstance(t *testing.T) {
 	w.compute.Fail(500)
 	_, err = w.authorize(w.token(other, audience))
 	wantCode(t, "API failing", err, codes.Unavailable, "InstanceCheckUnavailable")
+}
+
+// Anyone can create instances in a project of their own and present their
+// genuine tokens: each must not cost a Compute API call (the calls share one
+// rate limit with every legitimate instance), only a policy refusal.
+func TestGCEForeignTokensSpendTheComputeAPIRateLimit(t *testing.T) {
+	Attack(t, "GCE tokens of an attacker's own project spend the Compute API calls every instance shares")
+	w := newGCECheckWorld(t)
+	for i := range 15 { // more than the default burst
+		foreign := w.attacker
+		foreign.ProjectID, foreign.ProjectNumber = "attacker-project", 999999999999
+		foreign.InstanceID = fmt.Sprintf("90000000000000000%02d", i)
+		_, err := w.authorize(w.token(foreign, audience))
+		wantCode(t, "foreign project", err, codes.PermissionDenied, "project attacker-project not in [embark-test]")
+	}
+	if n := w.compute.Calls(); n != 0 {
+		t.Fatalf("%d Compute API calls for instances no policy allows, want 0", n)
+	}
+	if _, err := w.authorize(w.token(w.victim, audience)); err != nil {
+		t.Fatalf("the policy's own instance afterwards: %v", err)
+	}
+	if n := w.compute.Calls(); n != 1 {
+		t.Fatalf("%d Compute API calls, want 1", n)
+	}
 }
