@@ -206,9 +206,11 @@ func (c *Checker) get(ctx context.Context, project, zone, name string) (*Compute
 	switch {
 	case resp.StatusCode == http.StatusNotFound:
 		return nil, fmt.Errorf("%w: %s in project %s, zone %s", ErrInstanceNotFound, name, project, zone)
-	case resp.StatusCode != http.StatusOK:
+	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
 		c.opts.Logger.Warn("the Compute API refused an instance check", "path", u.Path, "status", resp.StatusCode,
-			"hint", "the endpoint's service account needs compute.instances.get on the instance's project")
+			"hint", "the endpoint's Google service account needs compute.instances.get on the instance's project")
+		return nil, fmt.Errorf("%w: compute.instances.get %s answered %d: %s", ErrUnavailable, u.Path, resp.StatusCode, clip(string(body)))
+	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("%w: compute.instances.get %s answered %d: %s", ErrUnavailable, u.Path, resp.StatusCode, clip(string(body)))
 	case len(body) > maxInstanceBytes:
 		return nil, fmt.Errorf("%w: compute.instances.get %s answered more than %d bytes", ErrUnavailable, u.Path, maxInstanceBytes)
