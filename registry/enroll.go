@@ -60,7 +60,8 @@ type Enrollment struct {
 	// Identity is the token's verified identity.
 	Identity runtimev1alpha1.WorkloadIdentity
 	// ProvenAddress is the address the identity proves, canonical (an EC2
-	// document's signed privateIp); "" when it proves none.
+	// document's signed privateIp, a confirmed ECS task's ENI address, a
+	// confirmed GCE instance's nic0 address); "" when it proves none.
 	ProvenAddress string
 	// Registration is what the workload reported, its addresses in
 	// canonical form.
@@ -153,23 +154,29 @@ func proveAddresses(ctx context.Context, e Enrollment, policy Policy) (bool, err
 // identityProves says whether the identity of e proves addr as an address
 // of type typ: an EC2 instance identity document proves its signed
 // privateIp, as a VPC address, and nothing else; an ECS task the ECS API
-// confirmed proves its ENI's private address, as a VPC address; a JWT
-// proves no address.
+// confirmed proves its ENI's private address, and a GCE instance the
+// Compute API confirmed its primary interface's internal address, as a VPC
+// address; a JWT proves no address.
 func identityProves(e Enrollment, typ runtimev1alpha1.AddressType, addr netip.Addr) bool {
-	proving := e.Identity.AWS != nil || (e.Identity.ECS != nil && e.Identity.ECS.TaskConfirmed)
+	proving := e.Identity.AWS != nil || (e.Identity.ECS != nil && e.Identity.ECS.TaskConfirmed) ||
+		(e.Identity.GCP != nil && e.Identity.GCP.InstanceConfirmed)
 	return proving && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String()
 }
 
 // notProven is the refusal of host address i of e.
 func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.Addr) error {
-	what := "its identity proves no address (a JWT host, a GCE instance or an Azure VM)"
-	switch ecs := e.Identity.ECS; {
+	what := "its identity proves no address (a JWT host or an Azure VM)"
+	switch ecs, gcp := e.Identity.ECS, e.Identity.GCP; {
 	case e.Identity.AWS != nil:
 		what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
 	case ecs != nil && ecs.TaskConfirmed:
 		what = fmt.Sprintf("the ECS API confirmed only the task's ENI address %s (VPC)", e.ProvenAddress)
 	case ecs != nil:
 		what = "its identity proves no address (the ECS task was not confirmed by the ECS API: identity.ecs.taskCheck is not configured)"
+	case gcp != nil && gcp.InstanceConfirmed:
+		what = fmt.Sprintf("the Compute API confirmed only the instance's nic0 address %s (VPC)", e.ProvenAddress)
+	case gcp != nil:
+		what = "its identity proves no address (a GCE instance not confirmed by the Compute API: identity.gce.instanceCheck is not configured)"
 	}
 	return fmt.Errorf("%w: registration.host.addresses[%d].ip: address %s (%s) is not proven: %s, and no OnboardingPolicy rule allowing it in namespace %s lists it in addressCIDRs",
 		ErrAddressNotProven, i, addr, typ, what, e.Namespace)

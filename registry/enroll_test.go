@@ -113,6 +113,10 @@ func TestProveAddresses(t *testing.T) {
 	ec2 := fixtures.AWSIdentity("i-1234567890abcdef0")
 	confirmedECS := ecsIdentity("123456789012", "prod", "abc")
 	confirmedECS.ECS.TaskConfirmed = true
+	gceInstance := func(confirmed bool) runtimev1alpha1.WorkloadIdentity {
+		return runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{ProjectID: "embark-test", ProjectNumber: "1", Zone: "us-central1-a",
+			InstanceID: "5180367924151823417", InstanceName: "ratings-1", ServiceAccount: "sa@embark-test.iam.gserviceaccount.com", InstanceConfirmed: confirmed}}
+	}
 	host := func(connectedOver runtimev1alpha1.AddressType, addrs ...runtimev1alpha1.HostAddress) runtimev1alpha1.Registration {
 		return runtimev1alpha1.Registration{Host: runtimev1alpha1.HostInfo{Addresses: addrs}, Settings: runtimev1alpha1.Settings{ConnectedOver: connectedOver}}
 	}
@@ -150,6 +154,12 @@ func TestProveAddresses(t *testing.T) {
 		{name: "an unconfirmed ECS task proves no address", id: ecsIdentity("123456789012", "prod", "abc"), proven: "10.0.3.17", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.17")), wantRefused: "registration.host.addresses[0].ip"},
 		{name: "an unconfirmed ECS task in addressCIDRs", id: ecsIdentity("123456789012", "prod", "abc"), policy: cidrPolicy{netip.MustParsePrefix("10.0.3.0/24")},
 			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.0.3.17"))},
+		{name: "a confirmed GCE instance's nic0 address", id: gceInstance(true), proven: "10.128.0.7", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.128.0.7")), wantProven: true},
+		{name: "another address of a confirmed GCE instance", id: gceInstance(true), proven: "10.128.0.7", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.128.0.8")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "a confirmed GCE instance's nic0 address claimed as INTERNET", id: gceInstance(true), proven: "10.128.0.7", reg: host(runtimev1alpha1.AddressTypeInternet, internet("10.128.0.7")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "an unconfirmed GCE instance proves no address", id: gceInstance(false), proven: "10.128.0.7", reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.128.0.7")), wantRefused: "registration.host.addresses[0].ip"},
+		{name: "an unconfirmed GCE instance in addressCIDRs", id: gceInstance(false), policy: cidrPolicy{netip.MustParsePrefix("10.128.0.0/20")},
+			reg: host(runtimev1alpha1.AddressTypeVPC, vpc("10.128.0.7"))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

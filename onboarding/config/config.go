@@ -365,6 +365,33 @@ type GCEIdentity struct {
 	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
 	// Default 1h, the lifetime Google gives them.
 	MaxTokenLifetime *metav1.Duration `json:"maxTokenLifetime,omitempty"`
+	// InstanceCheck, when set (even to {}), confirms every instance with
+	// the Compute API (compute.instances.get): it exists under the token's
+	// name with the token's numeric ID and is RUNNING; the internal address
+	// of its primary network interface (nic0) is then proven, as an EC2
+	// document's privateIp is. Default: unset, no address is proven.
+	InstanceCheck *GCEInstanceCheck `json:"instanceCheck,omitempty"`
+}
+
+// GCEInstanceCheck configures the Compute API check. The endpoint's Google
+// credentials are the Application Default Credentials (GKE workload
+// identity, the node's service account, GOOGLE_APPLICATION_CREDENTIALS)
+// unless CredentialsFile is set; they need compute.instances.get on every
+// onboarding project (docs/platforms/gce.md).
+type GCEInstanceCheck struct {
+	// CredentialsFile is a service account key file (JSON) to ask the
+	// Compute API with. Default: the Application Default Credentials.
+	CredentialsFile string `json:"credentialsFile,omitempty"`
+	// RatePerSecond and Burst bound the Compute API calls (shared by all
+	// callers; over it Authorize answers UNAVAILABLE, retried). Default
+	// 5/s, burst 10.
+	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
+	Burst         int     `json:"burst,omitempty"`
+	// CacheTTL is how long an instance's description is reused. Default 30s.
+	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+	// ComputeEndpoint replaces https://compute.googleapis.com (tests,
+	// Private Service Connect endpoints).
+	ComputeEndpoint string `json:"computeEndpoint,omitempty"`
 }
 
 // AWSIdentity configures AWS verification.
@@ -927,6 +954,29 @@ func (g *GCEIdentity) validate(p *field.Path) field.ErrorList {
 	}
 	if g.MaxTokenLifetime != nil && g.MaxTokenLifetime.Duration < 0 {
 		errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), g.MaxTokenLifetime.Duration.String(), "must not be negative"))
+	}
+	return append(errs, g.InstanceCheck.validate(p.Child("instanceCheck"))...)
+}
+
+// validate checks a Compute API check configuration (nil: not configured).
+func (ic *GCEInstanceCheck) validate(p *field.Path) field.ErrorList {
+	if ic == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if ic.RatePerSecond < 0 {
+		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), ic.RatePerSecond, "must not be negative"))
+	}
+	if ic.Burst < 0 {
+		errs = append(errs, field.Invalid(p.Child("burst"), ic.Burst, "must not be negative"))
+	}
+	if ic.CacheTTL != nil && ic.CacheTTL.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("cacheTTL"), ic.CacheTTL.Duration.String(), "must not be negative"))
+	}
+	if ic.ComputeEndpoint != "" {
+		if u, err := url.Parse(ic.ComputeEndpoint); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			errs = append(errs, field.Invalid(p.Child("computeEndpoint"), ic.ComputeEndpoint, "must be an http(s) URL"))
+		}
 	}
 	return errs
 }

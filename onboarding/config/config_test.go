@@ -1,9 +1,12 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/embark-mesh/embark/onboarding/limits"
 )
@@ -165,6 +168,33 @@ func TestParseIstiod(t *testing.T) {
 	}
 }
 
+// identity.gce.instanceCheck is enabled by its presence, even empty, and
+// keeps what it is given.
+func TestParseGCEInstanceCheck(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want *GCEInstanceCheck
+	}{
+		{name: "unset", yaml: "identity: {gce: {}}\n"},
+		{name: "empty enables", yaml: "identity: {gce: {instanceCheck: {}}}\n", want: &GCEInstanceCheck{}},
+		{name: "every field", yaml: "identity: {gce: {instanceCheck: {credentialsFile: /etc/embark/gcp/key.json, ratePerSecond: 2.5, burst: 4, cacheTTL: 1m, computeEndpoint: 'http://127.0.0.1:8080'}}}\n",
+			want: &GCEInstanceCheck{CredentialsFile: "/etc/embark/gcp/key.json", RatePerSecond: 2.5, Burst: 4, CacheTTL: &metav1.Duration{Duration: time.Minute}, ComputeEndpoint: "http://127.0.0.1:8080"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal + tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := cfg.Identity.GCE.InstanceCheck
+			if (got == nil) != (tt.want == nil) || (got != nil && !reflect.DeepEqual(*got, *tt.want)) {
+				t.Errorf("instanceCheck = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestParseIstiodMode(t *testing.T) {
 	const istiod = "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /r"
 	tests := []struct {
@@ -219,6 +249,11 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "azure tenant twice", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47, 72F988BF-86F1-41AF-91AB-2D7CD011DB47]}}\n", wantErr: "identity.azure.tenants[1]"},
 		{name: "azure jwksURL not https", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], jwksURL: 'http://keys.example/{tenant}'}}\n", wantErr: "identity.azure.jwksURL"},
 		{name: "ecs taskCheck endpoint not a URL", yaml: minimal + "identity: {ecs: {taskCheck: {ecsEndpoint: 'ecs.internal'}}}\n", wantErr: "identity.ecs.taskCheck.ecsEndpoint"},
+		{name: "gce instanceCheck endpoint not a URL", yaml: minimal + "identity: {gce: {instanceCheck: {computeEndpoint: 'compute.internal'}}}\n", wantErr: "identity.gce.instanceCheck.computeEndpoint"},
+		{name: "gce instanceCheck negative rate", yaml: minimal + "identity: {gce: {instanceCheck: {ratePerSecond: -1}}}\n", wantErr: "identity.gce.instanceCheck.ratePerSecond"},
+		{name: "gce instanceCheck negative burst", yaml: minimal + "identity: {gce: {instanceCheck: {burst: -1}}}\n", wantErr: "identity.gce.instanceCheck.burst"},
+		{name: "gce instanceCheck negative cacheTTL", yaml: minimal + "identity: {gce: {instanceCheck: {cacheTTL: -1s}}}\n", wantErr: "identity.gce.instanceCheck.cacheTTL"},
+		{name: "gce instanceCheck unknown field", yaml: minimal + "identity: {gce: {instanceCheck: {roleARN: x}}}\n", wantErr: `unknown field "roleARN"`},
 		{name: "ecs taskCheck negative rate", yaml: minimal + "identity: {ecs: {taskCheck: {ratePerSecond: -1}}}\n", wantErr: "identity.ecs.taskCheck.ratePerSecond"},
 		{name: "negative outOfTrafficAfter", yaml: minimal + "registration: {outOfTrafficAfter: -1s}\n", wantErr: "registration.outOfTrafficAfter: Invalid value"},
 		{name: "outOfTrafficAfter beyond the grace period", yaml: minimal + "registration: {gracePeriod: 1m, outOfTrafficAfter: 2m}\n", wantErr: "must not exceed registration.gracePeriod"},

@@ -34,6 +34,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	ecsidentity "github.com/embark-mesh/embark/onboarding/identity/ecs"
+	gceidentity "github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/onboarding/policy"
 	"github.com/embark-mesh/embark/onboarding/token"
@@ -48,6 +49,12 @@ type AWSVerifier interface {
 // JWTVerifier verifies JWT credentials (jwt.Verifier).
 type JWTVerifier interface {
 	Verify(ctx context.Context, token string) (*identity.Identity, error)
+}
+
+// GCEVerifier verifies Compute Engine instance identity tokens
+// (gce.Verifier): gate is asked before the Compute API is.
+type GCEVerifier interface {
+	VerifyGated(ctx context.Context, token string, gate gceidentity.Gate) (*identity.Identity, error)
 }
 
 // ECSVerifier verifies ECS task credentials (ecs.Verifier): gate is asked
@@ -83,6 +90,7 @@ type TokenIssuer interface {
 var (
 	_ AWSVerifier = (*awsidentity.Verifier)(nil)
 	_ ECSVerifier = (*ecsidentity.Verifier)(nil)
+	_ GCEVerifier = (*gceidentity.Verifier)(nil)
 	_ Authorizer  = (*policy.Authorizer)(nil)
 	_ Registrar   = (*registry.Registrar)(nil)
 	_ TokenIssuer = (*token.Issuer)(nil)
@@ -98,7 +106,7 @@ type Options struct {
 	JWT JWTVerifier
 	// GCE verifies Compute Engine instance identity tokens (gce.Verifier).
 	// Default: GCE credentials are refused.
-	GCE JWTVerifier
+	GCE GCEVerifier
 	// Azure verifies Azure VM managed identity tokens (azure.Verifier).
 	// Default: Azure credentials are refused.
 	Azure AzureVerifier
@@ -325,7 +333,9 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 		if s.opts.GCE == nil {
 			return nil, errors.New("this endpoint does not accept GCE credentials (identity.gce is not configured)")
 		}
-		return s.opts.GCE.Verify(ctx, c.Gce.GetToken())
+		return s.opts.GCE.VerifyGated(ctx, c.Gce.GetToken(), func(ctx context.Context, claimed *identity.Identity) error {
+			return s.precheck(ctx, ns, group, claimed)
+		})
 	case *onboardingv1alpha1.AuthorizeRequest_Azure:
 		if s.opts.Azure == nil {
 			return nil, errors.New("this endpoint does not accept Azure credentials (identity.azure is not configured)")
@@ -345,7 +355,8 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 
 // precheck refuses, as a gRPC status, an identity that no policy allows as
 // it is (recording the denial as Authorize does); the ECS task check asks it
-// with the task's claims before it asks the ECS API.
+// with the task's claims before it asks the ECS API, the GCE instance check
+// with the token's identity before it asks the Compute API.
 func (s *Server) precheck(ctx context.Context, ns, group string, id *identity.Identity) error {
 	d, err := s.opts.Authorizer.Precheck(ctx, ns, group, APIIdentity(id))
 	if err != nil {
@@ -643,13 +654,14 @@ func (s *Server) registerStatus(ctx context.Context, err error, op string) error
 }
 
 // verifierUnavailable reports whether a verification failed because STS (or
-// the ECS API), which vouches for the credential, could not answer (unreachable,
+// the ECS API, the Compute API), which vouches for the credential, could not answer (unreachable,
 // throttling or failing), or the deployment's record of used credentials
 // could not be read or written, as opposed to refusing it. KeySetUnavailable
 // stays a refusal: it also stands for a JWKS the endpoint will not accept (a
 // redirect to another origin, a discovery document naming another issuer).
 func verifierUnavailable(err error) bool {
-	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, identity.ReasonTaskCheckUnavailable) || errors.Is(err, replay.ErrUnavailable)
+	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, identity.ReasonTaskCheckUnavailable) ||
+		errors.Is(err, identity.ReasonInstanceCheckUnavailable) || errors.Is(err, replay.ErrUnavailable)
 }
 
 // reasonOf names an error's refusal reason for metrics.
@@ -691,10 +703,11 @@ func agentErrorOf(req *onboardingv1alpha1.RegisterRequest) *runtimev1alpha1.Agen
 }
 
 // provenAddress is the address a verified identity proves, in canonical form:
-// an EC2 document's signed privateIp, or the ENI address of an ECS task the
-// ECS API confirmed. JWT, GCE and Azure identities prove none (neither a
-// GCE instance identity token nor an Azure managed identity token carries
-// an address).
+// an EC2 document's signed privateIp, the ENI address of an ECS task the
+// ECS API confirmed, or the nic0 address of a GCE instance the Compute API
+// confirmed. JWT and Azure identities prove none, nor do unconfirmed GCE
+// instances (neither a GCE instance identity token nor an Azure managed
+// identity token carries an address).
 func provenAddress(id *identity.Identity) string {
 	var addr string
 	switch {
@@ -702,6 +715,8 @@ func provenAddress(id *identity.Identity) string {
 		addr = id.AWS.PrivateIP
 	case id.ECS != nil && id.ECS.TaskConfirmed:
 		addr = id.ECS.Address
+	case id.GCE != nil && id.GCE.InstanceConfirmed:
+		addr = id.GCE.Address
 	default:
 		return ""
 	}
@@ -734,6 +749,7 @@ func APIIdentity(id *identity.Identity) runtimev1alpha1.WorkloadIdentity {
 		return runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{
 			ProjectID: g.ProjectID, ProjectNumber: g.ProjectNumber, Zone: g.Zone,
 			InstanceID: g.InstanceID, InstanceName: g.InstanceName, ServiceAccount: g.ServiceAccount,
+			InstanceConfirmed: g.InstanceConfirmed,
 		}}
 	case id.Azure != nil:
 		a := id.Azure

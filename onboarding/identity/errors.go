@@ -103,6 +103,20 @@ const (
 	// ReasonTaskCheckUnavailable: the ECS API could not be asked about the
 	// task (unreachable, throttled, over the endpoint's rate limit).
 	ReasonTaskCheckUnavailable Reason = "TaskCheckUnavailable"
+	// ReasonInstanceNotRunning: the Compute API does not know the GCE
+	// instance the token names, or reports it not RUNNING.
+	ReasonInstanceNotRunning Reason = "InstanceNotRunning"
+	// ReasonInstanceReplaced: the Compute API reports another numeric ID
+	// for the GCE instance's name: the instance the token was issued to was
+	// deleted and another created under its name.
+	ReasonInstanceReplaced Reason = "InstanceReplaced"
+	// ReasonInstanceNoAddress: the Compute API reports no network interface
+	// with an internal address for the GCE instance.
+	ReasonInstanceNoAddress Reason = "InstanceNoAddress"
+	// ReasonInstanceCheckUnavailable: the Compute API could not be asked
+	// about the GCE instance (unreachable, failing, permission denied, over
+	// the endpoint's rate limit).
+	ReasonInstanceCheckUnavailable Reason = "InstanceCheckUnavailable"
 )
 
 // Reasons lists every Reason, in the order of the constants above.
@@ -116,6 +130,7 @@ func Reasons() []Reason {
 		ReasonWrongAudience, ReasonUnknownKey, ReasonDisallowedAlgorithm, ReasonKeySetUnavailable,
 		ReasonReplayed, ReasonLifetimeTooLong, ReasonWrongSubject,
 		ReasonTaskMismatch, ReasonTaskNotRunning, ReasonTaskCheckUnavailable,
+		ReasonInstanceNotRunning, ReasonInstanceReplaced, ReasonInstanceNoAddress, ReasonInstanceCheckUnavailable,
 	}
 }
 

@@ -144,6 +144,14 @@ type GCEIdentity struct {
 	ServiceAccount string
 	// Expiry is the token's exp.
 	Expiry time.Time
+	// Address is the internal address (networkIP) of the instance's
+	// primary network interface (nic0); set only when InstanceConfirmed
+	// (the Compute API reported it).
+	Address string
+	// InstanceConfirmed says the Compute API confirmed the instance: it
+	// exists under the token's name with the token's numeric ID and is
+	// RUNNING.
+	InstanceConfirmed bool
 }
 
 // AzureIdentity holds the verified facts of an Azure VM's managed identity

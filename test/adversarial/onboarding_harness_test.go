@@ -165,7 +165,7 @@ type onboardingOptions struct {
 	// logger, when set, is the endpoint's logger. Default: discard.
 	logger *slog.Logger
 	// gce, when set, verifies GCE instance identity tokens.
-	gce endpoint.JWTVerifier
+	gce endpoint.GCEVerifier
 	// azure, when set, verifies Azure VM managed identity tokens.
 	azure endpoint.AzureVerifier
 	// ecs, when set, makes the ECS verifier on the endpoint's AWS verifier.

@@ -265,6 +265,13 @@ type GCPIdentity struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=254
 	ServiceAccount string `json:"serviceAccount"`
+	// InstanceConfirmed says the Compute API (compute.instances.get)
+	// confirmed the instance (identity.gce.instanceCheck): it exists under
+	// InstanceName with InstanceID and is RUNNING, and the internal address
+	// of its primary network interface is the registration's proven VPC
+	// address. When false the identity proves no address.
+	// +optional
+	InstanceConfirmed bool `json:"instanceConfirmed,omitempty"`
 }
 
 // JWTIdentity is the identity of a host that presented a valid JWT.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"reflect"
 
+	"golang.org/x/oauth2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -245,7 +246,10 @@ func triggerOn(ctx context.Context, informers cache.Cache, trigger func(), objs 
 	return nil
 }
 
-func newGCEVerifier(g *config.GCEIdentity, log *slog.Logger, used replay.Shared) (*gceidentity.Verifier, error) {
+// newGCEVerifier returns the GCE instance identity token verifier of
+// identity.gce, confirming instances with the Compute API when
+// instanceCheck is set.
+func newGCEVerifier(ctx context.Context, g *config.GCEIdentity, log *slog.Logger, used replay.Shared) (*gceidentity.Verifier, error) {
 	c := gceidentity.Config{Audiences: g.Audiences, JWKSURL: g.JWKSURL}
 	if g.MaxTokenLifetime != nil {
 		c.MaxTokenLifetime = g.MaxTokenLifetime.Duration
@@ -257,12 +261,45 @@ func newGCEVerifier(g *config.GCEIdentity, log *slog.Logger, used replay.Shared)
 		}
 		c.CACertificates = ca
 	}
-	v, err := gceidentity.NewVerifier(c, gceidentity.WithLogger(log), gceidentity.WithSharedReplay(used))
+	opts := []gceidentity.Option{gceidentity.WithLogger(log), gceidentity.WithSharedReplay(used)}
+	if g.InstanceCheck != nil {
+		checker, err := newGCEInstanceChecker(ctx, g.InstanceCheck, log)
+		if err != nil {
+			return nil, fmt.Errorf("identity.gce.instanceCheck: %w", err)
+		}
+		opts = append(opts, gceidentity.WithInstanceCheck(checker))
+	}
+	v, err := gceidentity.NewVerifier(c, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("identity.gce: %w", err)
 	}
-	log.Info("accepting GCE instance identity tokens", "audiences", c.Audiences, "jwksURL", v.JWKSURL())
+	log.Info("accepting GCE instance identity tokens", "audiences", c.Audiences, "jwksURL", v.JWKSURL(), "instanceCheck", g.InstanceCheck != nil)
 	return v, nil
+}
+
+// newGCEInstanceChecker returns the Compute API checker of
+// identity.gce.instanceCheck, with the credentials of its credentialsFile
+// (a service account key) or else the Application Default Credentials.
+func newGCEInstanceChecker(ctx context.Context, ic *config.GCEInstanceCheck, log *slog.Logger) (*gceidentity.Checker, error) {
+	var ts oauth2.TokenSource
+	var err error
+	if ic.CredentialsFile != "" {
+		key, rerr := os.ReadFile(ic.CredentialsFile)
+		if rerr != nil {
+			return nil, fmt.Errorf("credentialsFile: %w", rerr)
+		}
+		ts, err = gceidentity.CredentialsFromServiceAccountKey(ctx, key)
+	} else {
+		ts, err = gceidentity.DefaultTokenSource(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	opts := gceidentity.CheckerOptions{TokenSource: ts, Endpoint: ic.ComputeEndpoint, Rate: ic.RatePerSecond, Burst: ic.Burst, Logger: log}
+	if ic.CacheTTL != nil {
+		opts.CacheTTL = ic.CacheTTL.Duration
+	}
+	return gceidentity.NewChecker(opts)
 }
 
 func newAzureVerifier(a *config.AzureIdentity, log *slog.Logger, used replay.Shared) (*azureidentity.Verifier, error) {

@@ -283,9 +283,9 @@ func (b *build) onboarding(ctx context.Context) error {
 			return err
 		}
 	}
-	var gceVerifier endpoint.JWTVerifier
+	var gceVerifier endpoint.GCEVerifier
 	if cfg.Identity.GCE != nil {
-		if gceVerifier, err = newGCEVerifier(cfg.Identity.GCE, log, used); err != nil {
+		if gceVerifier, err = newGCEVerifier(ctx, cfg.Identity.GCE, log, used); err != nil {
 			return err
 		}
 	}

@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
@@ -115,5 +117,94 @@ func TestGCEInstanceOnboards(t *testing.T) {
 		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(f[0]) + `:\s+` + regexp.QuoteMeta(f[1]) + `$`).MatchString(desc) {
 			t.Errorf("kubectl describe war lacks %q: %q:\n%s", f[0], f[1], desc)
 		}
+	}
+}
+
+// With identity.gce.instanceCheck the endpoint asks a loopback Compute API
+// about the instance (with the credentials of a service account key whose
+// token endpoint is the fake's, through Google's own credentials code): the
+// policy lists no addressCIDRs, and the WorkloadEntry's address is the
+// Compute API's networkIP of nic0, which the real agent reported from the
+// metadata server. kubectl describe war shows the instance confirmed.
+func TestGCEInstanceCheckProvesTheAddress(t *testing.T) {
+	w := newWorld(t)
+	ctx := t.Context()
+	google, err := gcetest.NewGoogle()
+	must(t, err)
+	t.Cleanup(google.Close)
+	compute := gcetest.NewComputeAPI()
+	t.Cleanup(compute.Close)
+	inst := gcetest.DefaultInstance()
+	inst.IP = "10.128.0.42"
+	compute.PutInstance(inst)
+	md := gcetest.NewMetadataServer(google, inst)
+	t.Cleanup(md.Close)
+
+	googleCA := filepath.Join(w.dir, "google-ca.pem")
+	must(t, os.WriteFile(googleCA, google.CACertificates(), 0o600))
+	key, err := compute.ServiceAccountKey()
+	must(t, err)
+	keyFile := filepath.Join(w.dir, "gcp-key.json")
+	must(t, os.WriteFile(keyFile, key, 0o600))
+	cfg, err := os.ReadFile(w.cfgFile)
+	must(t, err)
+	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
+		fmt.Sprintf("identity:\n  gce:\n    jwksURL: %s\n    caFile: %s\n    instanceCheck:\n      computeEndpoint: %s\n      credentialsFile: %s\n",
+			google.JWKSURL(), googleCA, compute.URL(), keyFile), 1)), 0o600))
+	must(t, env.Client.Create(ctx, &authorizationv1alpha1.OnboardingPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "gce", Namespace: w.ns},
+		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
+			Workloads: []authorizationv1alpha1.WorkloadMatcher{{GCP: &authorizationv1alpha1.GCPMatcher{Projects: []string{inst.ProjectID}}}},
+			OnboardTo: []authorizationv1alpha1.OnboardTarget{{WorkloadGroupSelector: metav1.LabelSelector{}}},
+		}}},
+	}))
+	w.startEndpoint()
+
+	root := t.TempDir()
+	agentFile, onboardingFile := w.agentConfig(root)
+	agentText, err := os.ReadFile(agentFile)
+	must(t, err)
+	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n",
+		fmt.Sprintf("host:\n  platform: gce\n  gce:\n    metadataEndpoint: %s\n  aws:\n", md.URL()), 1)), 0o600))
+	agentCfg, err := config.LoadAgent(agentFile)
+	must(t, err)
+	onbCfg, err := config.LoadOnboarding(onboardingFile)
+	must(t, err)
+	logs := &vmsim.SyncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent logs:\n%s", logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
+	must(t, err)
+	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
+	must(t, err)
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(actx) }()
+	defer func() { stop(); <-done }()
+
+	fixtures.Eventually(t, 60*time.Second, "the GCE instance registered", func() bool { return len(w.registrations()) == 1 })
+	war := w.registrations()[0]
+	if id := war.Spec.Identity.GCP; id == nil || !id.InstanceConfirmed || id.InstanceID != inst.InstanceID {
+		t.Fatalf("registration identity %+v, want the instance, confirmed", war.Spec.Identity)
+	}
+	we := &istionetworkingv1.WorkloadEntry{}
+	fixtures.Eventually(t, 30*time.Second, "the WorkloadEntry exists", func() bool {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: war.Name}, we) == nil
+	})
+	if we.Spec.Address != "10.128.0.42" {
+		t.Errorf("WorkloadEntry address %q, want the Compute API's networkIP 10.128.0.42", we.Spec.Address)
+	}
+	if compute.Calls() == 0 || compute.TokensIssued() == 0 {
+		t.Errorf("Compute API calls %d, access tokens issued %d: want the instance checked with the key's token", compute.Calls(), compute.TokensIssued())
+	}
+	desc, err := env.Kubectl(ctx, nil, "describe", "war", "-n", w.ns, war.Name)
+	must(t, err)
+	if !regexp.MustCompile(`(?m)^\s*Instance Confirmed:\s+true$`).MatchString(desc) {
+		t.Errorf("kubectl describe war does not show Instance Confirmed: true:\n%s", desc)
 	}
 }

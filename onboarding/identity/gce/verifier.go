@@ -52,7 +52,23 @@ type Verifier struct {
 	used    *replay.Cache
 	shared  replay.Shared
 	now     func() time.Time
+	// instances, when not nil, confirms every instance with the Compute
+	// API.
+	instances InstanceChecker
 }
+
+// InstanceChecker asks the Compute API about an instance (*Checker).
+type InstanceChecker interface {
+	Describe(ctx context.Context, project, zone, name string) (*ComputeInstance, error)
+}
+
+var _ InstanceChecker = (*Checker)(nil)
+
+// Gate decides, before the Compute API is asked, whether an instance could
+// be admitted if the Compute API confirmed it: claimed is the token's
+// identity, marked confirmed. An error stops the verification and is
+// returned as it is.
+type Gate func(ctx context.Context, claimed *identity.Identity) error
 
 var _ identity.Verifier[string] = (*Verifier)(nil)
 
@@ -61,6 +77,7 @@ type options struct {
 	now        func() time.Time
 	replaySize int
 	shared     replay.Shared
+	instances  InstanceChecker
 }
 
 // Option configures a Verifier.
@@ -95,6 +112,13 @@ func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize 
 // store, shared by every replica of the deployment, and refuse a token
 // another replica accepted. Default: this verifier's own cache only.
 func WithSharedReplay(store replay.Shared) Option { return func(o *options) { o.shared = store } }
+
+// WithInstanceCheck confirms every instance with the Compute API (a
+// *Checker): it must exist under the token's name with the token's
+// numeric ID, be RUNNING, and have a primary network interface, whose
+// address the identity then proves. Default: not checked, no address
+// proven.
+func WithInstanceCheck(c InstanceChecker) Option { return func(o *options) { o.instances = c } }
 
 // claim paths of a format=full token, by attribute name.
 const (
@@ -143,7 +167,7 @@ func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gce identity verifier: %w", err)
 	}
-	return &Verifier{jwksURL: cfg.JWKSURL, jwt: v, used: replay.New(o.replaySize), shared: o.shared, now: o.now}, nil
+	return &Verifier{jwksURL: cfg.JWKSURL, jwt: v, used: replay.New(o.replaySize), shared: o.shared, now: o.now, instances: o.instances}, nil
 }
 
 // JWKSURL is where the verifier fetches Google's keys.
@@ -151,6 +175,14 @@ func (v *Verifier) JWKSURL() string { return v.jwksURL }
 
 // Verify verifies token and returns the instance identity it proves.
 func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity, error) {
+	return v.VerifyGated(ctx, token, nil)
+}
+
+// VerifyGated is Verify, with gate (when not nil) asked after the token
+// verified and before the Compute API is asked: an instance no policy could
+// admit costs no Compute API call (the calls are rate limited for every
+// caller).
+func (v *Verifier) VerifyGated(ctx context.Context, token string, gate Gate) (*identity.Identity, error) {
 	id, err := v.jwt.Verify(ctx, token)
 	if err != nil {
 		return nil, err
@@ -160,6 +192,18 @@ func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity
 		return nil, err
 	}
 	gce.Expiry = id.JWT.Expiry.UTC()
+	if v.instances != nil {
+		if gate != nil {
+			claimed := *gce
+			claimed.InstanceConfirmed = true
+			if err := gate(ctx, &identity.Identity{Method: identity.MethodGCEInstanceIdentityToken, GCE: &claimed}); err != nil {
+				return nil, err
+			}
+		}
+		if err := v.confirm(ctx, gce); err != nil {
+			return nil, err
+		}
+	}
 	// Last, once everything else holds: a refused token is not used up.
 	sum := sha256.Sum256([]byte(token[strings.LastIndexByte(token, '.')+1:]))
 	key, expiry := hex.EncodeToString(sum[:]), gce.Expiry.Add(jwt.DefaultLeeway)
@@ -178,4 +222,25 @@ func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity
 		}
 	}
 	return &identity.Identity{Method: identity.MethodGCEInstanceIdentityToken, GCE: gce}, nil
+}
+
+// confirm asks the Compute API about the token's instance and fills in the
+// address it reports.
+func (v *Verifier) confirm(ctx context.Context, g *identity.GCEIdentity) error {
+	in, err := v.instances.Describe(ctx, g.ProjectID, g.Zone, g.InstanceName)
+	switch {
+	case errors.Is(err, ErrInstanceNotFound):
+		return identity.RefuseWrap(identity.ReasonInstanceNotRunning, err, "the Compute API does not know instance %s (project %s, zone %s)", g.InstanceName, g.ProjectID, g.Zone)
+	case err != nil:
+		return identity.RefuseWrap(identity.ReasonInstanceCheckUnavailable, err, "ask the Compute API about instance %s (project %s, zone %s)", g.InstanceName, g.ProjectID, g.Zone)
+	case in.ID != g.InstanceID:
+		return identity.Refuse(identity.ReasonInstanceReplaced, "the Compute API reports instance %s (project %s, zone %s) with ID %s, the token's is %s: the token's instance was deleted and another created under its name",
+			g.InstanceName, g.ProjectID, g.Zone, in.ID, g.InstanceID)
+	case in.Status != "RUNNING":
+		return identity.Refuse(identity.ReasonInstanceNotRunning, "the Compute API reports instance %s (project %s, zone %s) %s, not RUNNING", g.InstanceName, g.ProjectID, g.Zone, clip(in.Status))
+	case in.NetworkIP == "":
+		return identity.Refuse(identity.ReasonInstanceNoAddress, "the Compute API reports no internal address (networkIP of nic0) for instance %s (project %s, zone %s)", g.InstanceName, g.ProjectID, g.Zone)
+	}
+	g.Address, g.InstanceConfirmed = in.NetworkIP, true
+	return nil
 }

@@ -1,7 +1,8 @@
 // Package gcetest is a loopback Google for tests: a JWKS endpoint (TLS, like
 // https://www.googleapis.com/oauth2/v3/certs) whose key signs instance
-// identity tokens as Google does, and a Compute Engine metadata server that
-// issues them to an instance.
+// identity tokens as Google does, a Compute Engine metadata server that
+// issues them to an instance, and a Compute API (with Google's OAuth token
+// endpoint) that describes instances.
 package gcetest
 
 import (
