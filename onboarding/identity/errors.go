@@ -103,6 +103,17 @@ const (
 	// ReasonTaskCheckUnavailable: the ECS API could not be asked about the
 	// task (unreachable, throttled, over the endpoint's rate limit).
 	ReasonTaskCheckUnavailable Reason = "TaskCheckUnavailable"
+	// ReasonVMNotFound: Azure Resource Manager does not know the Azure VM
+	// the token names, or reports it not provisioned (Succeeded).
+	ReasonVMNotFound Reason = "VMNotFound"
+	// ReasonVMMismatch: Azure Resource Manager reports the VM with another
+	// system-assigned identity than the token's (a VM created again under
+	// the name), or without a primary network interface address.
+	ReasonVMMismatch Reason = "VMMismatch"
+	// ReasonVMCheckUnavailable: Azure Resource Manager could not be asked
+	// about the VM (unreachable, throttled, refusing the endpoint's own
+	// token, over the endpoint's rate limit).
+	ReasonVMCheckUnavailable Reason = "VMCheckUnavailable"
 )
 
 // Reasons lists every Reason, in the order of the constants above.
@@ -116,6 +127,7 @@ func Reasons() []Reason {
 		ReasonWrongAudience, ReasonUnknownKey, ReasonDisallowedAlgorithm, ReasonKeySetUnavailable,
 		ReasonReplayed, ReasonLifetimeTooLong, ReasonWrongSubject,
 		ReasonTaskMismatch, ReasonTaskNotRunning, ReasonTaskCheckUnavailable,
+		ReasonVMNotFound, ReasonVMMismatch, ReasonVMCheckUnavailable,
 	}
 }
 
