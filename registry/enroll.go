@@ -153,23 +153,27 @@ func proveAddresses(ctx context.Context, e Enrollment, policy Policy) (bool, err
 // identityProves says whether the identity of e proves addr as an address
 // of type typ: an EC2 instance identity document proves its signed
 // privateIp, as a VPC address, and nothing else; an ECS task the ECS API
-// confirmed proves its ENI's private address, as a VPC address; a JWT
-// proves no address.
+// confirmed proves its ENI's private address, and an Azure VM Azure
+// Resource Manager confirmed its primary network interface's private
+// address, as a VPC address; a JWT proves no address.
 func identityProves(e Enrollment, typ runtimev1alpha1.AddressType, addr netip.Addr) bool {
-	proving := e.Identity.AWS != nil || (e.Identity.ECS != nil && e.Identity.ECS.TaskConfirmed)
+	proving := e.Identity.AWS != nil || (e.Identity.ECS != nil && e.Identity.ECS.TaskConfirmed) ||
+		(e.Identity.Azure != nil && e.Identity.Azure.VMConfirmed)
 	return proving && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String()
 }
 
 // notProven is the refusal of host address i of e.
 func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.Addr) error {
 	what := "its identity proves no address (a JWT host, a GCE instance or an Azure VM)"
-	switch ecs := e.Identity.ECS; {
+	switch ecs, az := e.Identity.ECS, e.Identity.Azure; {
 	case e.Identity.AWS != nil:
 		what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
 	case ecs != nil && ecs.TaskConfirmed:
 		what = fmt.Sprintf("the ECS API confirmed only the task's ENI address %s (VPC)", e.ProvenAddress)
 	case ecs != nil:
 		what = "its identity proves no address (the ECS task was not confirmed by the ECS API: identity.ecs.taskCheck is not configured)"
+	case az != nil && az.VMConfirmed:
+		what = fmt.Sprintf("Azure Resource Manager confirmed only the Azure VM's primary network interface address %s (VPC)", e.ProvenAddress)
 	}
 	return fmt.Errorf("%w: registration.host.addresses[%d].ip: address %s (%s) is not proven: %s, and no OnboardingPolicy rule allowing it in namespace %s lists it in addressCIDRs",
 		ErrAddressNotProven, i, addr, typ, what, e.Namespace)

@@ -31,6 +31,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
+	azureidentity "github.com/embark-mesh/embark/onboarding/identity/azure"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
 	ecsidentity "github.com/embark-mesh/embark/onboarding/identity/ecs"
@@ -54,6 +55,13 @@ type JWTVerifier interface {
 // before the ECS API is.
 type ECSVerifier interface {
 	VerifyGated(ctx context.Context, cred awswire.ECSCredential, gate ecsidentity.Gate) (*identity.Identity, error)
+}
+
+// AzureGatedVerifier is an AzureVerifier that confirms VMs with Azure
+// Resource Manager (azure.Verifier): gate is asked before Resource Manager
+// is. An Options.Azure that implements it is always asked this way.
+type AzureGatedVerifier interface {
+	VerifyGated(ctx context.Context, token string, renewal func(*identity.Identity) error, gate azureidentity.Gate) (*identity.Identity, error)
 }
 
 // Authorizer checks OnboardingPolicies (policy.Authorizer).
@@ -82,6 +90,8 @@ type TokenIssuer interface {
 var (
 	_ AWSVerifier = (*awsidentity.Verifier)(nil)
 	_ ECSVerifier = (*ecsidentity.Verifier)(nil)
+
+	_ AzureGatedVerifier = (*azureidentity.Verifier)(nil)
 	_ Authorizer  = (*policy.Authorizer)(nil)
 	_ Registrar   = (*registry.Registrar)(nil)
 	_ TokenIssuer = (*token.Issuer)(nil)
@@ -329,6 +339,11 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 		if s.opts.Azure == nil {
 			return nil, errors.New("this endpoint does not accept Azure credentials (identity.azure is not configured)")
 		}
+		if g, ok := s.opts.Azure.(AzureGatedVerifier); ok {
+			return g.VerifyGated(ctx, c.Azure.GetToken(), s.azureRenewal(ctx, ns, group), func(ctx context.Context, claimed *identity.Identity) error {
+				return s.precheckUnconfirmed(ctx, ns, group, claimed)
+			})
+		}
 		return s.opts.Azure.VerifyRenewal(ctx, c.Azure.GetToken(), s.azureRenewal(ctx, ns, group))
 	case *onboardingv1alpha1.AuthorizeRequest_Ecs:
 		if s.opts.ECS == nil {
@@ -351,6 +366,25 @@ func (s *Server) precheck(ctx context.Context, ns, group string, id *identity.Id
 		return s.authzStatus(ctx, err, "authorize")
 	}
 	if d.Allowed {
+		return nil
+	}
+	if _, err = s.opts.Authorizer.Authorize(ctx, ns, group, APIIdentity(id)); err == nil {
+		err = &policy.DeniedError{Decision: d}
+	}
+	return s.authzStatus(ctx, err, "authorize")
+}
+
+// precheckUnconfirmed is precheck for an identity its platform's API has
+// not confirmed yet (an Azure VM before Resource Manager is asked): it
+// passes an identity some policy allows as it is, or would allow once
+// confirmed (Decision.NeedsConfirmation: a rule naming locations), and
+// refuses the others, so that no API call is made for them.
+func (s *Server) precheckUnconfirmed(ctx context.Context, ns, group string, id *identity.Identity) error {
+	d, err := s.opts.Authorizer.Precheck(ctx, ns, group, APIIdentity(id))
+	if err != nil {
+		return s.authzStatus(ctx, err, "authorize")
+	}
+	if d.Allowed || d.NeedsConfirmation {
 		return nil
 	}
 	if _, err = s.opts.Authorizer.Authorize(ctx, ns, group, APIIdentity(id)); err == nil {
@@ -656,7 +690,8 @@ func (s *Server) registerStatus(ctx context.Context, err error, op string) error
 // stays a refusal: it also stands for a JWKS the endpoint will not accept (a
 // redirect to another origin, a discovery document naming another issuer).
 func verifierUnavailable(err error) bool {
-	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, identity.ReasonTaskCheckUnavailable) || errors.Is(err, replay.ErrUnavailable)
+	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, identity.ReasonTaskCheckUnavailable) ||
+		errors.Is(err, identity.ReasonVMCheckUnavailable) || errors.Is(err, replay.ErrUnavailable)
 }
 
 func reasonOf(err error) string {
@@ -697,10 +732,11 @@ func agentErrorOf(req *onboardingv1alpha1.RegisterRequest) *runtimev1alpha1.Agen
 }
 
 // provenAddress is the address a verified identity proves, in canonical form:
-// an EC2 document's signed privateIp, or the ENI address of an ECS task the
-// ECS API confirmed. JWT, GCE and Azure identities prove none (neither a
-// GCE instance identity token nor an Azure managed identity token carries
-// an address).
+// an EC2 document's signed privateIp, the ENI address of an ECS task the
+// ECS API confirmed, or the primary network interface address of an Azure
+// VM Azure Resource Manager confirmed. JWT and GCE identities, and Azure
+// VMs not confirmed, prove none (neither a GCE instance identity token nor
+// an Azure managed identity token carries an address).
 func provenAddress(id *identity.Identity) string {
 	var addr string
 	switch {
@@ -708,6 +744,8 @@ func provenAddress(id *identity.Identity) string {
 		addr = id.AWS.PrivateIP
 	case id.ECS != nil && id.ECS.TaskConfirmed:
 		addr = id.ECS.Address
+	case id.Azure != nil && id.Azure.VMConfirmed:
+		addr = id.Azure.Address
 	default:
 		return ""
 	}
@@ -745,7 +783,7 @@ func APIIdentity(id *identity.Identity) runtimev1alpha1.WorkloadIdentity {
 		a := id.Azure
 		return runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{
 			TenantID: a.TenantID, SubscriptionID: a.SubscriptionID, ResourceGroup: a.ResourceGroup,
-			VMName: a.VMName, PrincipalID: a.PrincipalID,
+			VMName: a.VMName, PrincipalID: a.PrincipalID, Location: a.Location, VMID: a.VMID, VMConfirmed: a.VMConfirmed,
 		}}
 	case id.ECS != nil:
 		e := id.ECS
