@@ -31,9 +31,9 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
-	azureidentity "github.com/embark-mesh/embark/onboarding/identity/azure"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
+	azureidentity "github.com/embark-mesh/embark/onboarding/identity/azure"
 	ecsidentity "github.com/embark-mesh/embark/onboarding/identity/ecs"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/onboarding/policy"
@@ -92,9 +92,9 @@ var (
 	_ ECSVerifier = (*ecsidentity.Verifier)(nil)
 
 	_ AzureGatedVerifier = (*azureidentity.Verifier)(nil)
-	_ Authorizer  = (*policy.Authorizer)(nil)
-	_ Registrar   = (*registry.Registrar)(nil)
-	_ TokenIssuer = (*token.Issuer)(nil)
+	_ Authorizer         = (*policy.Authorizer)(nil)
+	_ Registrar          = (*registry.Registrar)(nil)
+	_ TokenIssuer        = (*token.Issuer)(nil)
 
 	_ onboardingv1alpha1.OnboardingServiceServer = (*Server)(nil)
 )
