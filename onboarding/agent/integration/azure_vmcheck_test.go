@@ -30,8 +30,8 @@ import (
 // the VM's location and lists no addressCIDRs, so the VM is admitted only
 // because Resource Manager reports it in westeurope, and its address only
 // because it is its primary network interface's private address. The
-// WorkloadEntry has that address; kubectl describe war shows the location
-// and VM ID.
+// WorkloadEntry has that address and the location as its locality; kubectl
+// describe war shows the location and VM ID.
 func TestAzureVMConfirmedByResourceManagerOnboards(t *testing.T) {
 	w := newWorld(t)
 	ms, err := azuretest.NewMicrosoft()
@@ -55,8 +55,8 @@ func TestAzureVMConfirmedByResourceManagerOnboards(t *testing.T) {
 	fixtures.Eventually(t, 30*time.Second, "the WorkloadEntry", func() bool {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: war.Name}, we) == nil
 	})
-	if we.Spec.Address != vm.IP {
-		t.Errorf("WorkloadEntry address %s, want the network interface's private address %s", we.Spec.Address, vm.IP)
+	if we.Spec.Address != vm.IP || we.Spec.Locality != vm.Location {
+		t.Errorf("WorkloadEntry address %s, locality %q; want the network interface's private address %s and locality %s", we.Spec.Address, we.Spec.Locality, vm.IP, vm.Location)
 	}
 	if arm.Calls() < 2 || arm.TokensIssued() == 0 {
 		t.Errorf("Resource Manager: %d calls with %d tokens of the endpoint, want the VM and its network interface read", arm.Calls(), arm.TokensIssued())
