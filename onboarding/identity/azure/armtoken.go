@@ -71,7 +71,7 @@ type TokenSourceOptions struct {
 	// IMDSEndpoint replaces DefaultIMDSEndpoint (tests).
 	IMDSEndpoint string
 	// HTTPClient. Default: a client with a 10s timeout that follows no
-	// redirect.
+	// redirect and, for IMDS, uses no proxy.
 	HTTPClient *http.Client
 	// Clock. Default time.Now.
 	Clock func() time.Time
@@ -91,14 +91,14 @@ func NewTokenSource(o TokenSourceOptions) (TokenSource, error) {
 	if o.IMDSEndpoint == "" {
 		o.IMDSEndpoint = DefaultIMDSEndpoint
 	}
-	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	}
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
-	clientID := o.Getenv("AZURE_CLIENT_ID")
-	if file := o.Getenv("AZURE_FEDERATED_TOKEN_FILE"); file != "" {
+	clientID, file := o.Getenv("AZURE_CLIENT_ID"), o.Getenv("AZURE_FEDERATED_TOKEN_FILE")
+	if o.HTTPClient == nil {
+		o.HTTPClient = defaultTokenClient(file == "")
+	}
+	if file != "" {
 		tenant, authority := o.Getenv("AZURE_TENANT_ID"), o.Getenv("AZURE_AUTHORITY_HOST")
 		if !guidRE.MatchString(tenant) || clientID == "" {
 			return nil, errors.New("workload identity (AZURE_FEDERATED_TOKEN_FILE) needs AZURE_TENANT_ID (a GUID) and AZURE_CLIENT_ID")
@@ -119,6 +119,16 @@ func NewTokenSource(o TokenSourceOptions) (TokenSource, error) {
 	return &cachingSource{now: o.Clock, fetch: func(ctx context.Context) (string, time.Duration, error) {
 		return fetchIMDS(ctx, o.HTTPClient, tokenURL)
 	}}, nil
+}
+
+// defaultTokenClient is a client with a 10s timeout that follows no
+// redirect; for IMDS it uses no proxy (IMDS answers only direct requests).
+func defaultTokenClient(imds bool) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if imds {
+		tr.Proxy = nil
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
 // fetchIMDS asks the Instance Metadata Service for a token.

@@ -231,3 +231,32 @@ func TestNewCheckerRequiresToken(t *testing.T) {
 		t.Fatalf("NewChecker() = %v, want an error naming the token source", err)
 	}
 }
+
+// The endpoint's own IMDS token is reused until five minutes before it
+// expires, then fetched again.
+func TestTokenSourceRefreshesNearExpiry(t *testing.T) {
+	arm := azuretest.NewARM()
+	t.Cleanup(arm.Close)
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	src, err := azure.NewTokenSource(azure.TokenSourceOptions{Getenv: func(string) string { return "" }, IMDSEndpoint: arm.URL(), Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() {
+		t.Helper()
+		if tok, err := src.Token(t.Context()); err != nil || tok != azuretest.ARMToken {
+			t.Fatalf("Token() = %q, %v", tok, err)
+		}
+	}
+	get()
+	now = now.Add(24*time.Hour - 6*time.Minute) // the IMDS token lives 86399s
+	get()
+	if n := arm.TokensIssued(); n != 1 {
+		t.Fatalf("%d tokens fetched before the token's last five minutes, want 1", n)
+	}
+	now = now.Add(2 * time.Minute)
+	get()
+	if n := arm.TokensIssued(); n != 2 {
+		t.Fatalf("%d tokens fetched in the token's last five minutes, want 2", n)
+	}
+}
