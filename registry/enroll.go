@@ -154,19 +154,21 @@ func proveAddresses(ctx context.Context, e Enrollment, policy Policy) (bool, err
 // identityProves says whether the identity of e proves addr as an address
 // of type typ: an EC2 instance identity document proves its signed
 // privateIp, as a VPC address, and nothing else; an ECS task the ECS API
-// confirmed proves its ENI's private address, and a GCE instance the
-// Compute API confirmed its primary interface's internal address, as a VPC
-// address; a JWT proves no address.
+// confirmed proves its ENI's private address, a GCE instance the Compute
+// API confirmed its primary interface's internal address, and an Azure VM
+// Azure Resource Manager confirmed its primary network interface's private
+// address, as a VPC address; a JWT proves no address.
 func identityProves(e Enrollment, typ runtimev1alpha1.AddressType, addr netip.Addr) bool {
 	proving := e.Identity.AWS != nil || (e.Identity.ECS != nil && e.Identity.ECS.TaskConfirmed) ||
-		(e.Identity.GCP != nil && e.Identity.GCP.InstanceConfirmed)
+		(e.Identity.GCP != nil && e.Identity.GCP.InstanceConfirmed) ||
+		(e.Identity.Azure != nil && e.Identity.Azure.VMConfirmed)
 	return proving && typ == runtimev1alpha1.AddressTypeVPC && e.ProvenAddress != "" && e.ProvenAddress == addr.String()
 }
 
 // notProven is the refusal of host address i of e.
 func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.Addr) error {
-	what := "its identity proves no address (a JWT host or an Azure VM)"
-	switch ecs, gcp := e.Identity.ECS, e.Identity.GCP; {
+	what := "its identity proves no address (a JWT host)"
+	switch ecs, gcp, az := e.Identity.ECS, e.Identity.GCP, e.Identity.Azure; {
 	case e.Identity.AWS != nil:
 		what = fmt.Sprintf("its instance identity document proves only the VPC address %s", e.ProvenAddress)
 	case ecs != nil && ecs.TaskConfirmed:
@@ -177,6 +179,10 @@ func notProven(e Enrollment, i int, typ runtimev1alpha1.AddressType, addr netip.
 		what = fmt.Sprintf("the Compute API confirmed only the instance's nic0 address %s (VPC)", e.ProvenAddress)
 	case gcp != nil:
 		what = "its identity proves no address (a GCE instance not confirmed by the Compute API: identity.gce.instanceCheck is not configured)"
+	case az != nil && az.VMConfirmed:
+		what = fmt.Sprintf("Azure Resource Manager confirmed only the Azure VM's primary network interface address %s (VPC)", e.ProvenAddress)
+	case az != nil:
+		what = "its identity proves no address (an Azure VM not confirmed by Azure Resource Manager: identity.azure.vmCheck is not configured)"
 	}
 	return fmt.Errorf("%w: registration.host.addresses[%d].ip: address %s (%s) is not proven: %s, and no OnboardingPolicy rule allowing it in namespace %s lists it in addressCIDRs",
 		ErrAddressNotProven, i, addr, typ, what, e.Namespace)

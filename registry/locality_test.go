@@ -16,6 +16,8 @@ func TestLocality(t *testing.T) {
 		{name: "gce: the zone's region", id: runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{Zone: "us-central1-a"}}, want: "us-central1/us-central1-a"},
 		{name: "gce zone without a region", id: runtimev1alpha1.WorkloadIdentity{GCP: &runtimev1alpha1.GCPIdentity{Zone: "zone"}}, want: ""},
 		{name: "ecs", id: ecsIdentity("123456789012", "prod", "abc"), want: "us-east-2/us-east-2b"},
+		{name: "azure confirmed by Resource Manager: its location", id: runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{VMName: "vm-1", Location: "westeurope", VMConfirmed: true}}, want: "westeurope"},
+		{name: "azure not confirmed", id: runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{VMName: "vm-1"}}, want: ""},
 		{name: "jwt", id: runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{Subject: "vm-1"}}, want: ""},
 	}
 	for _, tt := range tests {

@@ -244,6 +244,11 @@ func locality(id runtimev1alpha1.WorkloadIdentity) string {
 			return region + "/" + id.GCP.Zone
 		}
 	}
+	// An Azure VM's location is known only from Azure Resource Manager;
+	// its availability zone is not read.
+	if id.Azure != nil && id.Azure.VMConfirmed {
+		return id.Azure.Location
+	}
 	return ""
 }
 

@@ -422,6 +422,11 @@ spec:
 			wantErr: []string{"spec.allow[0].workloads[0].azure.resourceGroups"},
 		},
 		{
+			name:    "azure locations: []",
+			yaml:    policy(`azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], subscriptions: [0b1f6471-1bf0-4dda-aec3-cb9272f09590], locations: []}`),
+			wantErr: []string{"spec.allow[0].workloads[0].azure.locations"},
+		},
+		{
 			name: "missing workloadGroupSelector",
 			yaml: `apiVersion: authorization.onboarding.tetrate.io/v1alpha1
 kind: OnboardingPolicy

@@ -348,6 +348,59 @@ type AzureIdentity struct {
 	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
 	// Default 25h (Entra ID gives managed identity tokens about 24h).
 	MaxTokenLifetime *metav1.Duration `json:"maxTokenLifetime,omitempty"`
+	// VMCheck, when set (even to {}), confirms every VM with Azure
+	// Resource Manager: the VM exists, provisioned (Succeeded), with the
+	// token's principal as its system-assigned identity; its location, VM
+	// ID and the private address of its primary network interface are then
+	// part of the identity. Only a confirmed VM proves its address, and
+	// only confirmed VMs match azure rules naming locations. Default: unset.
+	VMCheck *AzureVMCheck `json:"vmCheck,omitempty"`
+}
+
+// AzureVMCheck configures the Azure Resource Manager check. The endpoint's
+// own Entra ID token for Resource Manager comes from AKS workload identity
+// (AZURE_FEDERATED_TOKEN_FILE, AZURE_CLIENT_ID, AZURE_TENANT_ID) when set,
+// else from the managed identity of its VM or node through IMDS.
+type AzureVMCheck struct {
+	// ARMEndpoint replaces https://management.azure.com (tests, sovereign
+	// clouds).
+	ARMEndpoint string `json:"armEndpoint,omitempty"`
+	// IMDSEndpoint replaces http://169.254.169.254, where the endpoint's
+	// managed identity token is fetched without workload identity (tests).
+	IMDSEndpoint string `json:"imdsEndpoint,omitempty"`
+	// RatePerSecond and Burst bound the Resource Manager calls (two per
+	// VM, shared by all callers; over it Authorize answers UNAVAILABLE,
+	// retried). Default 5/s, burst 10.
+	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
+	Burst         int     `json:"burst,omitempty"`
+	// CacheTTL is how long a VM's description is reused. Default 30s.
+	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+}
+
+// validate checks a VM check configuration (nil: not configured).
+func (v *AzureVMCheck) validate(p *field.Path) field.ErrorList {
+	if v == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if v.RatePerSecond < 0 {
+		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), v.RatePerSecond, "must not be negative"))
+	}
+	if v.Burst < 0 {
+		errs = append(errs, field.Invalid(p.Child("burst"), v.Burst, "must not be negative"))
+	}
+	if v.CacheTTL != nil && v.CacheTTL.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("cacheTTL"), v.CacheTTL.Duration.String(), "must not be negative"))
+	}
+	for _, ep := range []struct{ name, val string }{{"armEndpoint", v.ARMEndpoint}, {"imdsEndpoint", v.IMDSEndpoint}} {
+		if ep.val == "" {
+			continue
+		}
+		if u, err := url.Parse(ep.val); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			errs = append(errs, field.Invalid(p.Child(ep.name), ep.val, "must be an http(s) URL without query"))
+		}
+	}
+	return errs
 }
 
 // GCEIdentity configures the verification of Compute Engine instance
@@ -1019,6 +1072,7 @@ func (a *AzureIdentity) validate(p *field.Path) field.ErrorList {
 	if a.MaxTokenLifetime != nil && a.MaxTokenLifetime.Duration < 0 {
 		errs = append(errs, field.Invalid(p.Child("maxTokenLifetime"), a.MaxTokenLifetime.Duration.String(), "must not be negative"))
 	}
+	errs = append(errs, a.VMCheck.validate(p.Child("vmCheck"))...)
 	return errs
 }
 

@@ -254,6 +254,11 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "gce instanceCheck negative burst", yaml: minimal + "identity: {gce: {instanceCheck: {burst: -1}}}\n", wantErr: "identity.gce.instanceCheck.burst"},
 		{name: "gce instanceCheck negative cacheTTL", yaml: minimal + "identity: {gce: {instanceCheck: {cacheTTL: -1s}}}\n", wantErr: "identity.gce.instanceCheck.cacheTTL"},
 		{name: "gce instanceCheck unknown field", yaml: minimal + "identity: {gce: {instanceCheck: {roleARN: x}}}\n", wantErr: `unknown field "roleARN"`},
+		{name: "azure vmCheck armEndpoint not a URL", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], vmCheck: {armEndpoint: 'management.internal'}}}\n", wantErr: "identity.azure.vmCheck.armEndpoint"},
+		{name: "azure vmCheck imdsEndpoint with a query", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], vmCheck: {imdsEndpoint: 'http://169.254.169.254/?x=1'}}}\n", wantErr: "identity.azure.vmCheck.imdsEndpoint"},
+		{name: "azure vmCheck negative rate", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], vmCheck: {ratePerSecond: -1}}}\n", wantErr: "identity.azure.vmCheck.ratePerSecond"},
+		{name: "azure vmCheck negative burst", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], vmCheck: {burst: -1}}}\n", wantErr: "identity.azure.vmCheck.burst"},
+		{name: "azure vmCheck negative cacheTTL", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], vmCheck: {cacheTTL: -1s}}}\n", wantErr: "identity.azure.vmCheck.cacheTTL"},
 		{name: "ecs taskCheck negative rate", yaml: minimal + "identity: {ecs: {taskCheck: {ratePerSecond: -1}}}\n", wantErr: "identity.ecs.taskCheck.ratePerSecond"},
 		{name: "negative outOfTrafficAfter", yaml: minimal + "registration: {outOfTrafficAfter: -1s}\n", wantErr: "registration.outOfTrafficAfter: Invalid value"},
 		{name: "outOfTrafficAfter beyond the grace period", yaml: minimal + "registration: {gracePeriod: 1m, outOfTrafficAfter: 2m}\n", wantErr: "must not exceed registration.gracePeriod"},
@@ -334,6 +339,32 @@ func TestMetadataValidity(t *testing.T) {
 			}
 			if got := cfg.LocalRepository.MetadataValidity.Duration; got != tt.want {
 				t.Errorf("metadataValidity %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// identity.azure.vmCheck turns the Resource Manager check on even when it
+// is {}; without it the check is off.
+func TestParseAzureVMCheck(t *testing.T) {
+	const azure = "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47]"
+	for _, tt := range []struct {
+		name, yaml string
+		wantOn     bool
+		wantARM    string
+	}{
+		{name: "not set: off", yaml: azure + "}}\n"},
+		{name: "{}: on with defaults", yaml: azure + ", vmCheck: {}}}\n", wantOn: true},
+		{name: "armEndpoint set", yaml: azure + ", vmCheck: {armEndpoint: 'http://127.0.0.1:9000', ratePerSecond: 2, burst: 4, cacheTTL: 1m}}}\n", wantOn: true, wantARM: "http://127.0.0.1:9000"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(minimal + tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			vc := cfg.Identity.Azure.VMCheck
+			if (vc != nil) != tt.wantOn || (vc != nil && vc.ARMEndpoint != tt.wantARM) {
+				t.Errorf("vmCheck = %+v, want on %v with armEndpoint %q", vc, tt.wantOn, tt.wantARM)
 			}
 		})
 	}

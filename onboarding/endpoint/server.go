@@ -33,6 +33,7 @@ import (
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
+	azureidentity "github.com/embark-mesh/embark/onboarding/identity/azure"
 	ecsidentity "github.com/embark-mesh/embark/onboarding/identity/ecs"
 	gceidentity "github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
@@ -63,6 +64,13 @@ type ECSVerifier interface {
 	VerifyGated(ctx context.Context, cred awswire.ECSCredential, gate ecsidentity.Gate) (*identity.Identity, error)
 }
 
+// AzureGatedVerifier is an AzureVerifier that confirms VMs with Azure
+// Resource Manager (azure.Verifier): gate is asked before Resource Manager
+// is. An Options.Azure that implements it is always asked this way.
+type AzureGatedVerifier interface {
+	VerifyGated(ctx context.Context, token string, renewal func(*identity.Identity) error, gate azureidentity.Gate) (*identity.Identity, error)
+}
+
 // Authorizer checks OnboardingPolicies (policy.Authorizer).
 type Authorizer interface {
 	Authorize(ctx context.Context, namespace, group string, id runtimev1alpha1.WorkloadIdentity) (policy.Decision, error)
@@ -88,12 +96,13 @@ type TokenIssuer interface {
 }
 
 var (
-	_ AWSVerifier = (*awsidentity.Verifier)(nil)
-	_ ECSVerifier = (*ecsidentity.Verifier)(nil)
-	_ GCEVerifier = (*gceidentity.Verifier)(nil)
-	_ Authorizer  = (*policy.Authorizer)(nil)
-	_ Registrar   = (*registry.Registrar)(nil)
-	_ TokenIssuer = (*token.Issuer)(nil)
+	_ AWSVerifier        = (*awsidentity.Verifier)(nil)
+	_ ECSVerifier        = (*ecsidentity.Verifier)(nil)
+	_ GCEVerifier        = (*gceidentity.Verifier)(nil)
+	_ AzureGatedVerifier = (*azureidentity.Verifier)(nil)
+	_ Authorizer         = (*policy.Authorizer)(nil)
+	_ Registrar          = (*registry.Registrar)(nil)
+	_ TokenIssuer        = (*token.Issuer)(nil)
 
 	_ onboardingv1alpha1.OnboardingServiceServer = (*Server)(nil)
 )
@@ -340,6 +349,11 @@ func (s *Server) verify(ctx context.Context, req *onboardingv1alpha1.AuthorizeRe
 		if s.opts.Azure == nil {
 			return nil, errors.New("this endpoint does not accept Azure credentials (identity.azure is not configured)")
 		}
+		if g, ok := s.opts.Azure.(AzureGatedVerifier); ok {
+			return g.VerifyGated(ctx, c.Azure.GetToken(), s.azureRenewal(ctx, ns, group), func(ctx context.Context, claimed *identity.Identity) error {
+				return s.precheckUnconfirmed(ctx, ns, group, claimed)
+			})
+		}
 		return s.opts.Azure.VerifyRenewal(ctx, c.Azure.GetToken(), s.azureRenewal(ctx, ns, group))
 	case *onboardingv1alpha1.AuthorizeRequest_Ecs:
 		if s.opts.ECS == nil {
@@ -363,6 +377,25 @@ func (s *Server) precheck(ctx context.Context, ns, group string, id *identity.Id
 		return s.authzStatus(ctx, err, "authorize")
 	}
 	if d.Allowed {
+		return nil
+	}
+	if _, err = s.opts.Authorizer.Authorize(ctx, ns, group, APIIdentity(id)); err == nil {
+		err = &policy.DeniedError{Decision: d}
+	}
+	return s.authzStatus(ctx, err, "authorize")
+}
+
+// precheckUnconfirmed is precheck for an identity its platform's API has
+// not confirmed yet (an Azure VM before Resource Manager is asked): it
+// passes an identity some policy allows as it is, or would allow once
+// confirmed (Decision.NeedsConfirmation: a rule naming locations), and
+// refuses the others, so that no API call is made for them.
+func (s *Server) precheckUnconfirmed(ctx context.Context, ns, group string, id *identity.Identity) error {
+	d, err := s.opts.Authorizer.Precheck(ctx, ns, group, APIIdentity(id))
+	if err != nil {
+		return s.authzStatus(ctx, err, "authorize")
+	}
+	if d.Allowed || d.NeedsConfirmation {
 		return nil
 	}
 	if _, err = s.opts.Authorizer.Authorize(ctx, ns, group, APIIdentity(id)); err == nil {
@@ -661,7 +694,8 @@ func (s *Server) registerStatus(ctx context.Context, err error, op string) error
 // redirect to another origin, a discovery document naming another issuer).
 func verifierUnavailable(err error) bool {
 	return errors.Is(err, identity.ReasonSTSUnavailable) || errors.Is(err, identity.ReasonTaskCheckUnavailable) ||
-		errors.Is(err, identity.ReasonInstanceCheckUnavailable) || errors.Is(err, replay.ErrUnavailable)
+		errors.Is(err, identity.ReasonInstanceCheckUnavailable) || errors.Is(err, identity.ReasonVMCheckUnavailable) ||
+		errors.Is(err, replay.ErrUnavailable)
 }
 
 // reasonOf names an error's refusal reason for metrics.
@@ -704,10 +738,11 @@ func agentErrorOf(req *onboardingv1alpha1.RegisterRequest) *runtimev1alpha1.Agen
 
 // provenAddress is the address a verified identity proves, in canonical form:
 // an EC2 document's signed privateIp, the ENI address of an ECS task the
-// ECS API confirmed, or the nic0 address of a GCE instance the Compute API
-// confirmed. JWT and Azure identities prove none, nor do unconfirmed GCE
-// instances (neither a GCE instance identity token nor an Azure managed
-// identity token carries an address).
+// ECS API confirmed, the nic0 address of a GCE instance the Compute API
+// confirmed, or the primary network interface address of an Azure VM Azure
+// Resource Manager confirmed. JWT identities prove none, nor do unconfirmed
+// GCE instances and Azure VMs (neither a GCE instance identity token nor an
+// Azure managed identity token carries an address).
 func provenAddress(id *identity.Identity) string {
 	var addr string
 	switch {
@@ -717,6 +752,8 @@ func provenAddress(id *identity.Identity) string {
 		addr = id.ECS.Address
 	case id.GCE != nil && id.GCE.InstanceConfirmed:
 		addr = id.GCE.Address
+	case id.Azure != nil && id.Azure.VMConfirmed:
+		addr = id.Azure.Address
 	default:
 		return ""
 	}
@@ -755,7 +792,7 @@ func APIIdentity(id *identity.Identity) runtimev1alpha1.WorkloadIdentity {
 		a := id.Azure
 		return runtimev1alpha1.WorkloadIdentity{Azure: &runtimev1alpha1.AzureIdentity{
 			TenantID: a.TenantID, SubscriptionID: a.SubscriptionID, ResourceGroup: a.ResourceGroup,
-			VMName: a.VMName, PrincipalID: a.PrincipalID,
+			VMName: a.VMName, PrincipalID: a.PrincipalID, Location: a.Location, VMID: a.VMID, VMConfirmed: a.VMConfirmed,
 		}}
 	case id.ECS != nil:
 		e := id.ECS

@@ -117,6 +117,17 @@ const (
 	// about the GCE instance (unreachable, failing, permission denied, over
 	// the endpoint's rate limit).
 	ReasonInstanceCheckUnavailable Reason = "InstanceCheckUnavailable"
+	// ReasonVMNotFound: Azure Resource Manager does not know the Azure VM
+	// the token names, or reports it not provisioned (Succeeded).
+	ReasonVMNotFound Reason = "VMNotFound"
+	// ReasonVMMismatch: Azure Resource Manager reports the VM with another
+	// system-assigned identity than the token's (a VM created again under
+	// the name), or without a primary network interface address.
+	ReasonVMMismatch Reason = "VMMismatch"
+	// ReasonVMCheckUnavailable: Azure Resource Manager could not be asked
+	// about the VM (unreachable, throttled, refusing the endpoint's own
+	// token, over the endpoint's rate limit).
+	ReasonVMCheckUnavailable Reason = "VMCheckUnavailable"
 )
 
 // Reasons lists every Reason, in the order of the constants above.
@@ -131,6 +142,7 @@ func Reasons() []Reason {
 		ReasonReplayed, ReasonLifetimeTooLong, ReasonWrongSubject,
 		ReasonTaskMismatch, ReasonTaskNotRunning, ReasonTaskCheckUnavailable,
 		ReasonInstanceNotRunning, ReasonInstanceReplaced, ReasonInstanceNoAddress, ReasonInstanceCheckUnavailable,
+		ReasonVMNotFound, ReasonVMMismatch, ReasonVMCheckUnavailable,
 	}
 }
 

@@ -157,7 +157,8 @@ type GCEIdentity struct {
 // AzureIdentity holds the verified facts of an Azure VM's managed identity
 // token: its tenant (tid), the VM's resource ID (xms_mirid) and the object
 // ID of the VM's system-assigned identity (oid). The token carries no
-// location and no address.
+// location and no address: Location, VMID and Address are set only when
+// Azure Resource Manager confirmed the VM (VMConfirmed).
 type AzureIdentity struct {
 	// TenantID is the Entra ID tenant, a GUID in lower case.
 	TenantID string
@@ -176,6 +177,19 @@ type AzureIdentity struct {
 	ResourceID string
 	// Expiry is the token's exp.
 	Expiry time.Time
+	// Location is the VM's Azure region (e.g. westeurope), as Azure
+	// Resource Manager reports it; set only when VMConfirmed.
+	Location string
+	// VMID is the VM's unique ID (properties.vmId); set only when
+	// VMConfirmed.
+	VMID string
+	// Address is the private IPv4 address of the primary IP configuration
+	// of the VM's primary network interface; set only when VMConfirmed.
+	Address string
+	// VMConfirmed says Azure Resource Manager confirmed the VM: it exists,
+	// provisioned, with the token's principal as its system-assigned
+	// identity.
+	VMConfirmed bool
 }
 
 // CheckIAMRole is the check a policy with ec2.iamRoleNames makes: the

@@ -116,3 +116,61 @@ func TestMatchAzureMalformedMatcher(t *testing.T) {
 		t.Errorf("matcher with azure and gcp: %b, want failMalformed", f)
 	}
 }
+
+// confirmedAzureID is an Azure VM identity Azure Resource Manager
+// confirmed in location.
+func confirmedAzureID(location string) runtimev1alpha1.WorkloadIdentity {
+	id := azureID(azTenant, azSub, "embark-rg", "ratings-1")
+	id.Azure.Location, id.Azure.VMID, id.Azure.VMConfirmed = location, "13f56399-bd52-4150-9748-7190aae1ff21", true
+	return id
+}
+
+// A rule naming locations admits only VMs Resource Manager confirmed in one
+// of them; an unconfirmed VM is denied, and the decision says a
+// confirmation could change it only when nothing else fails.
+func TestEvaluateAzureLocations(t *testing.T) {
+	p := policyYAML(t, `
+metadata: {name: azure-west, namespace: bookinfo}
+spec:
+  allow:
+  - workloads: [{azure: {tenants: [`+azTenant+`], subscriptions: [`+azSub+`], locations: [WestEurope, northeurope]}}]
+    onboardTo: [{workloadGroupSelector: {matchLabels: {app: ratings}}}]
+`)
+	empty := policyYAML(t, `
+metadata: {name: azure-empty, namespace: bookinfo}
+spec:
+  allow:
+  - workloads: [{azure: {tenants: [`+azTenant+`], subscriptions: [`+azSub+`], locations: []}}]
+    onboardTo: [{workloadGroupSelector: {}}]
+`)
+	ratings := group("bookinfo", "ratings", "app", "ratings")
+	for _, tt := range []struct {
+		name                  string
+		policy                authorizationv1alpha1.OnboardingPolicy
+		id                    runtimev1alpha1.WorkloadIdentity
+		wantAllowed           bool
+		wantNeedsConfirmation bool
+		wantMessage           string
+	}{
+		{name: "confirmed in a listed location (without case)", policy: p, id: confirmedAzureID("westeurope"), wantAllowed: true,
+			wantMessage: "location westeurope is allowed"},
+		{name: "confirmed in another location", policy: p, id: confirmedAzureID("eastus"),
+			wantMessage: "location eastus not in [WestEurope northeurope]"},
+		{name: "not confirmed (no vmCheck)", policy: p, id: azureID(azTenant, azSub, "embark-rg", "ratings-1"), wantNeedsConfirmation: true,
+			wantMessage: "VM not confirmed by Azure Resource Manager (the rule names locations; the endpoint needs identity.azure.vmCheck)"},
+		{name: "not confirmed, and of another subscription", policy: p, id: azureID(azTenant, azOther, "embark-rg", "ratings-1"),
+			wantMessage: "subscription " + azOther + " not in"},
+		{name: "locations: [] matches nothing", policy: empty, id: confirmedAzureID("westeurope"),
+			wantMessage: "an empty list (locations: []) matches nothing"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Evaluate([]authorizationv1alpha1.OnboardingPolicy{tt.policy}, ratings, tt.id)
+			if d.Allowed != tt.wantAllowed || d.NeedsConfirmation != tt.wantNeedsConfirmation {
+				t.Errorf("allowed %v, needs confirmation %v; want %v, %v: %s", d.Allowed, d.NeedsConfirmation, tt.wantAllowed, tt.wantNeedsConfirmation, d.Message())
+			}
+			if !strings.Contains(d.Message(), tt.wantMessage) {
+				t.Errorf("message %q does not say %q", d.Message(), tt.wantMessage)
+			}
+		})
+	}
+}

@@ -131,6 +131,12 @@ type Decision struct {
 	// Asking the agent for a signed sts:GetCallerIdentity request (and
 	// evaluating again) may then allow it.
 	NeedsIAMRoleProof bool
+	// NeedsConfirmation is true when the workload was denied, is not
+	// confirmed by its platform's API, and some rule selecting the group
+	// fails only because it requires that confirmation (an azure rule
+	// naming locations). Confirming it with Azure Resource Manager (and
+	// evaluating again) may then allow it.
+	NeedsConfirmation bool
 }
 
 // Evaluate decides whether the workload with identity id may join group,
@@ -161,11 +167,12 @@ func Evaluate(policies []authorizationv1alpha1.OnboardingPolicy, group GroupRef,
 		nClosest    int
 		best        = -1
 		roleOnlyHit bool
+		confirmHit  bool
 	)
 	for _, p := range applicable {
 		for ri := range p.Spec.Allow {
 			rule := &p.Spec.Allow[ri]
-			wi, dist, roleOnly := closestWorkload(rule.Workloads, id)
+			wi, dist, roleOnly, confirmOnly := closestWorkload(rule.Workloads, id)
 			selected := selectsGroup(rule.OnboardTo, groupLabels, func(target int, err error) {
 				d.InvalidSelectors = append(d.InvalidSelectors, InvalidSelector{
 					RuleRef: RuleRef{Policy: p.Name, Rule: ri}, Target: target, Err: err,
@@ -178,6 +185,9 @@ func Evaluate(policies []authorizationv1alpha1.OnboardingPolicy, group GroupRef,
 			}
 			if selected && roleOnly {
 				roleOnlyHit = true
+			}
+			if selected && confirmOnly {
+				confirmHit = true
 			}
 			if !selected {
 				dist++
@@ -197,6 +207,7 @@ func Evaluate(policies []authorizationv1alpha1.OnboardingPolicy, group GroupRef,
 		}
 	}
 	d.NeedsIAMRoleProof = roleOnlyHit
+	d.NeedsConfirmation = confirmHit
 	d.Closest = make([]RuleFailure, nClosest)
 	for i, c := range closest[:nClosest] {
 		rule := &c.policy.Spec.Allow[c.rule]
@@ -265,7 +276,7 @@ func AddressAllowed(policies []authorizationv1alpha1.OnboardingPolicy, group Gro
 			if !cidrsHold(rule.AddressCIDRs, addr) {
 				continue
 			}
-			if _, dist, _ := closestWorkload(rule.Workloads, id); dist == 0 && selectsGroup(rule.OnboardTo, groupLabels, nil) {
+			if _, dist, _, _ := closestWorkload(rule.Workloads, id); dist == 0 && selectsGroup(rule.OnboardTo, groupLabels, nil) {
 				return true
 			}
 		}

@@ -43,8 +43,10 @@ const (
 	failResourceGroup
 	failCluster
 	// failUnconfirmed: an ecs rule names regions, zones or clusters and the
-	// ECS API did not confirm the task.
+	// ECS API did not confirm the task, or an azure rule names locations and
+	// Azure Resource Manager did not confirm the VM.
 	failUnconfirmed
+	failLocation
 )
 
 // farAway is the distance of a matcher that cannot match this kind of
@@ -63,22 +65,22 @@ func (f failure) distance() int {
 
 // closestWorkload returns the index of the first matcher with the smallest
 // distance to id, that distance (0 = match), and whether some matcher fails
-// only for want of a proven IAM role.
-func closestWorkload(ws []authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.WorkloadIdentity) (index, dist int, roleOnly bool) {
+// only for want of a proven IAM role (roleOnly) or only for want of the
+// platform API's confirmation (confirmOnly).
+func closestWorkload(ws []authorizationv1alpha1.WorkloadMatcher, id runtimev1alpha1.WorkloadIdentity) (index, dist int, roleOnly, confirmOnly bool) {
 	dist = farAway + 1
 	for i := range ws {
 		f := matchWorkload(&ws[i], id)
-		if f == failRoleUnproven {
-			roleOnly = true
-		}
+		roleOnly = roleOnly || f == failRoleUnproven
+		confirmOnly = confirmOnly || f == failUnconfirmed
 		if d := f.distance(); d < dist {
 			index, dist = i, d
 			if d == 0 {
-				return index, 0, roleOnly
+				return index, 0, roleOnly, confirmOnly
 			}
 		}
 	}
-	return index, dist, roleOnly
+	return index, dist, roleOnly, confirmOnly
 }
 
 // matchWorkload returns the constraints of m that id fails; 0 is a match.
@@ -208,7 +210,7 @@ func matchAzure(m *authorizationv1alpha1.AzureMatcher, id *runtimev1alpha1.Azure
 		return failKind
 	}
 	var f failure
-	if emptyList(m.ResourceGroups) {
+	if emptyList(m.ResourceGroups) || emptyList(m.Locations) {
 		f |= failEmptyList
 	}
 	// Tenants and subscriptions are never a wildcard: an empty list matches
@@ -221,6 +223,15 @@ func matchAzure(m *authorizationv1alpha1.AzureMatcher, id *runtimev1alpha1.Azure
 	}
 	if len(m.ResourceGroups) > 0 && !containsFold(m.ResourceGroups, id.ResourceGroup) {
 		f |= failResourceGroup
+	}
+	// Only Azure Resource Manager says where a VM is: an unconfirmed VM
+	// has no location to compare.
+	switch {
+	case m.Locations == nil:
+	case !id.VMConfirmed:
+		f |= failUnconfirmed
+	case !containsFold(m.Locations, id.Location):
+		f |= failLocation
 	}
 	return f
 }
@@ -242,6 +253,9 @@ func azureReasons(a *authorizationv1alpha1.AzureMatcher, id runtimev1alpha1.Work
 	if emptyList(a.ResourceGroups) {
 		out = append(out, "an empty list (resourceGroups: []) matches nothing")
 	}
+	if emptyList(a.Locations) {
+		out = append(out, "an empty list (locations: []) matches nothing")
+	}
 	if !containsFold(a.Tenants, ida.TenantID) {
 		out = append(out, fmt.Sprintf("tenant %s not in %s", clip(ida.TenantID), formatList(a.Tenants)))
 	}
@@ -250,6 +264,13 @@ func azureReasons(a *authorizationv1alpha1.AzureMatcher, id runtimev1alpha1.Work
 	}
 	if len(a.ResourceGroups) > 0 && !containsFold(a.ResourceGroups, ida.ResourceGroup) {
 		out = append(out, fmt.Sprintf("resource group %s not in %s", clip(ida.ResourceGroup), formatList(a.ResourceGroups)))
+	}
+	switch {
+	case a.Locations == nil:
+	case !ida.VMConfirmed:
+		out = append(out, "VM not confirmed by Azure Resource Manager (the rule names locations; the endpoint needs identity.azure.vmCheck)")
+	case !containsFold(a.Locations, ida.Location):
+		out = append(out, fmt.Sprintf("location %s not in %s", clip(ida.Location), formatList(a.Locations)))
 	}
 	return out
 }

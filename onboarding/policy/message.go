@@ -98,8 +98,12 @@ func DescribeIdentity(id runtimev1alpha1.WorkloadIdentity) string {
 			clip(g.ProjectID), clip(g.Zone), clip(g.InstanceName), clip(g.InstanceID), clip(g.ServiceAccount))
 	case id.Azure != nil:
 		a := id.Azure
-		return fmt.Sprintf("azure tenant %s subscription %s resource group %s vm %s (principal %s)",
+		s := fmt.Sprintf("azure tenant %s subscription %s resource group %s vm %s (principal %s)",
 			clip(a.TenantID), clip(a.SubscriptionID), clip(a.ResourceGroup), clip(a.VMName), clip(a.PrincipalID))
+		if a.VMConfirmed {
+			s += " location " + clip(a.Location)
+		}
+		return s
 	case id.ECS != nil:
 		e := id.ECS
 		s := fmt.Sprintf("ecs partition %s account %s region %s zone %s cluster %s task %s task role %s",

@@ -141,8 +141,9 @@ type WorkloadMatcher struct {
 // token. Every field that is set must match; an unset list matches any
 // value, except Tenants and Subscriptions, which must always be listed
 // explicitly. A list that is present but empty is refused at admission (and
-// matches nothing if stored anyway). There is no location: the token does
-// not carry one.
+// matches nothing if stored anyway). Locations match only VMs Azure
+// Resource Manager confirmed (the endpoint's identity.azure.vmCheck): the
+// token carries no location.
 type AzureMatcher struct {
 	// Tenants the VM's managed identity may belong to, by tenant ID. There
 	// is no wildcard.
@@ -167,6 +168,16 @@ type AzureMatcher struct {
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=90
 	ResourceGroups []string `json:"resourceGroups,omitempty"`
+	// Locations the VM may be in (Azure regions, e.g. westeurope), compared
+	// without case; unset means any. A rule naming locations matches only
+	// VMs Azure Resource Manager confirmed (identity.azure.vmCheck).
+	// +optional
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=64
+	Locations []string `json:"locations,omitempty"`
 }
 
 // ECSMatcher matches AWS ECS tasks by their task role session. Every field

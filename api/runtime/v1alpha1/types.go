@@ -152,6 +152,23 @@ type AzureIdentity struct {
 	// identity: a VM created again under the same name has another one.
 	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
 	PrincipalID string `json:"principalId"`
+	// Location is the VM's Azure region (e.g. westeurope), as Azure
+	// Resource Manager reports it; set only when VMConfirmed.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]{1,64}$`
+	Location string `json:"location,omitempty"`
+	// VMID is the VM's unique ID (properties.vmId), as Azure Resource
+	// Manager reports it; set only when VMConfirmed.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
+	VMID string `json:"vmId,omitempty"`
+	// VMConfirmed says Azure Resource Manager confirmed the VM (the
+	// endpoint's identity.azure.vmCheck): it exists, provisioned, with
+	// PrincipalID as its system-assigned identity, in Location, and the
+	// private address of its primary network interface is the address the
+	// identity proves.
+	// +optional
+	VMConfirmed bool `json:"vmConfirmed,omitempty"`
 }
 
 // ECSIdentity is an AWS ECS task verified from a signed

@@ -314,12 +314,34 @@ func newAzureVerifier(a *config.AzureIdentity, log *slog.Logger, used replay.Sha
 		}
 		c.CACertificates = ca
 	}
-	v, err := azureidentity.NewVerifier(c, azureidentity.WithLogger(log), azureidentity.WithSharedReplay(used))
+	opts := []azureidentity.Option{azureidentity.WithLogger(log), azureidentity.WithSharedReplay(used)}
+	if vc := a.VMCheck; vc != nil {
+		checker, err := newAzureVMChecker(vc, log)
+		if err != nil {
+			return nil, fmt.Errorf("identity.azure.vmCheck: %w", err)
+		}
+		opts = append(opts, azureidentity.WithVMCheck(checker))
+	}
+	v, err := azureidentity.NewVerifier(c, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("identity.azure: %w", err)
 	}
-	log.Info("accepting Azure VM managed identity tokens", "tenants", c.Tenants, "audiences", c.Audiences, "jwksURL", v.JWKSURL())
+	log.Info("accepting Azure VM managed identity tokens", "tenants", c.Tenants, "audiences", c.Audiences, "jwksURL", v.JWKSURL(), "vmCheck", a.VMCheck != nil)
 	return v, nil
+}
+
+// newAzureVMChecker returns the Resource Manager check of vmCheck, with the
+// endpoint's own token from workload identity or IMDS.
+func newAzureVMChecker(vc *config.AzureVMCheck, log *slog.Logger) (*azureidentity.Checker, error) {
+	src, err := azureidentity.NewTokenSource(azureidentity.TokenSourceOptions{IMDSEndpoint: vc.IMDSEndpoint})
+	if err != nil {
+		return nil, err
+	}
+	opts := azureidentity.CheckerOptions{Token: src, ARMEndpoint: vc.ARMEndpoint, Rate: vc.RatePerSecond, Burst: vc.Burst, Logger: log}
+	if vc.CacheTTL != nil {
+		opts.CacheTTL = vc.CacheTTL.Duration
+	}
+	return azureidentity.NewChecker(opts)
 }
 
 // newECSVerifier returns the ECS task verifier of identity.ecs: STS proofs

@@ -9,6 +9,12 @@
 // endpoint), exp/nbf/iat and the token's lifetime, requires tid (equal to
 // the issuer's tenant), oid and xms_mirid (the resource ID of a virtual
 // machine), and accepts each token once. The token proves neither the VM's
-// location nor an address: addresses an Azure workload registers must be
-// listed in the addressCIDRs of the policy rule allowing it.
+// location nor an address. The optional VM check (Checker, WithVMCheck)
+// asks Azure Resource Manager, with the endpoint's own token (IMDS or AKS
+// workload identity, plain HTTP), about the VM and its primary network
+// interface: the VM must exist, provisioned, with the token's principal as
+// its system-assigned identity; its location, VM ID and primary private
+// address then join the identity. Without it, addresses an Azure workload
+// registers must be listed in the addressCIDRs of the policy rule allowing
+// it.
 package azure

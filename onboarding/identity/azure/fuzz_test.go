@@ -52,3 +52,28 @@ func FuzzParseIdentity(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseARM feeds arbitrary Resource Manager answers to the VM and
+// network interface parsers and the token answer parser: they refuse or
+// return values in their formats; they never panic.
+func FuzzParseARM(f *testing.F) {
+	f.Add([]byte(`{"location":"westeurope","identity":{"principalId":"9b5a7f2e-3c1d-4e8f-a6b2-0d4c8e1f7a93"},"properties":{"vmId":"13f56399-bd52-4150-9748-7190aae1ff21","provisioningState":"Succeeded","networkProfile":{"networkInterfaces":[{"id":"/subscriptions/0b1f6471-1bf0-4dda-aec3-cb9272f09590/resourceGroups/rg/providers/Microsoft.Network/networkInterfaces/n","properties":{"primary":true}}]}}}`))
+	f.Add([]byte(`{"properties":{"ipConfigurations":[{"properties":{"primary":true,"privateIPAddress":"10.1.0.4"}}]}}`))
+	f.Add([]byte(`{"access_token":"x","expires_in":"3600"}`))
+	f.Add([]byte(`null`))
+	f.Add([]byte(`{"properties":{"networkProfile":{"networkInterfaces":[{"id":"/../x"}]}}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if vm, err := ParseARMVM(body); err == nil {
+			if !locationRE.MatchString(vm.Location) || !guidRE.MatchString(vm.VMID) || (vm.PrincipalID != "" && !guidRE.MatchString(vm.PrincipalID)) ||
+				(vm.PrimaryNIC != "" && !nicIDRE.MatchString(vm.PrimaryNIC)) {
+				t.Fatalf("accepted a malformed VM description: %+v", vm)
+			}
+		}
+		if a, err := ParseARMNICAddress(body); err == nil && !a.Is4() {
+			t.Fatalf("accepted a primary address that is not IPv4: %v", a)
+		}
+		if tok, life, err := ParseTokenAnswer(body); err == nil && (tok == "" || life <= 0) {
+			t.Fatalf("accepted a token answer without a token or lifetime: %q %v", tok, life)
+		}
+	})
+}

@@ -68,15 +68,32 @@ type Verifier struct {
 	used     *replay.Cache
 	shared   replay.Shared
 	now      func() time.Time
+	// vms, when not nil, confirms every VM with Azure Resource Manager.
+	vms VMChecker
 }
 
-var _ identity.Verifier[string] = (*Verifier)(nil)
+var (
+	_ identity.Verifier[string] = (*Verifier)(nil)
+	_ VMChecker                 = (*Checker)(nil)
+)
+
+// VMChecker asks Azure Resource Manager about a VM (*Checker).
+type VMChecker interface {
+	Describe(ctx context.Context, id VMResourceID) (*VMDescription, error)
+}
+
+// Gate decides, before Resource Manager is asked, whether a VM could be
+// admitted if Resource Manager confirmed it: claimed is the identity the
+// token proves, not yet confirmed. An error stops the verification and is
+// returned as it is.
+type Gate func(ctx context.Context, claimed *identity.Identity) error
 
 type options struct {
 	jwtOpts    []jwt.Option
 	now        func() time.Time
 	replaySize int
 	shared     replay.Shared
+	vms        VMChecker
 }
 
 // Option configures a Verifier.
@@ -111,6 +128,13 @@ func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize 
 // store, shared by every replica of the deployment, and refuse a token
 // another replica accepted. Default: this verifier's own cache only.
 func WithSharedReplay(store replay.Shared) Option { return func(o *options) { o.shared = store } }
+
+// WithVMCheck makes the verifier confirm every VM with Azure Resource
+// Manager through vms (identity.azure.vmCheck): the VM exists, provisioned,
+// with the token's principal as its system-assigned identity; its location,
+// VM ID and primary private address are then part of the identity.
+// Default: not confirmed.
+func WithVMCheck(vms VMChecker) Option { return func(o *options) { o.vms = vms } }
 
 // NewVerifier returns a Verifier of tokens of cfg.Tenants for
 // cfg.Audiences. The JWKS are fetched when first needed.
@@ -157,7 +181,7 @@ func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("azure identity verifier: %w", err)
 	}
-	return &Verifier{jwksURL: cfg.JWKSURL, tenantOf: tenantOf, jwt: v, used: replay.New(o.replaySize), shared: o.shared, now: o.now}, nil
+	return &Verifier{jwksURL: cfg.JWKSURL, tenantOf: tenantOf, jwt: v, used: replay.New(o.replaySize), shared: o.shared, now: o.now, vms: o.vms}, nil
 }
 
 // JWKSURL is where the verifier fetches Microsoft's keys ({tenant} for
@@ -181,9 +205,30 @@ func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity
 // and claims all hold; a nil renewal accepts nothing twice. A token accepted
 // this way stays recorded as used.
 func (v *Verifier) VerifyRenewal(ctx context.Context, token string, renewal func(*identity.Identity) error) (*identity.Identity, error) {
+	return v.VerifyGated(ctx, token, renewal, nil)
+}
+
+// VerifyGated is VerifyRenewal with the VM check: when the verifier has
+// one, gate (when not nil) is asked about the token's identity before
+// Resource Manager is, so that a VM no policy could admit costs no call
+// (the calls are rate limited for every caller), and the VM is then
+// confirmed. Both run before the token is recorded as used: a token refused
+// by them, or whose check could not be made, is not used up.
+func (v *Verifier) VerifyGated(ctx context.Context, token string, renewal func(*identity.Identity) error, gate Gate) (*identity.Identity, error) {
 	id, err := v.verifyToken(ctx, token)
 	if err != nil {
 		return nil, err
+	}
+	if v.vms != nil {
+		if gate != nil {
+			claimed := *id.Azure
+			if err := gate(ctx, &identity.Identity{Method: id.Method, Azure: &claimed}); err != nil {
+				return nil, err
+			}
+		}
+		if err := v.confirm(ctx, id.Azure); err != nil {
+			return nil, err
+		}
 	}
 	fresh, err := v.reserve(ctx, token, id.Azure)
 	switch {
@@ -201,6 +246,28 @@ func (v *Verifier) VerifyRenewal(ctx context.Context, token string, renewal func
 		return nil, identity.RefuseWrap(identity.ReasonReplayed, err, "%s, and it is not this VM's renewal", replayed)
 	}
 	return id, nil
+}
+
+// confirm asks Resource Manager about the VM of az and fills in what it
+// confirms.
+func (v *Verifier) confirm(ctx context.Context, az *identity.AzureIdentity) error {
+	rid := VMResourceID{SubscriptionID: az.SubscriptionID, ResourceGroup: az.ResourceGroup, Name: az.VMName}
+	vm, err := v.vms.Describe(ctx, rid)
+	switch {
+	case errors.Is(err, ErrVMNotFound):
+		return identity.RefuseWrap(identity.ReasonVMNotFound, err, "Azure Resource Manager does not know VM %s", rid)
+	case errors.Is(err, ErrNICNotFound):
+		return identity.RefuseWrap(identity.ReasonVMMismatch, err, "Azure Resource Manager reports VM %s without a primary network interface address", rid)
+	case err != nil:
+		return identity.RefuseWrap(identity.ReasonVMCheckUnavailable, err, "ask Azure Resource Manager about VM %s", rid)
+	case vm.ProvisioningState != "Succeeded":
+		return identity.Refuse(identity.ReasonVMNotFound, "Azure Resource Manager reports VM %s in provisioning state %q, not Succeeded", rid, clip(vm.ProvisioningState))
+	case vm.PrincipalID != az.PrincipalID:
+		return identity.Refuse(identity.ReasonVMMismatch, "Azure Resource Manager reports VM %s with system-assigned identity %q, the token is of principal %s (the VM was created again under its name, or has no system-assigned identity)",
+			rid, vm.PrincipalID, az.PrincipalID)
+	}
+	az.Location, az.VMID, az.Address, az.VMConfirmed = vm.Location, vm.VMID, vm.Address, true
+	return nil
 }
 
 // verifyToken checks everything of token but whether it was used.

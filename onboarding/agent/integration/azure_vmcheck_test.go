@@ -1,0 +1,128 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/agent"
+	"github.com/embark-mesh/embark/onboarding/agent/config"
+	"github.com/embark-mesh/embark/onboarding/agent/platform"
+	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
+	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/vmsim"
+)
+
+// An Azure VM onboards where the endpoint confirms VMs with Azure Resource
+// Manager (identity.azure.vmCheck against a loopback Resource Manager, the
+// endpoint's own token from a loopback IMDS): the policy's azure rule names
+// the VM's location and lists no addressCIDRs, so the VM is admitted only
+// because Resource Manager reports it in westeurope, and its address only
+// because it is its primary network interface's private address. The
+// WorkloadEntry has that address and the location as its locality; kubectl
+// describe war shows the location and VM ID.
+func TestAzureVMConfirmedByResourceManagerOnboards(t *testing.T) {
+	w := newWorld(t)
+	ms, err := azuretest.NewMicrosoft()
+	must(t, err)
+	t.Cleanup(ms.Close)
+	vm := azuretest.DefaultVM()
+	imds := azuretest.NewIMDS(ms, vm)
+	t.Cleanup(imds.Close)
+	arm := azuretest.NewARM()
+	t.Cleanup(arm.Close)
+	arm.AddVM(vm)
+	startConfirmedAzureAgent(t, w, ms, imds, arm, vm)
+	ctx := t.Context()
+
+	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool { return len(w.registrations()) == 1 })
+	war := w.registrations()[0]
+	if id := war.Spec.Identity.Azure; id == nil || !id.VMConfirmed || id.Location != vm.Location || id.VMID != vm.VMID || id.PrincipalID != vm.PrincipalID {
+		t.Fatalf("registration identity %+v, want the VM confirmed in %s with VM ID %s", id, vm.Location, vm.VMID)
+	}
+	we := &istionetworkingv1.WorkloadEntry{}
+	fixtures.Eventually(t, 30*time.Second, "the WorkloadEntry", func() bool {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: war.Name}, we) == nil
+	})
+	if we.Spec.Address != vm.IP || we.Spec.Locality != vm.Location {
+		t.Errorf("WorkloadEntry address %s, locality %q; want the network interface's private address %s and locality %s", we.Spec.Address, we.Spec.Locality, vm.IP, vm.Location)
+	}
+	if arm.Calls() < 2 || arm.TokensIssued() == 0 {
+		t.Errorf("Resource Manager: %d calls with %d tokens of the endpoint, want the VM and its network interface read", arm.Calls(), arm.TokensIssued())
+	}
+
+	desc, err := env.Kubectl(ctx, nil, "describe", "war", "-n", w.ns, war.Name)
+	must(t, err)
+	for _, f := range [][2]string{{"Location", vm.Location}, {"Vm Id", vm.VMID}, {"Vm Confirmed", "true"}, {"Vm Name", vm.Name}} {
+		if !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(f[0]) + `:\s+` + regexp.QuoteMeta(f[1]) + `$`).MatchString(desc) {
+			t.Errorf("kubectl describe war lacks %q: %q:\n%s", f[0], f[1], desc)
+		}
+	}
+}
+
+// startConfirmedAzureAgent configures the endpoint to trust ms for vm's
+// tenant and confirm VMs with arm, with a policy allowing vm's subscription
+// in vm's location (no addressCIDRs), starts it, and runs the agent
+// (platform azure, imds) until the test ends.
+func startConfirmedAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, imds *azuretest.IMDS, arm *azuretest.ARM, vm azuretest.VM) {
+	t.Helper()
+	ctx := t.Context()
+	const resource = "api://embark-onboarding"
+
+	msCA := filepath.Join(w.dir, "microsoft-ca.pem")
+	must(t, os.WriteFile(msCA, ms.CACertificates(), 0o600))
+	cfg, err := os.ReadFile(w.cfgFile)
+	must(t, err)
+	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
+		fmt.Sprintf("identity:\n  azure:\n    tenants: [%s]\n    audiences: [%s]\n    jwksURL: %s\n    caFile: %s\n    vmCheck: {armEndpoint: '%s', imdsEndpoint: '%s'}\n",
+			vm.TenantID, resource, ms.JWKSURL(), msCA, arm.URL(), arm.URL()), 1)), 0o600))
+	policy := &authorizationv1alpha1.OnboardingPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "azure", Namespace: w.ns},
+		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
+			Workloads: []authorizationv1alpha1.WorkloadMatcher{{Azure: &authorizationv1alpha1.AzureMatcher{
+				Tenants: []string{vm.TenantID}, Subscriptions: []string{vm.SubscriptionID}, Locations: []string{vm.Location},
+			}}},
+			OnboardTo: []authorizationv1alpha1.OnboardTarget{{WorkloadGroupSelector: metav1.LabelSelector{}}},
+		}}},
+	}
+	must(t, env.Client.Create(ctx, policy))
+	w.startEndpoint()
+
+	root := t.TempDir()
+	agentFile, onboardingFile := w.agentConfig(root)
+	agentText, err := os.ReadFile(agentFile)
+	must(t, err)
+	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n",
+		fmt.Sprintf("host:\n  platform: azure\n  azure:\n    imdsEndpoint: %s\n    resource: %s\n  aws:\n", imds.URL(), resource), 1)), 0o600))
+	agentCfg, err := config.LoadAgent(agentFile)
+	must(t, err)
+	onbCfg, err := config.LoadOnboarding(onboardingFile)
+	must(t, err)
+	logs := &vmsim.SyncBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent logs:\n%s", logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
+	must(t, err)
+	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
+	must(t, err)
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(actx) }()
+	t.Cleanup(func() { stop(); <-done })
+}

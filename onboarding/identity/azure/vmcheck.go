@@ -1,0 +1,231 @@
+package azure
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// API versions of the Resource Manager calls.
+const (
+	VMAPIVersion  = "2024-07-01"
+	NICAPIVersion = "2024-05-01"
+)
+
+// Errors of Checker.Describe. ErrVMNotFound and ErrNICNotFound are
+// refusals; the others say the check could not be made now.
+var (
+	ErrVMNotFound   = errors.New("the virtual machine is unknown to Azure Resource Manager")
+	ErrNICNotFound  = errors.New("the VM's primary network interface is unknown to Azure Resource Manager")
+	ErrRateLimited  = errors.New("the VM checks of Azure Resource Manager are over their rate limit")
+	ErrUnavailable  = errors.New("the VM check could not ask Azure Resource Manager")
+	errNoPrimaryNIC = errors.New("the virtual machine has no primary network interface")
+)
+
+// VMDescription is what Resource Manager reports of a VM and its primary
+// network interface.
+type VMDescription struct {
+	ARMVM
+	// Address is the private IPv4 address of the primary IP configuration
+	// of the primary network interface.
+	Address string
+}
+
+// Defaults of CheckerOptions.
+const (
+	DefaultARMEndpoint = "https://management.azure.com"
+	DefaultRate        = 5.0
+	DefaultBurst       = 10
+	DefaultCacheTTL    = 30 * time.Second
+	DefaultTimeout     = 10 * time.Second
+	maxCacheEntries    = 4096
+)
+
+// CheckerOptions configures a Checker. Every field documents its default.
+type CheckerOptions struct {
+	// Token is the endpoint's own token for Resource Manager. Required.
+	Token TokenSource
+	// ARMEndpoint replaces Resource Manager's URL (tests, sovereign
+	// clouds). Default DefaultARMEndpoint.
+	ARMEndpoint string
+	// HTTPClient. Default: a client that follows no redirect.
+	HTTPClient *http.Client
+	// Rate and Burst bound the Resource Manager calls per second (token
+	// bucket; a VM costs two: the VM and its network interface); a check
+	// that needs a call over it fails ErrRateLimited. Defaults 5/s, burst 10.
+	Rate  float64
+	Burst int
+	// CacheTTL is how long a VM's description is reused: a VM deleted since
+	// is seen after at most this long. Default 30s.
+	CacheTTL time.Duration
+	// Timeout bounds each call. Default 10s.
+	Timeout time.Duration
+	// Clock. Default time.Now.
+	Clock func() time.Time
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Checker describes VMs with Azure Resource Manager, rate limited and
+// cached. It is safe for concurrent use.
+type Checker struct {
+	opts  CheckerOptions
+	limit *rate.Limiter
+
+	mu  sync.Mutex
+	vms map[VMResourceID]cachedVM
+}
+
+type cachedVM struct {
+	vm      VMDescription
+	expires time.Time
+}
+
+// NewChecker returns a Checker.
+func NewChecker(opts CheckerOptions) (*Checker, error) {
+	if opts.Token == nil {
+		return nil, errors.New("azure VM check: a token source is required")
+	}
+	if opts.ARMEndpoint == "" {
+		opts.ARMEndpoint = DefaultARMEndpoint
+	}
+	opts.ARMEndpoint = strings.TrimSuffix(opts.ARMEndpoint, "/")
+	if opts.HTTPClient == nil {
+		opts.HTTPClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	if opts.Rate <= 0 {
+		opts.Rate = DefaultRate
+	}
+	if opts.Burst <= 0 {
+		opts.Burst = DefaultBurst
+	}
+	if opts.CacheTTL <= 0 {
+		opts.CacheTTL = DefaultCacheTTL
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Checker{opts: opts, limit: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst), vms: map[VMResourceID]cachedVM{}}, nil
+}
+
+// Describe returns what Resource Manager reports of the VM id and its
+// primary network interface.
+func (c *Checker) Describe(ctx context.Context, id VMResourceID) (*VMDescription, error) {
+	if vm, ok := c.lookup(id); ok {
+		return &vm, nil
+	}
+	body, err := c.get(ctx, id.String(), VMAPIVersion)
+	if err != nil {
+		return nil, wrapNotFound(err, ErrVMNotFound, "virtual machine "+id.String())
+	}
+	vm, err := ParseARMVM(body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	d := &VMDescription{ARMVM: *vm}
+	if vm.PrimaryNIC == "" {
+		return nil, fmt.Errorf("%w: %s: %w", ErrNICNotFound, id, errNoPrimaryNIC)
+	}
+	body, err = c.get(ctx, vm.PrimaryNIC, NICAPIVersion)
+	if err != nil {
+		return nil, wrapNotFound(err, ErrNICNotFound, "network interface "+vm.PrimaryNIC)
+	}
+	addr, err := ParseARMNICAddress(body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrNICNotFound, vm.PrimaryNIC, err)
+	}
+	d.Address = addr.String()
+	c.store(id, *d)
+	return d, nil
+}
+
+// errNotFound is a 404 of Resource Manager.
+var errNotFound = errors.New("HTTP 404")
+
+// wrapNotFound makes a 404 the refusal notFound, anything else unavailable.
+func wrapNotFound(err, notFound error, what string) error {
+	if errors.Is(err, errNotFound) {
+		return fmt.Errorf("%w: %s", notFound, what)
+	}
+	return err
+}
+
+// get GETs the resource path with api-version, with the endpoint's token,
+// within the rate limit. A 404 is errNotFound; another failure is
+// ErrUnavailable or ErrRateLimited.
+func (c *Checker) get(ctx context.Context, path, apiVersion string) ([]byte, error) {
+	if !c.limit.AllowN(c.opts.Clock(), 1) {
+		return nil, ErrRateLimited
+	}
+	tok, err := c.opts.Token.Token(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the endpoint's own token: %w", ErrUnavailable, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.opts.ARMEndpoint+path+"?api-version="+apiVersion, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := c.opts.HTTPClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: GET %s: %w", ErrUnavailable, path, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxARMBody+1))
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: GET %s: %w", ErrUnavailable, path, err)
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, errNotFound
+	case resp.StatusCode != http.StatusOK:
+		c.opts.Logger.Warn("Azure Resource Manager refused the VM check", "path", path, "status", resp.StatusCode)
+		return nil, fmt.Errorf("%w: GET %s: HTTP %d: %s", ErrUnavailable, path, resp.StatusCode, clip(string(body)))
+	}
+	return body, nil
+}
+
+func (c *Checker) lookup(id VMResourceID) (VMDescription, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.vms[id]
+	if !ok || !c.opts.Clock().Before(e.expires) {
+		return VMDescription{}, false
+	}
+	return e.vm, true
+}
+
+func (c *Checker) store(id VMResourceID, vm VMDescription) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.opts.Clock()
+	if len(c.vms) >= maxCacheEntries {
+		for k, e := range c.vms {
+			if !now.Before(e.expires) {
+				delete(c.vms, k)
+			}
+		}
+		for k := range c.vms { // still full: drop an arbitrary entry, the map is bounded
+			if len(c.vms) < maxCacheEntries {
+				break
+			}
+			delete(c.vms, k)
+		}
+	}
+	c.vms[id] = cachedVM{vm: vm, expires: now.Add(c.opts.CacheTTL)}
+}
