@@ -343,7 +343,12 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 		if err := r.client.Get(ctx, client.ObjectKeyFromObject(want), cur); err != nil {
 			return err
 		}
-		if !reflect.DeepEqual(cur.Spec.Identity, want.Spec.Identity) {
+		// Another workload under the name (a collision of shortened
+		// names) is refused. The same workload proven with other details
+		// (a check turned on that confirms it and proves its address, an
+		// STS proof of its role this time, a location) keeps its
+		// registration, which then holds what was proven last.
+		if !SameWorkload(cur.Spec.Identity, want.Spec.Identity) {
 			return fmt.Errorf("%w: %s/%s", ErrIdentityConflict, cur.Namespace, cur.Name)
 		}
 		if cur.DeletionTimestamp != nil {
@@ -357,7 +362,8 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 			rekey = true
 		}
 		revised := cur.Annotations[AnnotationIstioRevision] != r.revision
-		if !rekey && !revised && reflect.DeepEqual(cur.Spec.Registration, want.Spec.Registration) {
+		reproven := !reflect.DeepEqual(cur.Spec.Identity, want.Spec.Identity)
+		if !rekey && !revised && !reproven && reflect.DeepEqual(cur.Spec.Registration, want.Spec.Registration) {
 			return nil
 		}
 		if cur.Annotations == nil {
@@ -369,6 +375,7 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 		if revised {
 			setOrDelete(cur.Annotations, AnnotationIstioRevision, r.revision)
 		}
+		cur.Spec.Identity = want.Spec.Identity
 		cur.Spec.Registration = want.Spec.Registration
 		return r.client.Update(ctx, cur)
 	})

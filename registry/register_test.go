@@ -458,8 +458,9 @@ func TestRegistrationNameHeldByAnotherIdentityIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Forge the stored identity, as a name collision would look.
-	res.Registration.Spec.Identity.AWS.Region = "us-west-2"
+	// Forge the stored identity, as a name collision would look: another
+	// instance under the name.
+	res.Registration.Spec.Identity.AWS.EC2.InstanceID = "i-0fedcba9876543210"
 	if err := env.Client.Update(ctx, res.Registration); err != nil {
 		t.Fatal(err)
 	}
@@ -522,5 +523,37 @@ func TestRegisterRecordsTheIstioRevision(t *testing.T) {
 		if got := we.Labels[LabelRevision]; got != step.want || we.Spec.Labels[LabelRevision] != step.want {
 			t.Errorf("revision %q: WorkloadEntry istio.io/rev %q (spec %q), want %q", step.configured, got, we.Spec.Labels[LabelRevision], step.want)
 		}
+	}
+}
+
+// The same workload registering again with other proven details keeps its
+// registration, which then holds the identity proven last: a check turned on
+// for a live fleet (or an STS proof presented this time) does not lock the
+// workload out of its own registration.
+func TestRegisterAgainWithOtherProvenDetailsKeepsTheRegistration(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	r := newRegistrar(t, nil)
+	req := Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: fixtures.Registration("172.31.5.254"), SessionHash: SessionHash("agent")}
+	first, err := r.Register(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Identity = fixtures.AWSIdentity(fixtures.InstanceID)
+	req.Identity.AWS.EC2.IAMRole = "ratings-vm"
+	again, err := r.Register(ctx, req)
+	if err != nil {
+		t.Fatalf("register with an STS-proven role: %v", err)
+	}
+	if again.Created || again.Registration.UID != first.Registration.UID {
+		t.Fatalf("created=%v uid=%s, want the registration %s reused", again.Created, again.Registration.UID, first.Registration.UID)
+	}
+	stored := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(first.Registration), stored); err != nil {
+		t.Fatal(err)
+	}
+	if got := stored.Spec.Identity.AWS.EC2.IAMRole; got != "ratings-vm" {
+		t.Errorf("stored IAM role = %q, want the identity proven last (ratings-vm)", got)
 	}
 }
