@@ -200,7 +200,7 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 	cacheLog := opts.Logger.With("component", "snapshot-cache")
 	s := &Server{
 		opts: opts, log: opts.Logger, ctx: ctx,
-		auth:       tokenauth.New(opts.TokenReviews, opts.Audience, opts.ReviewCacheTTL, opts.ReviewCacheSize, opts.Clock),
+		auth:       tokenauth.New(tokenauth.Options{Reviews: opts.TokenReviews, Audience: opts.Audience, CacheTTL: opts.ReviewCacheTTL, CacheSize: opts.ReviewCacheSize, Clock: opts.Clock}),
 		snapshots:  snapcache.New(cache.NewSnapshotCache(false, cache.IDHash{}, cacheLogger{ctx, cacheLog}), cacheLog),
 		byWorkload: map[types.NamespacedName][]*stream{},
 		nodes:      map[string]int{},

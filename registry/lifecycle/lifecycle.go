@@ -211,14 +211,20 @@ func NewLifecycle(opts Options) (*Lifecycle, error) {
 	}
 	log := opts.Logger.With("replica", opts.Replica)
 	writes := write.OrDefault(opts.Writer)
+	// The heartbeat has a writer of its own (its default) so that a burst of
+	// status writes never delays a renewal.
+	heartbeat, err := replica.NewHeartbeat(replica.HeartbeatOptions{
+		Leases: opts.Kube.CoordinationV1(), Namespace: opts.LeaseNamespace, Replica: opts.Replica,
+		Duration: opts.ReplicaLeaseDuration, Interval: opts.ReplicaRenewInterval, Clock: opts.Clock, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
 	l := &Lifecycle{
-		opts:   opts,
-		leases: replica.NewLeases(opts.Kube, opts.LeaseNamespace, opts.Clock, log),
-		// The heartbeat has a writer of its own so that a burst of status
-		// writes never delays a renewal.
-		heartbeat: replica.NewHeartbeat(opts.Kube.CoordinationV1(), opts.LeaseNamespace, opts.Replica,
-			opts.ReplicaLeaseDuration, opts.ReplicaRenewInterval, opts.Clock, log, write.New(write.Options{})),
-		ready: make(chan struct{}),
+		opts:      opts,
+		leases:    replica.NewLeases(opts.Kube, opts.LeaseNamespace, opts.Clock, log),
+		heartbeat: heartbeat,
+		ready:     make(chan struct{}),
 	}
 	l.sweeper = &sweeper{
 		client: opts.Client, reader: opts.APIReader, cache: opts.Cache, leases: l.leases,

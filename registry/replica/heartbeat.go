@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -63,13 +64,49 @@ type Heartbeat struct {
 	uid types.UID
 }
 
-// NewHeartbeat returns the Heartbeat of replica's Lease in namespace, valid
-// for duration after each renewal and renewed every interval.
-func NewHeartbeat(leases coordinationv1client.LeasesGetter, namespace, replica string, duration, interval time.Duration, now func() time.Time, log *slog.Logger, w *write.Writer) *Heartbeat {
-	return &Heartbeat{
-		leases: leases, namespace: namespace, replica: replica, name: LeaseName(replica),
-		duration: duration, interval: interval, now: now, log: log.With("lease", namespace+"/"+LeaseName(replica)), writer: w,
+// HeartbeatOptions configures a Heartbeat. Every field documents its
+// default.
+type HeartbeatOptions struct {
+	// Leases reads and writes the Lease. Required.
+	Leases coordinationv1client.LeasesGetter
+	// Namespace and Replica name the Lease (embark-replica-<replica> in
+	// namespace). Required.
+	Namespace, Replica string
+	// Duration is how long the Lease is valid after each renewal, and
+	// Interval how often it is renewed. Required, Interval < Duration.
+	Duration, Interval time.Duration
+	// Writer is the heartbeat's write budget: give it one of its own, so
+	// that a saturated budget never lets the Lease lapse. Default: a
+	// write.Writer of its own with write.Options' defaults.
+	Writer *write.Writer
+	// Clock tells the time. Default time.Now.
+	Clock func() time.Time
+	// Logger logs renewals that fail. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// NewHeartbeat returns the Heartbeat of the replica's Lease.
+func NewHeartbeat(o HeartbeatOptions) (*Heartbeat, error) {
+	if o.Leases == nil || o.Namespace == "" || o.Replica == "" {
+		return nil, errors.New("replica: HeartbeatOptions.Leases, Namespace and Replica are required")
 	}
+	if o.Duration <= 0 || o.Interval <= 0 || o.Interval >= o.Duration {
+		return nil, fmt.Errorf("replica: heartbeat interval %s must be positive and below the Lease duration %s", o.Interval, o.Duration)
+	}
+	if o.Writer == nil {
+		o.Writer = write.New(write.Options{})
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	name := LeaseName(o.Replica)
+	return &Heartbeat{
+		leases: o.Leases, namespace: o.Namespace, replica: o.Replica, name: name,
+		duration: o.Duration, interval: o.Interval, now: o.Clock, log: o.Logger.With("lease", o.Namespace+"/"+name), writer: o.Writer,
+	}, nil
 }
 
 // Renew creates or renews the Lease.

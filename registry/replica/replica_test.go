@@ -105,7 +105,11 @@ func TestHeartbeatAndLeases(t *testing.T) {
 		t.Errorf("the left Lease: %+v, want found and expired", st)
 	}
 
-	hb := NewHeartbeat(kube.CoordinationV1(), ns, "replica-b", 2*time.Second, 200*time.Millisecond, time.Now, log, write.New(write.Options{}))
+	hb, err := NewHeartbeat(HeartbeatOptions{Leases: kube.CoordinationV1(), Namespace: ns, Replica: "replica-b",
+		Duration: 2 * time.Second, Interval: 200 * time.Millisecond, Logger: log, Writer: write.New(write.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := hb.Renew(ctx); err != nil {
 		t.Fatal(err)
 	}

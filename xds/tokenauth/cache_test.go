@@ -12,7 +12,7 @@ import (
 // sweep stops rescheduling itself once none is left.
 func TestReviewCacheSweepDropsExpiredReviews(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	a := New(nil, "aud", time.Hour, 16, func() time.Time { return now })
+	a := New(Options{Audience: "aud", CacheTTL: time.Hour, CacheSize: 16, Clock: func() time.Time { return now }})
 	a.store([32]byte{1}, &Credential{SecretUID: types.UID("a"), expires: now.Add(time.Hour)})
 	a.store([32]byte{2}, &Credential{SecretUID: types.UID("b"), expires: now.Add(2 * time.Hour)})
 	if !a.sweeping {

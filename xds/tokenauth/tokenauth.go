@@ -108,11 +108,27 @@ type cacheEntry struct {
 	cred *Credential
 }
 
-// New returns an Authenticator that reviews tokens for audience with
-// reviews, caching up to size positive reviews for ttl each (ttl or size
-// zero: no cache).
-func New(reviews Reviewer, audience string, ttl time.Duration, size int, now func() time.Time) *Authenticator {
-	return &Authenticator{reviews: reviews, audience: audience, ttl: ttl, size: size, now: now, lru: list.New(), index: map[[32]byte]*list.Element{}}
+// Options configures an Authenticator. Every field documents its default.
+type Options struct {
+	// Reviews reviews tokens (the API server's TokenReview). Required.
+	Reviews Reviewer
+	// Audience every token must carry. Required.
+	Audience string
+	// CacheTTL is how long a positive review is cached. Zero: no cache.
+	CacheTTL time.Duration
+	// CacheSize bounds the cached reviews (least recently used dropped
+	// first). Zero: no cache.
+	CacheSize int
+	// Clock tells the time. Default time.Now.
+	Clock func() time.Time
+}
+
+// New returns an Authenticator configured by opts.
+func New(opts Options) *Authenticator {
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	return &Authenticator{reviews: opts.Reviews, audience: opts.Audience, ttl: opts.CacheTTL, size: opts.CacheSize, now: opts.Clock, lru: list.New(), index: map[[32]byte]*list.Element{}}
 }
 
 // BearerToken returns the token of the stream's `authorization: Bearer` metadata.
