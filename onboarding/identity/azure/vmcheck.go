@@ -8,10 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 )
 
 // API versions of the Resource Manager calls.
@@ -42,11 +41,11 @@ type VMDescription struct {
 // Defaults of CheckerOptions.
 const (
 	DefaultARMEndpoint = "https://management.azure.com"
-	DefaultRate        = 5.0
-	DefaultBurst       = 10
-	DefaultCacheTTL    = 30 * time.Second
-	DefaultTimeout     = 10 * time.Second
-	maxCacheEntries    = 4096
+	// The defaults of every API check (apicheck).
+	DefaultRate     = apicheck.DefaultRate
+	DefaultBurst    = apicheck.DefaultBurst
+	DefaultCacheTTL = apicheck.DefaultCacheTTL
+	DefaultTimeout  = apicheck.DefaultTimeout
 )
 
 // CheckerOptions configures a Checker. Every field documents its default.
@@ -78,15 +77,8 @@ type CheckerOptions struct {
 // cached. It is safe for concurrent use.
 type Checker struct {
 	opts  CheckerOptions
-	limit *rate.Limiter
-
-	mu  sync.Mutex
-	vms map[VMResourceID]cachedVM
-}
-
-type cachedVM struct {
-	vm      VMDescription
-	expires time.Time
+	calls *apicheck.Calls
+	vms   *apicheck.Cache[VMResourceID, VMDescription]
 }
 
 // NewChecker returns a Checker.
@@ -101,17 +93,8 @@ func NewChecker(opts CheckerOptions) (*Checker, error) {
 	if opts.HTTPClient == nil {
 		opts.HTTPClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
-	if opts.Rate <= 0 {
-		opts.Rate = DefaultRate
-	}
-	if opts.Burst <= 0 {
-		opts.Burst = DefaultBurst
-	}
 	if opts.CacheTTL <= 0 {
 		opts.CacheTTL = DefaultCacheTTL
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
@@ -119,13 +102,14 @@ func NewChecker(opts CheckerOptions) (*Checker, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Checker{opts: opts, limit: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst), vms: map[VMResourceID]cachedVM{}}, nil
+	calls := apicheck.NewCalls(apicheck.CallOptions{Rate: opts.Rate, Burst: opts.Burst, Timeout: opts.Timeout, Clock: opts.Clock, Limited: ErrRateLimited})
+	return &Checker{opts: opts, calls: calls, vms: apicheck.NewCache[VMResourceID, VMDescription](0, opts.Clock)}, nil
 }
 
 // Describe returns what Resource Manager reports of the VM id and its
 // primary network interface.
 func (c *Checker) Describe(ctx context.Context, id VMResourceID) (*VMDescription, error) {
-	if vm, ok := c.lookup(id); ok {
+	if vm, ok := c.vms.Get(id); ok {
 		return &vm, nil
 	}
 	body, err := c.get(ctx, id.String(), VMAPIVersion)
@@ -149,7 +133,7 @@ func (c *Checker) Describe(ctx context.Context, id VMResourceID) (*VMDescription
 		return nil, fmt.Errorf("%w: %s: %w", ErrNICNotFound, vm.PrimaryNIC, err)
 	}
 	d.Address = addr.String()
-	c.store(id, *d)
+	c.vms.Put(id, *d, c.opts.CacheTTL)
 	return d, nil
 }
 
@@ -168,15 +152,15 @@ func wrapNotFound(err, notFound error, what string) error {
 // within the rate limit. A 404 is errNotFound; another failure is
 // ErrUnavailable or ErrRateLimited.
 func (c *Checker) get(ctx context.Context, path, apiVersion string) ([]byte, error) {
-	if !c.limit.AllowN(c.opts.Clock(), 1) {
-		return nil, ErrRateLimited
+	ctx, cancel, err := c.calls.Start(ctx)
+	if err != nil {
+		return nil, err
 	}
+	defer cancel()
 	tok, err := c.opts.Token.Token(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: the endpoint's own token: %w", ErrUnavailable, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.opts.ARMEndpoint+path+"?api-version="+apiVersion, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -198,34 +182,4 @@ func (c *Checker) get(ctx context.Context, path, apiVersion string) ([]byte, err
 		return nil, fmt.Errorf("%w: GET %s: HTTP %d: %s", ErrUnavailable, path, resp.StatusCode, clip(string(body)))
 	}
 	return body, nil
-}
-
-func (c *Checker) lookup(id VMResourceID) (VMDescription, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.vms[id]
-	if !ok || !c.opts.Clock().Before(e.expires) {
-		return VMDescription{}, false
-	}
-	return e.vm, true
-}
-
-func (c *Checker) store(id VMResourceID, vm VMDescription) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.opts.Clock()
-	if len(c.vms) >= maxCacheEntries {
-		for k, e := range c.vms {
-			if !now.Before(e.expires) {
-				delete(c.vms, k)
-			}
-		}
-		for k := range c.vms { // still full: drop an arbitrary entry, the map is bounded
-			if len(c.vms) < maxCacheEntries {
-				break
-			}
-			delete(c.vms, k)
-		}
-	}
-	c.vms[id] = cachedVM{vm: vm, expires: now.Add(c.opts.CacheTTL)}
 }

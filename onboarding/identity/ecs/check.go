@@ -17,8 +17,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ecs"
 	ecstypes "github.com/aws/aws-sdk-go-v2/service/ecs/types"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
-	"golang.org/x/time/rate"
 
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 )
 
@@ -55,13 +55,12 @@ type Task struct {
 	RoleARN, RoleAccount, RoleName string
 }
 
-// Defaults of CheckerOptions.
+// Defaults of CheckerOptions, those of every API check (apicheck).
 const (
-	DefaultRate     = 5.0
-	DefaultBurst    = 10
-	DefaultCacheTTL = 30 * time.Second
-	DefaultTimeout  = 10 * time.Second
-	maxCacheEntries = 4096
+	DefaultRate     = apicheck.DefaultRate
+	DefaultBurst    = apicheck.DefaultBurst
+	DefaultCacheTTL = apicheck.DefaultCacheTTL
+	DefaultTimeout  = apicheck.DefaultTimeout
 )
 
 // CheckerOptions configures a Checker. Every field documents its default.
@@ -88,16 +87,9 @@ type CheckerOptions struct {
 // Checker describes tasks with the ECS API, rate limited and cached.
 type Checker struct {
 	opts  CheckerOptions
-	limit *rate.Limiter
-
-	mu    sync.Mutex
-	tasks map[string]cached[Task]   // task ARN
-	defs  map[string]cached[string] // task definition ARN -> role ARN
-}
-
-type cached[T any] struct {
-	value   T
-	expires time.Time
+	calls *apicheck.Calls
+	tasks *apicheck.Cache[string, Task]   // by task ARN
+	defs  *apicheck.Cache[string, string] // task definition ARN -> role ARN
 }
 
 // NewChecker returns a Checker.
@@ -105,17 +97,8 @@ func NewChecker(opts CheckerOptions) (*Checker, error) {
 	if opts.Clients == nil {
 		return nil, errors.New("ecs task check: Clients is required")
 	}
-	if opts.Rate <= 0 {
-		opts.Rate = DefaultRate
-	}
-	if opts.Burst <= 0 {
-		opts.Burst = DefaultBurst
-	}
 	if opts.CacheTTL <= 0 {
 		opts.CacheTTL = DefaultCacheTTL
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
@@ -123,14 +106,15 @@ func NewChecker(opts CheckerOptions) (*Checker, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Checker{opts: opts, limit: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
-		tasks: map[string]cached[Task]{}, defs: map[string]cached[string]{}}, nil
+	calls := apicheck.NewCalls(apicheck.CallOptions{Rate: opts.Rate, Burst: opts.Burst, Timeout: opts.Timeout, Clock: opts.Clock, Limited: ErrRateLimited})
+	return &Checker{opts: opts, calls: calls,
+		tasks: apicheck.NewCache[string, Task](0, opts.Clock), defs: apicheck.NewCache[string, string](0, opts.Clock)}, nil
 }
 
 // Describe returns what ECS reports of the task taskARN in cluster (a
 // name) of account's region.
 func (c *Checker) Describe(ctx context.Context, account, region, cluster, taskARN string) (*Task, error) {
-	if t, ok := lookup(c, c.tasks, taskARN); ok {
+	if t, ok := c.tasks.Get(taskARN); ok {
 		return &t, nil
 	}
 	api, err := c.opts.Clients(ctx, account, region)
@@ -149,7 +133,7 @@ func (c *Checker) Describe(ctx context.Context, account, region, cluster, taskAR
 	if a, err := arn.Parse(t.RoleARN); err == nil && a.Service == "iam" && strings.HasPrefix(a.Resource, "role/") {
 		t.RoleAccount, t.RoleName = a.AccountID, a.Resource[strings.LastIndex(a.Resource, "/")+1:]
 	}
-	store(c, c.tasks, taskARN, t.Task, c.opts.CacheTTL)
+	c.tasks.Put(taskARN, t.Task, c.opts.CacheTTL)
 	return &t.Task, nil
 }
 
@@ -158,16 +142,8 @@ type describedTask struct {
 	definitionARN string
 }
 
-func (c *Checker) call(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	if !c.limit.AllowN(c.opts.Clock(), 1) {
-		return nil, nil, ErrRateLimited
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	return ctx, cancel, nil
-}
-
 func (c *Checker) describeTask(ctx context.Context, api API, cluster, taskARN string) (*describedTask, error) {
-	ctx, cancel, err := c.call(ctx)
+	ctx, cancel, err := c.calls.Start(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -204,10 +180,10 @@ func (c *Checker) describeTask(ctx context.Context, api API, cluster, taskARN st
 // definitionRole returns the task role of a task definition ("" when it
 // has none).
 func (c *Checker) definitionRole(ctx context.Context, api API, def string) (string, error) {
-	if v, ok := lookup(c, c.defs, def); ok {
+	if v, ok := c.defs.Get(def); ok {
 		return v, nil
 	}
-	ctx, cancel, err := c.call(ctx)
+	ctx, cancel, err := c.calls.Start(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -220,7 +196,7 @@ func (c *Checker) definitionRole(ctx context.Context, api API, def string) (stri
 		return "", fmt.Errorf("%w: ecs:DescribeTaskDefinition %s answered another task definition", ErrUnavailable, def)
 	}
 	role := aws.ToString(out.TaskDefinition.TaskRoleArn)
-	store(c, c.defs, def, role, 10*c.opts.CacheTTL)
+	c.defs.Put(def, role, 10*c.opts.CacheTTL)
 	return role, nil
 }
 
@@ -250,37 +226,6 @@ func familyRevision(def string) (family, revision string) {
 		return "", ""
 	}
 	return family, revision
-}
-
-func lookup[T any](c *Checker, m map[string]cached[T], key string) (T, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := m[key]
-	if !ok || !c.opts.Clock().Before(e.expires) {
-		var zero T
-		return zero, false
-	}
-	return e.value, true
-}
-
-func store[T any](c *Checker, m map[string]cached[T], key string, v T, ttl time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.opts.Clock()
-	if len(m) >= maxCacheEntries {
-		for k, e := range m {
-			if !now.Before(e.expires) {
-				delete(m, k)
-			}
-		}
-		for k := range m { // still full: drop an arbitrary entry, the map is bounded
-			if len(m) < maxCacheEntries {
-				break
-			}
-			delete(m, k)
-		}
-	}
-	m[key] = cached[T]{value: v, expires: now.Add(ttl)}
 }
 
 // ClientOptions configures NewClients.

@@ -11,12 +11,11 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/google"
-	"golang.org/x/time/rate"
 )
 
 // Errors of Checker.Describe. ErrInstanceNotFound is a refusal; the others
@@ -44,12 +43,13 @@ const (
 	// ComputeReadOnlyScope is the OAuth scope the checker's credentials are
 	// asked for.
 	ComputeReadOnlyScope = "https://www.googleapis.com/auth/compute.readonly"
-	DefaultRate          = 5.0
-	DefaultBurst         = 10
-	DefaultCacheTTL      = 30 * time.Second
-	DefaultTimeout       = 10 * time.Second
-	maxCacheEntries      = 4096
-	maxInstanceBytes     = 1 << 20
+	// DefaultRate, DefaultBurst, DefaultCacheTTL and DefaultTimeout are
+	// CheckerOptions' defaults, those of every API check (apicheck).
+	DefaultRate      = apicheck.DefaultRate
+	DefaultBurst     = apicheck.DefaultBurst
+	DefaultCacheTTL  = apicheck.DefaultCacheTTL
+	DefaultTimeout   = apicheck.DefaultTimeout
+	maxInstanceBytes = 1 << 20
 )
 
 // CheckerOptions configures a Checker. Every field documents its default.
@@ -85,15 +85,8 @@ type Checker struct {
 	opts   CheckerOptions
 	base   *url.URL
 	client *http.Client
-	limit  *rate.Limiter
-
-	mu    sync.Mutex
-	cache map[string]cachedInstance // project/zone/name
-}
-
-type cachedInstance struct {
-	instance ComputeInstance
-	expires  time.Time
+	calls  *apicheck.Calls
+	cache  *apicheck.Cache[string, ComputeInstance] // by project/zone/name
 }
 
 // NewChecker returns a Checker.
@@ -114,8 +107,8 @@ func NewChecker(opts CheckerOptions) (*Checker, error) {
 		// The API answers directly; a redirect would send the token elsewhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	return &Checker{opts: opts, base: base, client: client, limit: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
-		cache: map[string]cachedInstance{}}, nil
+	calls := apicheck.NewCalls(apicheck.CallOptions{Rate: opts.Rate, Burst: opts.Burst, Timeout: opts.Timeout, Clock: opts.Clock, Limited: ErrRateLimited})
+	return &Checker{opts: opts, base: base, client: client, calls: calls, cache: apicheck.NewCache[string, ComputeInstance](0, opts.Clock)}, nil
 }
 
 func setDefaults(o *CheckerOptions) {
@@ -170,24 +163,24 @@ func CredentialsFromServiceAccountKey(ctx context.Context, key []byte) (oauth2.T
 // project's zone.
 func (c *Checker) Describe(ctx context.Context, project, zone, name string) (*ComputeInstance, error) {
 	key := project + "/" + zone + "/" + name
-	if in, ok := c.lookup(key); ok {
+	if in, ok := c.cache.Get(key); ok {
 		return &in, nil
 	}
-	if !c.limit.AllowN(c.opts.Clock(), 1) {
-		return nil, ErrRateLimited
+	ctx, cancel, err := c.calls.Start(ctx)
+	if err != nil {
+		return nil, err
 	}
+	defer cancel()
 	in, err := c.get(ctx, project, zone, name)
 	if err != nil {
 		return nil, err
 	}
-	c.store(key, *in)
+	c.cache.Put(key, *in, c.opts.CacheTTL)
 	return in, nil
 }
 
 // get asks GET {endpoint}/compute/v1/projects/{project}/zones/{zone}/instances/{name}.
 func (c *Checker) get(ctx context.Context, project, zone, name string) (*ComputeInstance, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
 	u := c.base.JoinPath("compute", "v1", "projects", project, "zones", zone, "instances", name)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
@@ -276,34 +269,4 @@ func ParseInstance(body []byte) (*ComputeInstance, error) {
 	}
 	in.NetworkIP = ip.String()
 	return in, nil
-}
-
-func (c *Checker) lookup(key string) (ComputeInstance, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.cache[key]
-	if !ok || !c.opts.Clock().Before(e.expires) {
-		return ComputeInstance{}, false
-	}
-	return e.instance, true
-}
-
-func (c *Checker) store(key string, in ComputeInstance) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.opts.Clock()
-	if len(c.cache) >= maxCacheEntries {
-		for k, e := range c.cache {
-			if !now.Before(e.expires) {
-				delete(c.cache, k)
-			}
-		}
-		for k := range c.cache { // still full: drop an arbitrary entry, the map is bounded
-			if len(c.cache) < maxCacheEntries {
-				break
-			}
-			delete(c.cache, k)
-		}
-	}
-	c.cache[key] = cachedInstance{instance: in, expires: now.Add(c.opts.CacheTTL)}
 }

@@ -19,14 +19,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/aws-sdk-go-v2/service/iam"
-	"golang.org/x/time/rate"
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 )
 
 // EC2API is the part of the EC2 client the check calls.
@@ -54,13 +53,13 @@ var (
 	ErrUnavailable      = errors.New("EC2 or IAM could not be asked")
 )
 
-// Defaults of Options.
+// Defaults of Options: those of every API check (apicheck), but a cache
+// time to live of a minute (an instance's profile seldom changes).
 const (
-	DefaultRate     = 5.0
-	DefaultBurst    = 10
+	DefaultRate     = apicheck.DefaultRate
+	DefaultBurst    = apicheck.DefaultBurst
 	DefaultCacheTTL = time.Minute
-	DefaultTimeout  = 10 * time.Second
-	maxCacheEntries = 4096
+	DefaultTimeout  = apicheck.DefaultTimeout
 )
 
 // Options configures a Checker. Every field documents its default.
@@ -86,17 +85,10 @@ type Options struct {
 
 // Checker confirms instance profiles.
 type Checker struct {
-	opts  Options
-	limit *rate.Limiter
-
-	mu       sync.Mutex
-	profiles map[string]entry // "account/region/instance" -> profile ARN ("" = none)
-	roles    map[string]entry // profile ARN -> role names, comma-joined
-}
-
-type entry struct {
-	value   string
-	expires time.Time
+	opts     Options
+	calls    *apicheck.Calls
+	profiles *apicheck.Cache[string, string] // "account/region/instance" -> profile ARN ("" = none)
+	roles    *apicheck.Cache[string, string] // profile ARN -> role names, comma-joined
 }
 
 // New returns a Checker.
@@ -104,17 +96,8 @@ func New(opts Options) (*Checker, error) {
 	if opts.Clients == nil {
 		return nil, errors.New("profile: Clients is required")
 	}
-	if opts.Rate <= 0 {
-		opts.Rate = DefaultRate
-	}
-	if opts.Burst <= 0 {
-		opts.Burst = DefaultBurst
-	}
 	if opts.CacheTTL <= 0 {
 		opts.CacheTTL = DefaultCacheTTL
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
@@ -122,8 +105,9 @@ func New(opts Options) (*Checker, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Checker{opts: opts, limit: rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
-		profiles: map[string]entry{}, roles: map[string]entry{}}, nil
+	calls := apicheck.NewCalls(apicheck.CallOptions{Rate: opts.Rate, Burst: opts.Burst, Timeout: opts.Timeout, Clock: opts.Clock, Limited: ErrRateLimited})
+	return &Checker{opts: opts, calls: calls,
+		profiles: apicheck.NewCache[string, string](0, opts.Clock), roles: apicheck.NewCache[string, string](0, opts.Clock)}, nil
 }
 
 // Confirm checks that instance (in account and region) has an instance
@@ -149,56 +133,18 @@ func (c *Checker) Confirm(ctx context.Context, account, region, instance, role s
 	return fmt.Errorf("%w: instance %s has profile %s with role(s) [%s], the STS proof shows role %s", ErrRoleNotInProfile, instance, profileARN, roles, role)
 }
 
-func (c *Checker) cached(m map[string]entry, key string) (string, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := m[key]
-	if !ok || !c.opts.Clock().Before(e.expires) {
-		return "", false
-	}
-	return e.value, true
-}
-
-func (c *Checker) store(m map[string]entry, key, value string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.opts.Clock()
-	if len(m) >= maxCacheEntries {
-		for k, e := range m {
-			if !now.Before(e.expires) {
-				delete(m, k)
-			}
-		}
-		if len(m) >= maxCacheEntries {
-			for k := range m { // drop an arbitrary entry: the map is bounded
-				delete(m, k)
-				break
-			}
-		}
-	}
-	m[key] = entry{value: value, expires: now.Add(c.opts.CacheTTL)}
-}
-
-func (c *Checker) call(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	if !c.limit.AllowN(c.opts.Clock(), 1) {
-		return nil, nil, ErrRateLimited
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	return ctx, cancel, nil
-}
-
 // profileOf returns the ARN of the instance profile associated with the
 // instance now ("" when none).
 func (c *Checker) profileOf(ctx context.Context, account, region, instance string) (string, error) {
 	key := account + "/" + region + "/" + instance
-	if v, ok := c.cached(c.profiles, key); ok {
+	if v, ok := c.profiles.Get(key); ok {
 		return v, nil
 	}
 	ec2c, _, err := c.opts.Clients(ctx, account, region)
 	if err != nil {
 		return "", fmt.Errorf("%w: AWS clients of %s/%s: %w", ErrUnavailable, account, region, err)
 	}
-	ctx, cancel, err := c.call(ctx)
+	ctx, cancel, err := c.calls.Start(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -228,13 +174,13 @@ func (c *Checker) profileOf(ctx context.Context, account, region, instance strin
 			return "", fmt.Errorf("%w: instance profile %q is not an instance profile of account %s", ErrUnavailable, arn, account)
 		}
 	}
-	c.store(c.profiles, key, arn)
+	c.profiles.Put(key, arn, c.opts.CacheTTL)
 	return arn, nil
 }
 
 // rolesOf returns the role names of the instance profile, comma-joined.
 func (c *Checker) rolesOf(ctx context.Context, account, region, profileARN string) (string, error) {
-	if v, ok := c.cached(c.roles, profileARN); ok {
+	if v, ok := c.roles.Get(profileARN); ok {
 		return v, nil
 	}
 	_, iamc, err := c.opts.Clients(ctx, account, region)
@@ -242,7 +188,7 @@ func (c *Checker) rolesOf(ctx context.Context, account, region, profileARN strin
 		return "", fmt.Errorf("%w: AWS clients of %s: %w", ErrUnavailable, account, err)
 	}
 	name := profileARN[strings.LastIndex(profileARN, "/")+1:]
-	ctx, cancel, err := c.call(ctx)
+	ctx, cancel, err := c.calls.Start(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -259,7 +205,7 @@ func (c *Checker) rolesOf(ctx context.Context, account, region, profileARN strin
 		roles = append(roles, aws.ToString(r.RoleName))
 	}
 	v := strings.Join(roles, ",")
-	c.store(c.roles, profileARN, v)
+	c.roles.Put(profileARN, v, c.opts.CacheTTL)
 	return v, nil
 }
 
