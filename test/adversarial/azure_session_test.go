@@ -140,3 +140,21 @@ func TestAzureCachedTokenAfterDeletionWithExpiredOnboardingToken(t *testing.T) {
 	wantCode(t, "an expired onboarding token", err, codes.Unauthenticated, "Replayed", "onboarding token is refused", "Expired")
 	assertNoRegistrations(t, w.ns)
 }
+
+// The agent's onboarding token leaks (it is bound to the agent's session)
+// but not its session key: Register with it, without the key or with
+// another, would bind the VM's registration to the attacker's session (an
+// Azure token is a fresh proof, which may take a registration over).
+func TestLeakedBoundOnboardingTokenRegisters(t *testing.T) {
+	Attack(t, "an agent's leaked onboarding token, bound to its session, registers without the session key and takes the registration over")
+	w := newAzureWorld(t)
+	victim := w.onboardSession(azuretest.DefaultVM(), "10.1.0.4", "victim-session-key-0000000000000000000000000000000000")
+	for name, key := range map[string]string{"no session key": "", "the attacker's key": "attacker-session-key-000000000000000000000000000000000"} {
+		_, err := w.register(victim.onboard, key, victim.address, "VPC")
+		wantCode(t, name, err, codes.Unauthenticated, "bound to another agent session", endpoint.SessionKeyMetadata)
+	}
+	// The registration stays the agent's: its sidecar token renews.
+	if _, err := w.client.RenewSidecarToken(w.call(victim.onboard, victim.sessionKey), &onboardingv1alpha1.RenewSidecarTokenRequest{}); err != nil {
+		t.Fatalf("the agent's sidecar token renewal: %v", err)
+	}
+}
