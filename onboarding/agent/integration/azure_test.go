@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"testing"
 	"sync"
+	"testing"
 	"time"
 
 	"google.golang.org/grpc"
