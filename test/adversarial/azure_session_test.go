@@ -7,6 +7,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
@@ -47,7 +49,10 @@ func (w *azureWorld) onboardSession(vm azuretest.VM, address, key string) azureA
 }
 
 // deleteRegistration deletes a's registration (kubectl delete war) and
-// waits until the endpoint's cache no longer has it.
+// waits until the endpoint's cache no longer has it nor, removed by the
+// garbage collector, its WorkloadEntry (the registry refuses to create a
+// registration's WorkloadEntry over an earlier one of the same name; the
+// agent retries until the collector removed it).
 func (w *azureWorld) deleteRegistration(a azureAgent) {
 	w.t.Helper()
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
@@ -58,6 +63,7 @@ func (w *azureWorld) deleteRegistration(a azureAgent) {
 		w.t.Fatal(err)
 	}
 	waitGone(w.t, war)
+	waitGone(w.t, &istionetworkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Namespace: war.Namespace, Name: war.Name}})
 }
 
 func azureRegistrationName(vm azuretest.VM) string {
