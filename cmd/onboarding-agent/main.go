@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -139,6 +140,11 @@ func runAgent(f agentFlags) error {
 		if o.flag != "" {
 			*o.into = o.flag
 		}
+	}
+	if agentCfg.StateDirectory == "" {
+		// systemd's StateDirectory= (a colon-separated list when the unit
+		// names several).
+		agentCfg.StateDirectory, _, _ = strings.Cut(os.Getenv("STATE_DIRECTORY"), ":")
 	}
 	if errs := agentCfg.Validate(); len(errs) > 0 {
 		return cli.ConfigError(fmt.Errorf("agent configuration with flags: %w", errs.ToAggregate()))

@@ -125,9 +125,10 @@ type session struct {
 	sidecarExpiry  time.Time
 	sidecarIssued  time.Time
 	hasSidecarCred bool
-	// sessionKey binds this agent to its registration (RegisterResponse
-	// session_key); sent on Register, RenewSidecarToken, Unregister and
-	// the Authorize that renews the onboarding token.
+	// sessionKey binds this agent to its registration and its onboarding
+	// tokens: made by the agent when it starts (or kept across restarts,
+	// restoreSession) and sent on every Authorize, Register,
+	// RenewSidecarToken and Unregister.
 	sessionKey string
 }
 
@@ -176,7 +177,8 @@ func transportCredentials(cfg *config.OnboardingConfiguration) (credentials.Tran
 func (a *Agent) Run(ctx context.Context) error {
 	defer func() { _ = a.conn.Close() }()
 	a.log.Info("onboarding agent starting", "version", a.opts.Version, "endpoint", a.opts.Onboarding.Address(),
-		"workloadGroup", a.opts.Onboarding.Workload.Namespace+"/"+a.opts.Onboarding.Workload.Name, "platform", a.opts.Platform.Name())
+		"workloadGroup", a.workloadGroup(), "platform", a.opts.Platform.Name())
+	a.restoreSession()
 	for ctx.Err() == nil {
 		if err := a.onboard(ctx); err != nil {
 			break // ctx ended
@@ -199,6 +201,7 @@ func (a *Agent) onboard(ctx context.Context) error {
 				a.log.Error("cannot write the sidecar's bootstrap files; retrying", "error", err.Error())
 			} else {
 				a.setSession(sess)
+				a.saveSession()
 				a.setOnboarded(true)
 				a.log.Info("onboarded: sidecar bootstrap written", "registration", sess.namespace+"/"+sess.name,
 					"nodeID", boot.GetNodeId(), "discoveryAddress", boot.GetDiscoveryAddress(), "tokenExpiresAt", sess.tokenExpiry)
@@ -255,7 +258,11 @@ type authorized struct {
 	cred *platform.Credential
 }
 
-// authorize gets a fresh platform credential and an onboarding token.
+// authorize gets a fresh platform credential and an onboarding token bound
+// to the agent's session. The request carries the session key and the
+// current onboarding token, if any, as RenewSidecarToken's does: a
+// platform whose metadata service hands out the same cached credential
+// again (Azure's) has it accepted a second time only as this session's.
 func (a *Agent) authorize(ctx context.Context) (*authorized, error) {
 	cred, err := a.opts.Platform.Credential(ctx)
 	if err != nil {
@@ -264,7 +271,12 @@ func (a *Agent) authorize(ctx context.Context) (*authorized, error) {
 	w := a.opts.Onboarding.Workload
 	req := &onboardingv1alpha1.AuthorizeRequest{WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: w.Namespace, Name: w.Name}}
 	cred.SetOn(req)
-	resp, err := a.api.Authorize(ctx, req)
+	s := a.current()
+	actx := withSession(ctx, s.sessionKey)
+	if s.token != "" {
+		actx = withToken(actx, s.token)
+	}
+	resp, err := a.api.Authorize(actx, req)
 	if err != nil {
 		return nil, fmt.Errorf("authorize: %w", err)
 	}

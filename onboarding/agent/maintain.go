@@ -93,20 +93,18 @@ func (a *Agent) renewAt(issued, expiry time.Time, fraction float64) time.Time {
 	return issued.Add(time.Duration(float64(life) * fraction))
 }
 
-// renewToken authorizes again with a fresh platform credential. The request
-// carries the current onboarding token and session key, as
-// RenewSidecarToken's does: a platform whose metadata service hands out
-// the same cached credential again (Azure's) has it accepted a second time
-// only as this session's renewal.
+// renewToken authorizes again with a fresh platform credential (authorize
+// sends the current onboarding token and session key) and keeps the new
+// token in the session file.
 func (a *Agent) renewToken(ctx context.Context) error {
-	s := a.current()
-	auth, err := a.authorize(withSession(withToken(ctx, s.token), s.sessionKey))
+	auth, err := a.authorize(ctx)
 	if err != nil {
 		return err
 	}
 	a.mu.Lock()
 	a.session.token, a.session.tokenExpiry, a.session.tokenIssued = auth.resp.GetToken(), auth.resp.GetExpiresAt().AsTime(), time.Now()
 	a.mu.Unlock()
+	a.saveSession()
 	a.log.Info("onboarding token renewed", "expiresAt", auth.resp.GetExpiresAt().AsTime())
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -14,12 +15,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
 )
 
 // SessionKeyMetadata is the request metadata that carries the agent's
 // session key (RegisterResponse.session_key) on Register, RenewSidecarToken
-// and Unregister.
+// and Unregister, and on Authorize, whose onboarding token is then bound to
+// the session.
 const SessionKeyMetadata = "embark-session-key"
 
 // SourceCheck configures how the endpoint checks a workload address against
@@ -104,6 +107,33 @@ func sessionKey(ctx context.Context) string {
 		return v[0]
 	}
 	return ""
+}
+
+// requestSessionHash is SessionHash of the request's session key, which the
+// onboarding token Authorize issues is bound to; "" when the request
+// carries none (the token is bound to no session).
+func requestSessionHash(ctx context.Context) string {
+	if key := sessionKey(ctx); key != "" {
+		return registry.SessionHash(key)
+	}
+	return ""
+}
+
+// errSessionBinding: the request does not carry the session key its
+// onboarding token is bound to.
+var errSessionBinding = errors.New("the onboarding token is bound to another agent session")
+
+// checkBinding refuses a request whose onboarding token is bound to an
+// agent session (its cnf claim) unless it carries that session's key:
+// a leaked onboarding token alone registers nothing.
+func checkBinding(ctx context.Context, claims *token.Claims) error {
+	if claims.SessionHash == "" {
+		return nil
+	}
+	if key := sessionKey(ctx); key == "" || registry.SessionHash(key) != claims.SessionHash {
+		return errSessionBinding
+	}
+	return nil
 }
 
 // newSessionKey returns a random session key.

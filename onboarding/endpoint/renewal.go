@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
 )
 
@@ -25,9 +27,13 @@ type AzureVerifier interface {
 // cached token to every request for most of its 24 hours, so the agent's
 // renewal of its onboarding token re-presents the token it onboarded with.
 // The re-presented token is accepted only from the agent that used it: the
-// request carries an onboarding token of this endpoint for the same
-// WorkloadGroup and the same VM (tenant, subscription, resource group, name
-// and principal), and the session key of that VM's registration.
+// request carries an unexpired onboarding token of this endpoint for the
+// same WorkloadGroup and the same VM (tenant, subscription, resource group,
+// name and principal) and the agent's session key: the one the onboarding
+// token is bound to, if it is bound, and the one the VM's registration is
+// bound to while it exists. When the registration is gone (deleted, the
+// agent onboards again), the onboarding token must be bound to the
+// session: it is the only record of it left.
 func (s *Server) azureRenewal(ctx context.Context, ns, group string) func(*identity.Identity) error {
 	return func(id *identity.Identity) error {
 		err := s.checkAzureRenewal(ctx, ns, group, APIIdentity(id))
@@ -59,18 +65,34 @@ func (s *Server) checkAzureRenewal(ctx context.Context, ns, group string, vm run
 	if key == "" {
 		return errors.New("the request carries no session key")
 	}
+	if claims.SessionHash != "" && registry.SessionHash(key) != claims.SessionHash {
+		return errors.New("its onboarding token is bound to another agent session")
+	}
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
 	name := registry.Name(group, vm)
-	if err := s.opts.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, war); err != nil {
+	err = s.opts.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, war)
+	switch {
+	case apierrors.IsNotFound(err):
+		return boundWithoutRegistration(claims, ns, name, "does not exist")
+	case err != nil:
 		return fmt.Errorf("read registration %s/%s: %w", ns, name, err)
-	}
-	if !war.DeletionTimestamp.IsZero() {
-		return fmt.Errorf("registration %s/%s is being deleted", ns, name)
+	case !war.DeletionTimestamp.IsZero():
+		return boundWithoutRegistration(claims, ns, name, "is being deleted")
 	}
 	if !sameAzureVM(war.Spec.Identity.Azure, vm.Azure) {
 		return fmt.Errorf("%w: %s/%s", registry.ErrOtherWorkload, ns, name)
 	}
 	return registry.CheckHolder(war, vm, key)
+}
+
+// boundWithoutRegistration is the check of a session whose registration
+// ns/name is gone (state says how): the onboarding token must be bound to
+// the session, whose key the caller compared with the binding already.
+func boundWithoutRegistration(claims *token.Claims, ns, name, state string) error {
+	if claims.SessionHash == "" {
+		return fmt.Errorf("registration %s/%s %s and its onboarding token is bound to no agent session", ns, name, state)
+	}
+	return nil
 }
 
 // sameAzureVM says whether a and b are the same VM and managed identity:

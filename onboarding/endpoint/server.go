@@ -282,6 +282,7 @@ func (s *Server) Authorize(ctx context.Context, req *onboardingv1alpha1.Authoriz
 		WorkloadIdentity: registry.IdentityName(apiID),
 		Verified:         &apiID,
 		ProvenAddress:    provenAddress(id),
+		SessionHash:      requestSessionHash(ctx),
 	})
 	if err != nil {
 		s.log.Error("issue onboarding token", "error", err)
@@ -422,6 +423,10 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 	claims, err := s.session(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if err := checkBinding(ctx, claims); err != nil {
+		s.opts.Metrics.denied("register", "SessionBinding")
+		return nil, status.Errorf(codes.Unauthenticated, "onboarding token refused: %v (metadata %s): authorize again", err, SessionKeyMetadata)
 	}
 	if err := ValidateRegisterRequest(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())

@@ -62,9 +62,16 @@ func FuzzVerify(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	boundReq := testRequest()
+	boundReq.SessionHash = strings.Repeat("c3", 32)
+	bound, _, err := issuing.Issue(boundReq)
+	if err != nil {
+		f.Fatal(err)
+	}
 	parts := strings.Split(good, ".")
 	for _, seed := range []string{
 		good,
+		bound,
 		parts[0] + "." + parts[1] + ".",
 		parts[0] + ".." + parts[2],
 		good[:len(good)/2],
@@ -117,11 +124,15 @@ func checkGenuine(t *testing.T, pub *ecdsa.PublicKey, raw string, claims *token.
 		Sub string `json:"sub"`
 		Jti string `json:"jti"`
 		Aud any    `json:"aud"`
+		Cnf struct {
+			Session string `json:"embark.io/session-sha256"`
+		} `json:"cnf"`
 	}
 	if err := json.Unmarshal(payload, &signed); err != nil {
 		t.Fatalf("accepted %q with a payload that is not JSON: %v", raw, err)
 	}
-	if claims.Subject != signed.Sub || claims.ID != signed.Jti || claims.Audience != testAudience || claims.Issuer != testIssuer {
+	if claims.Subject != signed.Sub || claims.ID != signed.Jti || claims.Audience != testAudience || claims.Issuer != testIssuer ||
+		claims.SessionHash != signed.Cnf.Session {
 		t.Fatalf("accepted %q with claims %+v that differ from the signed payload %s", raw, claims, payload)
 	}
 }

@@ -42,6 +42,12 @@ const (
 // WorkloadClaimKey is the private claim that carries the WorkloadClaim.
 const WorkloadClaimKey = "embark.io/workload"
 
+// ConfirmationSessionKey is the confirmation method, a member of the cnf
+// claim (RFC 7800), that binds a token to an agent session: the hex
+// SHA-256 of the session key. Whoever presents the token proves the
+// session by sending the key itself.
+const ConfirmationSessionKey = "embark.io/session-sha256"
+
 // ErrNoSigningKey is returned by Issue while the key source has no key set.
 var ErrNoSigningKey = errors.New("no onboarding token signing key loaded")
 
@@ -191,6 +197,11 @@ type Request struct {
 	// (an EC2 instance identity document's signed privateIp), in canonical
 	// form; empty when it proves none.
 	ProvenAddress string
+	// SessionHash binds the token to the agent session that asked for it:
+	// the hex SHA-256 (64 lowercase hex digits) of the session key the
+	// agent sent, carried in the cnf claim (RFC 7800) as
+	// ConfirmationSessionKey. Empty: the token is bound to no session.
+	SessionHash string
 }
 
 // WorkloadClaim is the private claim WorkloadClaimKey.
@@ -218,6 +229,9 @@ type Claims struct {
 	NotBefore time.Time
 	Expiry    time.Time
 	Workload  WorkloadClaim
+	// SessionHash is the session the token is bound to (its cnf claim's
+	// ConfirmationSessionKey); empty when it is bound to none.
+	SessionHash string
 	// KeyID is the kid of the key that signed the token.
 	KeyID string
 }
@@ -243,7 +257,13 @@ func (c *Claims) WorkloadGroupName() string {
 // wireClaims is the JSON payload of a token.
 type wireClaims struct {
 	jwt.Claims
-	Workload *WorkloadClaim `json:"embark.io/workload,omitempty"`
+	Workload     *WorkloadClaim `json:"embark.io/workload,omitempty"`
+	Confirmation *confirmation  `json:"cnf,omitempty"`
+}
+
+// confirmation is the cnf claim.
+type confirmation struct {
+	SessionHash string `json:"embark.io/session-sha256,omitempty"`
 }
 
 // Issue signs a token for req with the current key and returns it with its
@@ -276,7 +296,8 @@ func (i *Issuer) Issue(req Request) (string, *Claims, error) {
 			Verified:      req.Verified.DeepCopy(),
 			ProvenAddress: req.ProvenAddress,
 		},
-		KeyID: key.id,
+		SessionHash: req.SessionHash,
+		KeyID:       key.id,
 	}
 	wire := wireClaims{
 		Claims: jwt.Claims{
@@ -289,6 +310,9 @@ func (i *Issuer) Issue(req Request) (string, *Claims, error) {
 			ID:        c.ID,
 		},
 		Workload: &c.Workload,
+	}
+	if c.SessionHash != "" {
+		wire.Confirmation = &confirmation{SessionHash: c.SessionHash}
 	}
 	tok, err := jwt.Signed(key.signer).Claims(wire).Serialize()
 	if err != nil {
@@ -318,7 +342,16 @@ func checkRequest(req Request) error {
 	if req.Verified != nil && !validVerified(req.Verified) {
 		return errors.New("onboarding token verified identity: want exactly one of aws, jwt, gcp, azure and ecs")
 	}
+	if req.SessionHash != "" && !validSessionHash(req.SessionHash) {
+		return fmt.Errorf("onboarding token session hash %q: want 64 lowercase hex digits", truncate(req.SessionHash))
+	}
 	return nil
+}
+
+// validSessionHash says whether h is a hex SHA-256: 64 lowercase hex
+// digits.
+func validSessionHash(h string) bool {
+	return len(h) == 64 && strings.IndexFunc(h, func(r rune) bool { return (r < '0' || r > '9') && (r < 'a' || r > 'f') }) < 0
 }
 
 func validVerified(v *runtimev1alpha1.WorkloadIdentity) bool {
@@ -441,16 +474,24 @@ func (i *Issuer) checkClaims(w *wireClaims, key *Key) (*Claims, error) {
 	if w.Workload.Verified != nil && !validVerified(w.Workload.Verified) {
 		return nil, refuse(ReasonMalformed, "claim %s: verified identity has not exactly one of aws, jwt, gcp, azure and ecs", WorkloadClaimKey)
 	}
+	var session string
+	if c := w.Confirmation; c != nil {
+		if !validSessionHash(c.SessionHash) {
+			return nil, refuse(ReasonMalformed, "claim cnf: %s is not 64 lowercase hex digits", ConfirmationSessionKey)
+		}
+		session = c.SessionHash
+	}
 	return &Claims{
-		Issuer:    w.Issuer,
-		Audience:  w.Audience[0],
-		Subject:   w.Subject,
-		ID:        w.ID,
-		IssuedAt:  w.IssuedAt.Time().UTC(),
-		NotBefore: w.NotBefore.Time().UTC(),
-		Expiry:    w.Expiry.Time().UTC(),
-		Workload:  *w.Workload,
-		KeyID:     key.id,
+		Issuer:      w.Issuer,
+		Audience:    w.Audience[0],
+		Subject:     w.Subject,
+		ID:          w.ID,
+		IssuedAt:    w.IssuedAt.Time().UTC(),
+		NotBefore:   w.NotBefore.Time().UTC(),
+		Expiry:      w.Expiry.Time().UTC(),
+		Workload:    *w.Workload,
+		SessionHash: session,
+		KeyID:       key.id,
 	}, nil
 }
 

@@ -112,6 +112,41 @@ func TestIssueVerifyRoundTrip(t *testing.T) {
 	}
 }
 
+// A token bound to an agent session carries the session's hash in its cnf
+// claim (RFC 7800) and Verify returns it; an unbound token has no cnf.
+func TestSessionBinding(t *testing.T) {
+	iss := newIssuer(t, token.NewStaticKeySource(mustSet(t, mustKey(t, ecKey(t)), nil)), token.WithClock(newClock(testNow).Now))
+	hash := strings.Repeat("5a", 32)
+	tests := []struct {
+		name        string
+		sessionHash string
+		wantCnf     any
+	}{
+		{name: "bound", sessionHash: hash, wantCnf: map[string]any{token.ConfirmationSessionKey: hash}},
+		{name: "unbound", sessionHash: "", wantCnf: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := testRequest()
+			req.SessionHash = tt.sessionHash
+			tok, issued, err := iss.Issue(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := tokenPayload(t, tok)["cnf"]; !reflect.DeepEqual(got, tt.wantCnf) {
+				t.Errorf("cnf claim = %v, want %v", got, tt.wantCnf)
+			}
+			got, err := iss.Verify(tok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.SessionHash != tt.sessionHash || issued.SessionHash != tt.sessionHash {
+				t.Errorf("SessionHash verified %q, issued %q, want %q", got.SessionHash, issued.SessionHash, tt.sessionHash)
+			}
+		})
+	}
+}
+
 func TestVerifyRefuses(t *testing.T) {
 	priv := ecKey(t)
 	key := mustKey(t, priv)
@@ -242,6 +277,20 @@ func TestVerifyRefuses(t *testing.T) {
 		{name: "workload identity empty", token: ours(with(func(c map[string]any) {
 			c[token.WorkloadClaimKey] = map[string]any{"workloadGroup": "bookinfo/ratings", "identity": ""}
 		})), wantReason: token.ReasonMalformed},
+		{name: "bound to a session", token: ours(with(func(c map[string]any) {
+			c["cnf"] = map[string]any{token.ConfirmationSessionKey: strings.Repeat("ab", 32)}
+		}))},
+		{name: "cnf without a session hash", token: ours(with(func(c map[string]any) { c["cnf"] = map[string]any{"jkt": "x"} })), wantReason: token.ReasonMalformed},
+		{name: "cnf session hash not hex", token: ours(with(func(c map[string]any) {
+			c["cnf"] = map[string]any{token.ConfirmationSessionKey: strings.Repeat("zz", 32)}
+		})), wantReason: token.ReasonMalformed},
+		{name: "cnf session hash in upper case", token: ours(with(func(c map[string]any) {
+			c["cnf"] = map[string]any{token.ConfirmationSessionKey: strings.Repeat("AB", 32)}
+		})), wantReason: token.ReasonMalformed},
+		{name: "cnf session hash too short", token: ours(with(func(c map[string]any) {
+			c["cnf"] = map[string]any{token.ConfirmationSessionKey: "abcd"}
+		})), wantReason: token.ReasonMalformed},
+		{name: "cnf a string", token: ours(with(func(c map[string]any) { c["cnf"] = "session" })), wantReason: token.ReasonMalformed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -513,6 +562,9 @@ func TestIssueValidatesRequest(t *testing.T) {
 		{name: "identity with a newline", mutate: func(r *token.Request) { r.WorkloadIdentity = "a\nb" }, wantErr: "identity"},
 		{name: "identity too long", mutate: func(r *token.Request) { r.WorkloadIdentity = strings.Repeat("a", 1025) }, wantErr: "identity"},
 		{name: "no verified identity", mutate: func(r *token.Request) { r.Verified = nil }},
+		{name: "bound to a session", mutate: func(r *token.Request) { r.SessionHash = strings.Repeat("0f", 32) }},
+		{name: "session hash not hex", mutate: func(r *token.Request) { r.SessionHash = strings.Repeat("g", 64) }, wantErr: "session hash"},
+		{name: "session hash a session key", mutate: func(r *token.Request) { r.SessionHash = "my-session-key" }, wantErr: "session hash"},
 		{name: "verified JWT identity", mutate: func(r *token.Request) {
 			r.Verified = &runtimev1alpha1.WorkloadIdentity{JWT: &runtimev1alpha1.JWTIdentity{
 				Issuer: "https://idp.example.com", ShortName: "corp", Subject: "host-1", Attributes: map[string]string{"dc": "fra1"},

@@ -22,6 +22,13 @@ type azureWorld struct {
 
 func newAzureWorld(t *testing.T) *azureWorld {
 	t.Helper()
+	return newAzureWorldWith(t, onboardingOptions{})
+}
+
+// newAzureWorldWith is newAzureWorld with o's options (its Azure verifier
+// and detailed denials are the world's own).
+func newAzureWorldWith(t *testing.T, o onboardingOptions) *azureWorld {
+	t.Helper()
 	m, err := azuretest.NewMicrosoft()
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +39,8 @@ func newAzureWorld(t *testing.T) *azureWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &azureWorld{onboarding: newOnboarding(t, onboardingOptions{azure: v, detailed: true}), ms: m}
+	o.azure, o.detailed = v, true
+	w := &azureWorld{onboarding: newOnboarding(t, o), ms: m}
 	w.policy("azure-embark", authorizationv1alpha1.AllowRule{
 		Workloads: []authorizationv1alpha1.WorkloadMatcher{{Azure: &authorizationv1alpha1.AzureMatcher{
 			Tenants: []string{vm.TenantID}, Subscriptions: []string{vm.SubscriptionID},

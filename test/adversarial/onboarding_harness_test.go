@@ -173,6 +173,9 @@ type onboardingOptions struct {
 	// peer, when set, makes this endpoint another replica of peer's
 	// deployment: the same namespace and the same AWS (IMDS, STS).
 	peer *onboarding
+	// tokenClock, when set, is the onboarding token issuer's clock (it
+	// issues and verifies by it). Default time.Now.
+	tokenClock func() time.Time
 }
 
 func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
@@ -224,7 +227,7 @@ func newOnboarding(t *testing.T, o onboardingOptions) *onboarding {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if opts.Tokens, err = token.NewIssuer(token.NewStaticKeySource(ks), "https://"+audience, audience); err != nil {
+	if opts.Tokens, err = token.NewIssuer(token.NewStaticKeySource(ks), "https://"+audience, audience, token.WithClock(o.tokenClock)); err != nil {
 		t.Fatal(err)
 	}
 	if opts.Authorizer, err = policy.NewAuthorizer(c, recorder); err != nil {

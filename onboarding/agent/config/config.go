@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -68,6 +69,14 @@ type AgentConfiguration struct {
 	Sidecar Sidecar `json:"sidecar,omitempty"`
 	// Metrics configures the agent's Prometheus metrics endpoint.
 	Metrics AgentMetrics `json:"metrics,omitempty"`
+	// StateDirectory is where the agent keeps its session across restarts
+	// (session.json, mode 0600: its onboarding token and session key), an
+	// absolute path writable by the agent alone. Default: the directory
+	// systemd's StateDirectory= gives the agent ($STATE_DIRECTORY,
+	// /var/lib/onboarding-agent for the packaged unit), which the
+	// onboarding-agent command reads; without either, the session is kept
+	// in memory only and a restarted agent onboards as a new session.
+	StateDirectory string `json:"stateDirectory,omitempty"`
 }
 
 // DefaultSidecarReadyURL is pilot-agent's readiness endpoint (its status
@@ -411,6 +420,9 @@ func (c *AgentConfiguration) Validate() field.ErrorList {
 	case PlatformAuto, PlatformAWS, PlatformJWT, PlatformGCE, PlatformAzure, PlatformECS:
 	default:
 		errs = append(errs, field.NotSupported(host.Child("platform"), c.Host.Platform, []string{PlatformAuto, PlatformAWS, PlatformECS, PlatformGCE, PlatformAzure, PlatformJWT}))
+	}
+	if d := c.StateDirectory; d != "" && !filepath.IsAbs(d) {
+		errs = append(errs, field.Invalid(field.NewPath("stateDirectory"), d, "must be an absolute path"))
 	}
 	if u := c.Host.Azure.IMDSEndpoint; u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 		errs = append(errs, field.Invalid(host.Child("azure", "imdsEndpoint"), u, "must be an http:// or https:// URL"))

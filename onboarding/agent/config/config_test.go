@@ -112,6 +112,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"dns address port 53", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  dns: {address: '127.0.0.1:53'}\n", 1), "sidecar.dns.address"},
 		{"dns address without port", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  dns: {address: '127.0.0.1'}\n", 1), "sidecar.dns.address"},
 		{"dns address name", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  dns: {address: 'localhost:15053'}\n", 1), "sidecar.dns.address"},
+		{"relative state directory", true, goodAgent + "stateDirectory: var/lib/onboarding-agent\n", "stateDirectory"},
 		{"relative staging dir", true, strings.Replace(goodAgent, "sidecar:\n", "sidecar:\n  stagingDir: sidecar\n", 1), "sidecar.stagingDir"},
 		{"bad revision", true, strings.Replace(goodAgent, "canary", "Canary_1", 1), "sidecar.istio.revision"},
 		{"metrics on a public address", true, goodAgent + "metrics: {address: '0.0.0.0:15099'}\n", "metrics.address"},

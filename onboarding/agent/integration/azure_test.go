@@ -2,15 +2,19 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -116,6 +120,128 @@ func TestAzureVMRenewsWithCachedToken(t *testing.T) {
 	}
 }
 
+// The agent process ends without unregistering (it crashed, or the VM
+// lost its network and was rebooted) while Azure's metadata service still
+// hands out the token it onboarded with. The agent started again finds its
+// session in its state directory and presents the cached token with its
+// onboarding token and session key: it is onboarded again at once, with
+// the same registration, without waiting for a new token.
+func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
+	w := newWorld(t)
+	ms, err := azuretest.NewMicrosoft()
+	must(t, err)
+	t.Cleanup(ms.Close)
+	vm := azuretest.DefaultVM()
+	imds := azuretest.NewCachingIMDS(ms, vm)
+	t.Cleanup(imds.Close)
+	configureAzure(t, w, ms, vm)
+	state := filepath.Join(t.TempDir(), "state")
+
+	link := &cuttableNetwork{}
+	first := runAzureAgent(t, w, imds, azureAgentOptions{stateDir: state, dialOptions: []grpc.DialOption{grpc.WithContextDialer(link.dial)}})
+	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool {
+		return len(w.registrations()) == 1 && strings.Contains(first.logs.String(), "onboarded: sidecar bootstrap written")
+	})
+	war := w.registrations()[0]
+	if fi, err := os.Stat(filepath.Join(state, agent.SessionFileName)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the agent kept no session file of mode 0600: %v, %v", fi, err)
+	}
+	// The process ends unable to unregister.
+	link.cut()
+	first.stop()
+	if !strings.Contains(first.logs.String(), "unregister failed") {
+		t.Fatalf("the first agent did not fail to unregister:\n%s", first.logs.String())
+	}
+	if regs := w.registrations(); len(regs) != 1 || regs[0].UID != war.UID {
+		t.Fatalf("%d registrations after the agent ended, want the first one", len(regs))
+	}
+
+	second := runAzureAgent(t, w, imds, azureAgentOptions{stateDir: state})
+	fixtures.Eventually(t, 20*time.Second, "the restarted agent onboarded", func() bool {
+		return strings.Contains(second.logs.String(), "onboarded: sidecar bootstrap written")
+	})
+	l := second.logs.String()
+	if !strings.Contains(l, "restored the agent session kept across restarts") {
+		t.Errorf("the restarted agent did not restore its session:\n%s", l)
+	}
+	if strings.Contains(l, "Replayed") {
+		t.Errorf("the restarted agent was refused as a replay:\n%s", l)
+	}
+	if imds.Issued() != 1 {
+		t.Errorf("the metadata service issued %d tokens, want the one it cached", imds.Issued())
+	}
+	if regs := w.registrations(); len(regs) != 1 || regs[0].UID != war.UID {
+		t.Errorf("registrations %d (first UID %s), want the first one (UID %s) only", len(regs), regs[0].UID, war.UID)
+	}
+}
+
+// The VM's registration is deleted (kubectl delete war) while Azure's
+// metadata service still hands out the token the agent onboarded with: the
+// agent onboards again within seconds with that token, its onboarding
+// token (bound to its session) and its session key; a new registration.
+func TestAzureVMReonboardsWithCachedTokenAfterDeletion(t *testing.T) {
+	w := newWorld(t)
+	ms, err := azuretest.NewMicrosoft()
+	must(t, err)
+	t.Cleanup(ms.Close)
+	vm := azuretest.DefaultVM()
+	imds := azuretest.NewCachingIMDS(ms, vm)
+	t.Cleanup(imds.Close)
+	configureAzure(t, w, ms, vm)
+	a := runAzureAgent(t, w, imds, azureAgentOptions{})
+	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool {
+		return len(w.registrations()) == 1 && strings.Contains(a.logs.String(), "onboarded: sidecar bootstrap written")
+	})
+	war := w.registrations()[0]
+
+	must(t, env.Client.Delete(t.Context(), &war))
+	fixtures.Eventually(t, 20*time.Second, "a new registration", func() bool {
+		regs := w.registrations()
+		return len(regs) == 1 && regs[0].UID != war.UID && strings.Count(a.logs.String(), "onboarded: sidecar bootstrap written") == 2
+	})
+	l := a.logs.String()
+	if !strings.Contains(l, "registration gone") {
+		t.Errorf("the agent did not notice the deletion:\n%s", l)
+	}
+	if strings.Contains(l, "Replayed") {
+		t.Errorf("onboarding again was refused as a replay:\n%s", l)
+	}
+	if imds.Issued() != 1 || imds.Served() < 2 {
+		t.Errorf("the metadata service issued %d tokens for %d requests, want its one cached token for every request (at least 2)", imds.Issued(), imds.Served())
+	}
+}
+
+// cuttableNetwork dials the endpoint until cut, which closes every
+// connection it made and refuses new ones: the agent can no longer reach
+// the endpoint.
+type cuttableNetwork struct {
+	mu    sync.Mutex
+	off   bool
+	conns []net.Conn
+}
+
+func (n *cuttableNetwork) dial(ctx context.Context, addr string) (net.Conn, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.off {
+		return nil, errors.New("network cut")
+	}
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err == nil {
+		n.conns = append(n.conns, c)
+	}
+	return c, err
+}
+
+func (n *cuttableNetwork) cut() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.off = true
+	for _, c := range n.conns {
+		_ = c.Close()
+	}
+}
+
 // startAzureAgent configures the endpoint to trust ms for vm's tenant with
 // a policy allowing vm's resource group, starts it, and runs the agent
 // (platform azure, imds) until the test ends; renewFraction, when not 0, is
@@ -123,15 +249,21 @@ func TestAzureVMRenewsWithCachedToken(t *testing.T) {
 // returns the agent's logs.
 func startAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, imds *azuretest.IMDS, vm azuretest.VM, renewFraction float64) *vmsim.SyncBuffer {
 	t.Helper()
-	ctx := t.Context()
-	const resource = "api://embark-onboarding"
+	configureAzure(t, w, ms, vm)
+	return runAzureAgent(t, w, imds, azureAgentOptions{renewFraction: renewFraction}).logs
+}
 
+// configureAzure configures the endpoint to trust ms for vm's tenant with
+// a policy allowing vm's resource group, and starts it.
+func configureAzure(t *testing.T, w *world, ms *azuretest.Microsoft, vm azuretest.VM) {
+	t.Helper()
+	ctx := t.Context()
 	msCA := filepath.Join(w.dir, "microsoft-ca.pem")
 	must(t, os.WriteFile(msCA, ms.CACertificates(), 0o600))
 	cfg, err := os.ReadFile(w.cfgFile)
 	must(t, err)
 	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
-		fmt.Sprintf("identity:\n  azure:\n    tenants: [%s]\n    audiences: [%s]\n    jwksURL: %s\n    caFile: %s\n", vm.TenantID, resource, ms.JWKSURL(), msCA), 1)), 0o600))
+		fmt.Sprintf("identity:\n  azure:\n    tenants: [%s]\n    audiences: [%s]\n    jwksURL: %s\n    caFile: %s\n", vm.TenantID, azureResource, ms.JWKSURL(), msCA), 1)), 0o600))
 	policy := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "azure", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
@@ -144,13 +276,43 @@ func startAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, imds *azur
 	}
 	must(t, env.Client.Create(ctx, policy))
 	w.startEndpoint()
+}
 
+// azureResource is the resource the agents ask IMDS for a token for, the
+// endpoint's audience.
+const azureResource = "api://embark-onboarding"
+
+// azureAgentOptions are the settings of one run of an Azure VM's agent.
+type azureAgentOptions struct {
+	// renewFraction, when not 0, is the agent's RenewFraction (its
+	// SidecarRenewFraction is then 0.003).
+	renewFraction float64
+	// stateDir, when set, is the agent's stateDirectory.
+	stateDir string
+	// dialOptions are added to the agent's connection to the endpoint.
+	dialOptions []grpc.DialOption
+}
+
+// azureAgent is a running agent of an Azure VM.
+type azureAgent struct {
+	logs *vmsim.SyncBuffer
+	stop func() // stops the agent (it shuts down) and waits for it
+}
+
+// runAzureAgent runs an agent (platform azure, imds) until stop or the end
+// of the test.
+func runAzureAgent(t *testing.T, w *world, imds *azuretest.IMDS, o azureAgentOptions) *azureAgent {
+	t.Helper()
+	ctx := t.Context()
 	root := t.TempDir()
 	agentFile, onboardingFile := w.agentConfig(root)
 	agentText, err := os.ReadFile(agentFile)
 	must(t, err)
-	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n",
-		fmt.Sprintf("host:\n  platform: azure\n  azure:\n    imdsEndpoint: %s\n    resource: %s\n  aws:\n", imds.URL(), resource), 1)), 0o600))
+	extra := fmt.Sprintf("host:\n  platform: azure\n  azure:\n    imdsEndpoint: %s\n    resource: %s\n  aws:\n", imds.URL(), azureResource)
+	if o.stateDir != "" {
+		extra = "stateDirectory: " + o.stateDir + "\n" + extra
+	}
+	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n", extra, 1)), 0o600))
 	agentCfg, err := config.LoadAgent(agentFile)
 	must(t, err)
 	onbCfg, err := config.LoadOnboarding(onboardingFile)
@@ -165,15 +327,17 @@ func startAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, imds *azur
 	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
 	must(t, err)
 	opts := agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second}
-	if renewFraction != 0 {
-		opts.RenewFraction, opts.SidecarRenewFraction = renewFraction, 0.003
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, DialOptions: o.dialOptions}
+	if o.renewFraction != 0 {
+		opts.RenewFraction, opts.SidecarRenewFraction = o.renewFraction, 0.003
 	}
 	a, err := agent.New(opts)
 	must(t, err)
-	actx, stop := context.WithCancel(ctx)
+	actx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- a.Run(actx) }()
-	t.Cleanup(func() { stop(); <-done })
-	return logs
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return &azureAgent{logs: logs, stop: stop}
 }

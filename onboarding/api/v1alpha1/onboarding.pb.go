@@ -984,10 +984,12 @@ type RegisterResponse struct {
 	// The registration's UID: WatchRegistration reports it, so the agent
 	// tells its own registration from a replacement.
 	RegistrationUid string `protobuf:"bytes,4,opt,name=registration_uid,json=registrationUid,proto3" json:"registration_uid,omitempty"`
-	// The session key that binds this agent to the registration: the agent
-	// sends it as `embark-session-key` metadata on later Register,
-	// RenewSidecarToken and Unregister calls. Only an agent holding it (or
-	// presenting a fresh STS proof or JWT) may act on the registration.
+	// The session key that binds this agent to the registration: the one
+	// the request's `embark-session-key` metadata carried, else a new one.
+	// The agent sends it as `embark-session-key` metadata on later
+	// Authorize, Register, RenewSidecarToken and Unregister calls. Only an
+	// agent holding it (or presenting a fresh STS proof or JWT) may act on
+	// the registration.
 	SessionKey    string `protobuf:"bytes,5,opt,name=session_key,json=sessionKey,proto3" json:"session_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

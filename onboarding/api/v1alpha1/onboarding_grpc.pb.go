@@ -39,7 +39,9 @@ type OnboardingServiceClient interface {
 	// OnboardingPolicy allows it to join the WorkloadGroup, and returns a
 	// short-lived onboarding token. Calling it again with a fresh credential
 	// before the token expires renews the token; it never creates a second
-	// registration.
+	// registration. With `embark-session-key` metadata (the agent's session
+	// key) the token is bound to that session: its `cnf` claim holds the
+	// key's SHA-256, and Register with it needs the key.
 	//
 	// Errors: INVALID_ARGUMENT (malformed request), UNAUTHENTICATED (the
 	// credential does not prove an identity), PERMISSION_DENIED (no policy
@@ -148,7 +150,9 @@ type OnboardingServiceServer interface {
 	// OnboardingPolicy allows it to join the WorkloadGroup, and returns a
 	// short-lived onboarding token. Calling it again with a fresh credential
 	// before the token expires renews the token; it never creates a second
-	// registration.
+	// registration. With `embark-session-key` metadata (the agent's session
+	// key) the token is bound to that session: its `cnf` claim holds the
+	// key's SHA-256, and Register with it needs the key.
 	//
 	// Errors: INVALID_ARGUMENT (malformed request), UNAUTHENTICATED (the
 	// credential does not prove an identity), PERMISSION_DENIED (no policy
