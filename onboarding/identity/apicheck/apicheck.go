@@ -32,7 +32,7 @@ const (
 // the Calls were given an error of the check's own.
 var ErrRateLimited = errors.New("API checks over their rate limit")
 
-// Cache holds answers by key until they expire, at most max of them. It is
+// Cache holds answers by key until they expire, a bounded number of them. It is
 // safe for concurrent use.
 type Cache[K comparable, V any] struct {
 	mu      sync.Mutex
@@ -46,16 +46,16 @@ type entry[V any] struct {
 	expires time.Time
 }
 
-// NewCache returns a Cache of at most max entries (DefaultMaxEntries when
-// max <= 0) whose expiry is read on clock (time.Now when nil).
-func NewCache[K comparable, V any](max int, clock func() time.Time) *Cache[K, V] {
-	if max <= 0 {
-		max = DefaultMaxEntries
+// NewCache returns a Cache of at most bound entries (DefaultMaxEntries when
+// bound <= 0) whose expiry is read on clock (time.Now when nil).
+func NewCache[K comparable, V any](bound int, clock func() time.Time) *Cache[K, V] {
+	if bound <= 0 {
+		bound = DefaultMaxEntries
 	}
 	if clock == nil {
 		clock = time.Now
 	}
-	return &Cache[K, V]{entries: map[K]entry[V]{}, max: max, clock: clock}
+	return &Cache[K, V]{entries: map[K]entry[V]{}, max: bound, clock: clock}
 }
 
 // Get returns the answer stored for key, if it has not expired.
