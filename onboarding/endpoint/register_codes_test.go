@@ -177,7 +177,7 @@ func TestRegisterFailureCodes(t *testing.T) {
 				if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: h.ns, Name: reg.GetRegistrationName()}, war); err != nil {
 					t.Fatal(err)
 				}
-				war.Spec.Identity.AWS.Region = "us-west-2" // as a name collision would look
+				war.Spec.Identity.AWS.EC2.InstanceID = "i-0fedcba9876543210" // as a name collision would look: another instance
 				if err := env.Client.Update(t.Context(), war); err != nil {
 					t.Fatal(err)
 				}
