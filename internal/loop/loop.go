@@ -84,14 +84,17 @@ type Informers interface {
 }
 
 // Loop runs a Func on queued keys. Make it with New, add watches, then Run
-// it once. Add and AddAfter may be called at any time, before Run
-// included; after the loop stopped they do nothing.
+// it once. Add and AddAfter may be called at any time: before Run the keys
+// wait for it, after the loop stopped they are dropped. A Loop starts no
+// goroutine before Run, so one that is made and never run leaks nothing.
 type Loop struct {
 	reconcile Func
 	opts      Options
-	queue     workqueue.TypedRateLimitingInterface[types.NamespacedName]
 
 	mu      sync.Mutex
+	queue   workqueue.TypedRateLimitingInterface[types.NamespacedName] // made by Run
+	pending map[types.NamespacedName]time.Time                         // before Run: key -> when it is due
+	stopped bool
 	synced  []toolscache.InformerSynced
 	removes []func()
 }
@@ -99,11 +102,7 @@ type Loop struct {
 // New returns a Loop that reconciles keys with reconcile.
 func New(reconcile Func, opts Options) *Loop {
 	opts.setDefaults()
-	return &Loop{
-		reconcile: reconcile,
-		opts:      opts,
-		queue:     workqueue.NewTypedRateLimitingQueue(NewRetryLimiter()),
-	}
+	return &Loop{reconcile: reconcile, opts: opts, pending: map[types.NamespacedName]time.Time{}}
 }
 
 // NewRetryLimiter returns the retry policy as a workqueue rate limiter:
@@ -113,13 +112,56 @@ func NewRetryLimiter() workqueue.TypedRateLimiter[types.NamespacedName] {
 }
 
 // Add queues key now.
-func (l *Loop) Add(key types.NamespacedName) { l.queue.Add(key) }
+func (l *Loop) Add(key types.NamespacedName) { l.AddAfter(key, 0) }
 
 // AddAfter queues key once d has passed (a deadline the reconcile found).
-func (l *Loop) AddAfter(key types.NamespacedName, d time.Duration) { l.queue.AddAfter(key, d) }
+func (l *Loop) AddAfter(key types.NamespacedName, d time.Duration) {
+	l.mu.Lock()
+	q := l.queue
+	if q == nil && !l.stopped {
+		due := time.Now().Add(d)
+		if at, ok := l.pending[key]; !ok || due.Before(at) {
+			l.pending[key] = due
+		}
+	}
+	l.mu.Unlock()
+	if q != nil {
+		q.AddAfter(key, d) // a stopped queue drops it
+	}
+}
 
 // Len is how many keys are queued now (not those waiting for a delay).
-func (l *Loop) Len() int { return l.queue.Len() }
+func (l *Loop) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.queue != nil {
+		return l.queue.Len()
+	}
+	n, now := 0, time.Now()
+	for _, due := range l.pending {
+		if !due.After(now) {
+			n++
+		}
+	}
+	return n
+}
+
+// start makes the queue with the keys added so far; nil when the loop was
+// shut down already.
+func (l *Loop) start() workqueue.TypedRateLimitingInterface[types.NamespacedName] {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return nil
+	}
+	l.queue = workqueue.NewTypedRateLimitingQueue(NewRetryLimiter())
+	now := time.Now()
+	for key, due := range l.pending {
+		l.queue.AddAfter(key, due.Sub(now))
+	}
+	l.pending = nil
+	return l.queue
+}
 
 // Watch adds h to the informer of obj's kind; Run waits for it to sync, and
 // the handler is removed when the loop stops. h usually queues the keys an
@@ -156,22 +198,23 @@ func (l *Loop) WaitForSync(ctx context.Context) bool {
 // and the watches are removed.
 func (l *Loop) Run(ctx context.Context) {
 	defer l.ShutDown()
-	if !l.WaitForSync(ctx) {
-		return // ctx ended
+	q := l.start()
+	if q == nil || !l.WaitForSync(ctx) {
+		return // shut down already, or ctx ended
 	}
 	var wg sync.WaitGroup
 	for range l.opts.Workers {
 		wg.Go(func() {
-			for l.processNext(ctx) {
+			for l.processNext(ctx, q) {
 			}
 		})
 	}
 	if l.opts.Keys != nil {
-		l.resync(ctx)
+		l.resync(ctx, q)
 	} else {
 		<-ctx.Done()
 	}
-	l.queue.ShutDown()
+	q.ShutDown()
 	wg.Wait()
 }
 
@@ -180,32 +223,34 @@ func (l *Loop) Run(ctx context.Context) {
 // is never reached (a watch failed).
 func (l *Loop) ShutDown() {
 	l.mu.Lock()
-	removes := l.removes
-	l.removes = nil
+	removes, q := l.removes, l.queue
+	l.removes, l.pending, l.stopped = nil, nil, true
 	l.mu.Unlock()
 	for _, remove := range removes {
 		remove()
 	}
-	l.queue.ShutDown()
+	if q != nil {
+		q.ShutDown()
+	}
 }
 
 // processNext reconciles one queued key; false when the queue shut down and
 // is empty. A failure queues the key again after the retry policy's delay,
 // unless ctx ended.
-func (l *Loop) processNext(ctx context.Context) bool {
-	key, shutdown := l.queue.Get()
+func (l *Loop) processNext(ctx context.Context, q workqueue.TypedRateLimitingInterface[types.NamespacedName]) bool {
+	key, shutdown := q.Get()
 	if shutdown {
 		return false
 	}
-	defer l.queue.Done(key)
+	defer q.Done(key)
 	if err := l.reconcile(ctx, key); err != nil {
 		if ctx.Err() == nil {
 			l.logFailure(key, err)
-			l.queue.AddRateLimited(key)
+			q.AddRateLimited(key)
 		}
 		return true
 	}
-	l.queue.Forget(key)
+	q.Forget(key)
 	return true
 }
 
@@ -219,7 +264,7 @@ func (l *Loop) logFailure(key types.NamespacedName, err error) {
 
 // resync queues every key Options.Keys lists now and every Options.Resync
 // until ctx ends.
-func (l *Loop) resync(ctx context.Context) {
+func (l *Loop) resync(ctx context.Context, q workqueue.TypedInterface[types.NamespacedName]) {
 	t := time.NewTicker(l.opts.Resync)
 	defer t.Stop()
 	for {
@@ -231,7 +276,7 @@ func (l *Loop) resync(ctx context.Context) {
 			l.opts.Logger.Error("list for a resync", "loop", l.opts.Name, "error", err)
 		}
 		for _, k := range keys {
-			l.queue.Add(k)
+			q.Add(k)
 		}
 		select {
 		case <-ctx.Done():

@@ -25,6 +25,7 @@ const waitTimeout = 30 * time.Second
 var (
 	keyA = types.NamespacedName{Namespace: "ns", Name: "a"}
 	keyB = types.NamespacedName{Namespace: "ns", Name: "b"}
+	keyC = types.NamespacedName{Namespace: "ns", Name: "c"}
 )
 
 // recorder is a Func that records the keys it is given and answers with
@@ -217,6 +218,38 @@ func TestShutdownDrainsWithoutRetrying(t *testing.T) {
 	if got := l.Len(); got != 0 {
 		t.Errorf("Len() after stop = %d, want 0", got)
 	}
+}
+
+func TestKeysBeforeRun(t *testing.T) {
+	rec := newRecorder(nil)
+	l := New(rec.reconcile, Options{})
+	l.Add(keyA)
+	l.AddAfter(keyB, time.Millisecond)
+	l.AddAfter(keyC, time.Hour)
+	if got := l.Len(); got != 1 {
+		t.Errorf("Len() before Run = %d, want 1 (only keyA is due now)", got)
+	}
+	stop := run(t, l)
+	rec.await(t, keyA, 1)
+	rec.await(t, keyB, 1)
+	stop()
+	if got := rec.count(keyC); got != 0 {
+		t.Errorf("%s reconciled %d times before its delay passed, want 0", keyC, got)
+	}
+}
+
+func TestNeverRunLeaksNothing(t *testing.T) {
+	rec := newRecorder(nil)
+	l := New(rec.reconcile, Options{Keys: func(context.Context) ([]types.NamespacedName, error) { return nil, nil }})
+	l.Add(keyA)
+	l.AddAfter(keyB, time.Hour)
+	goleak.VerifyNone(t) // a Loop made, fed and never run starts no goroutine
+	l.ShutDown()
+	l.Run(t.Context()) // after ShutDown: returns at once, reconciles nothing
+	if got := rec.count(keyA); got != 0 {
+		t.Errorf("%s reconciled %d times after ShutDown, want 0", keyA, got)
+	}
+	goleak.VerifyNone(t)
 }
 
 // syncBuffer is a bytes.Buffer safe for the loop's workers and the test.
