@@ -27,7 +27,9 @@
 //
 // Every write goes through the replica's one write.Writer (registry/write):
 // rate-limited by the replica's write budget and retried with bounded
-// backoff; optimistic concurrency where two replicas may write. The node ID
+// backoff; optimistic concurrency where two replicas may write. The
+// background writers (lifecycle, enforcement, rollout) run on the one loop
+// of internal/loop, with its one retry policy. The node ID
 // a sidecar presents is built and parsed by registry/nodeid; rollouts of
 // WorkloadGroups are registry/rollout.
 package registry

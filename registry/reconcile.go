@@ -2,11 +2,8 @@ package registry
 
 import (
 	"context"
-	"log/slog"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
@@ -43,23 +40,4 @@ func UpdateRegistrationStatus(ctx context.Context, w *write.Writer, c client.Cli
 		return false, nil
 	}
 	return written, err
-}
-
-// ProcessNext handles one queued key; false when the queue shut down. A
-// failure is retried with bounded exponential backoff (100ms to 1m).
-func ProcessNext(ctx context.Context, queue workqueue.TypedRateLimitingInterface[types.NamespacedName], fn func(context.Context, types.NamespacedName) error, log *slog.Logger, what string) bool {
-	key, shutdown := queue.Get()
-	if shutdown {
-		return false
-	}
-	defer queue.Done(key)
-	if err := fn(ctx, key); err != nil {
-		if ctx.Err() == nil {
-			log.Error(what+" failed; retrying", "registration", key.String(), "error", err)
-			queue.AddRateLimited(key)
-		}
-		return true
-	}
-	queue.Forget(key)
-	return true
 }

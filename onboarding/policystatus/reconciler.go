@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	"github.com/embark-mesh/embark/internal/loop"
 	"github.com/embark-mesh/embark/onboarding/policy"
 )
 
@@ -44,12 +46,18 @@ type Options struct {
 	Resync time.Duration
 }
 
-// Reconciler writes OnboardingPolicy status.
+// Reconciler writes OnboardingPolicy status. It runs on the shared loop
+// (internal/loop) with one key, every policy: a trigger queues it, and
+// while it is queued or being reconciled further triggers fold into one
+// more reconcile.
 type Reconciler struct {
 	o       Options
 	limiter *rate.Limiter
-	trigger chan struct{}
+	loop    *loop.Loop
 }
+
+// everyPolicy is the loop's one key: ReconcileAll.
+var everyPolicy = types.NamespacedName{Name: "*"}
 
 // New returns a Reconciler.
 func New(o Options) (*Reconciler, error) {
@@ -71,36 +79,40 @@ func New(o Options) (*Reconciler, error) {
 	if o.Resync <= 0 {
 		o.Resync = time.Minute
 	}
-	return &Reconciler{o: o, limiter: rate.NewLimiter(rate.Limit(o.QPS), o.Burst), trigger: make(chan struct{}, 1)}, nil
+	r := &Reconciler{o: o, limiter: rate.NewLimiter(rate.Limit(o.QPS), o.Burst)}
+	r.loop = loop.New(func(ctx context.Context, _ types.NamespacedName) error { return r.ReconcileAll(ctx) }, loop.Options{
+		Name:   "write OnboardingPolicy status",
+		Resync: o.Resync,
+		Keys:   func(context.Context) ([]types.NamespacedName, error) { return []types.NamespacedName{everyPolicy}, nil },
+		Logger: o.Logger,
+	})
+	return r, nil
 }
 
 // Trigger asks for a reconcile of every policy soon (informer event
 // handlers call it). It never blocks.
-func (r *Reconciler) Trigger() {
-	select {
-	case r.trigger <- struct{}{}:
-	default:
+func (r *Reconciler) Trigger() { r.loop.Add(everyPolicy) }
+
+// Run reconciles now, on triggers, new decisions and every Resync until ctx
+// ends; a failed reconcile is retried with the loop's back-off.
+func (r *Reconciler) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	if r.o.Decisions != nil {
+		wg.Go(func() { r.triggerOn(ctx, r.o.Decisions.Changed()) })
 	}
+	r.loop.Run(ctx)
+	wg.Wait()
+	return nil
 }
 
-// Run reconciles on triggers, new decisions and every Resync until ctx ends.
-func (r *Reconciler) Run(ctx context.Context) error {
-	var decided <-chan struct{}
-	if r.o.Decisions != nil {
-		decided = r.o.Decisions.Changed()
-	}
-	t := time.NewTicker(r.o.Resync)
-	defer t.Stop()
+// triggerOn triggers a reconcile whenever changed receives, until ctx ends.
+func (r *Reconciler) triggerOn(ctx context.Context, changed <-chan struct{}) {
 	for {
-		if err := r.ReconcileAll(ctx); err != nil && ctx.Err() == nil {
-			r.o.Logger.Warn("OnboardingPolicy status not written; retried at the next trigger", "error", err)
-		}
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-r.trigger:
-		case <-decided:
-		case <-t.C:
+			return
+		case <-changed:
+			r.Trigger()
 		}
 	}
 }

@@ -16,10 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/internal/loop"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/write"
 )
@@ -50,7 +50,7 @@ type Options struct {
 type Writer struct {
 	opts   Options
 	writer *write.Writer
-	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	loop   *loop.Loop
 
 	mu   sync.Mutex
 	want map[types.NamespacedName][]string
@@ -70,12 +70,13 @@ func New(opts Options) (*Writer, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Writer{
+	e := &Writer{
 		opts:   opts,
 		writer: write.OrDefault(opts.Writer),
-		queue:  workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, time.Minute)),
 		want:   map[types.NamespacedName][]string{},
-	}, nil
+	}
+	e.loop = loop.New(e.write, loop.Options{Name: "write ConfigurationEnforced condition", KeyName: "registration", Logger: opts.Logger})
+	return e, nil
 }
 
 // Set records what the registration's workload is served without: the
@@ -85,17 +86,12 @@ func (e *Writer) Set(key types.NamespacedName, unenforced []string) {
 	e.mu.Lock()
 	e.want[key] = append([]string(nil), unenforced...)
 	e.mu.Unlock()
-	e.queue.Add(key)
+	e.loop.Add(key)
 }
 
 // Run writes the conditions Set asks for until ctx ends.
 func (e *Writer) Run(ctx context.Context) {
-	go func() {
-		<-ctx.Done()
-		e.queue.ShutDown()
-	}()
-	for registry.ProcessNext(ctx, e.queue, e.write, e.opts.Logger, "write ConfigurationEnforced condition") {
-	}
+	e.loop.Run(ctx)
 }
 
 // condition is the ConfigurationEnforced condition for a list of unenforced

@@ -1,9 +1,11 @@
 // Package lifecycle is the registry's background work on an endpoint
 // replica (Lifecycle, lifecycle.go). It keeps the replica's own Lease and
 // campaigns for the embark-sweeper Lease (registry/replica); the one
-// elected replica runs the level-based reconcilers below, which share one
-// informer and work-queue set-up (loop.go), and the work it is given to
-// lead (the endpoint adds registry/rollout):
+// elected replica runs the level-based reconcilers below, each on the one
+// loop of Embark's background writers (internal/loop: informer watches,
+// a queue of registration keys, workers, a periodic resync and one retry
+// policy; loop.go holds what they share), and the work it is given to lead
+// (the endpoint adds registry/rollout):
 //
 //   - the sweeper: marks the workloads of a gone replica disconnected
 //     (ReplicaGone), removes registrations whose workload had no ADS stream

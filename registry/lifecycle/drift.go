@@ -17,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -135,24 +134,24 @@ type driftReconciler struct {
 
 // run reconciles until ctx ends.
 func (d *driftReconciler) run(ctx context.Context) error {
-	l := newLoop(d.cache)
-	defer l.close()
-	if err := l.watchRegistrations(ctx); err != nil {
+	l := newLoop(d.cache, "drift", d.reconcile, d.workers, d.resync, d.log)
+	defer l.ShutDown()
+	if err := watchRegistrations(ctx, l, d.cache); err != nil {
 		return err
 	}
-	err := l.watch(ctx, &istionetworkingv1.WorkloadGroup{}, "WorkloadGroups", toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { d.enqueueGroup(ctx, l.queue, obj) },
-		UpdateFunc: func(_, obj any) { d.enqueueGroup(ctx, l.queue, obj) },
+	err := l.Watch(ctx, d.cache, &istionetworkingv1.WorkloadGroup{}, toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { d.enqueueGroup(ctx, l, obj) },
+		UpdateFunc: func(_, obj any) { d.enqueueGroup(ctx, l, obj) },
 	})
 	if err != nil {
 		return err
 	}
-	l.run(ctx, d.workers, d.reconcile, d.resync, d.log, "drift")
+	l.Run(ctx)
 	return nil
 }
 
 // enqueueGroup queues the registrations snapshotted from a WorkloadGroup.
-func (d *driftReconciler) enqueueGroup(ctx context.Context, queue workqueue.TypedRateLimitingInterface[types.NamespacedName], obj any) {
+func (d *driftReconciler) enqueueGroup(ctx context.Context, q queue, obj any) {
 	group, ok := obj.(*istionetworkingv1.WorkloadGroup)
 	if !ok {
 		return
@@ -164,7 +163,7 @@ func (d *driftReconciler) enqueueGroup(ctx context.Context, queue workqueue.Type
 	}
 	for i := range list.Items {
 		if list.Items[i].Spec.WorkloadGroup.Name == group.Name {
-			queue.Add(client.ObjectKeyFromObject(&list.Items[i]))
+			q.Add(client.ObjectKeyFromObject(&list.Items[i]))
 		}
 	}
 }

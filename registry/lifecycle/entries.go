@@ -64,9 +64,9 @@ type entryReconciler struct {
 
 // run reconciles until ctx ends.
 func (e *entryReconciler) run(ctx context.Context) error {
-	l := newLoop(e.cache)
-	defer l.close()
-	if err := l.watchRegistrations(ctx); err != nil {
+	l := newLoop(e.cache, "keep WorkloadEntry", e.reconcile, e.workers, e.resync, e.log)
+	defer l.ShutDown()
+	if err := watchRegistrations(ctx, l, e.cache); err != nil {
 		return err
 	}
 	// A WorkloadEntry's registration has the entry's name and namespace.
@@ -76,11 +76,11 @@ func (e *entryReconciler) run(ctx context.Context) error {
 		}
 		if we, ok := obj.(*istionetworkingv1.WorkloadEntry); ok {
 			if _, managed := registry.OwnedBy(we.OwnerReferences, we.Name); managed {
-				l.queue.Add(client.ObjectKeyFromObject(we))
+				l.Add(client.ObjectKeyFromObject(we))
 			}
 		}
 	}
-	err := l.watch(ctx, &istionetworkingv1.WorkloadEntry{}, "WorkloadEntries", toolscache.ResourceEventHandlerFuncs{
+	err := l.Watch(ctx, e.cache, &istionetworkingv1.WorkloadEntry{}, toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueueEntry,
 		UpdateFunc: func(_, obj any) { enqueueEntry(obj) },
 		DeleteFunc: enqueueEntry,
@@ -88,7 +88,7 @@ func (e *entryReconciler) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.run(ctx, e.workers, e.reconcile, e.resync, e.log, "keep WorkloadEntry")
+	l.Run(ctx)
 	return nil
 }
 

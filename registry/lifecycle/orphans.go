@@ -12,7 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -173,28 +172,27 @@ type orphanCollector struct {
 	now      func() time.Time
 	minAge   time.Duration
 
-	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	queue queue
 }
 
 // run collects orphans until ctx ends.
 func (o *orphanCollector) run(ctx context.Context) error {
-	l := newLoop(o.cache)
-	defer l.close()
-	o.queue = l.queue
-	l.keys = o.keys
+	l := newLoopOf("remove orphaned "+o.kind.name, o.reconcile, o.workers, o.resync, o.log, o.keys)
+	defer l.ShutDown()
+	o.queue = l
 	enqueue := func(obj any) {
 		if c, ok := obj.(client.Object); ok && o.kind.ours(c) {
-			l.queue.Add(client.ObjectKeyFromObject(c))
+			l.Add(client.ObjectKeyFromObject(c))
 		}
 	}
-	err := l.watch(ctx, o.kind.newObject(), o.kind.name+" objects", toolscache.ResourceEventHandlerFuncs{
+	err := l.Watch(ctx, o.cache, o.kind.newObject(), toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueue,
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
 	})
 	if err != nil {
 		return err
 	}
-	l.run(ctx, o.workers, o.reconcile, o.resync, o.log, "remove orphaned "+o.kind.name)
+	l.Run(ctx)
 	return nil
 }
 

@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -157,7 +156,7 @@ type sweeper struct {
 	leaseGrace   time.Duration
 	leadingSince time.Time
 
-	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	queue queue
 }
 
 // run sweeps until ctx ends.
@@ -168,10 +167,10 @@ func (s *sweeper) run(ctx context.Context) error {
 	// proves its replica gone only once the replica had a full Lease
 	// duration, counted from now, to renew it (see replicaState).
 	s.leadingSince = s.now()
-	l := newLoop(s.cache)
-	defer l.close()
-	s.queue = l.queue
-	if err := l.watchRegistrations(ctx); err != nil {
+	l := newLoop(s.cache, "sweep", s.process, s.workers, s.resync, s.log)
+	defer l.ShutDown()
+	s.queue = l
+	if err := watchRegistrations(ctx, l, s.cache); err != nil {
 		return err
 	}
 	removeGone := s.leases.OnGone(func(gone string) { s.enqueueReplica(ctx, gone) })
@@ -190,7 +189,7 @@ func (s *sweeper) run(ctx context.Context) error {
 		}
 	})
 	defer graceOver.Stop()
-	l.run(ctx, s.workers, s.process, s.resync, s.log, "sweep")
+	l.Run(ctx)
 	return nil
 }
 

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -21,11 +20,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/internal/loop"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/lifecycle"
 )
@@ -84,10 +83,10 @@ func (o *Options) setDefaults() error {
 // Controller drives WorkloadGroupRollouts. Run it only while leading (the
 // sweeper election): lifecycle.Options.Leading.
 type Controller struct {
-	opts  Options
-	asks  *rate.Limiter
-	log   *slog.Logger
-	queue workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	opts Options
+	asks *rate.Limiter
+	log  *slog.Logger
+	loop *loop.Loop
 }
 
 // New returns a Controller.
@@ -100,20 +99,15 @@ func New(opts Options) (*Controller, error) {
 
 // Run reconciles rollouts until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
-	c.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.NamespacedName](100*time.Millisecond, 30*time.Second))
-	defer c.queue.ShutDown()
-	var synced []toolscache.InformerSynced
+	c.loop = loop.New(c.process, loop.Options{Name: "reconcile rollout", KeyName: "rollout", Logger: c.log})
+	defer c.loop.ShutDown()
 	watch := func(obj client.Object, keys func(any) []types.NamespacedName) error {
-		inf, err := c.opts.Cache.GetInformer(ctx, obj)
-		if err != nil {
-			return fmt.Errorf("watch %T: %w", obj, err)
-		}
 		add := func(o any) {
 			for _, k := range keys(o) {
-				c.queue.Add(k)
+				c.loop.Add(k)
 			}
 		}
-		reg, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		return c.loop.Watch(ctx, c.opts.Cache, obj, toolscache.ResourceEventHandlerFuncs{
 			AddFunc: add, UpdateFunc: func(_, o any) { add(o) },
 			DeleteFunc: func(o any) {
 				if t, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
@@ -122,12 +116,6 @@ func (c *Controller) Run(ctx context.Context) error {
 				add(o)
 			},
 		})
-		if err != nil {
-			return fmt.Errorf("watch %T: %w", obj, err)
-		}
-		synced = append(synced, reg.HasSynced)
-		go func() { <-ctx.Done(); _ = inf.RemoveEventHandler(reg) }()
-		return nil
 	}
 	self := func(o any) []types.NamespacedName {
 		if obj, ok := o.(client.Object); ok {
@@ -155,18 +143,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if !toolscache.WaitForCacheSync(ctx.Done(), synced...) {
-		return nil
+	if c.loop.WaitForSync(ctx) {
+		c.log.Info("rolling out WorkloadGroups of WorkloadGroupRollouts")
 	}
-	c.log.Info("rolling out WorkloadGroups of WorkloadGroupRollouts")
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for c.next(ctx) {
-		}
-	})
-	<-ctx.Done()
-	c.queue.ShutDown()
-	wg.Wait()
+	c.loop.Run(ctx)
 	return nil
 }
 
@@ -185,24 +165,14 @@ func (c *Controller) rolloutsOf(ctx context.Context, ns, name string) []types.Na
 	return out
 }
 
-func (c *Controller) next(ctx context.Context) bool {
-	key, shutdown := c.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer c.queue.Done(key)
+// process reconciles one rollout and, while a batch is in progress, queues
+// it again after RecheckInterval (its deadline).
+func (c *Controller) process(ctx context.Context, key types.NamespacedName) error {
 	again, err := c.reconcile(ctx, key)
-	switch {
-	case err != nil && ctx.Err() == nil:
-		c.log.Error("reconcile rollout failed; retrying", "rollout", key.String(), "error", err)
-		c.queue.AddRateLimited(key)
-	case err == nil:
-		c.queue.Forget(key)
-		if again {
-			c.queue.AddAfter(key, c.opts.RecheckInterval)
-		}
+	if err == nil && again {
+		c.loop.AddAfter(key, c.opts.RecheckInterval)
 	}
-	return true
+	return err
 }
 
 // workloadState is what the rollout needs to know of one registration.
