@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 )
 
 // endpointConfig parses the configuration a ConfigMap carries exactly as the

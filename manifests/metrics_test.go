@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/prometheus/promql/parser"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/servingcert"
 	"github.com/embark-mesh/embark/onboarding/endpoint"
 	"github.com/embark-mesh/embark/onboarding/repository/signing"
-	"github.com/embark-mesh/embark/onboarding/servingcert"
 	"github.com/embark-mesh/embark/registry/lifecycle"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/version"

@@ -77,7 +77,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/benchmarks/benchjson"
-	"github.com/embark-mesh/embark/onboarding/limits"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/testenv"

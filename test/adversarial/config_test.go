@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 )
 
 func TestPlaintextOffLoopback(t *testing.T) {

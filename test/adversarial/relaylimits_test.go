@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
-	"github.com/embark-mesh/embark/onboarding/limits"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds/ca"

@@ -10,9 +10,9 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
-	"github.com/embark-mesh/embark/onboarding/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/test/fixtures"

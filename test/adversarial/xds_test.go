@@ -30,7 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/onboarding/limits"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/registry/presence"

@@ -16,8 +16,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
-	"github.com/embark-mesh/embark/onboarding/config"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/endpointproc"
 	"github.com/embark-mesh/embark/test/testenv"

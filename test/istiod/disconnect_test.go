@@ -5,7 +5,7 @@ import (
 	"time"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 )
 
 // watchFor reads the endpoints istiod pushes to the pod for d and fails the

@@ -183,7 +183,7 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	}
 	// Authenticate before the shared budget: an unauthenticated caller is
 	// bounded by its source's own rate (the xDS server's per-source limit,
-	// package onboarding/limits) and must never spend what sidecars with a
+	// package cmd/onboarding-endpoint/limits) and must never spend what sidecars with a
 	// live registration need. Authentication is cheap for them (reviews
 	// are cached) and a malformed token is refused without a TokenReview.
 	caller, err := r.opts.Authorizer.AuthorizeCertificate(ctx)

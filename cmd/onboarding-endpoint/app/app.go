@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/endpoint"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"

@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
-	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/ca"
 )

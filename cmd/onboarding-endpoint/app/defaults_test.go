@@ -3,7 +3,7 @@ package app
 import (
 	"testing"
 
-	"github.com/embark-mesh/embark/onboarding/limits"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 	"github.com/embark-mesh/embark/xds"
 )
 

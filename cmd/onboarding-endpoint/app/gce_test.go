@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/embark-mesh/embark/onboarding/config"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
 )
 

@@ -11,8 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/embark-mesh/embark/onboarding/config"
-	"github.com/embark-mesh/embark/onboarding/limits"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 	"github.com/embark-mesh/embark/onboarding/repository"
 	"github.com/embark-mesh/embark/onboarding/repository/signing"
 )

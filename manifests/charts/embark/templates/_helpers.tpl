@@ -102,7 +102,7 @@ the key mesh.rootCerts mounts; empty when neither. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* The endpoint's configuration file (onboarding/config). */}}
+{{/* The endpoint's configuration file (cmd/onboarding-endpoint/config). */}}
 {{- define "embark.config" -}}
 apiVersion: config.onboarding.tetrate.io/v1alpha1
 kind: OnboardingEndpointConfiguration

@@ -8,7 +8,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/embark-mesh/embark/onboarding/limits"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 )
 
 const minimal = `apiVersion: config.onboarding.tetrate.io/v1alpha1
