@@ -2,7 +2,6 @@ package xds
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -134,7 +133,7 @@ func TestRealSidecarProbeDrivesHealthyCondition(t *testing.T) {
 		}
 		mirror, err := presence.NewHealthMirror(ctx, presence.HealthOptions{
 			Client: env.Client, Connections: conns, Damping: -1, Metrics: m,
-			Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+			Logger: fixtures.Logger(t),
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -81,13 +81,13 @@ func istiodRelay(t *testing.T, i *testenv.Istiod, m *relay.Metrics) *relay.Relay
 	}
 	conn, err := upstream.Dial(t.Context(), upstream.Options{
 		Address: i.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: roots,
-		BackoffMax: 2 * time.Second, Logger: testLogger(t),
+		BackoffMax: 2 * time.Second, Logger: fixtures.Logger(t),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	r, err := relay.New(relay.Options{Conn: conn, MaxBackoff: 2 * time.Second, Metrics: m, Logger: testLogger(t)})
+	r, err := relay.New(relay.Options{Conn: conn, MaxBackoff: 2 * time.Second, Metrics: m, Logger: fixtures.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,10 +556,6 @@ func agentConnected(t *testing.T, w *workload) metav1.Condition {
 		t.Fatal("no AgentConnected condition")
 	}
 	return *c
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, nil))
 }
 
 // counterValue reads a counter from reg.

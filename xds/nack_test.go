@@ -3,7 +3,6 @@ package xds
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"sync"
 	"testing"
@@ -22,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // settableConfig serves every proxy the clusters the test last set, under
@@ -56,7 +56,7 @@ func (c *settableConfig) Snapshot(context.Context, *Proxy) (cache.ResourceSnapsh
 func startConfigServer(t *testing.T, cfg ConfigSource, nacks *NACKMetrics) (*Server, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	log := fixtures.Logger(t)
 	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds/relay"
 )
 
@@ -88,7 +89,7 @@ func (s *standIn) relay(t *testing.T) *relay.Relay {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	r, err := relay.New(relay.Options{Conn: conn, MaxBackoff: 200 * time.Millisecond, Logger: testLogger(t)})
+	r, err := relay.New(relay.Options{Conn: conn, MaxBackoff: 200 * time.Millisecond, Logger: fixtures.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

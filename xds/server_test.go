@@ -94,13 +94,6 @@ func runStoppingIstiod(m *testing.M, setup func(ctx context.Context) error) int 
 	return testenv.Run(m, testenv.Options{GarbageCollector: true}, &env, setup)
 }
 
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 // recordingHealth records health reports.
 type recordingHealth struct {
 	mu      sync.Mutex
@@ -152,7 +145,7 @@ func startReplica(t *testing.T, name string, clock func() time.Time, tweaks ...f
 func startReplicaWith(t *testing.T, name string, clock func() time.Time, sink func(context.Context, *presence.Connections) (HealthSink, func()), tweaks ...func(*Options)) *replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	log := fixtures.Logger(t)
 	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: name, Logger: log, Clock: clock})
 	if err != nil {
 		t.Fatal(err)

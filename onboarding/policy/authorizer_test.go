@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -69,21 +69,9 @@ func startRecorder(t *testing.T) record.EventRecorder {
 	return b.NewRecorder(env.Scheme, corev1.EventSource{Component: "embark-onboarding-endpoint"})
 }
 
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type tWriter struct{ t *testing.T }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
 func newAuthorizer(t *testing.T, reader client.Reader, recorder record.EventRecorder, opts ...Option) *Authorizer {
 	t.Helper()
-	a, err := NewAuthorizer(reader, recorder, append([]Option{WithLogger(testLogger(t))}, opts...)...)
+	a, err := NewAuthorizer(reader, recorder, append([]Option{WithLogger(fixtures.DebugLogger(t))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,13 +45,6 @@ var env *testenv.Env
 
 func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{GarbageCollector: true}, &env) }
 
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
 // endpoint is an xDS server serving a Source, on loopback.
 type endpoint struct {
 	addr    string
@@ -70,7 +63,7 @@ func startEndpoint(t *testing.T) *endpoint {
 func startEndpointIn(t *testing.T, namespaces ...string) *endpoint {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := fixtures.DebugLogger(t)
 	warm := append(Watched(), &corev1.SecretList{})
 	c, err := env.StartCacheIn(ctx, namespaces, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, warm...)
 	if err != nil {

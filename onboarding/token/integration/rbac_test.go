@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/embark-mesh/embark/onboarding/token"
+	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // The Role docs/onboarding-token.md gives the endpoint is enough: the
@@ -98,7 +99,7 @@ func documentedRoleIsEnough(t *testing.T, installed bool) {
 	if err != nil {
 		t.Fatalf("EnsureKeySecret with the Role: %v", err)
 	}
-	src := token.NewSecretKeySource(restricted, ns, secretName, token.WithSourceLogger(testLogger(t)))
+	src := token.NewSecretKeySource(restricted, ns, secretName, token.WithSourceLogger(fixtures.DebugLogger(t)))
 	srcCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- src.Start(srcCtx) }()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/embark-mesh/embark/onboarding/token"
+	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -51,10 +51,6 @@ func secrets(t *testing.T) typedcorev1.SecretsGetter {
 	return cs.CoreV1()
 }
 
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
 func request(ns string) token.Request {
 	return token.Request{
 		Namespace:        ns,
@@ -68,7 +64,7 @@ func request(ns string) token.Request {
 // and waits for its first key set.
 func startSource(t *testing.T, ns string, waitForKeys bool) *token.SecretKeySource {
 	t.Helper()
-	src := token.NewSecretKeySource(secrets(t), ns, secretName, token.WithSourceLogger(testLogger(t)))
+	src := token.NewSecretKeySource(secrets(t), ns, secretName, token.WithSourceLogger(fixtures.DebugLogger(t)))
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- src.Start(ctx) }()
@@ -90,7 +86,7 @@ func startSource(t *testing.T, ns string, waitForKeys bool) *token.SecretKeySour
 
 func newIssuer(t *testing.T, src token.KeySource) *token.Issuer {
 	t.Helper()
-	iss, err := token.NewIssuer(src, issuerURL, audience, token.WithLogger(testLogger(t)))
+	iss, err := token.NewIssuer(src, issuerURL, audience, token.WithLogger(fixtures.DebugLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
