@@ -62,7 +62,7 @@ func TestRegisterRecordsTheAgentReport(t *testing.T) {
 		}
 		clock = step.at
 		req.Registration.Agent.Version, req.AgentError = step.version, step.last
-		res, err := r.Register(ctx, req)
+		res, err := r.Write(ctx, req)
 		if err != nil {
 			t.Fatalf("%s: %v", step.name, err)
 		}

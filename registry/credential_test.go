@@ -41,7 +41,7 @@ func TestRegisterCreatesTheSidecarCredential(t *testing.T) {
 	ctx := t.Context()
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
-	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
+	res, err := newRegistrar(t, nil).Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestMissingServiceAccountFailsBeforeAnyWrite(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
 	wg.Spec.Template.ServiceAccount = "not-created"
-	_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
+	_, err := newRegistrar(t, nil).Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if !errors.Is(err, ErrServiceAccountMissing) || !strings.Contains(err.Error(), ns+"/not-created") {
 		t.Fatalf("err = %v, want ErrServiceAccountMissing naming %s/not-created", err, ns)
 	}
@@ -225,14 +225,14 @@ func TestOnboardingWritesAtMostThreeObjects(t *testing.T) {
 	counter := &writeCounter{}
 	r := newRegistrar(t, counter.client())
 	req := Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}
-	if _, err := r.Register(ctx, req); err != nil {
+	if _, err := r.Write(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	writes, tokens := counter.take()
 	if len(writes) != 3 || tokens != 1 {
 		t.Errorf("first register wrote %v and requested %d tokens, want 3 creates and 1 token", writes, tokens)
 	}
-	res, err := r.Register(ctx, req)
+	res, err := r.Write(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}

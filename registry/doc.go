@@ -1,9 +1,10 @@
 // Package registry owns the lifecycle of WorkloadAutoRegistration and Istio
 // WorkloadEntry resources, and is the only package that writes them:
 //
-//   - Registrar: the rules of a Register (Enroll, enroll.go: the policy
-//     re-check, the WorkloadGroup, the address proof, reuse by the same
-//     agent session or takeover with a fresh proof), naming,
+//   - Registrar: the rules of the onboarding API's Register (Enroll,
+//     enroll.go: the policy re-check, the WorkloadGroup, the address proof,
+//     reuse by the same agent session or takeover with a fresh proof), and
+//     what Write (register.go) stores: naming,
 //     the WorkloadGroup snapshot, the registration and its WorkloadEntry,
 //     IP-reuse fencing, the sidecar's Secret-bound service-account token
 //     (credential.go);

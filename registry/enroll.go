@@ -15,7 +15,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 )
 
-// Errors of Enroll and CheckHolder, on top of Register's; the onboarding
+// Errors of Enroll and CheckHolder, on top of Write's; the onboarding
 // endpoint maps them to gRPC codes.
 var (
 	// ErrWorkloadGroupNotFound: the WorkloadGroup the workload was
@@ -80,7 +80,7 @@ type Enrollment struct {
 // the WorkloadGroup is read from the cache (ErrWorkloadGroupNotFound); what
 // the workload reported is validated against it (ErrInvalidRegistration);
 // every host address must be proven by the identity or allowed by a
-// policy's addressCIDRs (ErrAddressNotProven); then Register writes, reusing
+// policy's addressCIDRs (ErrAddressNotProven); then Write writes, reusing
 // a registration of the same session, or of another session when the
 // identity carries a fresh proof (FreshProof; else ErrSessionMismatch), and
 // fencing older registrations only for a workload address the identity
@@ -106,7 +106,7 @@ func (r *Registrar) Enroll(ctx context.Context, e Enrollment, policy Policy) (*R
 	if err != nil {
 		return nil, err
 	}
-	return r.Register(ctx, Request{
+	return r.Write(ctx, Request{
 		Group: group, Identity: e.Identity, Registration: e.Registration,
 		SessionHash: e.SessionHash, Takeover: FreshProof(e.Identity), AddressProven: proven,
 		AgentError: e.AgentError,

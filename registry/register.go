@@ -25,7 +25,7 @@ import (
 	"github.com/embark-mesh/embark/registry/write"
 )
 
-// Errors Register returns; the onboarding endpoint maps them to gRPC codes.
+// Errors Write returns; the onboarding endpoint maps them to gRPC codes.
 var (
 	// ErrInvalidRegistration: what the workload reported is not acceptable.
 	ErrInvalidRegistration = errors.New("invalid registration")
@@ -204,10 +204,10 @@ type Result struct {
 	SidecarToken *SidecarToken
 }
 
-// Register creates the workload's WorkloadAutoRegistration (named by
+// Write creates the workload's WorkloadAutoRegistration (named by
 // RegistrationName, owned by the WorkloadGroup, holding the identity, registration and a
 // snapshot of the group) and its WorkloadEntry (owned by the registration).
-// Registering the same identity again reuses the registration, keeps its
+// Writing the same workload again reuses the registration, keeps its
 // snapshot and updates what the workload reported. Once the registration
 // exists, its WorkloadEntry and its sidecar credential (Secret, then token)
 // are written at once (writeDependents). A new registration of which either
@@ -222,7 +222,7 @@ type Result struct {
 // registration) and returns a token of the WorkloadGroup's service account
 // bound to it; a missing service account fails with ErrServiceAccountMissing
 // before anything is written.
-func (r *Registrar) Register(ctx context.Context, req Request) (*Result, error) {
+func (r *Registrar) Write(ctx context.Context, req Request) (*Result, error) {
 	if errs := ValidateRegistration(req.Registration, req.Group); len(errs) > 0 {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRegistration, errs.ToAggregate())
 	}

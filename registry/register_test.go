@@ -75,7 +75,7 @@ func TestRegisterCreatesRegistrationAndWorkloadEntry(t *testing.T) {
 	wg := createGroup(t, ns)
 	reg := fixtures.Registration("172.31.5.254")
 	reg.Workload.Labels = map[string]string{"version": "v5"}
-	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: reg})
+	res, err := newRegistrar(t, nil).Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,13 +132,13 @@ func TestRegisterAgainReusesTheRegistration(t *testing.T) {
 	wg := createGroup(t, ns)
 	r := newRegistrar(t, nil)
 	req := Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}
-	first, err := r.Register(ctx, req)
+	first, err := r.Write(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// The same registration again writes nothing.
-	again, err := r.Register(ctx, req)
+	again, err := r.Write(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestRegisterAgainReusesTheRegistration(t *testing.T) {
 	}
 	req.Group = wg
 	req.Registration = fixtures.Registration("172.31.9.9")
-	moved, err := r.Register(ctx, req)
+	moved, err := r.Write(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestConcurrentRegistersOfOneWorkloadMakeOneRegistration(t *testing.T) {
 	errs := make(chan error, 4)
 	for i := range 4 {
 		go func() {
-			_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration(fmt.Sprintf("172.31.5.%d", 10+i%2))})
+			_, err := newRegistrar(t, nil).Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration(fmt.Sprintf("172.31.5.%d", 10+i%2))})
 			errs <- err
 		}()
 	}
@@ -212,7 +212,7 @@ func TestIPReuseFencesTheOlderRegistration(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
 	r := newRegistrar(t, nil)
-	old, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration("10.0.0.5")})
+	old, err := r.Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration("10.0.0.5")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestIPReuseFencesTheOlderRegistration(t *testing.T) {
 
 	// A new instance got the same private IP while the old registration is
 	// still within its grace period.
-	fresh, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000b"), Registration: fixtures.Registration("10.0.0.5"), AddressProven: true})
+	fresh, err := r.Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000b"), Registration: fixtures.Registration("10.0.0.5"), AddressProven: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestIPReuseFencesTheOlderRegistration(t *testing.T) {
 	// The fenced workload comes back with a new address: it gets an entry
 	// again and the condition clears.
 	fixtures.WaitCached(t, cached, fresh.WorkloadEntry)
-	back, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration("10.0.0.6")})
+	back, err := r.Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration("10.0.0.6")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestAddressHeldByAnUnmanagedWorkloadEntryIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	fixtures.WaitCached(t, cached, manual)
-	_, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000c"), Registration: fixtures.Registration("10.0.0.7")})
+	_, err := newRegistrar(t, nil).Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000c"), Registration: fixtures.Registration("10.0.0.7")})
 	if !errors.Is(err, ErrAddressConflict) || !strings.Contains(err.Error(), "hand-made") {
 		t.Fatalf("err = %v, want ErrAddressConflict naming the entry", err)
 	}
@@ -326,7 +326,7 @@ func TestFailureAfterTheRegistrationLeavesNothing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ns := env.Namespace(t)
 			wg := createGroup(t, ns)
-			_, err := newRegistrar(t, injectedFailure(tt.fail)).Register(t.Context(), Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
+			_, err := newRegistrar(t, injectedFailure(tt.fail)).Write(t.Context(), Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 			if err == nil || !strings.Contains(err.Error(), "injected failure") {
 				t.Fatalf("err = %v, want the injected failure", err)
 			}
@@ -350,10 +350,10 @@ func TestFailedCleanUpIsRepairedByTheNextRegister(t *testing.T) {
 			return apierrors.NewForbidden(runtimev1alpha1.Resource("workloadautoregistrations"), obj.GetName(), errors.New("injected delete failure"))
 		},
 	})
-	if _, err := newRegistrar(t, noDelete).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}); err == nil {
+	if _, err := newRegistrar(t, noDelete).Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}); err == nil {
 		t.Fatal("want the injected failure")
 	}
-	res, err := newRegistrar(t, nil).Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
+	res, err := newRegistrar(t, nil).Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +440,7 @@ func TestInvalidRegistrationsWriteNothing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			req := Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")}
 			tt.mutate(&req)
-			_, err := newRegistrar(t, nil).Register(t.Context(), req)
+			_, err := newRegistrar(t, nil).Write(t.Context(), req)
 			if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantMsg) {
 				t.Errorf("err = %v, want %v mentioning %q", err, tt.wantErr, tt.wantMsg)
 			}
@@ -454,7 +454,7 @@ func TestRegistrationNameHeldByAnotherIdentityIsRefused(t *testing.T) {
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
 	r := newRegistrar(t, nil)
-	res, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
+	res, err := r.Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -464,7 +464,7 @@ func TestRegistrationNameHeldByAnotherIdentityIsRefused(t *testing.T) {
 	if err := env.Client.Update(ctx, res.Registration); err != nil {
 		t.Fatal(err)
 	}
-	_, err = r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
+	_, err = r.Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
 	if !errors.Is(err, ErrIdentityConflict) {
 		t.Errorf("err = %v, want ErrIdentityConflict", err)
 	}
@@ -505,7 +505,7 @@ func TestRegisterRecordsTheIstioRevision(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		res, err := r.Register(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: fixtures.Registration("172.31.5.254")})
+		res, err := r.Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: fixtures.Registration("172.31.5.254")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -536,13 +536,13 @@ func TestRegisterAgainWithOtherProvenDetailsKeepsTheRegistration(t *testing.T) {
 	wg := createGroup(t, ns)
 	r := newRegistrar(t, nil)
 	req := Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: fixtures.Registration("172.31.5.254"), SessionHash: SessionHash("agent")}
-	first, err := r.Register(ctx, req)
+	first, err := r.Write(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Identity = fixtures.AWSIdentity(fixtures.InstanceID)
 	req.Identity.AWS.EC2.IAMRole = "ratings-vm"
-	again, err := r.Register(ctx, req)
+	again, err := r.Write(ctx, req)
 	if err != nil {
 		t.Fatalf("register with an STS-proven role: %v", err)
 	}

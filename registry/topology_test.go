@@ -113,7 +113,7 @@ func TestRegisterWritesNetworkTopology(t *testing.T) {
 				t.Fatal(err)
 			}
 			req := Request{Group: wg, Identity: fixtures.AWSIdentity(fixtures.InstanceID), Registration: fixtures.Registration(tc.address)}
-			res, err := r.Register(ctx, req)
+			res, err := r.Write(ctx, req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,7 +132,7 @@ func TestRegisterWritesNetworkTopology(t *testing.T) {
 				fixtures.WaitEvent(t, env.Client, ns, key.Name, tc.wantReason, tc.wantIn)
 			}
 
-			if _, err := r.Register(ctx, req); err != nil {
+			if _, err := r.Write(ctx, req); err != nil {
 				t.Fatal(err)
 			}
 			if again := networkTopology(t, key); !again.LastTransitionTime.Equal(&cond.LastTransitionTime) || again.Message != cond.Message {

@@ -33,7 +33,7 @@ func TestUnregisterDeletesOnlyForTheHoldingSession(t *testing.T) {
 			ctx := t.Context()
 			ns := env.Namespace(t)
 			r := newRegistrar(t, nil)
-			res, err := r.Register(ctx, Request{Group: createGroup(t, ns), Identity: id, Registration: fixtures.Registration("172.31.5.254"), SessionHash: SessionHash(key)})
+			res, err := r.Write(ctx, Request{Group: createGroup(t, ns), Identity: id, Registration: fixtures.Registration("172.31.5.254"), SessionHash: SessionHash(key)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,7 +66,7 @@ func TestUnregisterLeavesARegistrationCreatedAgain(t *testing.T) {
 	id := fixtures.AWSIdentity(fixtures.InstanceID)
 	wg := createGroup(t, ns)
 	req := Request{Group: wg, Identity: id, Registration: fixtures.Registration("172.31.5.254"), SessionHash: SessionHash("old")}
-	res, err := r.Register(ctx, req)
+	res, err := r.Write(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func TestUnregisterLeavesARegistrationCreatedAgain(t *testing.T) {
 	}
 	waitNothingLeft(t, ns)
 	req.SessionHash = SessionHash("new")
-	if _, err := r.Register(ctx, req); err != nil {
+	if _, err := r.Write(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	if deleted, err := r.Unregister(ctx, name, id, "old"); deleted || !errors.Is(err, ErrWrongSession) {

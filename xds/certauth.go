@@ -56,7 +56,7 @@ func (s *Server) AuthorizeCertificate(ctx context.Context) (*CertificateCaller, 
 		return nil, refuse(codes.PermissionDenied, reasonStaleCredential, "Secret %s/%s is not a registration's sidecar credential", ns, cred.SecretName)
 	}
 	key := types.NamespacedName{Namespace: ns, Name: ref.Name}
-	if _, err := s.registrationOf(ctx, cred, key); err != nil {
+	if _, err := s.credentialRegistration(ctx, cred, key); err != nil {
 		s.log.Info("refused certificate request", "registration", key.String(), "serviceAccount", cred.ServiceAccount.String(), "reason", err.Error())
 		return nil, err
 	}

@@ -476,7 +476,7 @@ func (s *Server) authorize(ctx context.Context, cred *tokenauth.Credential, node
 		return nil, denied(reasonOtherWorkload, "the sidecar token is bound to Secret %s/%s, not to the credential of registration %s named by node ID %q",
 			cred.ServiceAccount.Namespace, cred.SecretName, key, node.GetId())
 	}
-	war, err := s.registrationOf(ctx, cred, key)
+	war, err := s.credentialRegistration(ctx, cred, key)
 	if err != nil {
 		return nil, err
 	}
@@ -534,12 +534,12 @@ func keptMetadata(md *structpb.Struct) *structpb.Struct {
 	return out
 }
 
-// registrationOf checks that cred, a reviewed sidecar token, belongs to the
+// credentialRegistration checks that cred, a reviewed sidecar token, belongs to the
 // live registration key: the Secret the token is bound to is that
 // registration's current credential Secret, and the token's service account
 // is the one the registration runs as. Both the xDS streams and the
 // certificate requests of a sidecar are authorized by it.
-func (s *Server) registrationOf(ctx context.Context, cred *tokenauth.Credential, key types.NamespacedName) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
+func (s *Server) credentialRegistration(ctx context.Context, cred *tokenauth.Credential, key types.NamespacedName) (*runtimev1alpha1.WorkloadAutoRegistration, error) {
 	denied := func(reason, format string, args ...any) error {
 		return refuse(codes.PermissionDenied, reason, format, args...)
 	}

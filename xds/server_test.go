@@ -229,7 +229,7 @@ func register(t *testing.T, ns, instance, ip string) *workload {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(instance), Registration: fixtures.Registration(ip)})
+	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(instance), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}

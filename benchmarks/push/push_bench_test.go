@@ -309,7 +309,7 @@ func (s *setup) start(total int) error {
 		workers.Go(func() {
 			for i := int(next.Add(1) - 1); i < total; i = int(next.Add(1) - 1) {
 				ip := fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)
-				res, err := reg.Register(ctx, registry.Request{
+				res, err := reg.Write(ctx, registry.Request{
 					Group: wg,
 					Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
 						Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",

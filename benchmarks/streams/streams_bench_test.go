@@ -154,7 +154,7 @@ func registerAll(b *testing.B, n int) (string, []*workload) {
 		wgp.Go(func() {
 			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
 				ip := fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256)
-				res, err := reg.Register(ctx, registry.Request{
+				res, err := reg.Write(ctx, registry.Request{
 					Group: wg,
 					Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
 						Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",

@@ -112,7 +112,7 @@ func FuzzRegisterRequest(f *testing.F) {
 				t.Fatalf("validated last error %q: %q is not a word, or its message is too long or unprintable", e.Reason, e.Message)
 			}
 		}
-		reg := registrationOf(req)
+		reg := reportedRegistration(req)
 		if errs := registry.ValidateRegistration(reg, group); len(errs) > 0 {
 			return
 		}

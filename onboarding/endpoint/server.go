@@ -432,7 +432,7 @@ func (s *Server) Register(ctx context.Context, req *onboardingv1alpha1.RegisterR
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	ns, groupName, _ := strings.Cut(claims.Workload.WorkloadGroup, "/")
-	regInfo := registrationOf(req)
+	regInfo := reportedRegistration(req)
 	if err := s.normalizeAddresses(&regInfo); err != nil {
 		return nil, err
 	}
@@ -715,7 +715,7 @@ func reasonOf(err error) string {
 	return "Other"
 }
 
-func registrationOf(req *onboardingv1alpha1.RegisterRequest) runtimev1alpha1.Registration {
+func reportedRegistration(req *onboardingv1alpha1.RegisterRequest) runtimev1alpha1.Registration {
 	reg := runtimev1alpha1.Registration{
 		Agent:    runtimev1alpha1.AgentInfo{Version: req.GetAgentVersion()},
 		Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressType(req.GetConnectedOver())},

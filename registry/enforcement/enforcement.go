@@ -24,7 +24,7 @@ import (
 	"github.com/embark-mesh/embark/registry/write"
 )
 
-// Options configures an Writer writer. Every field
+// Options configures a ConditionWriter. Every field
 // documents its default.
 type Options struct {
 	// Client writes registration status. Required.
@@ -41,13 +41,13 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Writer writes the ConfigurationEnforced condition of registrations:
+// ConditionWriter writes the ConfigurationEnforced condition of registrations:
 // False (reason UnsupportedPolicy) naming the policies that select the
 // workload but are not enforced, True (reason PoliciesEnforced) once that
 // list empties again. It writes only when the condition changes, and
 // nothing for a registration that never had an unenforced policy. Set never
 // blocks; Run writes.
-type Writer struct {
+type ConditionWriter struct {
 	opts   Options
 	writer *write.Writer
 	loop   *loop.Loop
@@ -56,8 +56,8 @@ type Writer struct {
 	want map[types.NamespacedName][]string
 }
 
-// New returns an Writer writer; run it with Run.
-func New(opts Options) (*Writer, error) {
+// New returns a ConditionWriter; run it with Run.
+func New(opts Options) (*ConditionWriter, error) {
 	if opts.Client == nil {
 		return nil, errors.New("registry: Options.Client is required")
 	}
@@ -70,7 +70,7 @@ func New(opts Options) (*Writer, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	e := &Writer{
+	e := &ConditionWriter{
 		opts:   opts,
 		writer: write.OrDefault(opts.Writer),
 		want:   map[types.NamespacedName][]string{},
@@ -82,7 +82,7 @@ func New(opts Options) (*Writer, error) {
 // Set records what the registration's workload is served without: the
 // policies (e.g. "AuthorizationPolicy bookinfo/jwt-only: ...") that select
 // it but are not enforced; none means everything is. The latest call wins.
-func (e *Writer) Set(key types.NamespacedName, unenforced []string) {
+func (e *ConditionWriter) Set(key types.NamespacedName, unenforced []string) {
 	e.mu.Lock()
 	e.want[key] = append([]string(nil), unenforced...)
 	e.mu.Unlock()
@@ -90,7 +90,7 @@ func (e *Writer) Set(key types.NamespacedName, unenforced []string) {
 }
 
 // Run writes the conditions Set asks for until ctx ends.
-func (e *Writer) Run(ctx context.Context) {
+func (e *ConditionWriter) Run(ctx context.Context) {
 	e.loop.Run(ctx)
 }
 
@@ -113,7 +113,7 @@ func enforcedCondition(unenforced []string, generation int64, now time.Time) met
 	return c
 }
 
-func (e *Writer) write(ctx context.Context, key types.NamespacedName) error {
+func (e *ConditionWriter) write(ctx context.Context, key types.NamespacedName) error {
 	e.mu.Lock()
 	unenforced, ok := e.want[key]
 	e.mu.Unlock()

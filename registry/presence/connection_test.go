@@ -104,7 +104,7 @@ func registerNthForConnections(t *testing.T, n int) (registry.StreamWorkload, *r
 	if n > 0 {
 		id, ip = fmt.Sprintf("i-00000000000000%03d", n), fmt.Sprintf("172.31.6.%d", n)
 	}
-	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity(id), Registration: fixtures.Registration(ip)})
+	res, err := newRegistrar(t, nil).Write(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity(id), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func startHealthWith(t *testing.T, damping time.Duration, wrap func(client.Clien
 	if err := env.Client.Update(t.Context(), wg); err != nil {
 		t.Fatal(err)
 	}
-	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000b"), Registration: fixtures.Registration(ip)})
+	res, err := newRegistrar(t, nil).Write(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000b"), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}

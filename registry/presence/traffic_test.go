@@ -58,7 +58,7 @@ func startTrafficAfter(t *testing.T, probe bool, delay time.Duration) *trafficHa
 	}
 	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	n := trafficHosts.Add(1)
-	res, err := newRegistrar(t, nil).Register(t.Context(), registry.Request{
+	res, err := newRegistrar(t, nil).Write(t.Context(), registry.Request{
 		Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-0000000000000a%03d", n)), Registration: fixtures.Registration(fmt.Sprintf("172.31.10.%d", n)),
 	})
 	if err != nil {

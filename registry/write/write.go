@@ -2,7 +2,7 @@
 // built once per replica (cmd/onboarding-endpoint/app) and injected into every
 // component that writes registrations, WorkloadEntries and Secrets
 // (registry.Registrar, presence's connection tracker and health mirror,
-// lifecycle's sweeper, drift and entry reconcilers, enforcement.Writer), so
+// lifecycle's sweeper, drift and entry reconcilers, enforcement.ConditionWriter), so
 // the documented registration.writeQPS / writeBurst bound the replica's
 // writes as a whole. Each write is a read-modify-write retried with bounded
 // backoff while it fails with a retryable error.

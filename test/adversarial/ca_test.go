@@ -103,7 +103,7 @@ func TestCertificateRequestsNeedALiveRegistrationsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	registerVM := func(n int) *registry.Result {
-		res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(fmt.Sprintf("10.1.0.%d", n))})
+		res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(fmt.Sprintf("10.1.0.%d", n))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,7 +196,7 @@ func TestUnauthenticatedFloodStarvesCertificateRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	live, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-00000000000000001"), Registration: fixtures.Registration("10.1.0.1")})
+	live, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-00000000000000001"), Registration: fixtures.Registration("10.1.0.1")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,7 +137,7 @@ func (p *relayPlane) registerVM(t *testing.T, ns, group string, labels map[strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity(instance), Registration: fixtures.Registration(ip), AddressProven: true})
+	res, err := reg.Write(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity(instance), Registration: fixtures.Registration(ip), AddressProven: true})
 	if err != nil {
 		t.Fatalf("register %s/%s: %v", ns, group, err)
 	}

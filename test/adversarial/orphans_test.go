@@ -86,7 +86,7 @@ func TestOrphanedCredentialKeepsGettingCertificates(t *testing.T) {
 	}
 	runScopedEndpoint(t, ns)
 	registerVM := func(n int) *registry.Result {
-		res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(fmt.Sprintf("10.1.0.%d", n))})
+		res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(fmt.Sprintf("10.1.0.%d", n))})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -80,7 +80,7 @@ func TestNodeIDNamesAnUnprovenAddress(t *testing.T) {
 	}
 	stored := fixtures.Registration("10.1.3.1")
 	stored.Host.Addresses = append(stored.Host.Addresses, runtimev1alpha1.HostAddress{IP: "10.9.9.9", Type: runtimev1alpha1.AddressTypeInternet})
-	res, err := reg.Register(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0aaaaaaaaaaaaaa32"), Registration: stored, AddressProven: true})
+	res, err := reg.Write(t.Context(), registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0aaaaaaaaaaaaaa32"), Registration: stored, AddressProven: true})
 	if err != nil {
 		t.Fatal(err)
 	}

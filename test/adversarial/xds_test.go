@@ -126,7 +126,7 @@ func registerWorkload(t *testing.T, p *xdsPlane, ns, group, instance, ip string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(instance), Registration: fixtures.Registration(ip)})
+	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(instance), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatalf("register %s/%s: %v", ns, group, err)
 	}

@@ -173,7 +173,7 @@ func register(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) *workloa
 		t.Fatal(err)
 	}
 	ip := fmt.Sprintf("10.0.0.%d", n)
-	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(ip)})
+	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -166,7 +166,7 @@ func TestUnhealthyWorkloadLeavesTheEDSOfOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000e"), Registration: fixtures.Registration("10.0.0.30")})
+	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000e"), Registration: fixtures.Registration("10.0.0.30")})
 	if err != nil {
 		t.Fatal(err)
 	}

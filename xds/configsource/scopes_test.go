@@ -103,7 +103,7 @@ func registerN(t *testing.T, e *endpoint, ns string, n int) []*workload {
 	var out []*workload
 	for i := range n {
 		ip := fmt.Sprintf("10.0.1.%d", i+1)
-		res, err := reg.Register(ctx, registry.Request{
+		res, err := reg.Write(ctx, registry.Request{
 			Group: wg,
 			Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
 				Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",

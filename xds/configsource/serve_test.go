@@ -148,7 +148,7 @@ func register(t *testing.T, e *endpoint, ns, ip string) *workload {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration(ip)})
+	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0000000000000000a"), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,12 +82,12 @@ type Options struct {
 	// Enforcement is told, for each workload, which policies selecting it
 	// are not enforced (its inbound listeners refuse all traffic then), so
 	// its registration's ConfigurationEnforced condition says so
-	// (*enforcement.Writer). Default: no condition written.
+	// (*enforcement.ConditionWriter). Default: no condition written.
 	Enforcement EnforcementReporter
 }
 
 // EnforcementReporter records which policies selecting a workload are not
-// enforced (*enforcement.Writer satisfies it). Set must not block.
+// enforced (*enforcement.ConditionWriter satisfies it). Set must not block.
 type EnforcementReporter interface {
 	Set(key ktypes.NamespacedName, unenforced []string)
 }

@@ -86,7 +86,7 @@ type build struct {
 	// xds
 	istiodConn   *grpc.ClientConn
 	configSource *configsource.Source
-	enforcement  *enforcement.Writer
+	enforcement  *enforcement.ConditionWriter
 	xdsServer    *xds.Server
 	lim          *limiters
 

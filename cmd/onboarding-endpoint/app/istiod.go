@@ -68,7 +68,7 @@ func subscriptionLimits(cfg *config.Configuration) relay.Limits {
 // newConfigSource is standalone mode's configuration: translated from the
 // cached Sidecars, Services, EndpointSlices, ServiceEntries and
 // WorkloadEntries, whose informers it syncs first.
-func newConfigSource(ctx context.Context, cfg *config.Configuration, informers cache.Cache, recorder record.EventRecorder, reg prometheus.Registerer, enforced *enforcement.Writer, log *slog.Logger) (*configsource.Source, error) {
+func newConfigSource(ctx context.Context, cfg *config.Configuration, informers cache.Cache, recorder record.EventRecorder, reg prometheus.Registerer, enforced *enforcement.ConditionWriter, log *slog.Logger) (*configsource.Source, error) {
 	for _, l := range configsource.Watched() {
 		if err := informers.List(ctx, l); err != nil { // starts the informer and waits for its sync
 			return nil, fmt.Errorf("sync informer for %T: %w", l, err)

@@ -122,7 +122,7 @@ func registerSidecar(t *testing.T, ns, ip string) *sidecar {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := reg.Register(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0123456789abcdef0"), Registration: fixtures.Registration(ip)})
+	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity("i-0123456789abcdef0"), Registration: fixtures.Registration(ip)})
 	if err != nil {
 		t.Fatal(err)
 	}
