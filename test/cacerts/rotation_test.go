@@ -132,7 +132,7 @@ func TestPluggedCARotationWithoutDistrust(t *testing.T) {
 		t.Logf("%s: done", st.name)
 	}
 	stats := stop()
-	t.Logf("%d samples of both sides during the rotations (%d unreadable, e.g. a file being replaced)", stats.samples, stats.unreadable)
+	t.Logf("%d samples of both sides during the rotations (%d unreadable)", stats.samples, stats.unreadable)
 	if stats.samples < 10 {
 		t.Errorf("only %d samples during the rotations", stats.samples)
 	}
