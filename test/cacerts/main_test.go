@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -76,7 +79,13 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 	t.Helper()
 	dir := t.TempDir()
 	e := &endpoint{xds: freeport.MustAddr(t), istiodRoots: filepath.Join(dir, "istiod-root-cert.pem")}
-	if err := os.WriteFile(e.istiodRoots, istiod.RootCert, 0o600); err != nil {
+	// istiod's roots now, which earlier tests may have rotated: what the
+	// kubelet mounts of the ConfigMap.
+	var cm corev1.ConfigMap
+	if err := env.Client.Get(t.Context(), types.NamespacedName{Namespace: testenv.IstiodNamespace, Name: "istio-ca-root-cert"}, &cm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.istiodRoots, []byte(cm.Data["root-cert.pem"]), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var certFile, keyFile string

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"sync"
@@ -41,31 +42,54 @@ const sampleEvery = 200 * time.Millisecond
 // R1+R2, istiod signs with I3 under R2, then root-cert.pem becomes R2
 // alone. istiod reloads its cacerts files each time (no restart). The
 // VM's real pilot-agent, onboarded through Embark, gets certificates
-// through each new intermediate and the new trust bundle at its next
-// renewals through Embark's CA relay, with no re-onboarding: same
-// registration, AgentConnected and the ADS stream to Embark unchanged.
-// Throughout, every few hundred milliseconds, the VM's current certificate
-// verifies against the bundle pods hold (ConfigMap istio-ca-root-cert of
-// the namespace) and istiod's current serving certificate (issued at once
-// by the current signing CA: what a pod freshly renewed presents) verifies
-// against the VM's ROOTCA bundle (what pilot-agent
-// serves over SDS, read from SDS streams as Envoy holds them).
+// through each new intermediate and the new trust bundle through Embark,
+// with no re-onboarding: same registration, AgentConnected and the ADS
+// stream to Embark unchanged. Throughout, every 200 ms, the VM's current
+// certificate verifies against the bundle pods hold (ConfigMap
+// istio-ca-root-cert of the namespace) and istiod's current serving
+// certificate (issued at once by the current signing CA: what a pod that
+// just renewed presents) verifies against the VM's ROOTCA bundle (what
+// pilot-agent serves over SDS, read from SDS streams as Envoy holds them).
+//
+// pilot-agent as Embark's cluster.env runs it takes its roots from the
+// CA's answer, so a VM gets a new bundle with its next certificate; with
+// PROXY_CONFIG_XDS_AGENT=true it also takes the trust bundle istiod pushes
+// over PCDS (ISTIO_MULTIROOT_MESH), which Embark relays: the second case.
+// Each case rotates from where the previous one left the CA.
 func TestPluggedCARotationWithoutDistrust(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		vm   int
+	}{
+		{name: "roots with the next certificate", vm: 21},
+		{name: "roots pushed over PCDS", env: map[string]string{"PROXY_CONFIG_XDS_AGENT": "true"}, vm: 22},
+	} {
+		t.Run(tc.name, func(t *testing.T) { rotateUnderVM(t, tc.env, tc.vm) })
+	}
+}
+
+// rotateUnderVM onboards VM n (its pilot-agent with agentEnv besides
+// SECRET_TTL) and rotates the plugged-in CA's intermediate, then its root,
+// under it.
+func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 	ns := env.Namespace(t)
 	wg := fixtures.WorkloadGroup(ns, map[string]string{"app": "ratings"})
 	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	ep := startEndpoint(t, ns)
-	vm := register(t, wg, 21)
+	vm := register(t, wg, n)
 	xdsRoots, err := os.ReadFile(ep.rootFile)
 	if err != nil {
 		t.Fatal(err)
 	}
+	aenv := map[string]string{"SECRET_TTL": shortTTL.String()}
+	maps.Copy(aenv, agentEnv)
 	agent := istioagent.Start(t, istioagent.Options{
 		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
 		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
 		XDSRootCA:   xdsRoots, Token: vm.token,
 		EnvoyStandIn: true,
-		Env:          map[string]string{"SECRET_TTL": shortTTL.String()},
+		Env:          aenv,
 	})
 	// The sidecar's ADS stream to Embark, through pilot-agent's xDS proxy.
 	ads, err := istioagent.Connect(t.Context(), agent)
@@ -75,7 +99,9 @@ func TestPluggedCARotationWithoutDistrust(t *testing.T) {
 	if err := ads.Send(resource.ListenerType, nil, "", ""); err != nil {
 		t.Fatal(err)
 	}
-	lds, err := ads.Recv(t.Context())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	lds, err := ads.Recv(ctx)
 	if err != nil {
 		t.Fatalf("no listeners through pilot-agent: %v\n%s", err, tail(agent.Logs()))
 	}
@@ -91,14 +117,14 @@ func TestPluggedCARotationWithoutDistrust(t *testing.T) {
 	w := &watcher{agent: agent, ns: ns, embarkRoots: ep.istiodRoots,
 		workload: watchSDS(t, agent, node, "default"), roots: watchSDS(t, agent, node, "ROOTCA")}
 	r1, i1 := plugged.root, plugged.inter
-	w.waitFor(t, "the VM's first certificate through I1 under R1", func(s *snapshot) bool {
+	w.waitFor(t, "the VM's first certificate through the current intermediate", func(s *snapshot) bool {
 		return s.vmSignedBy(i1) && verifyChain(s.vm, []*x509.Certificate{r1.cert}) == nil
 	})
 	stop := w.sample(t)
 
-	i2 := mustAuthority(t, "intermediate I2", r1)
-	r2 := mustAuthority(t, "root R2", nil)
-	i3 := mustAuthority(t, "intermediate I3", r2)
+	i2 := mustAuthority(t, "intermediate after "+i1.cert.Subject.CommonName, r1)
+	r2 := mustAuthority(t, "root after "+r1.cert.Subject.CommonName, nil)
+	i3 := mustAuthority(t, "intermediate under "+r2.cert.Subject.CommonName, r2)
 	steps := []struct {
 		name  string
 		write func() error
@@ -125,12 +151,14 @@ func TestPluggedCARotationWithoutDistrust(t *testing.T) {
 		},
 	}}
 	for _, st := range steps {
+		start := time.Now()
 		if err := st.write(); err != nil {
 			t.Fatal(err)
 		}
 		w.waitFor(t, st.name, st.done)
-		t.Logf("%s: done", st.name)
+		t.Logf("%s: reached by the VM %s after the files changed", st.name, time.Since(start).Round(100*time.Millisecond))
 	}
+	plugged.root, plugged.inter = r2, i3
 	stats := stop()
 	t.Logf("%d samples of both sides during the rotations (%d unreadable)", stats.samples, stats.unreadable)
 	if stats.samples < 10 {
