@@ -116,6 +116,7 @@ func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 
 	w := &watcher{agent: agent, ns: ns, embarkRoots: ep.istiodRoots,
 		workload: watchSDS(t, agent, node, "default"), roots: watchSDS(t, agent, node, "ROOTCA")}
+	// R1 and I1 are the CA as this case finds it; it leaves R2 and I3.
 	r1, i1 := plugged.root, plugged.inter
 	w.waitFor(t, "the VM's first certificate through the current intermediate", func(s *snapshot) bool {
 		return s.vmSignedBy(i1) && verifyChain(s.vm, []*x509.Certificate{r1.cert}) == nil
@@ -130,21 +131,21 @@ func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 		write func() error
 		done  func(*snapshot) bool
 	}{{
-		name:  "intermediate I1 -> I2 under R1",
+		name:  "intermediate: a new one under the same root",
 		write: func() error { return writeCACerts(cacertsDir, i2, r1) },
 		done:  func(s *snapshot) bool { return s.vmSignedBy(i2) && s.istiodSignedBy(i2) },
 	}, {
-		name:  "root-cert.pem R1 -> R1+R2 (still signing with I2)",
+		name:  "root-cert.pem: the old and the new root (signing under the old)",
 		write: func() error { return writeCACerts(cacertsDir, i2, r1, r1, r2) },
 		done: func(s *snapshot) bool {
 			return holds(s.vmRoots, r1) && holds(s.vmRoots, r2) && holds(s.podRoots, r1) && holds(s.podRoots, r2)
 		},
 	}, {
-		name:  "signing I2 -> I3 under R2 (root-cert.pem R1+R2)",
+		name:  "signing: an intermediate under the new root (both roots trusted)",
 		write: func() error { return writeCACerts(cacertsDir, i3, r2, r1, r2) },
 		done:  func(s *snapshot) bool { return s.vmSignedBy(i3) && s.istiodSignedBy(i3) },
 	}, {
-		name:  "root-cert.pem R1+R2 -> R2",
+		name:  "root-cert.pem: the new root alone",
 		write: func() error { return writeCACerts(cacertsDir, i3, r2, r2) },
 		done: func(s *snapshot) bool {
 			return len(s.vmRoots) == 1 && holds(s.vmRoots, r2) && len(s.podRoots) == 1 && holds(s.podRoots, r2)

@@ -66,7 +66,8 @@ type IstiodOptions struct {
 // pinned Istio module) running out of cluster against an Env: it reads the
 // Env's API server with the admin kubeconfig, authenticates proxies with
 // TokenReview, signs workload certificates with its own self-signed CA
-// (secret istio-ca-secret in istio-system) and runs its WorkloadEntry
+// (secret istio-ca-secret in istio-system) or the plugged-in CA of
+// IstiodOptions.CACertsDir, and runs its WorkloadEntry
 // auto-registration and clean-up controllers, as in a cluster.
 type Istiod struct {
 	// GRPCAddr is istiod's plaintext gRPC port: xDS with no authentication
