@@ -48,6 +48,13 @@ type IstiodOptions struct {
 	WorkloadEntryGracePeriod time.Duration
 	// TrustDomain of the mesh. Default: cluster.local.
 	TrustDomain string
+	// CACertsDir is a plugged-in CA for istiod (ROOT_CA_DIR, /etc/cacerts in
+	// a cluster, mounted from the Secret cacerts): a directory holding
+	// ca-cert.pem, ca-key.pem, cert-chain.pem and root-cert.pem. istiod
+	// signs with it instead of its self-signed CA and watches the directory,
+	// reloading the files when they change. Default: unset (istiod's
+	// self-signed CA).
+	CACertsDir string
 	// Env holds extra environment variables for pilot-discovery (KEY=VALUE).
 	Env []string
 	// Output receives istiod's logs besides its log file. Default: only the
@@ -59,7 +66,8 @@ type IstiodOptions struct {
 // pinned Istio module) running out of cluster against an Env: it reads the
 // Env's API server with the admin kubeconfig, authenticates proxies with
 // TokenReview, signs workload certificates with its own self-signed CA
-// (secret istio-ca-secret in istio-system) and runs its WorkloadEntry
+// (secret istio-ca-secret in istio-system) or the plugged-in CA of
+// IstiodOptions.CACertsDir, and runs its WorkloadEntry
 // auto-registration and clean-up controllers, as in a cluster.
 type Istiod struct {
 	// GRPCAddr is istiod's plaintext gRPC port: xDS with no authentication
@@ -169,6 +177,9 @@ func StartIstiod(ctx context.Context, e *Env, opts IstiodOptions) (*Istiod, erro
 	)
 	if opts.WorkloadEntryGracePeriod > 0 {
 		i.environ = append(i.environ, "PILOT_WORKLOAD_ENTRY_GRACE_PERIOD="+opts.WorkloadEntryGracePeriod.String())
+	}
+	if opts.CACertsDir != "" {
+		i.environ = append(i.environ, "ROOT_CA_DIR="+opts.CACertsDir)
 	}
 	i.environ = append(i.environ, opts.Env...)
 	if err := i.Start(ctx); err != nil {
