@@ -293,7 +293,7 @@ func gracePeriod(cfg *config.Configuration) {
 	cfg.Registration.GracePeriod = endpointkit.Duration(time.Second)
 }
 
-// localRepository is a localRepository section: an empty directory and a
+// localRepository sets a localRepository: an empty directory and a
 // signing key that expires in 90 days, so that the run reports a key's
 // expiry as a real installation does.
 func localRepository(t *testing.T) func(*config.Configuration) {
