@@ -16,7 +16,6 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -45,11 +44,6 @@ func TestMain(m *testing.M) {
 		context.AfterFunc(ctx, func() { _ = istiod.Close() })
 		return nil
 	})
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	return freeport.MustAddr(t)
 }
 
 // endpoint is one onboarding endpoint (app.Run) configured with the test
