@@ -2,12 +2,10 @@ package manifests
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,9 +17,11 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -80,33 +80,21 @@ func newEndpointAddrs(t *testing.T) endpointAddrs {
 // ns serving host: the fixture's namespace as its only workload namespace,
 // loopback listeners, plaintext, denials explained to loopback callers,
 // the fixture's fake AWS instead of a serving Secret and the real AWS;
-// extra is appended (top-level YAML, e.g. an istiod section). Without
-// istiod the endpoint runs standalone.
-func writeEndpointConfig(t *testing.T, ns, host string, f *workloadFixture, a endpointAddrs, extra ...string) string {
+// each of extra then changes it (e.g. sets an istiod). Without istiod the
+// endpoint runs standalone.
+func writeEndpointConfig(t *testing.T, ns, host string, f *workloadFixture, a endpointAddrs, extra ...func(*config.Configuration)) string {
 	t.Helper()
-	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(cfgFile, fmt.Appendf(nil, `apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-workloadNamespaces: [%s]
-endpoint:
-  hosts: [%s]
-  plaintext: true
-  # The tests read the endpoint's explanation in its denials (loopback).
-  detailedDenialSources: [127.0.0.0/8]
-identity:
-  aws:
-    certificatesDir: %s
-    stsEndpoint: %s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-  repository: %s
-%s`, ns, f.ns, host, f.certs, f.aws.STS.URL, a.onboarding, a.metrics, a.xds, a.repository, strings.Join(extra, "")), 0o600); err != nil {
-		t.Fatal(err)
+	cfg := endpointkit.Config(ns)
+	cfg.WorkloadNamespaces = []string{f.ns}
+	cfg.Endpoint.Hosts = []string{host}
+	// The tests read the endpoint's explanation in its denials (loopback).
+	cfg.Endpoint.DetailedDenialSources = []string{"127.0.0.0/8"}
+	cfg.Identity.AWS = config.AWSIdentity{CertificatesDir: f.certs, STSEndpoint: f.aws.STS.URL}
+	cfg.Listen = config.Listen{Onboarding: a.onboarding, Metrics: a.metrics, XDS: a.xds, Repository: a.repository}
+	for _, change := range extra {
+		change(cfg)
 	}
-	return cfgFile
+	return endpointkit.WriteFile(t, t.TempDir(), cfg)
 }
 
 // runEndpoint runs the real endpoint (app.Run) until ctx ends and waits for

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -254,9 +255,9 @@ type replicas struct {
 }
 
 // startReplicas starts two endpoint replicas until ctx ends and waits for
-// one of them to lead the sweeper; extra is appended to their
+// one of them to lead the sweeper; each of extra changes their
 // configuration.
-func startReplicas(t *testing.T, ctx context.Context, extra ...string) *replicas {
+func startReplicas(t *testing.T, ctx context.Context, extra ...func(*config.Configuration)) *replicas {
 	t.Helper()
 	rs := &replicas{host: "onboarding-endpoint.example.corp", fixture: newWorkloadFixture(t)}
 	endpointNS := env.Namespace(t) // the replicas' Leases and signing key

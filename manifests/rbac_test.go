@@ -26,6 +26,7 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
@@ -290,9 +291,10 @@ func onboardWithManifestRBAC(t *testing.T, mode string) {
 	cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", "onboarding-endpoint"))
 	// istiod mode: istiod at an address where nothing listens (nothing
 	// here asks it); standalone: none, and standalone/'s binding.
-	var istiod string
+	istiod := func(*config.Configuration) {}
 	if mode == "istiod" {
-		istiod = fmt.Sprintf("istiod: {address: %s, serverName: %s, rootCertFile: %s}\n", fixtures.FreeAddr(t), cfg.Istiod.ServerName, fixtures.RootFile(t, t.TempDir(), "istiod-root.pem", "absent istiod"))
+		chartIstiod := config.Istiod{Address: fixtures.FreeAddr(t), ServerName: cfg.Istiod.ServerName, RootCertFile: fixtures.RootFile(t, t.TempDir(), "istiod-root.pem", "absent istiod")}
+		istiod = func(c *config.Configuration) { c.Istiod = chartIstiod }
 	} else {
 		_, sa := build(t, "standalone")
 		applyObjects(t, sa)

@@ -36,7 +36,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -285,14 +287,16 @@ func (r *run) waitGrows(t *testing.T, ctx context.Context, what, name string, ac
 // (which rate and increase do not count), rises at the second.
 const lives = 2
 
-// gracePeriod is the runs' registration grace period: short, so that the
+// gracePeriod sets the runs' registration grace period: short, so that the
 // closed stream's registration is removed within the run.
-const gracePeriod = "registration:\n  gracePeriod: 1s\n"
+func gracePeriod(cfg *config.Configuration) {
+	cfg.Registration.GracePeriod = endpointkit.Duration(time.Second)
+}
 
-// localRepository is a localRepository section: an empty directory and a
+// localRepository sets a localRepository: an empty directory and a
 // signing key that expires in 90 days, so that the run reports a key's
 // expiry as a real installation does.
-func localRepository(t *testing.T) string {
+func localRepository(t *testing.T) func(*config.Configuration) {
 	t.Helper()
 	dir := t.TempDir()
 	e, err := openpgp.NewEntity("repository", "test", "repository@example.invalid", &packet.Config{
@@ -320,7 +324,9 @@ func localRepository(t *testing.T) string {
 	if err := os.Mkdir(repo, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return "localRepository:\n  directory: " + repo + "\n  signingKeyFile: " + key + "\n"
+	return func(cfg *config.Configuration) {
+		cfg.LocalRepository = &config.LocalRepository{Directory: repo, SigningKeyFile: key}
+	}
 }
 
 // waitConnected waits until the VM's registration records its connection,
@@ -436,7 +442,9 @@ func startIstiodReplica(t *testing.T, ctx context.Context) (*testenv.Istiod, *is
 	if err := os.WriteFile(roots, i.RootCert, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	istiodCfg := "istiod:\n  address: " + i.SecureGRPCAddr + "\n  serverName: " + testenv.IstiodServerName + "\n  rootCertFile: " + roots + "\n"
+	istiodCfg := func(cfg *config.Configuration) {
+		cfg.Istiod = config.Istiod{Address: i.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: roots}
+	}
 	ir := &istiodReplica{fixture: newWorkloadFixture(t), host: "onboarding-endpoint.example.corp", addrs: newEndpointAddrs(t)}
 	awaitStop(t, runEndpoint(t, ctx, writeEndpointConfig(t, env.Namespace(t), ir.host, ir.fixture, ir.addrs, istiodCfg, gracePeriod), env.KubeconfigPath, "onboarding-endpoint-istiod"))
 	ir.targets = []scrapeTarget{{pod: "onboarding-endpoint-istiod", addr: ir.addrs.metrics}}

@@ -3,10 +3,7 @@ package adversarial
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,30 +22,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds/ca"
 )
-
-// runEndpoint runs the endpoint (app.Run) with the configuration file as
-// replica until the test ends, and returns once it is ready.
-func runEndpoint(t *testing.T, file, replica string) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done, ready := make(chan error, 1), make(chan struct{})
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: replica, DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("endpoint: %v", err)
-	}
-	t.Cleanup(func() { cancel(); <-done })
-}
 
 // startCARelay runs the endpoint for ns with an istiod configured at an
 // address where nothing listens, and returns a certificate client of its
@@ -67,26 +46,10 @@ func startCARelay(t *testing.T, ns string) securityv1alpha1.IstioCertificateServ
 // xDS address.
 func startCARelayAddr(t *testing.T, ns string) string {
 	t.Helper()
-	dir := t.TempDir()
-	xdsAddr := fixtures.FreeAddr(t)
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [onboarding-endpoint.example.corp]
-  plaintext: true
-istiod:
-  address: %s
-  serverName: istiod.istio-system.svc
-  rootCertFile: %s
-listen: {onboarding: %s, metrics: %s, xds: %s, repository: %s}
-`, ns, fixtures.FreeAddr(t), fixtures.RootFile(t, dir, "istiod-root.pem", "absent istiod"), fixtures.FreeAddr(t), fixtures.FreeAddr(t), xdsAddr, fixtures.FreeAddr(t))
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	runEndpoint(t, file, "ca-"+ns)
-	return xdsAddr
+	cfg := endpointkit.Config(ns)
+	cfg.Istiod = config.Istiod{Address: fixtures.FreeAddr(t), ServerName: "istiod.istio-system.svc",
+		RootCertFile: fixtures.RootFile(t, t.TempDir(), "istiod-root.pem", "absent istiod")}
+	return endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "ca-" + ns}).Config.Listen.XDS
 }
 
 func TestCertificateRequestsNeedALiveRegistrationsToken(t *testing.T) {

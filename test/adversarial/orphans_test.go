@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,6 +20,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -30,21 +29,9 @@ import (
 // looks at nothing of the other tests.
 func runScopedEndpoint(t *testing.T, ns string) {
 	t.Helper()
-	dir := t.TempDir()
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-workloadNamespaces: [%s]
-endpoint:
-  hosts: [onboarding-endpoint.example.corp]
-  plaintext: true
-listen: {onboarding: %s, metrics: %s, xds: %s, repository: %s}
-`, ns, ns, fixtures.FreeAddr(t), fixtures.FreeAddr(t), fixtures.FreeAddr(t), fixtures.FreeAddr(t))
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	runEndpoint(t, file, "orphans-"+ns)
+	cfg := endpointkit.Config(ns)
+	cfg.WorkloadNamespaces = []string{ns}
+	endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "orphans-" + ns})
 }
 
 // authenticated reports whether the API server authenticates token for

@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -32,9 +35,9 @@ type repositoryPlane struct {
 // never reads leaves the server blocked in Write.
 const packageSize = 16 << 20
 
-// startRepository runs the endpoint with localRepository and limitsYAML
-// (the body of limits.repository) and returns where its repository serves.
-func startRepository(t *testing.T, limitsYAML string) *repositoryPlane {
+// startRepository runs the endpoint with localRepository and repoLimits
+// (its limits.repository) and returns where its repository serves.
+func startRepository(t *testing.T, repoLimits limits.Options) *repositoryPlane {
 	t.Helper()
 	ns := env.Namespace(t)
 	dir := t.TempDir()
@@ -52,7 +55,7 @@ func startRepository(t *testing.T, limitsYAML string) *repositoryPlane {
 	}
 	_ = f.Close()
 
-	const host = "onboarding-endpoint.example.corp"
+	const host = endpointkit.Host
 	ca, err := fixtures.NewCA("repository test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -62,29 +65,13 @@ func startRepository(t *testing.T, limitsYAML string) *repositoryPlane {
 		t.Fatal(err)
 	}
 	pool := ca.Pool()
-	repoAddr := fixtures.FreeAddr(t)
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [%s]
-  certFile: %s
-  keyFile: %s
-istiod:
-  address: %s
-  serverName: istiod.istio-system.svc
-  rootCertFile: %s
-localRepository:
-  directory: %s
-limits:
-  repository: %s
-listen: {onboarding: %s, metrics: %s, xds: %s, repository: %s}
-`, ns, host, certFile, keyFile, fixtures.FreeAddr(t), fixtures.RootFile(t, dir, "istiod-root.pem", "absent istiod"), repo, limitsYAML, fixtures.FreeAddr(t), fixtures.FreeAddr(t), fixtures.FreeAddr(t), repoAddr)
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	runEndpoint(t, file, "repo-"+ns)
+	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg.Istiod = config.Istiod{Address: fixtures.FreeAddr(t), ServerName: "istiod.istio-system.svc",
+		RootCertFile: fixtures.RootFile(t, dir, "istiod-root.pem", "absent istiod")}
+	cfg.LocalRepository = &config.LocalRepository{Directory: repo}
+	cfg.Limits.Repository = repoLimits
+	e := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "repo-" + ns, Dir: dir})
+	repoAddr := e.Config.Listen.Repository
 	return &repositoryPlane{
 		addr: repoAddr, tls: &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12},
 		file: "/install/deb/amd64/onboarding-agent.deb", size: packageSize,
@@ -127,7 +114,7 @@ func closedByServer(c net.Conn, wait time.Duration) bool {
 
 func TestRepositorySlowlorisHeaders(t *testing.T) {
 	Attack(t, "repository: a slowloris client trickles request headers to hold a connection forever")
-	p := startRepository(t, "{httpReadHeaderTimeout: 1s}")
+	p := startRepository(t, limits.Options{HTTPReadHeaderTimeout: endpointkit.Duration(time.Second)})
 	c, err := p.dialTLS(t, "127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +136,7 @@ func TestRepositorySlowlorisHeaders(t *testing.T) {
 
 func TestRepositoryReaderThatNeverReads(t *testing.T) {
 	Attack(t, "repository: a client requests a package and never reads the answer, holding the server's writer")
-	p := startRepository(t, "{httpWriteTimeout: 2s}")
+	p := startRepository(t, limits.Options{HTTPWriteTimeout: endpointkit.Duration(2 * time.Second)})
 	raw, err := (&net.Dialer{}).DialContext(t.Context(), "tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +179,7 @@ func TestRepositoryReaderThatNeverReads(t *testing.T) {
 
 func TestRepositoryMoreConnectionsThanTheCap(t *testing.T) {
 	Attack(t, "repository: more connections than the per-source and total caps, held open")
-	p := startRepository(t, "{maxConnectionsPerSource: 2, maxConnections: 4}")
+	p := startRepository(t, limits.Options{MaxConnectionsPerSource: 2, MaxConnections: 4})
 	var held []*tls.Conn
 	for _, src := range []string{"127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"} {
 		c, err := p.dialTLS(t, src)

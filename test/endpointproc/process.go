@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -58,12 +60,9 @@ type Cluster struct {
 	Pprof bool
 	// EventCacheSize is the endpoint's -event-cache-size (0: its default).
 	EventCacheSize int
-	// Config is appended to each replica's configuration file (YAML at the
-	// top level, e.g. a limits: section); empty for none.
-	Config string
-	// Registration is more of the registration: section, one "key: value"
-	// per line without indentation (e.g. "writeQPS: 300"); empty for none.
-	Registration []string
+	// Configure, when set, changes each replica's configuration beyond the
+	// cluster's own settings (e.g. its limits).
+	Configure func(*config.Configuration)
 }
 
 // Replica is one endpoint process.
@@ -107,29 +106,21 @@ func (c *Cluster) NewReplica(name string) (*Replica, error) {
 	if grace == 0 {
 		grace = 10 * time.Minute
 	}
-	var writes string
-	for _, line := range c.Registration {
-		writes += "  " + line + "\n"
+	cfg := endpointkit.Config(c.Namespace)
+	cfg.Endpoint.Hosts = []string{Audience}
+	cfg.Identity.AWS.CertificatesDir = certs
+	cfg.Registration.GracePeriod = endpointkit.Duration(grace)
+	cfg.Listen = config.Listen{Onboarding: r.Onboarding, Metrics: r.Metrics, XDS: r.XDS}
+	if c.Configure != nil {
+		c.Configure(cfg)
+	}
+	data, err := endpointkit.Marshal(cfg)
+	if err != nil {
+		return nil, err
 	}
 	r.config = filepath.Join(c.Dir, name+".yaml")
 	r.log = filepath.Join(c.Dir, name+".log")
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [onboarding-endpoint.faults.test]
-  plaintext: true
-identity:
-  aws:
-    certificatesDir: %s
-registration:
-  gracePeriod: %s
-%slisten:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-`, c.Namespace, certs, grace, writes, r.Onboarding, r.Metrics, r.XDS) + c.Config
-	if err := os.WriteFile(r.config, []byte(cfg), 0o600); err != nil {
+	if err := os.WriteFile(r.config, data, 0o600); err != nil {
 		return nil, err
 	}
 	return r, nil

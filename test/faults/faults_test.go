@@ -70,28 +70,23 @@ func fleet(t *testing.T) int {
 	return 20
 }
 
-// suiteConfig is the replicas' configuration beyond the fixture's: every
+// suiteConfig sets the replicas' configuration beyond the fixture's: every
 // simulated VM connects from the same loopback address, so the per-source
 // limits, sized for one host each, are raised to let 1,000 VMs' worth of
 // connects and onboardings come from one source. The write budget is the
 // default (registration.writeQPS / writeBurst, 400/s, burst 1,000), sized for
 // 1,000 workloads per replica: a connect costs two writes (registration status
 // and WorkloadEntry), a disconnect one (the status).
-const suiteConfig = `limits:
-  onboarding:
-    requestsPerSecondPerSource: 100000
-    requestBurstPerSource: 100000
-  xds:
-    requestsPerSecondPerSource: 100000
-    requestBurstPerSource: 100000
-    maxConnectionsPerSource: 1000
-`
-
-// suiteRegistration is the replicas' registration: settings beyond the
-// fixture's: no per-source limit on credential verifications (one source
-// onboards the whole fleet); the write budget is the default (see
-// suiteConfig).
-var suiteRegistration = []string{"verifyPerSecond: -1"}
+func suiteConfig(cfg *config.Configuration) {
+	cfg.Limits.Onboarding.RequestsPerSecondPerSource = 100000
+	cfg.Limits.Onboarding.RequestBurstPerSource = 100000
+	cfg.Limits.XDS.RequestsPerSecondPerSource = 100000
+	cfg.Limits.XDS.RequestBurstPerSource = 100000
+	cfg.Limits.XDS.MaxConnectionsPerSource = 1000
+	// No per-source limit on credential verifications: one source
+	// onboards the whole fleet.
+	cfg.Registration.VerifyPerSecond = -1
+}
 
 // fixture is one test's endpoint deployment: a namespace, replicas and
 // agents.
@@ -122,7 +117,7 @@ func newFixture(t *testing.T, replicas int) *fixture {
 	}
 	f := &fixture{t: t, ns: ns, ca: ca, uids: map[string]string{}, cluster: &endpointproc.Cluster{
 		Binary: bin, Kubeconfig: env.KubeconfigPath, Namespace: ns, CA: ca, Dir: keepDir(t),
-		Config: suiteConfig, Registration: suiteRegistration,
+		Configure: suiteConfig,
 	}}
 	for i := range replicas {
 		r, err := f.cluster.NewReplica(fmt.Sprintf("%s-%d", strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))[:8], i))

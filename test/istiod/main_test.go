@@ -2,12 +2,8 @@ package istiod
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,9 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -48,11 +44,6 @@ func TestMain(m *testing.M) {
 		context.AfterFunc(ctx, func() { _ = istiod.Close() })
 		return nil
 	})
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	return freeport.MustAddr(t)
 }
 
 // endpoint is one onboarding endpoint (app.Run) configured with the test
@@ -89,62 +80,11 @@ func startEndpointWith(t *testing.T, ns, replica string, istiod *testenv.Istiod)
 		t.Fatal(err)
 	}
 	certFile, keyFile, rootFile := servingCert(t, dir)
-	e := &endpoint{xds: freeAddr(t), metrics: freeAddr(t), rootFile: rootFile}
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [onboarding-endpoint.example.corp]
-  certFile: %s
-  keyFile: %s
-registration:
-  gracePeriod: 1h
-istiod:
-  address: %s
-  serverName: %s
-  rootCertFile: %s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-  repository: %s
-`, ns, certFile, keyFile, istiod.SecureGRPCAddr, testenv.IstiodServerName, istiodRoots, freeAddr(t), e.metrics, e.xds, freeAddr(t))
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan error, 1)
-	ready := make(chan struct{})
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: replica, DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("endpoint: %v", err)
-	case <-time.After(2 * time.Minute):
-		cancel()
-		t.Fatal("endpoint not ready")
-	}
-	var once sync.Once
-	e.stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("endpoint returned %v after shutdown", err)
-				}
-			case <-time.After(time.Minute):
-				t.Error("endpoint did not stop")
-			}
-		})
-	}
-	t.Cleanup(e.stop)
-	return e
+	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	cfg.Istiod = config.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: istiodRoots}
+	ep := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: replica, Dir: dir})
+	return &endpoint{xds: ep.Config.Listen.XDS, metrics: ep.Config.Listen.Metrics, rootFile: rootFile, stop: ep.Stop}
 }
 
 // ratingsGroup creates the example ratings WorkloadGroup (with a readiness

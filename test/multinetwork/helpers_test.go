@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -33,8 +32,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/meshnet"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -63,56 +63,12 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &endpoint{xds: fixtures.FreeAddr(t), roots: ca.Pool()}
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [%s]
-  certFile: %s
-  keyFile: %s
-registration:
-  gracePeriod: 1h
-istiod:
-  address: %s
-  serverName: %s
-  rootCertFile: %s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-  repository: %s
-`, ns, endpointHost, certFile, keyFile, istiod.SecureGRPCAddr, testenv.IstiodServerName, istiodRoots,
-		fixtures.FreeAddr(t), fixtures.FreeAddr(t), e.xds, fixtures.FreeAddr(t))
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan error, 1)
-	ready := make(chan struct{})
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: "replica-" + ns, DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("endpoint returned %v after shutdown", err)
-			}
-		case <-time.After(time.Minute):
-			t.Error("endpoint did not stop")
-		}
-	})
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("endpoint: %v", err)
-	case <-time.After(2 * time.Minute):
-		t.Fatal("endpoint not ready")
-	}
+	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg.Endpoint.Hosts = []string{endpointHost}
+	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	cfg.Istiod = config.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: istiodRoots}
+	ep := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "replica-" + ns, Dir: dir})
+	e := &endpoint{xds: ep.Config.Listen.XDS, roots: ca.Pool()}
 	return e
 }
 

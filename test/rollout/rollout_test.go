@@ -24,9 +24,10 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -249,60 +250,22 @@ var endpointAddr string
 // app.Run) with a one-replica sweeper, so that it drives the rollout.
 func startEndpoint(t *testing.T, dir, ns, certFile, keyFile, caFile, certs, stsURL string) (stop func()) {
 	t.Helper()
-	endpointAddr = fixtures.FreeAddr(t)
 	xdsAddr := fixtures.FreeAddr(t)
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [%s]
-  certFile: %s
-  keyFile: %s
-identity:
-  aws:
-    certificatesDir: %s
-    stsEndpoint: %s
-mesh:
-  discoveryAddress: %s
-  rootCertFile: %s
-registration:
-  allowLoopbackAddresses: true
-  healthDamping: 0s
-  gracePeriod: 1h
-  propagationDelay: 1s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-`, ns, endpointHost, certFile, keyFile, certs, stsURL, xdsAddr, caFile, endpointAddr, fixtures.FreeAddr(t), xdsAddr)
-	cfgFile := filepath.Join(dir, "endpoint.yaml")
-	must(t, os.WriteFile(cfgFile, []byte(cfg), 0o600))
+	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg.Endpoint.Hosts = []string{endpointHost}
+	cfg.Identity.AWS = config.AWSIdentity{CertificatesDir: certs, STSEndpoint: stsURL}
+	cfg.Mesh = config.Mesh{DiscoveryAddress: xdsAddr, RootCertFile: caFile}
+	cfg.Registration.AllowLoopbackAddresses = true
+	cfg.Registration.HealthDamping = endpointkit.Duration(0)
+	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	cfg.Registration.PropagationDelay = endpointkit.Duration(time.Second)
+	cfg.Listen.XDS = xdsAddr
 	logs := &vmsim.SyncBuffer{}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	ready, done := make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "rollout-test-0", DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(logs, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("endpoint: %v", err)
-	case <-time.After(2 * time.Minute):
-		cancel()
-		t.Fatal("endpoint not ready within 2m")
-	}
+	e := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "rollout-test-0",
+		Logger: slog.New(slog.NewTextHandler(logs, nil)), Dir: dir})
+	endpointAddr = e.Config.Listen.Onboarding
 	return func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("endpoint: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("endpoint did not stop")
-		}
+		e.Stop()
 		if t.Failed() {
 			t.Logf("endpoint log (rollout lines):\n%s", grepLines(logs.String(), "rollout"))
 		}

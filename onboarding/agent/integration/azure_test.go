@@ -19,6 +19,7 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
@@ -260,10 +261,7 @@ func configureAzure(t *testing.T, w *world, ms *azuretest.Microsoft, vm azuretes
 	ctx := t.Context()
 	msCA := filepath.Join(w.dir, "microsoft-ca.pem")
 	must(t, os.WriteFile(msCA, ms.CACertificates(), 0o600))
-	cfg, err := os.ReadFile(w.cfgFile)
-	must(t, err)
-	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
-		fmt.Sprintf("identity:\n  azure:\n    tenants: [%s]\n    audiences: [%s]\n    jwksURL: %s\n    caFile: %s\n", vm.TenantID, azureResource, ms.JWKSURL(), msCA), 1)), 0o600))
+	w.cfg.Identity.Azure = &endpointconfig.AzureIdentity{Tenants: []string{vm.TenantID}, Audiences: []string{azureResource}, JWKSURL: ms.JWKSURL(), CAFile: msCA}
 	policy := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "azure", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{

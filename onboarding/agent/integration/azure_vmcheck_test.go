@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
@@ -82,11 +83,8 @@ func startConfirmedAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, i
 
 	msCA := filepath.Join(w.dir, "microsoft-ca.pem")
 	must(t, os.WriteFile(msCA, ms.CACertificates(), 0o600))
-	cfg, err := os.ReadFile(w.cfgFile)
-	must(t, err)
-	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
-		fmt.Sprintf("identity:\n  azure:\n    tenants: [%s]\n    audiences: [%s]\n    jwksURL: %s\n    caFile: %s\n    vmCheck: {armEndpoint: '%s', imdsEndpoint: '%s'}\n",
-			vm.TenantID, resource, ms.JWKSURL(), msCA, arm.URL(), arm.URL()), 1)), 0o600))
+	w.cfg.Identity.Azure = &endpointconfig.AzureIdentity{Tenants: []string{vm.TenantID}, Audiences: []string{resource}, JWKSURL: ms.JWKSURL(), CAFile: msCA,
+		VMCheck: &endpointconfig.AzureVMCheck{ARMEndpoint: arm.URL(), IMDSEndpoint: arm.URL()}}
 	policy := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "azure", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{

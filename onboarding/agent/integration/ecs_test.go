@@ -2,11 +2,8 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"os"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +11,7 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
@@ -43,10 +41,7 @@ func TestECSTaskOnboards(t *testing.T) {
 	md := awstest.NewTaskMetadata(task, w.aws.STS, "task-auth-token")
 	t.Cleanup(md.Close)
 
-	cfg, err := os.ReadFile(w.cfgFile)
-	must(t, err)
-	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
-		fmt.Sprintf("identity:\n  ecs:\n    taskCheck:\n      ecsEndpoint: %s\n", api.URL), 1)), 0o600))
+	w.cfg.Identity.ECS = &endpointconfig.ECSIdentity{TaskCheck: &endpointconfig.ECSTaskCheck{ECSEndpoint: api.URL}}
 	policy := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "ecs", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{

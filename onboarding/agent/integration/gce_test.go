@@ -17,6 +17,7 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
@@ -44,10 +45,7 @@ func TestGCEInstanceOnboards(t *testing.T) {
 
 	googleCA := filepath.Join(w.dir, "google-ca.pem")
 	must(t, os.WriteFile(googleCA, google.CACertificates(), 0o600))
-	cfg, err := os.ReadFile(w.cfgFile)
-	must(t, err)
-	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
-		fmt.Sprintf("identity:\n  gce:\n    jwksURL: %s\n    caFile: %s\n", google.JWKSURL(), googleCA), 1)), 0o600))
+	w.cfg.Identity.GCE = &endpointconfig.GCEIdentity{JWKSURL: google.JWKSURL(), CAFile: googleCA}
 	policy := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "gce", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
@@ -146,11 +144,8 @@ func TestGCEInstanceCheckProvesTheAddress(t *testing.T) {
 	must(t, err)
 	keyFile := filepath.Join(w.dir, "gcp-key.json")
 	must(t, os.WriteFile(keyFile, key, 0o600))
-	cfg, err := os.ReadFile(w.cfgFile)
-	must(t, err)
-	must(t, os.WriteFile(w.cfgFile, []byte(strings.Replace(string(cfg), "identity:\n",
-		fmt.Sprintf("identity:\n  gce:\n    jwksURL: %s\n    caFile: %s\n    instanceCheck:\n      computeEndpoint: %s\n      credentialsFile: %s\n",
-			google.JWKSURL(), googleCA, compute.URL(), keyFile), 1)), 0o600))
+	w.cfg.Identity.GCE = &endpointconfig.GCEIdentity{JWKSURL: google.JWKSURL(), CAFile: googleCA,
+		InstanceCheck: &endpointconfig.GCEInstanceCheck{ComputeEndpoint: compute.URL(), CredentialsFile: keyFile}}
 	must(t, env.Client.Create(ctx, &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "gce", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{

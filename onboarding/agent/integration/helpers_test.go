@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,7 +8,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -26,13 +24,13 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 var env *testenv.Env
@@ -53,16 +51,11 @@ type world struct {
 	dir      string
 	aws      *awstest.Env
 	caFile   string
-	cfgFile  string
+	cfg      *endpointconfig.Configuration
 	addr     string
 	repoDir  string
 	repoAddr string
-	endpoint *runningEndpoint
-}
-
-type runningEndpoint struct {
-	cancel context.CancelFunc
-	done   chan error
+	endpoint *endpointkit.Endpoint
 }
 
 func newWorld(t *testing.T) *world {
@@ -77,35 +70,17 @@ func newWorld(t *testing.T) *world {
 	w.addr, w.repoAddr = freeAddr(t), freeAddr(t)
 	w.repoDir = filepath.Join(w.dir, "repository")
 	must(t, os.MkdirAll(w.repoDir, 0o755))
-	w.cfgFile = filepath.Join(w.dir, "endpoint.yaml")
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [%s]
-  certFile: %s
-  keyFile: %s
-tokenIssuer:
-  jwt:
-    expiration: 1m
-identity:
-  aws:
-    certificatesDir: %s
-    stsEndpoint: %s
-    instanceProfileCheck:
-      ec2Endpoint: %s
-      iamEndpoint: %s
-registration:
-  gracePeriod: 1h
-  propagationDelay: 1s
-localRepository:
-  directory: %s
-listen:
-  repository: %s
-  onboarding: %s
-  metrics: %s
-  xds: %s
-`, w.ns, endpointHost, certFile, keyFile, certs, w.aws.STS.URL, w.aws.EC2IAM.URL, w.aws.EC2IAM.URL, w.repoDir, w.repoAddr, w.addr, freeAddr(t), freeAddr(t))
+	w.cfg = endpointkit.Serving(endpointkit.Config(w.ns), certFile, keyFile)
+	w.cfg.Endpoint.Hosts = []string{endpointHost}
+	w.cfg.TokenIssuer.JWT.Expiration = endpointkit.Duration(time.Minute)
+	w.cfg.Identity.AWS = endpointconfig.AWSIdentity{CertificatesDir: certs, STSEndpoint: w.aws.STS.URL,
+		InstanceProfileCheck: &endpointconfig.InstanceProfileCheck{EC2Endpoint: w.aws.EC2IAM.URL, IAMEndpoint: w.aws.EC2IAM.URL}}
+	w.cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	w.cfg.Registration.PropagationDelay = endpointkit.Duration(time.Second)
+	w.cfg.LocalRepository = &endpointconfig.LocalRepository{Directory: w.repoDir}
+	// Fixed addresses: a restarted endpoint serves where the agent was
+	// configured to reach it.
+	w.cfg.Listen = endpointconfig.Listen{Repository: w.repoAddr, Onboarding: w.addr, Metrics: freeAddr(t), XDS: freeAddr(t)}
 	// The endpoint's own AWS credentials (the SDK's default chain, for the
 	// instance profile check): the pair the EC2/IAM fake accepts.
 	t.Setenv("AWS_ACCESS_KEY_ID", w.aws.EC2IAM.AccessKeyID)
@@ -113,7 +88,6 @@ listen:
 	t.Setenv("AWS_SESSION_TOKEN", "")
 	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)
-	must(t, os.WriteFile(w.cfgFile, []byte(cfg), 0o600))
 
 	wg := fixtures.SeedGroup(w.ns)
 	wg.Spec.Template.Labels["version"] = "v1"
@@ -124,38 +98,18 @@ listen:
 	return w
 }
 
-// startEndpoint runs the endpoint binary's app.Run until stopEndpoint.
+// startEndpoint runs the endpoint binary's app.Run with w.cfg until
+// stopEndpoint.
 func (w *world) startEndpoint() {
 	w.t.Helper()
-	ctx, cancel := context.WithCancel(context.WithoutCancel(w.t.Context()))
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: w.cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "agent-test-0", DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(&vmsim.SyncBuffer{}, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		w.t.Fatalf("endpoint: %v", err)
-	case <-time.After(2 * time.Minute):
-		cancel()
-		w.t.Fatal("endpoint not ready within 2m")
-	}
-	w.endpoint = &runningEndpoint{cancel: cancel, done: done}
+	w.endpoint = endpointkit.Start(w.t, endpointkit.Options{Config: w.cfg, Kubeconfig: env.KubeconfigPath, Replica: "agent-test-0", Dir: w.dir})
 }
 
 func (w *world) stopEndpoint() {
 	if w.endpoint == nil {
 		return
 	}
-	w.endpoint.cancel()
-	select {
-	case <-w.endpoint.done:
-	case <-time.After(30 * time.Second):
-		w.t.Error("endpoint did not stop")
-	}
+	w.endpoint.Stop()
 	w.endpoint = nil
 }
 

@@ -21,10 +21,12 @@ import (
 	"k8s.io/utils/ptr"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
+	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/vmsim"
 )
@@ -76,17 +78,8 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 
 	caFile := filepath.Join(w.dir, "issuer-ca.pem")
 	must(t, os.WriteFile(caFile, env.Config.CAData, 0o600))
-	cfg, err := os.ReadFile(w.cfgFile)
-	must(t, err)
-	cfgText := strings.Replace(string(cfg), "identity:\n", fmt.Sprintf(`identity:
-  jwt:
-  - issuer: %q
-    shortName: kube
-    subjectPrefix: "system:serviceaccount:%s:"
-    caFile: %s
-    maxTokenLifetime: 15m
-`, issuer, w.ns, caFile), 1)
-	must(t, os.WriteFile(w.cfgFile, []byte(cfgText), 0o600))
+	w.cfg.Identity.JWT = []endpointconfig.JWTIssuer{{Issuer: issuer, ShortName: "kube", SubjectPrefix: "system:serviceaccount:" + w.ns + ":",
+		CAFile: caFile, MaxTokenLifetime: endpointkit.Duration(15 * time.Minute)}}
 	policy := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "on-prem", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{

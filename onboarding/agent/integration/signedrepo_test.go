@@ -50,12 +50,9 @@ func TestSignedRepository(t *testing.T) {
 		must(t, os.MkdirAll(filepath.Dir(filepath.Join(w.repoDir, f)), 0o755))
 		must(t, os.WriteFile(filepath.Join(w.repoDir, f), b, 0o644))
 	}
-	cfg, err := os.ReadFile(w.cfgFile)
-	must(t, err)
 	abs, err := filepath.Abs(keyFile)
 	must(t, err)
-	cfg = bytes.Replace(cfg, []byte("localRepository:\n"), []byte("localRepository:\n  signingKeyFile: "+abs+"\n"), 1)
-	must(t, os.WriteFile(w.cfgFile, cfg, 0o600))
+	w.cfg.LocalRepository.SigningKeyFile = abs
 	w.startEndpoint()
 	_, port, err := net.SplitHostPort(w.repoAddr)
 	must(t, err)
