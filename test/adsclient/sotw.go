@@ -1,0 +1,93 @@
+package adsclient
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+)
+
+// SotW is a State-of-the-World ADS stream.
+type SotW struct {
+	stream   discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	cancel   context.CancelFunc
+	node     *core.Node
+	names    map[string][]string // last requested, by type
+	accepted map[string]string   // last ACKed version, by type
+	recv     receiver[*discovery.DiscoveryResponse]
+}
+
+// OpenSotW opens a SotW stream on conn presenting token (none if empty) as
+// node; the stream ends with ctx or Close.
+func OpenSotW(ctx context.Context, conn grpc.ClientConnInterface, token string, node *core.Node) (*SotW, error) {
+	ctx, cancel := context.WithCancel(WithToken(ctx, token))
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("open SotW stream: %w", err)
+	}
+	s := &SotW{stream: st, cancel: cancel, node: node, names: map[string][]string{}, accepted: map[string]string{}}
+	s.recv.recv = st.Recv
+	return s, nil
+}
+
+// Request subscribes to names of typeURL (all of them when none), with the
+// node on the stream's first request.
+func (s *SotW) Request(typeURL string, names ...string) error {
+	s.names[typeURL] = names
+	return s.Send(&discovery.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names, VersionInfo: s.accepted[typeURL]})
+}
+
+// Recv returns the next response, or an error wrapping ErrTimeout after
+// timeout (DefaultTimeout when not positive).
+func (s *SotW) Recv(timeout time.Duration) (*discovery.DiscoveryResponse, error) {
+	return s.recv.next(timeout)
+}
+
+// ACK accepts resp: its type, version and nonce, and the names last
+// requested of its type.
+func (s *SotW) ACK(resp *discovery.DiscoveryResponse) error {
+	s.accepted[resp.GetTypeUrl()] = resp.GetVersionInfo()
+	return s.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResourceNames: s.names[resp.GetTypeUrl()],
+		VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+}
+
+// NACK rejects resp with detail: its nonce, the last accepted version of
+// its type and an INVALID_ARGUMENT error detail.
+func (s *SotW) NACK(resp *discovery.DiscoveryResponse, detail string) error {
+	return s.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResourceNames: s.names[resp.GetTypeUrl()],
+		VersionInfo: s.accepted[resp.GetTypeUrl()], ResponseNonce: resp.GetNonce(),
+		ErrorDetail: &status.Status{Code: int32(codes.InvalidArgument), Message: detail}})
+}
+
+// Send sends req as it is, adding the node when it is the stream's first
+// request and req has none.
+func (s *SotW) Send(req *discovery.DiscoveryRequest) error {
+	if s.node != nil && req.GetNode() == nil {
+		req.Node = s.node
+	}
+	s.node = nil
+	return s.stream.Send(req)
+}
+
+// Wait receives until the stream ends and returns why (never nil: io.EOF
+// when the server closed it cleanly).
+func (s *SotW) Wait() error {
+	return s.recv.drain()
+}
+
+// Stream is the underlying gRPC stream, for tests that drive it themselves.
+func (s *SotW) Stream() discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient {
+	return s.stream
+}
+
+// Close half-closes the stream and cancels it.
+func (s *SotW) Close() {
+	_ = s.stream.CloseSend()
+	s.cancel()
+}
