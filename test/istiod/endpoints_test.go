@@ -13,8 +13,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/apimachinery/pkg/types"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/nodeid"
 )
 
 // podProxy is an in-mesh proxy of another workload (productpage) as istiod
@@ -51,7 +53,7 @@ func startPodProxyFor(t *testing.T, ns, cluster string) *podProxy {
 	}
 	p := &podProxy{st: st, cluster: cluster, updates: make(chan *endpointv3.ClusterLoadAssignment, 16), ns: ns}
 	node := &core.Node{
-		Id: "sidecar~10.244.0.9~productpage-v1-5d9c8b7f6-x2v4k." + ns + "~" + ns + ".svc.cluster.local",
+		Id: nodeid.Build("10.244.0.9", types.NamespacedName{Namespace: ns, Name: "productpage-v1-5d9c8b7f6-x2v4k"}),
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 			"CLUSTER_ID":    structpb.NewStringValue("Kubernetes"),
 			"NAMESPACE":     structpb.NewStringValue(ns),

@@ -21,6 +21,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/embark-mesh/embark/registry/nodeid"
 )
 
 // The productpage pod whose proxy PodProxy is: its name and address on the
@@ -59,7 +62,7 @@ func StartPodProxy(ctx context.Context, addr, network, cluster string) (*PodProx
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p := &PodProxy{
-		NodeID:  "sidecar~" + ProductpagePodIP + "~" + ProductpagePodName + ".bookinfo~bookinfo.svc.cluster.local",
+		NodeID:  nodeid.Build(ProductpagePodIP, types.NamespacedName{Namespace: "bookinfo", Name: ProductpagePodName}),
 		Cluster: cluster,
 		conn:    conn, cancel: cancel,
 	}
