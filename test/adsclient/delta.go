@@ -41,9 +41,15 @@ func (d *Delta) Subscribe(typeURL string, names ...string) error {
 }
 
 // Recv returns the next response, or an error wrapping ErrTimeout after
-// timeout (DefaultTimeout when not positive).
+// timeout (DefaultTimeout when zero).
 func (d *Delta) Recv(timeout time.Duration) (*discovery.DeltaDiscoveryResponse, error) {
 	return d.recv.next(timeout)
+}
+
+// Next returns the next response, waiting as long as the stream lives: for
+// a reader that runs beside the test.
+func (d *Delta) Next() (*discovery.DeltaDiscoveryResponse, error) {
+	return d.recv.next(-1)
 }
 
 // ACK accepts resp: its type and nonce.
@@ -79,8 +85,6 @@ func (d *Delta) Stream() discovery.AggregatedDiscoveryService_DeltaAggregatedRes
 	return d.stream
 }
 
-// Close half-closes the stream and cancels it.
-func (d *Delta) Close() {
-	_ = d.stream.CloseSend()
-	d.cancel()
-}
+// Close cancels the stream, as a sidecar's stream ends when its connection
+// goes: the server sees the cancellation, not a half-close.
+func (d *Delta) Close() { d.cancel() }

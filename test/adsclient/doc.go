@@ -9,4 +9,9 @@
 // last accepted version and an error detail. Tests whose point is a
 // malformed or hostile frame build their requests themselves and send them
 // with Send.
+//
+// A stream is for one goroutine at a time, except that one goroutine may
+// receive (Recv, Next, Wait) while another sends (Send, Request, ACK, NACK),
+// as gRPC allows. A receive that timed out stays pending and the next one
+// returns its message, so a deadline never drops a response.
 package adsclient

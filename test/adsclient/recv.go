@@ -9,7 +9,7 @@ import (
 // ErrTimeout is returned by Recv when nothing arrived before the deadline.
 var ErrTimeout = errors.New("no response before the deadline")
 
-// DefaultTimeout is how long Recv waits when given no positive timeout.
+// DefaultTimeout is how long Recv waits when given a zero timeout.
 const DefaultTimeout = 20 * time.Second
 
 // receiver receives messages of type T with a deadline. A receive that
@@ -25,9 +25,10 @@ type received[T any] struct {
 	err error
 }
 
-// next returns the next message, or ErrTimeout after timeout.
+// next returns the next message, or ErrTimeout after timeout; a zero
+// timeout is DefaultTimeout, a negative one no deadline.
 func (r *receiver[T]) next(timeout time.Duration) (T, error) {
-	if timeout <= 0 {
+	if timeout == 0 {
 		timeout = DefaultTimeout
 	}
 	if r.pending == nil {
@@ -35,13 +36,17 @@ func (r *receiver[T]) next(timeout time.Duration) (T, error) {
 		go func() { m, err := r.recv(); ch <- received[T]{m, err} }()
 		r.pending = ch
 	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	var deadline <-chan time.Time
+	if timeout > 0 {
+		timer := time.NewTimer(timeout)
+		defer timer.Stop()
+		deadline = timer.C
+	}
 	select {
 	case got := <-r.pending:
 		r.pending = nil
 		return got.msg, got.err
-	case <-timer.C:
+	case <-deadline:
 		var zero T
 		return zero, fmt.Errorf("after %s: %w", timeout, ErrTimeout)
 	}

@@ -19,6 +19,7 @@ type SotW struct {
 	node     *core.Node
 	names    map[string][]string // last requested, by type
 	accepted map[string]string   // last ACKed version, by type
+	nonces   map[string]string   // last ACKed or NACKed nonce, by type
 	recv     receiver[*discovery.DiscoveryResponse]
 }
 
@@ -31,28 +32,37 @@ func OpenSotW(ctx context.Context, conn grpc.ClientConnInterface, token string, 
 		cancel()
 		return nil, fmt.Errorf("open SotW stream: %w", err)
 	}
-	s := &SotW{stream: st, cancel: cancel, node: node, names: map[string][]string{}, accepted: map[string]string{}}
+	s := &SotW{stream: st, cancel: cancel, node: node, names: map[string][]string{}, accepted: map[string]string{}, nonces: map[string]string{}}
 	s.recv.recv = st.Recv
 	return s, nil
 }
 
 // Request subscribes to names of typeURL (all of them when none), with the
-// node on the stream's first request.
+// node on the stream's first request and, as Envoy changes a subscription,
+// the last accepted version and last answered nonce of the type.
 func (s *SotW) Request(typeURL string, names ...string) error {
 	s.names[typeURL] = names
-	return s.Send(&discovery.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names, VersionInfo: s.accepted[typeURL]})
+	return s.Send(&discovery.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names,
+		VersionInfo: s.accepted[typeURL], ResponseNonce: s.nonces[typeURL]})
 }
 
 // Recv returns the next response, or an error wrapping ErrTimeout after
-// timeout (DefaultTimeout when not positive).
+// timeout (DefaultTimeout when zero).
 func (s *SotW) Recv(timeout time.Duration) (*discovery.DiscoveryResponse, error) {
 	return s.recv.next(timeout)
+}
+
+// Next returns the next response, waiting as long as the stream lives: for
+// a reader that runs beside the test.
+func (s *SotW) Next() (*discovery.DiscoveryResponse, error) {
+	return s.recv.next(-1)
 }
 
 // ACK accepts resp: its type, version and nonce, and the names last
 // requested of its type.
 func (s *SotW) ACK(resp *discovery.DiscoveryResponse) error {
 	s.accepted[resp.GetTypeUrl()] = resp.GetVersionInfo()
+	s.nonces[resp.GetTypeUrl()] = resp.GetNonce()
 	return s.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResourceNames: s.names[resp.GetTypeUrl()],
 		VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
 }
@@ -60,6 +70,7 @@ func (s *SotW) ACK(resp *discovery.DiscoveryResponse) error {
 // NACK rejects resp with detail: its nonce, the last accepted version of
 // its type and an INVALID_ARGUMENT error detail.
 func (s *SotW) NACK(resp *discovery.DiscoveryResponse, detail string) error {
+	s.nonces[resp.GetTypeUrl()] = resp.GetNonce()
 	return s.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResourceNames: s.names[resp.GetTypeUrl()],
 		VersionInfo: s.accepted[resp.GetTypeUrl()], ResponseNonce: resp.GetNonce(),
 		ErrorDetail: &status.Status{Code: int32(codes.InvalidArgument), Message: detail}})
@@ -86,8 +97,6 @@ func (s *SotW) Stream() discovery.AggregatedDiscoveryService_StreamAggregatedRes
 	return s.stream
 }
 
-// Close half-closes the stream and cancels it.
-func (s *SotW) Close() {
-	_ = s.stream.CloseSend()
-	s.cancel()
-}
+// Close cancels the stream, as a sidecar's stream ends when its connection
+// goes: the server sees the cancellation, not a half-close.
+func (s *SotW) Close() { s.cancel() }
