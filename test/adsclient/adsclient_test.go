@@ -202,3 +202,40 @@ func TestDelta(t *testing.T) {
 		t.Errorf("NACK = %v, want nonce %q and detail", nack, second.GetNonce())
 	}
 }
+
+// TestSotWChangedSubscription: a request after an ACK carries the type's
+// accepted version and last nonce, as Envoy's subscription changes do.
+func TestSotWChangedSubscription(t *testing.T) {
+	snaps, rec, conn := serve(t)
+	setListeners(t, snaps, "1", "l1", "l2")
+	s, err := adsclient.OpenSotW(t.Context(), conn, "", &core.Node{Id: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Request(resource.ListenerType, "l1"); err != nil {
+		t.Fatal(err)
+	}
+	first, err := s.Recv(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ACK(first); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Request(resource.ListenerType, "l1", "l2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(0); err != nil { // the answer: every request was read
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.sotw) != 3 {
+		t.Fatalf("requests = %v, want request, ACK, changed request", rec.sotw)
+	}
+	changed := rec.sotw[2]
+	if changed.GetVersionInfo() != "1" || changed.GetResponseNonce() != first.GetNonce() || len(changed.GetResourceNames()) != 2 {
+		t.Errorf("changed request = %v, want version 1, nonce %q, names [l1 l2]", changed, first.GetNonce())
+	}
+}
