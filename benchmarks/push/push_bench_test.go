@@ -30,8 +30,7 @@ import (
 	"net"
 	"os"
 	"runtime/pprof"
-	"strconv"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -221,13 +220,9 @@ type setup struct {
 
 // counts are the -workloads counts.
 func counts(b *testing.B) []int {
-	var out []int
-	for _, f := range strings.Split(*workloads, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 || (len(out) > 0 && n < out[len(out)-1]) {
-			b.Fatalf("-workloads %q: want ascending positive counts", *workloads)
-		}
-		out = append(out, n)
+	out, err := benchkit.Counts("workloads", *workloads)
+	if err != nil || !slices.IsSorted(out) {
+		b.Fatalf("-workloads %q: want ascending positive counts", *workloads)
 	}
 	return out
 }

@@ -81,10 +81,8 @@ import (
 )
 
 var (
-	streamsFlag = benchkit.StreamsFlag()
+	flags       = benchkit.StreamFlags("write this process's in-use heap profile (pprof) while the relayed streams are held, after a forced GC")
 	perConnFlag = flag.Int("streams-per-conn", 1, "streams per client connection: 1 is production's shape (each sidecar dials its own connection); 100 multiplexes them and leaves only per-stream costs")
-	jsonFlag    = benchjson.Flag()
-	heapFlag    = benchkit.HeapProfileFlag("write this process's in-use heap profile (pprof) while the relayed streams are held, after a forced GC")
 
 	cluster benchkit.Cluster
 )
@@ -566,7 +564,7 @@ func run(b *testing.B, n int) result {
 	time.Sleep(2 * time.Second)
 	addr, settle := startEmbark(b, i, serving)
 	relayed := credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: embarkServerName, MinVersion: tls.VersionTLS12})
-	r.Relayed = measureSide(b, i, addr, relayed, ws, settle, *heapFlag)
+	r.Relayed = measureSide(b, i, addr, relayed, ws, settle, *flags.HeapProfile)
 	r.ClientHeapBytesPerStream = r.Direct.ProcessHeapBytesPerStream
 	r.EmbarkHeapBytesPerStream = r.Relayed.ProcessHeapBytesPerStream - r.Direct.ProcessHeapBytesPerStream
 	r.EmbarkHeapBytesPerStreamUnsettled = r.Relayed.ProcessHeapBytesPerStreamUnsettled - r.Direct.ProcessHeapBytesPerStream
@@ -611,13 +609,9 @@ func record(r result) {
 }
 
 func BenchmarkRelay(b *testing.B) {
-	var counts []int
-	for _, f := range strings.Split(*streamsFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			b.Fatalf("-streams: %q", f)
-		}
-		counts = append(counts, n)
+	counts, err := benchkit.Counts("streams", *flags.Streams)
+	if err != nil {
+		b.Fatal(err)
 	}
 	for _, n := range counts {
 		b.Run(fmt.Sprintf("streams=%d/per-conn=%d", n, max(1, *perConnFlag)), func(b *testing.B) {
@@ -640,8 +634,8 @@ func BenchmarkRelay(b *testing.B) {
 			}
 		})
 	}
-	if *jsonFlag != "" {
-		if err := recorder.WriteFile(*jsonFlag, "github.com/embark-mesh/embark/benchmarks/relay"); err != nil {
+	if *flags.JSON != "" {
+		if err := recorder.WriteFile(*flags.JSON, "github.com/embark-mesh/embark/benchmarks/relay"); err != nil {
 			b.Fatal(err)
 		}
 	}

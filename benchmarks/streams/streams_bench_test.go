@@ -50,8 +50,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -88,11 +86,9 @@ import (
 )
 
 var (
-	streamsFlag = benchkit.StreamsFlag()
-	stormMax    = flag.Int("storm-max", 1000, "run the reconnect storm and the mass disconnect only up to this many streams")
-	jsonFlag    = benchjson.Flag()
-	apiProfile  = flag.String("apiserver-cpuprofile", "", "write the kube-apiserver's CPU profile (pprof) during the mass disconnect to this file, and during the reconnect storm to file.storm")
-	heapFlag    = benchkit.HeapProfileFlag("write the in-use heap profile (pprof) while Embark's streams are held to this file, and the bare server's to file.bare, at the largest count")
+	flags      = benchkit.StreamFlags("write the in-use heap profile (pprof) while Embark's streams are held to this file, and the bare server's to file.bare, at the largest count")
+	stormMax   = flag.Int("storm-max", 1000, "run the reconnect storm and the mass disconnect only up to this many streams")
+	apiProfile = flag.String("apiserver-cpuprofile", "", "write the kube-apiserver's CPU profile (pprof) during the mass disconnect to this file, and during the reconnect storm to file.storm")
 
 	cluster benchkit.Cluster
 )
@@ -352,10 +348,10 @@ func measure(n int, heap0 uint64, gr0 int) footprint {
 // of heap) when -heapprofile is set and n is the largest count.
 func writeHeapProfile(b *testing.B, n, largest int, suffix string) {
 	b.Helper()
-	if *heapFlag == "" || n != largest {
+	if *flags.HeapProfile == "" || n != largest {
 		return
 	}
-	f, err := os.Create(*heapFlag + suffix)
+	f, err := os.Create(*flags.HeapProfile + suffix)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -666,13 +662,9 @@ func record(r result) {
 }
 
 func BenchmarkStreams(b *testing.B) {
-	var counts []int
-	for _, f := range strings.Split(*streamsFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			b.Fatalf("-streams: %q", f)
-		}
-		counts = append(counts, n)
+	counts, err := benchkit.Counts("streams", *flags.Streams)
+	if err != nil {
+		b.Fatal(err)
 	}
 	largest := slices.Max(counts)
 	// Registered here, not in a sub-benchmark: the namespace lives as long
@@ -705,8 +697,8 @@ func BenchmarkStreams(b *testing.B) {
 			}
 		})
 	}
-	if *jsonFlag != "" {
-		if err := recorder.WriteFile(*jsonFlag, "github.com/embark-mesh/embark/benchmarks/streams"); err != nil {
+	if *flags.JSON != "" {
+		if err := recorder.WriteFile(*flags.JSON, "github.com/embark-mesh/embark/benchmarks/streams"); err != nil {
 			b.Fatal(err)
 		}
 	}

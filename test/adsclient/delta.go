@@ -3,7 +3,6 @@ package adsclient
 import (
 	"context"
 	"fmt"
-	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -14,10 +13,8 @@ import (
 
 // Delta is a Delta (incremental) ADS stream.
 type Delta struct {
-	stream discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
-	cancel context.CancelFunc
-	node   *core.Node
-	recv   receiver[*discovery.DeltaDiscoveryResponse]
+	stream[*discovery.DeltaDiscoveryRequest, *discovery.DeltaDiscoveryResponse]
+	raw discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
 }
 
 // OpenDelta opens a Delta stream on conn presenting token (none if empty)
@@ -29,8 +26,11 @@ func OpenDelta(ctx context.Context, conn grpc.ClientConnInterface, token string,
 		cancel()
 		return nil, fmt.Errorf("open Delta stream: %w", err)
 	}
-	d := &Delta{stream: st, cancel: cancel, node: node}
-	d.recv.recv = st.Recv
+	d := &Delta{raw: st}
+	d.stream = stream[*discovery.DeltaDiscoveryRequest, *discovery.DeltaDiscoveryResponse]{
+		send: st.Send, setNode: func(r *discovery.DeltaDiscoveryRequest, n *core.Node) { r.Node = n },
+		cancel: cancel, node: node, recv: receiver[*discovery.DeltaDiscoveryResponse]{recv: st.Recv},
+	}
 	return d, nil
 }
 
@@ -38,18 +38,6 @@ func OpenDelta(ctx context.Context, conn grpc.ClientConnInterface, token string,
 // wildcard subscription), with the node on the stream's first request.
 func (d *Delta) Subscribe(typeURL string, names ...string) error {
 	return d.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: typeURL, ResourceNamesSubscribe: names})
-}
-
-// Recv returns the next response, or an error wrapping ErrTimeout after
-// timeout (DefaultTimeout when zero).
-func (d *Delta) Recv(timeout time.Duration) (*discovery.DeltaDiscoveryResponse, error) {
-	return d.recv.next(timeout)
-}
-
-// Next returns the next response, waiting as long as the stream lives: for
-// a reader that runs beside the test.
-func (d *Delta) Next() (*discovery.DeltaDiscoveryResponse, error) {
-	return d.recv.next(-1)
 }
 
 // ACK accepts resp: its type and nonce.
@@ -64,27 +52,7 @@ func (d *Delta) NACK(resp *discovery.DeltaDiscoveryResponse, detail string) erro
 		ErrorDetail: &status.Status{Code: int32(codes.InvalidArgument), Message: detail}})
 }
 
-// Send sends req as it is, adding the node when it is the stream's first
-// request and req has none.
-func (d *Delta) Send(req *discovery.DeltaDiscoveryRequest) error {
-	if d.node != nil && req.GetNode() == nil {
-		req.Node = d.node
-	}
-	d.node = nil
-	return d.stream.Send(req)
-}
-
-// Wait receives until the stream ends and returns why (never nil: io.EOF
-// when the server closed it cleanly).
-func (d *Delta) Wait() error {
-	return d.recv.drain()
-}
-
 // Stream is the underlying gRPC stream, for tests that drive it themselves.
 func (d *Delta) Stream() discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient {
-	return d.stream
+	return d.raw
 }
-
-// Close cancels the stream, as a sidecar's stream ends when its connection
-// goes: the server sees the cancellation, not a half-close.
-func (d *Delta) Close() { d.cancel() }

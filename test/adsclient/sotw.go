@@ -3,7 +3,6 @@ package adsclient
 import (
 	"context"
 	"fmt"
-	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -14,13 +13,11 @@ import (
 
 // SotW is a State-of-the-World ADS stream.
 type SotW struct {
-	stream   discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
-	cancel   context.CancelFunc
-	node     *core.Node
+	stream[*discovery.DiscoveryRequest, *discovery.DiscoveryResponse]
+	raw      discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	names    map[string][]string // last requested, by type
 	accepted map[string]string   // last ACKed version, by type
 	nonces   map[string]string   // last ACKed or NACKed nonce, by type
-	recv     receiver[*discovery.DiscoveryResponse]
 }
 
 // OpenSotW opens a SotW stream on conn presenting token (none if empty) as
@@ -32,8 +29,11 @@ func OpenSotW(ctx context.Context, conn grpc.ClientConnInterface, token string, 
 		cancel()
 		return nil, fmt.Errorf("open SotW stream: %w", err)
 	}
-	s := &SotW{stream: st, cancel: cancel, node: node, names: map[string][]string{}, accepted: map[string]string{}, nonces: map[string]string{}}
-	s.recv.recv = st.Recv
+	s := &SotW{raw: st, names: map[string][]string{}, accepted: map[string]string{}, nonces: map[string]string{}}
+	s.stream = stream[*discovery.DiscoveryRequest, *discovery.DiscoveryResponse]{
+		send: st.Send, setNode: func(r *discovery.DiscoveryRequest, n *core.Node) { r.Node = n },
+		cancel: cancel, node: node, recv: receiver[*discovery.DiscoveryResponse]{recv: st.Recv},
+	}
 	return s, nil
 }
 
@@ -44,18 +44,6 @@ func (s *SotW) Request(typeURL string, names ...string) error {
 	s.names[typeURL] = names
 	return s.Send(&discovery.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names,
 		VersionInfo: s.accepted[typeURL], ResponseNonce: s.nonces[typeURL]})
-}
-
-// Recv returns the next response, or an error wrapping ErrTimeout after
-// timeout (DefaultTimeout when zero).
-func (s *SotW) Recv(timeout time.Duration) (*discovery.DiscoveryResponse, error) {
-	return s.recv.next(timeout)
-}
-
-// Next returns the next response, waiting as long as the stream lives: for
-// a reader that runs beside the test.
-func (s *SotW) Next() (*discovery.DiscoveryResponse, error) {
-	return s.recv.next(-1)
 }
 
 // ACK accepts resp: its type, version and nonce, and the names last
@@ -76,27 +64,7 @@ func (s *SotW) NACK(resp *discovery.DiscoveryResponse, detail string) error {
 		ErrorDetail: &status.Status{Code: int32(codes.InvalidArgument), Message: detail}})
 }
 
-// Send sends req as it is, adding the node when it is the stream's first
-// request and req has none.
-func (s *SotW) Send(req *discovery.DiscoveryRequest) error {
-	if s.node != nil && req.GetNode() == nil {
-		req.Node = s.node
-	}
-	s.node = nil
-	return s.stream.Send(req)
-}
-
-// Wait receives until the stream ends and returns why (never nil: io.EOF
-// when the server closed it cleanly).
-func (s *SotW) Wait() error {
-	return s.recv.drain()
-}
-
 // Stream is the underlying gRPC stream, for tests that drive it themselves.
 func (s *SotW) Stream() discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient {
-	return s.stream
+	return s.raw
 }
-
-// Close cancels the stream, as a sidecar's stream ends when its connection
-// goes: the server sees the cancellation, not a half-close.
-func (s *SotW) Close() { s.cancel() }

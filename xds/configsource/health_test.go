@@ -9,10 +9,8 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/protobuf/types/known/structpb"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,7 +20,6 @@ import (
 
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/presence"
-	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -37,24 +34,7 @@ type edsStream struct {
 
 func subscribeEDS(t *testing.T, e *endpoint, w *workload) *edsStream {
 	t.Helper()
-	conn, err := adsclient.Dial(e.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	node := &core.Node{Id: w.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
-	}}}
-	ads, err := adsclient.OpenSotW(t.Context(), conn, w.token, node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ads.Close)
-	for _, typ := range []string{resource.ClusterType, resource.ListenerType} {
-		if err := ads.Request(typ); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ads := openSidecar(t, e, w, resource.ClusterType, resource.ListenerType)
 	s := &edsStream{endpoints: map[string][]string{}}
 	go func() {
 		var edsNames []string

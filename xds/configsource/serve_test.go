@@ -171,7 +171,9 @@ type stream struct {
 	err    error
 }
 
-func subscribe(t *testing.T, e *endpoint, w *workload) *stream {
+// openSidecar opens w's SotW stream to e as its sidecar, with its token
+// and a node with a ProxyConfig, and requests typeURLs in turn.
+func openSidecar(t *testing.T, e *endpoint, w *workload, typeURLs ...string) *adsclient.SotW {
 	t.Helper()
 	conn, err := adsclient.Dial(e.addr)
 	if err != nil {
@@ -186,11 +188,17 @@ func subscribe(t *testing.T, e *endpoint, w *workload) *stream {
 		t.Fatal(err)
 	}
 	t.Cleanup(ads.Close)
-	for _, typ := range []string{resource.ListenerType, resource.ClusterType} {
+	for _, typ := range typeURLs {
 		if err := ads.Request(typ); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return ads
+}
+
+func subscribe(t *testing.T, e *endpoint, w *workload) *stream {
+	t.Helper()
+	ads := openSidecar(t, e, w, resource.ListenerType, resource.ClusterType)
 	s := &stream{latest: map[string]*discovery.DiscoveryResponse{}, count: map[string]int{}}
 	go func() {
 		for {
