@@ -38,6 +38,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -145,7 +146,7 @@ func dialPlain(t *testing.T, addr string) *grpc.ClientConn {
 
 // sidecarStream is a sidecar's ADS stream, as pilot-agent opens it.
 type sidecarStream struct {
-	st     discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	st     *adsclient.SotW
 	first  *discovery.DiscoveryResponse
 	cancel func()
 }
@@ -155,30 +156,23 @@ type sidecarStream struct {
 // response.
 func openStream(t *testing.T, xdsAddr, token, id string) (*sidecarStream, error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.WithoutCancel(t.Context()), "authorization", "Bearer "+token))
-	t.Cleanup(cancel)
-	st, err := discovery.NewAggregatedDiscoveryServiceClient(dialPlain(t, xdsAddr)).StreamAggregatedResources(ctx)
-	if err != nil {
-		return nil, err
-	}
 	node := &core.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
 	}}}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}); err != nil {
-		return nil, err
-	}
-	first, err := st.Recv()
+	st, err := adsclient.OpenSotW(context.WithoutCancel(t.Context()), dialPlain(t, xdsAddr), token, node)
 	if err != nil {
 		return nil, err
 	}
-	go func() { // drain pushes
-		for {
-			if _, err := st.Recv(); err != nil {
-				return
-			}
-		}
-	}()
-	return &sidecarStream{st: st, first: first, cancel: cancel}, nil
+	t.Cleanup(st.Close)
+	if err := st.Request(resource.ListenerType); err != nil {
+		return nil, err
+	}
+	first, err := st.Next()
+	if err != nil {
+		return nil, err
+	}
+	go func() { _ = st.Wait() }() // drain pushes
+	return &sidecarStream{st: st, first: first, cancel: st.Close}, nil
 }
 
 // send sends req on the stream.

@@ -2,7 +2,6 @@ package xds
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +35,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -598,20 +598,18 @@ func TestIstiodModeNoLeak(t *testing.T) {
 	bookinfo(t, ns)
 	w := register(t, ns, "i-0badc0ffee0000002", "10.0.9.3")
 	conn := dial(t, r.addr)
-	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
 	node := sidecarNode(w.nodeID)
 	node.Metadata.Fields["SERVICE_ACCOUNT"] = structpb.NewStringValue(fixtures.ServiceAccount)
 	cycle := func() error {
-		ctx, cancel := context.WithCancel(withToken(t.Context(), w.token))
-		defer cancel()
-		s, err := ads.StreamAggregatedResources(ctx)
+		s, err := adsclient.OpenSotW(t.Context(), conn, w.token, node)
 		if err != nil {
 			return err
 		}
-		if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}); err != nil {
+		defer s.Close()
+		if err := s.Request(resource.ClusterType); err != nil {
 			return err
 		}
-		resp, err := s.Recv()
+		resp, err := s.Recv(0)
 		if err != nil {
 			return err
 		}

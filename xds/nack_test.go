@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -90,24 +91,13 @@ func startConfigServer(t *testing.T, cfg ConfigSource, nacks *NACKMetrics) (*Ser
 }
 
 // recvTimeout receives the next response or fails after 20s.
-func recvTimeout(t *testing.T, s discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient) *discovery.DiscoveryResponse {
+func recvTimeout(t *testing.T, s *adsclient.SotW) *discovery.DiscoveryResponse {
 	t.Helper()
-	type result struct {
-		resp *discovery.DiscoveryResponse
-		err  error
+	resp, err := s.Recv(20 * time.Second)
+	if err != nil {
+		t.Fatalf("receive: %v", err)
 	}
-	ch := make(chan result, 1)
-	go func() { r, err := s.Recv(); ch <- result{r, err} }()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			t.Fatalf("receive: %v", r.err)
-		}
-		return r.resp
-	case <-time.After(20 * time.Second):
-		t.Fatal("no response")
-		return nil
-	}
+	return resp
 }
 
 func clusterNamesOf(t *testing.T, resp *discovery.DiscoveryResponse) []string {

@@ -45,7 +45,7 @@ func (c *adsClient) send(typeURL string, node *core.Node, detail *rpcstatus.Stat
 func (c *adsClient) drain() (listeners []string, err error) {
 	for {
 		if c.delta != nil {
-			resp, err := c.delta.Recv()
+			resp, err := c.delta.Recv(0)
 			if err != nil {
 				return listeners, err
 			}
@@ -54,7 +54,7 @@ func (c *adsClient) drain() (listeners []string, err error) {
 			}
 			continue
 		}
-		resp, err := c.sotw.Recv()
+		resp, err := c.sotw.Recv(0)
 		if err != nil {
 			return listeners, err
 		}

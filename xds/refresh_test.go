@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/test/adsclient"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -48,29 +49,28 @@ func (c *gatedConfig) Snapshot(ctx context.Context, p *Proxy) (cache.ResourceSna
 
 // openUnacked opens w's stream on addr, asks for clusters and returns the
 // first response, which must be of version want, not yet acknowledged.
-func openUnacked(t *testing.T, addr string, w *workload, want string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, *discovery.DiscoveryResponse, context.CancelFunc) {
+func openUnacked(t *testing.T, addr string, w *workload, want string) (*adsclient.SotW, *discovery.DiscoveryResponse, context.CancelFunc) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(withToken(t.Context(), w.token))
-	t.Cleanup(cancel)
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(dial(t, addr)).StreamAggregatedResources(ctx)
+	s, err := adsclient.OpenSotW(t.Context(), dial(t, addr), w.token, sidecarNode(w.nodeID))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Send(&discovery.DiscoveryRequest{Node: sidecarNode(w.nodeID), TypeUrl: resource.ClusterType}); err != nil {
+	t.Cleanup(s.Close)
+	if err := s.Request(resource.ClusterType); err != nil {
 		t.Fatal(err)
 	}
 	first := recvTimeout(t, s)
 	if first.GetVersionInfo() != want {
 		t.Fatalf("%s: first response version %q, want %s", w.key, first.GetVersionInfo(), want)
 	}
-	return s, first, cancel
+	return s, first, s.Close
 }
 
 // openStream is openUnacked, the first response ACKed.
-func openStream(t *testing.T, addr string, w *workload, want string) (discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, context.CancelFunc) {
+func openStream(t *testing.T, addr string, w *workload, want string) (*adsclient.SotW, context.CancelFunc) {
 	t.Helper()
 	s, first, cancel := openUnacked(t, addr, w, want)
-	if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType, VersionInfo: want, ResponseNonce: first.GetNonce()}); err != nil {
+	if err := s.ACK(first); err != nil {
 		t.Fatal(err)
 	}
 	return s, cancel
@@ -137,18 +137,8 @@ func TestRefreshKeepsAReconnectedNodesNewerConfiguration(t *testing.T) {
 	if r := recvTimeout(t, slowStream); r.GetVersionInfo() != "v3" {
 		t.Fatalf("slow workload: version %q, want v3", r.GetVersionInfo())
 	}
-	got := make(chan *discovery.DiscoveryResponse, 1)
-	go func() {
-		if r, err := again.Recv(); err == nil {
-			got <- r
-		}
-	}()
-	select {
-	case r := <-got:
-		if r.GetVersionInfo() != "v3" {
-			t.Fatalf("the reconnected fast node got version %q after v3: the refresh set what it computed for the closed stream", r.GetVersionInfo())
-		}
-	case <-time.After(time.Second):
+	if r, err := again.Recv(time.Second); err == nil && r.GetVersionInfo() != "v3" {
+		t.Fatalf("the reconnected fast node got version %q after v3: the refresh set what it computed for the closed stream", r.GetVersionInfo())
 	}
 }
 
@@ -163,7 +153,7 @@ func TestRefreshPublishesOnceAllAreComputed(t *testing.T) {
 	ns := env.Namespace(t)
 	fast := register(t, ns, "i-00000000000000f01", "10.0.9.1")
 	slow := register(t, ns, "i-00000000000000f02", "10.0.9.2")
-	streams := map[string]discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient{}
+	streams := map[string]*adsclient.SotW{}
 	for _, w := range []*workload{fast, slow} {
 		streams[w.key.Name], _ = openStream(t, addr, w, "v1")
 	}
@@ -179,26 +169,16 @@ func TestRefreshPublishesOnceAllAreComputed(t *testing.T) {
 	}
 	// The fast workload's configuration is computed (or being computed by
 	// the other worker); while the slow one's is not done, none is sent.
-	got := make(chan *discovery.DiscoveryResponse, 1)
-	go func() {
-		r, err := streams[fast.key.Name].Recv()
-		if err == nil {
-			got <- r
-		}
-	}()
-	select {
-	case r := <-got:
+	if r, err := streams[fast.key.Name].Recv(500 * time.Millisecond); err == nil {
 		t.Fatalf("the fast workload got version %q before the slow one's configuration was computed", r.GetVersionInfo())
-	case <-time.After(500 * time.Millisecond):
 	}
 	close(cfg.release)
-	select {
-	case r := <-got:
-		if r.GetVersionInfo() != "v2" {
-			t.Fatalf("fast workload: version %q, want v2", r.GetVersionInfo())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the fast workload never got v2")
+	r, err := streams[fast.key.Name].Recv(20 * time.Second)
+	if err != nil {
+		t.Fatalf("the fast workload never got v2: %v", err)
+	}
+	if r.GetVersionInfo() != "v2" {
+		t.Fatalf("fast workload: version %q, want v2", r.GetVersionInfo())
 	}
 	if r := recvTimeout(t, streams[slow.key.Name]); r.GetVersionInfo() != "v2" {
 		t.Fatalf("slow workload: version %q, want v2", r.GetVersionInfo())

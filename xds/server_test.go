@@ -45,6 +45,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/boundtoken"
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds/tokenauth"
@@ -257,64 +258,57 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 
 // adsClient is a SotW or Delta ADS client speaking like Istio's agent.
 type adsClient struct {
-	cancel context.CancelFunc
-	sotw   discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
-	delta  discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
-}
-
-func withToken(ctx context.Context, token string) context.Context {
-	if token == "" {
-		return ctx
-	}
-	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	sotw  *adsclient.SotW
+	delta *adsclient.Delta
 }
 
 // open opens a stream, subscribes to listeners and waits for the first
 // response (or the refusal).
 func open(t *testing.T, conn *grpc.ClientConn, delta bool, token string, node *core.Node) (*adsClient, error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(withToken(t.Context(), token))
-	c := &adsClient{cancel: cancel}
-	t.Cleanup(cancel)
-	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
-	var err error
 	if delta {
-		if c.delta, err = ads.DeltaAggregatedResources(ctx); err != nil {
-			return nil, err
-		}
-		// A stream the server refused at once fails Send with io.EOF; Recv
-		// has the status.
-		_ = c.delta.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: resource.ListenerType})
-		resp, err := c.delta.Recv()
+		d, err := adsclient.OpenDelta(t.Context(), conn, token, node)
 		if err != nil {
 			return nil, err
 		}
-		return c, c.delta.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ListenerType, ResponseNonce: resp.GetNonce()})
+		t.Cleanup(d.Close)
+		// A stream the server refused at once fails Send with io.EOF; Recv
+		// has the status.
+		_ = d.Subscribe(resource.ListenerType)
+		resp, err := d.Recv(0)
+		if err != nil {
+			return nil, err
+		}
+		return &adsClient{delta: d}, d.ACK(resp)
 	}
-	if c.sotw, err = ads.StreamAggregatedResources(ctx); err != nil {
-		return nil, err
-	}
-	_ = c.sotw.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType})
-	resp, err := c.sotw.Recv()
+	s, err := adsclient.OpenSotW(t.Context(), conn, token, node)
 	if err != nil {
 		return nil, err
 	}
-	return c, c.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+	t.Cleanup(s.Close)
+	_ = s.Request(resource.ListenerType)
+	resp, err := s.Recv(0)
+	if err != nil {
+		return nil, err
+	}
+	return &adsClient{sotw: s}, s.ACK(resp)
+}
+
+// cancel ends the stream.
+func (c *adsClient) cancel() {
+	if c.delta != nil {
+		c.delta.Close()
+		return
+	}
+	c.sotw.Close()
 }
 
 // recvErr waits for the stream to end and returns why.
 func (c *adsClient) recvErr() error {
-	for {
-		var err error
-		if c.delta != nil {
-			_, err = c.delta.Recv()
-		} else {
-			_, err = c.sotw.Recv()
-		}
-		if err != nil {
-			return err
-		}
+	if c.delta != nil {
+		return c.delta.Wait()
 	}
+	return c.sotw.Wait()
 }
 
 type connState struct {
@@ -673,7 +667,7 @@ func TestHealthReportsAreNotSubscriptions(t *testing.T) {
 	if err := c.sotw.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ClusterType}); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := c.sotw.Recv()
+	resp, err := c.sotw.Recv(0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,8 +30,7 @@ import (
 	"net"
 	"os"
 	"runtime/pprof"
-	"strconv"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -60,6 +59,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/benchmarks/internal/benchkit"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -212,23 +212,17 @@ type setup struct {
 	// (Unix ns): where the endpoint's part of a push begins.
 	seen atomic.Int64
 
-	regs    []registered // of the largest count
+	regs    []*benchkit.Workload // of the largest count
 	addr    string
 	conns   []*grpc.ClientConn
 	streams int // connected so far
 }
 
-type registered struct{ token, nodeID string }
-
 // counts are the -workloads counts.
 func counts(b *testing.B) []int {
-	var out []int
-	for _, f := range strings.Split(*workloads, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 || (len(out) > 0 && n < out[len(out)-1]) {
-			b.Fatalf("-workloads %q: want ascending positive counts", *workloads)
-		}
-		out = append(out, n)
+	out, err := benchkit.Counts("workloads", *workloads)
+	if err != nil || !slices.IsSorted(out) {
+		b.Fatalf("-workloads %q: want ascending positive counts", *workloads)
 	}
 	return out
 }
@@ -286,53 +280,20 @@ func (s *setup) start(total int) error {
 	if err := env.Client.Create(ctx, sidecar("127.0.0.2")); err != nil {
 		return err
 	}
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
-	if err := env.Client.Create(ctx, wg); err != nil {
-		return err
-	}
-	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
+	wg, err := benchkit.RatingsGroup(ctx, env.Client, ns)
+	if err != nil {
 		return err
 	}
 	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: log})
 	if err != nil {
 		return err
 	}
-	regs := make([]registered, total)
-	errs := make(chan error, total)
-	var next atomic.Int64
-	var workers sync.WaitGroup
 	registering := time.Now()
 	// 32 at a time: each registration waits on four API calls in turn, so
 	// the API server (not the client) is the limit.
-	for range 32 {
-		workers.Go(func() {
-			for i := int(next.Add(1) - 1); i < total; i = int(next.Add(1) - 1) {
-				ip := fmt.Sprintf("10.1.%d.%d", i/250, i%250+1)
-				res, err := reg.Write(ctx, registry.Request{
-					Group: wg,
-					Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-						Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-						EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i)},
-					}},
-					Registration: runtimev1alpha1.Registration{
-						Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-						Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-						Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-					},
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				key := client.ObjectKeyFromObject(res.Registration)
-				regs[i] = registered{token: res.SidecarToken.Token, nodeID: "sidecar~" + ip + "~" + key.Name + "." + ns + "~" + ns + ".svc.cluster.local"}
-			}
-		})
-	}
-	workers.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	regs, err := benchkit.Register(ctx, benchkit.Registration{Registrar: reg, Group: wg, N: total, Workers: 32,
+		IP: func(i int) string { return fmt.Sprintf("10.1.%d.%d", i/250, i%250+1) }})
+	if err != nil {
 		return fmt.Errorf("register: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "push: registered %d workloads in %s\n", total, time.Since(registering).Round(time.Millisecond))
@@ -442,8 +403,8 @@ func (s *setup) connect(n int) error {
 	connecting := time.Now()
 	for i := s.streams; i < n; i++ {
 		r := s.regs[i]
-		sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+r.token)
-		node := &core.Node{Id: r.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{})}}}
+		sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+r.Token)
+		node := &core.Node{Id: r.NodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{})}}}
 		if err := s.fleet.client(sctx, s.conns[i%len(s.conns)], node, &ready); err != nil {
 			return err
 		}

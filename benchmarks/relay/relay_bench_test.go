@@ -65,18 +65,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
-	istioapi "istio.io/api/networking/v1"
-	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
-	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/benchmarks/benchjson"
+	"github.com/embark-mesh/embark/benchmarks/internal/benchkit"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/presence"
@@ -87,97 +81,40 @@ import (
 )
 
 var (
-	streamsFlag = flag.String("streams", "1000", "comma-separated numbers of concurrent streams to hold")
+	flags       = benchkit.StreamFlags("write this process's in-use heap profile (pprof) while the relayed streams are held, after a forced GC")
 	perConnFlag = flag.Int("streams-per-conn", 1, "streams per client connection: 1 is production's shape (each sidecar dials its own connection); 100 multiplexes them and leaves only per-stream costs")
-	jsonFlag    = benchjson.Flag()
-	heapFlag    = flag.String("heapprofile", "", "write this process's in-use heap profile (pprof) while the relayed streams are held, after a forced GC")
 
-	env       *testenv.Env
-	informers crcache.Cache
-	clientset *kubernetes.Clientset
+	cluster benchkit.Cluster
 )
 
-func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
-		var err error
-		informers, err = env.StartCache(ctx, func(c crcache.Cache) error { return registry.SetupIndexes(ctx, c) },
-			&istionetworkingv1.WorkloadEntryList{}, &runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{})
-		if err != nil {
-			return err
-		}
-		clientset, err = kubernetes.NewForConfig(env.Config)
-		return err
-	})
-}
-
-// workload is one registered workload with its sidecar token.
-type workload struct {
-	key    ktypes.NamespacedName
-	token  string
-	nodeID string
-}
+func TestMain(m *testing.M) { benchkit.Main(m, &cluster) }
 
 // registerAll registers n ratings VMs in a new namespace with four Services
 // istiod configures them with.
-func registerAll(b *testing.B, n int) []*workload {
+func registerAll(b *testing.B, n int) []*benchkit.Workload {
 	b.Helper()
 	ctx := b.Context()
-	ns := env.Namespace(b)
+	ns := cluster.Env.Namespace(b)
 	for _, name := range []string{"ratings", "reviews", "details", "productpage"} {
 		svc := &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name},
 				Ports: []corev1.ServicePort{{Name: "http", Port: 9080, TargetPort: intstr.FromInt32(9080)}}},
 		}
-		if err := env.Client.Create(ctx, svc); err != nil {
+		if err := cluster.Env.Client.Create(ctx, svc); err != nil {
 			b.Fatal(err)
 		}
 	}
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
-	if err := env.Client.Create(ctx, wg); err != nil {
-		b.Fatal(err)
-	}
-	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
-		b.Fatal(err)
-	}
-	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: informers, Logger: slog.New(slog.DiscardHandler)})
+	wg, err := benchkit.RatingsGroup(ctx, cluster.Env.Client, ns)
 	if err != nil {
 		b.Fatal(err)
 	}
-	ws := make([]*workload, n)
-	var next atomic.Int64
-	var wgp sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
-		wgp.Go(func() {
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				ip := fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256)
-				res, err := reg.Write(ctx, registry.Request{
-					Group: wg,
-					Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-						Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-						EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i)},
-					}},
-					Registration: runtimev1alpha1.Registration{
-						Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-						Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-						Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-					},
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				key := client.ObjectKeyFromObject(res.Registration)
-				ws[i] = &workload{key: key, token: res.SidecarToken.Token,
-					nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
-			}
-		})
+	reg, err := registry.NewRegistrar(registry.Options{Client: cluster.Env.Client, Cache: cluster.Informers, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
 	}
-	wgp.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	ws, err := benchkit.Register(ctx, benchkit.Registration{Registrar: reg, Group: wg, N: n, Workers: 8})
+	if err != nil {
 		b.Fatal(err)
 	}
 	return ws
@@ -211,13 +148,13 @@ func startEmbark(b *testing.B, i *testenv.Istiod, serving *tls.Config) (string, 
 	if err != nil {
 		b.Fatal(err)
 	}
-	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: env.Client, Replica: "replica-a", Logger: log})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: cluster.Env.Client, Replica: "replica-a", Logger: log})
 	if err != nil {
 		b.Fatal(err)
 	}
 	srv, err := xds.NewServer(ctx, xds.Options{
-		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
-		Reader: informers, APIReader: env.Client, Informers: informers, Logger: log, Relay: rl,
+		Connections: conns, TokenReviews: cluster.Clientset.AuthenticationV1().TokenReviews(),
+		Reader: cluster.Informers, APIReader: cluster.Env.Client, Informers: cluster.Informers, Logger: log, Relay: rl,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -298,7 +235,7 @@ func (h *heldStream) read() {
 
 // holdStreams opens one SotW stream per workload to addr (-streams-per-conn
 // streams per client connection), subscribes to CDS and LDS and ACKs both.
-func holdStreams(b *testing.B, addr string, creds credentials.TransportCredentials, ws []*workload) *held {
+func holdStreams(b *testing.B, addr string, creds credentials.TransportCredentials, ws []*benchkit.Workload) *held {
 	b.Helper()
 	perConn := max(1, *perConnFlag)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -320,7 +257,7 @@ func holdStreams(b *testing.B, addr string, creds credentials.TransportCredentia
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+w.token)
+			sctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+w.Token)
 			st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
 			for k, t := range []string{resource.ClusterType, resource.ListenerType} {
 				if err != nil {
@@ -328,7 +265,7 @@ func holdStreams(b *testing.B, addr string, creds credentials.TransportCredentia
 				}
 				req := &discovery.DiscoveryRequest{TypeUrl: t}
 				if k == 0 {
-					req.Node = sidecarNode(w.nodeID)
+					req.Node = sidecarNode(w.NodeID)
 				}
 				if err = st.Send(req); err != nil {
 					break
@@ -340,7 +277,7 @@ func holdStreams(b *testing.B, addr string, creds credentials.TransportCredentia
 				err = st.Send(&discovery.DiscoveryRequest{TypeUrl: t, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
 			}
 			if err != nil {
-				errs <- fmt.Errorf("stream of %s: %w", w.key, err)
+				errs <- fmt.Errorf("stream of %s: %w", w.Key, err)
 				return
 			}
 			hs := &heldStream{st: st, routes: make(chan *discovery.DiscoveryResponse, 1), failed: make(chan error, 1)}
@@ -568,7 +505,7 @@ type result struct {
 // measureSide holds a stream per workload to addr and measures; settle
 // (nil: nothing to wait for) waits until the server's own writes for the
 // new connections are done, so that the heap is what held streams keep.
-func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials.TransportCredentials, ws []*workload, settle func(), profile string) side {
+func measureSide(b *testing.B, i *testenv.Istiod, addr string, creds credentials.TransportCredentials, ws []*benchkit.Workload, settle func(), profile string) side {
 	b.Helper()
 	m0 := heap()
 	ih0, is0 := istiodMemory(b, i)
@@ -604,7 +541,7 @@ func run(b *testing.B, n int) result {
 	// (PILOT_MAX_REQUESTS_PER_SECOND) and fails a stream that waits over 1s
 	// with ResourceExhausted; the benchmark opens 1,000 at once on both
 	// sides, so the limit is raised for both alike.
-	i, err := testenv.StartIstiod(b.Context(), env, testenv.IstiodOptions{Env: []string{"PILOT_MAX_REQUESTS_PER_SECOND=100000"}})
+	i, err := testenv.StartIstiod(b.Context(), cluster.Env, testenv.IstiodOptions{Env: []string{"PILOT_MAX_REQUESTS_PER_SECOND=100000"}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -627,7 +564,7 @@ func run(b *testing.B, n int) result {
 	time.Sleep(2 * time.Second)
 	addr, settle := startEmbark(b, i, serving)
 	relayed := credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: embarkServerName, MinVersion: tls.VersionTLS12})
-	r.Relayed = measureSide(b, i, addr, relayed, ws, settle, *heapFlag)
+	r.Relayed = measureSide(b, i, addr, relayed, ws, settle, *flags.HeapProfile)
 	r.ClientHeapBytesPerStream = r.Direct.ProcessHeapBytesPerStream
 	r.EmbarkHeapBytesPerStream = r.Relayed.ProcessHeapBytesPerStream - r.Direct.ProcessHeapBytesPerStream
 	r.EmbarkHeapBytesPerStreamUnsettled = r.Relayed.ProcessHeapBytesPerStreamUnsettled - r.Direct.ProcessHeapBytesPerStream
@@ -672,13 +609,9 @@ func record(r result) {
 }
 
 func BenchmarkRelay(b *testing.B) {
-	var counts []int
-	for _, f := range strings.Split(*streamsFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			b.Fatalf("-streams: %q", f)
-		}
-		counts = append(counts, n)
+	counts, err := benchkit.Counts("streams", *flags.Streams)
+	if err != nil {
+		b.Fatal(err)
 	}
 	for _, n := range counts {
 		b.Run(fmt.Sprintf("streams=%d/per-conn=%d", n, max(1, *perConnFlag)), func(b *testing.B) {
@@ -701,8 +634,8 @@ func BenchmarkRelay(b *testing.B) {
 			}
 		})
 	}
-	if *jsonFlag != "" {
-		if err := recorder.WriteFile(*jsonFlag, "github.com/embark-mesh/embark/benchmarks/relay"); err != nil {
+	if *flags.JSON != "" {
+		if err := recorder.WriteFile(*flags.JSON, "github.com/embark-mesh/embark/benchmarks/relay"); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -50,8 +50,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -68,117 +66,56 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
-	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
-	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/benchmarks/benchjson"
+	"github.com/embark-mesh/embark/benchmarks/internal/benchkit"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/presence"
 	"github.com/embark-mesh/embark/registry/write"
-	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/xds"
 )
 
 var (
-	streamsFlag = flag.String("streams", "1000", "comma-separated numbers of concurrent streams to hold")
-	stormMax    = flag.Int("storm-max", 1000, "run the reconnect storm and the mass disconnect only up to this many streams")
-	jsonFlag    = benchjson.Flag()
-	apiProfile  = flag.String("apiserver-cpuprofile", "", "write the kube-apiserver's CPU profile (pprof) during the mass disconnect to this file, and during the reconnect storm to file.storm")
-	heapFlag    = flag.String("heapprofile", "", "write the in-use heap profile (pprof) while Embark's streams are held to this file, and the bare server's to file.bare, at the largest count")
+	flags      = benchkit.StreamFlags("write the in-use heap profile (pprof) while Embark's streams are held to this file, and the bare server's to file.bare, at the largest count")
+	stormMax   = flag.Int("storm-max", 1000, "run the reconnect storm and the mass disconnect only up to this many streams")
+	apiProfile = flag.String("apiserver-cpuprofile", "", "write the kube-apiserver's CPU profile (pprof) during the mass disconnect to this file, and during the reconnect storm to file.storm")
 
-	env       *testenv.Env
-	informers crcache.Cache
-	clientset *kubernetes.Clientset
+	cluster benchkit.Cluster
 )
 
-func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{GarbageCollector: true}, &env, func(ctx context.Context) error {
-		var err error
-		informers, err = env.StartCache(ctx, func(c crcache.Cache) error { return registry.SetupIndexes(ctx, c) },
-			&istionetworkingv1.WorkloadEntryList{}, &runtimev1alpha1.WorkloadAutoRegistrationList{}, &corev1.SecretList{})
-		if err != nil {
-			return err
-		}
-		clientset, err = kubernetes.NewForConfig(env.Config)
-		return err
-	})
-}
+func TestMain(m *testing.M) { benchkit.Main(m, &cluster) }
 
-// workload is one registered workload with its sidecar token.
-type workload struct {
-	key    ktypes.NamespacedName
-	token  string
-	nodeID string
-	uids   [2]ktypes.UID // registration, WorkloadEntry
-}
-
-func registerAll(b *testing.B, n int) (string, []*workload) {
+// registerAll registers n ratings VMs in a new namespace, 32 at a time, and
+// returns the namespace and the workloads.
+func registerAll(b *testing.B, n int) (string, []*benchkit.Workload) {
 	b.Helper()
 	ctx := b.Context()
-	ns := env.Namespace(b)
-	wg := &istionetworkingv1.WorkloadGroup{ObjectMeta: metav1.ObjectMeta{Name: "ratings", Namespace: ns}}
-	wg.Spec.Template = &istioapi.WorkloadEntry{Labels: map[string]string{"app": "ratings"}, ServiceAccount: "ratings-vm"}
-	if err := env.Client.Create(ctx, wg); err != nil {
-		b.Fatal(err)
-	}
-	if err := env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "ratings-vm", Namespace: ns}}); err != nil {
+	ns := cluster.Env.Namespace(b)
+	wg, err := benchkit.RatingsGroup(ctx, cluster.Env.Client, ns)
+	if err != nil {
 		b.Fatal(err)
 	}
 	// The set-up's registrations are not what is measured: a budget far above
 	// the default (50 writes/s would take 10 minutes for 10,000 of them), so
 	// the API server, not the Writer, is the limit of the fast path.
-	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: informers, Logger: slog.New(slog.DiscardHandler),
+	reg, err := registry.NewRegistrar(registry.Options{Client: cluster.Env.Client, Cache: cluster.Informers, Logger: slog.New(slog.DiscardHandler),
 		Writer: write.New(write.Options{QPS: 5000, Burst: 5000})})
 	if err != nil {
 		b.Fatal(err)
 	}
-	ws := make([]*workload, n)
-	var next atomic.Int64
-	var wgp sync.WaitGroup
-	errs := make(chan error, 32)
 	start := time.Now()
-	for range 32 {
-		wgp.Go(func() {
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				ip := fmt.Sprintf("10.%d.%d.%d", 100+i/65536, i/256%256, i%256)
-				res, err := reg.Write(ctx, registry.Request{
-					Group: wg,
-					Identity: runtimev1alpha1.WorkloadIdentity{AWS: &runtimev1alpha1.AWSIdentity{
-						Partition: "aws", Account: "123456789012", Region: "us-east-2", Zone: "us-east-2b",
-						EC2: &runtimev1alpha1.EC2Identity{InstanceID: fmt.Sprintf("i-%017x", i)},
-					}},
-					Registration: runtimev1alpha1.Registration{
-						Host:     runtimev1alpha1.HostInfo{Addresses: []runtimev1alpha1.HostAddress{{IP: ip, Type: runtimev1alpha1.AddressTypeVPC}}},
-						Settings: runtimev1alpha1.Settings{ConnectedOver: runtimev1alpha1.AddressTypeVPC},
-						Sidecar:  runtimev1alpha1.SidecarInfo{Istio: runtimev1alpha1.IstioSidecarInfo{Version: "1.30.0"}},
-					},
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-				key := client.ObjectKeyFromObject(res.Registration)
-				ws[i] = &workload{key: key, token: res.SidecarToken.Token, uids: [2]ktypes.UID{res.Registration.UID, res.WorkloadEntry.UID},
-					nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"}
-			}
-		})
-	}
-	wgp.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	ws, err := benchkit.Register(ctx, benchkit.Registration{Registrar: reg, Group: wg, N: n, Workers: 32})
+	if err != nil {
 		b.Fatal(err)
 	}
 	b.Logf("registered %d workloads in %s (%.0f/s)", n, time.Since(start).Round(time.Millisecond), float64(n)/time.Since(start).Seconds())
@@ -189,13 +126,13 @@ var (
 	registered struct {
 		once sync.Once
 		ns   string
-		ws   []*workload
+		ws   []*benchkit.Workload
 	}
 )
 
 // registeredN returns the first n of the workloads of the largest count,
 // registering them all the first time.
-func registeredN(b *testing.B, n, largest int) (string, []*workload) {
+func registeredN(b *testing.B, n, largest int) (string, []*benchkit.Workload) {
 	registered.once.Do(func() { registered.ns, registered.ws = registerAll(b, largest) })
 	if len(registered.ws) < n {
 		b.Fatalf("%d workloads registered, %d wanted", len(registered.ws), n)
@@ -212,7 +149,7 @@ type countingClient struct {
 
 func newCountingClient() *countingClient {
 	cc := &countingClient{}
-	cc.Client = interceptor.NewClient(env.Client, interceptor.Funcs{
+	cc.Client = interceptor.NewClient(cluster.Env.Client, interceptor.Funcs{
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 			cc.entry.Add(1)
 			return c.Update(ctx, obj, opts...)
@@ -263,13 +200,13 @@ func serve(b *testing.B, register func(*grpc.Server), cancel context.CancelFunc,
 func startEmbark(b *testing.B, replica string, c client.Client, writes write.Options) *server {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: c, Cache: informers, Replica: replica, Logger: slog.New(slog.DiscardHandler), Writer: write.New(writes)})
+	conns, err := presence.NewConnections(ctx, presence.ConnectionOptions{Client: c, Cache: cluster.Informers, Replica: replica, Logger: slog.New(slog.DiscardHandler), Writer: write.New(writes)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	srv, err := xds.NewServer(ctx, xds.Options{
-		Connections: conns, TokenReviews: clientset.AuthenticationV1().TokenReviews(),
-		Reader: informers, APIReader: env.Client, Informers: informers, Logger: slog.New(slog.DiscardHandler),
+		Connections: conns, TokenReviews: cluster.Clientset.AuthenticationV1().TokenReviews(),
+		Reader: cluster.Informers, APIReader: cluster.Env.Client, Informers: cluster.Informers, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -284,7 +221,7 @@ func startEmbark(b *testing.B, replica string, c client.Client, writes write.Opt
 // startBare starts a bare go-control-plane ADS server that serves every node
 // the same empty snapshot (what Embark serves today), with no
 // authentication and no callbacks.
-func startBare(b *testing.B, ws []*workload) *server {
+func startBare(b *testing.B, ws []*benchkit.Workload) *server {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	snaps := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
@@ -295,7 +232,7 @@ func startBare(b *testing.B, ws []*workload) *server {
 		b.Fatal(err)
 	}
 	for _, w := range ws {
-		if err := snaps.SetSnapshot(ctx, w.nodeID, snap); err != nil {
+		if err := snaps.SetSnapshot(ctx, w.NodeID, snap); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -313,7 +250,7 @@ func sidecarNode(id string) *core.Node {
 // holdStreams opens one SotW stream per workload over conns client
 // connections, subscribes to listeners and ACKs the first response. The
 // returned func closes them all.
-func holdStreams(b *testing.B, addr string, ws []*workload) func() {
+func holdStreams(b *testing.B, addr string, ws []*benchkit.Workload) func() {
 	b.Helper()
 	const perConn = 100
 	var conns []*grpc.ClientConn
@@ -336,13 +273,13 @@ func holdStreams(b *testing.B, addr string, ws []*workload) func() {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			sctx, scancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+w.token))
+			sctx, scancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+w.Token))
 			mu.Lock()
 			cancels = append(cancels, scancel)
 			mu.Unlock()
 			st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(sctx)
 			if err == nil {
-				err = st.Send(&discovery.DiscoveryRequest{Node: sidecarNode(w.nodeID), TypeUrl: resource.ListenerType})
+				err = st.Send(&discovery.DiscoveryRequest{Node: sidecarNode(w.NodeID), TypeUrl: resource.ListenerType})
 			}
 			var resp *discovery.DiscoveryResponse
 			if err == nil {
@@ -352,7 +289,7 @@ func holdStreams(b *testing.B, addr string, ws []*workload) func() {
 				err = st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
 			}
 			if err != nil {
-				errs <- fmt.Errorf("stream of %s: %w", w.key, err)
+				errs <- fmt.Errorf("stream of %s: %w", w.Key, err)
 			}
 		})
 	}
@@ -411,10 +348,10 @@ func measure(n int, heap0 uint64, gr0 int) footprint {
 // of heap) when -heapprofile is set and n is the largest count.
 func writeHeapProfile(b *testing.B, n, largest int, suffix string) {
 	b.Helper()
-	if *heapFlag == "" || n != largest {
+	if *flags.HeapProfile == "" || n != largest {
 		return
 	}
-	f, err := os.Create(*heapFlag + suffix)
+	f, err := os.Create(*flags.HeapProfile + suffix)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -450,7 +387,7 @@ func waitAll(b *testing.B, ns string, n int, pred func(*runtimev1alpha1.Workload
 // process's CPU taken from the API server during the writes being timed.)
 func waitSeen(b *testing.B, ns string, n int, pred func(*runtimev1alpha1.WorkloadAutoRegistration) bool) time.Time {
 	b.Helper()
-	inf, err := informers.GetInformer(b.Context(), &runtimev1alpha1.WorkloadAutoRegistration{})
+	inf, err := cluster.Informers.GetInformer(b.Context(), &runtimev1alpha1.WorkloadAutoRegistration{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -515,7 +452,7 @@ func confirmStored(b *testing.B, ns string, n int, pred func(*runtimev1alpha1.Wo
 	// HTTP/2 INTERNAL_ERROR was seen): try a few times.
 	err := wait.PollUntilContextTimeout(b.Context(), time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 		var err error
-		got, err = countIn(ctx, env.Client, ns, pred)
+		got, err = countIn(ctx, cluster.Env.Client, ns, pred)
 		if err != nil {
 			b.Logf("list registrations: %v; trying again", err)
 		}
@@ -561,11 +498,11 @@ func disconnected(war *runtimev1alpha1.WorkloadAutoRegistration) bool {
 // Two rounds, one adding a condition, one removing it (the registrations end
 // as they were), each from a cache that caught up with the round before;
 // the rate is over both.
-func statusWriteRate(b *testing.B, ws []*workload) float64 {
+func statusWriteRate(b *testing.B, ws []*benchkit.Workload) float64 {
 	b.Helper()
-	cfg := rest.CopyConfig(env.Config)
+	cfg := rest.CopyConfig(cluster.Env.Config)
 	cfg.QPS, cfg.Burst = -1, 0 // measure the server, not client-go's limiter
-	c, err := client.New(cfg, client.Options{Scheme: env.Client.Scheme()})
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Env.Client.Scheme()})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -583,10 +520,10 @@ func statusWriteRate(b *testing.B, ws []*workload) float64 {
 		t0 := time.Now()
 		for _, w := range ws {
 			wg.Go(func() {
-				var r client.Reader = informers
+				var r client.Reader = cluster.Informers
 				err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 					war := &runtimev1alpha1.WorkloadAutoRegistration{}
-					if err := r.Get(b.Context(), w.key, war); err != nil {
+					if err := r.Get(b.Context(), w.Key, war); err != nil {
 						return err
 					}
 					r = c
@@ -598,7 +535,7 @@ func statusWriteRate(b *testing.B, ws []*workload) float64 {
 					return c.Status().Update(b.Context(), war)
 				})
 				if err != nil {
-					errs <- fmt.Errorf("status update of %s: %w", w.key, err)
+					errs <- fmt.Errorf("status update of %s: %w", w.Key, err)
 				}
 			})
 		}
@@ -618,12 +555,12 @@ func statusWriteRate(b *testing.B, ws []*workload) float64 {
 
 // waitCache waits until the informer cache shows pred of every registration
 // of ws.
-func waitCache(b *testing.B, ws []*workload, pred func(*runtimev1alpha1.WorkloadAutoRegistration) bool) {
+func waitCache(b *testing.B, ws []*benchkit.Workload, pred func(*runtimev1alpha1.WorkloadAutoRegistration) bool) {
 	b.Helper()
 	err := wait.PollUntilContextTimeout(b.Context(), 50*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
 		for _, w := range ws {
 			war := &runtimev1alpha1.WorkloadAutoRegistration{}
-			if err := informers.Get(ctx, w.key, war); err != nil || !pred(war) {
+			if err := cluster.Informers.Get(ctx, w.Key, war); err != nil || !pred(war) {
 				return false, nil
 			}
 		}
@@ -649,7 +586,7 @@ func profileAPIServer(b *testing.B, suffix string) func() {
 	}
 	done := make(chan profile, 1)
 	go func() { // reports only through done: it may outlive a failed benchmark
-		body, err := clientset.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "10").DoRaw(context.Background())
+		body, err := cluster.Clientset.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", "10").DoRaw(context.Background())
 		done <- profile{body, err}
 	}()
 	return func() {
@@ -725,13 +662,9 @@ func record(r result) {
 }
 
 func BenchmarkStreams(b *testing.B) {
-	var counts []int
-	for _, f := range strings.Split(*streamsFlag, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			b.Fatalf("-streams: %q", f)
-		}
-		counts = append(counts, n)
+	counts, err := benchkit.Counts("streams", *flags.Streams)
+	if err != nil {
+		b.Fatal(err)
 	}
 	largest := slices.Max(counts)
 	// Registered here, not in a sub-benchmark: the namespace lives as long
@@ -764,8 +697,8 @@ func BenchmarkStreams(b *testing.B) {
 			}
 		})
 	}
-	if *jsonFlag != "" {
-		if err := recorder.WriteFile(*jsonFlag, "github.com/embark-mesh/embark/benchmarks/streams"); err != nil {
+	if *flags.JSON != "" {
+		if err := recorder.WriteFile(*flags.JSON, "github.com/embark-mesh/embark/benchmarks/streams"); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -788,7 +721,7 @@ func run(b *testing.B, n, largest int) result {
 	closeBare()
 	bare.stop()
 
-	a := startEmbark(b, "replica-a", env.Client, writes)
+	a := startEmbark(b, "replica-a", cluster.Env.Client, writes)
 	h0, g0 = heap()
 	t0 := time.Now()
 	closeA := holdStreams(b, a.addr, ws)
@@ -840,8 +773,8 @@ func run(b *testing.B, n, largest int) result {
 	for _, w := range ws {
 		war := &runtimev1alpha1.WorkloadAutoRegistration{}
 		we := &istionetworkingv1.WorkloadEntry{}
-		if env.Client.Get(b.Context(), w.key, war) != nil || env.Client.Get(b.Context(), w.key, we) != nil ||
-			war.UID != w.uids[0] || we.UID != w.uids[1] {
+		if cluster.Env.Client.Get(b.Context(), w.Key, war) != nil || cluster.Env.Client.Get(b.Context(), w.Key, we) != nil ||
+			war.UID != w.UIDs[0] || we.UID != w.UIDs[1] {
 			r.Recreated++
 		}
 	}

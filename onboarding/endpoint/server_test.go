@@ -25,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -43,6 +44,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/boundtoken"
+	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -362,7 +364,7 @@ func TestOnboardRegisterRenewUnregister(t *testing.T) {
 		t.Fatal(err)
 	}
 	boot := reg.GetBootstrap()
-	if reg.GetRegistrationName() != seedName || boot.GetNodeId() != "sidecar~172.31.5.254~"+seedName+"."+h.ns+"~"+h.ns+".svc.cluster.local" {
+	if reg.GetRegistrationName() != seedName || boot.GetNodeId() != nodeid.Build("172.31.5.254", types.NamespacedName{Namespace: h.ns, Name: seedName}) {
 		t.Errorf("register response = %v", reg)
 	}
 	if boot.GetServiceAccount() != "ratings-vm" || boot.GetNetwork() != "virtual-machines" || boot.GetDiscoveryAddress() != audience+":15012" || boot.GetLabels()["version"] != "v5" {

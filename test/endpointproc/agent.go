@@ -8,7 +8,6 @@ import (
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -18,6 +17,7 @@ import (
 
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
+	"github.com/embark-mesh/embark/test/adsclient"
 )
 
 // Dial opens a plaintext gRPC connection (loopback tests only).
@@ -134,30 +134,29 @@ func (a *Agent) Disconnect() {
 }
 
 func (a *Agent) stream(ctx context.Context, conn *grpc.ClientConn) error {
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+a.token))
-	defer cancel()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		return err
-	}
 	node := &core.Node{Id: a.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"PROXY_CONFIG":  structpb.NewStructValue(a.proxyConfig),
 		"ISTIO_VERSION": structpb.NewStringValue("1.30.0"),
 		"CLUSTER_ID":    structpb.NewStringValue("Kubernetes"),
 	}}}
-	if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}); err != nil {
-		_, rerr := s.Recv()
+	s, err := adsclient.OpenSotW(ctx, conn, a.token, node)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := s.Request(resource.ListenerType); err != nil {
+		_, rerr := s.Next()
 		return fmt.Errorf("send: %w (%v)", err, rerr)
 	}
 	for {
-		resp, err := s.Recv()
+		resp, err := s.Next()
 		if err != nil {
 			return err
 		}
 		if !a.connected.Swap(true) {
 			a.connects.Add(1)
 		}
-		if err := s.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+		if err := s.ACK(resp); err != nil {
 			return err
 		}
 	}

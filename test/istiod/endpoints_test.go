@@ -8,13 +8,13 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/apimachinery/pkg/types"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/registry/nodeid"
+	"github.com/embark-mesh/embark/test/adsclient"
 )
 
 // podProxy is an in-mesh proxy of another workload (productpage) as istiod
@@ -22,7 +22,7 @@ import (
 // endpoints of one cluster. It uses istiod's plaintext port, which
 // authenticates nobody (tests only); the configuration served is the same.
 type podProxy struct {
-	st      discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	st      *adsclient.SotW
 	cluster string
 	updates chan *endpointv3.ClusterLoadAssignment
 	// ns is the pod's namespace, to subscribe again when istiod closes the
@@ -39,19 +39,14 @@ func startPodProxy(t *testing.T, ns, service string, port int) *podProxy {
 // cluster.
 func startPodProxyFor(t *testing.T, ns, cluster string) *podProxy {
 	t.Helper()
-	conn, err := grpc.NewClient(istiod.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := adsclient.Dial(istiod.GRPCAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	t.Cleanup(func() { cancel(); _ = conn.Close() })
-	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &podProxy{st: st, cluster: cluster, updates: make(chan *endpointv3.ClusterLoadAssignment, 16), ns: ns}
 	node := &core.Node{
-		Id: "sidecar~10.244.0.9~productpage-v1-5d9c8b7f6-x2v4k." + ns + "~" + ns + ".svc.cluster.local",
+		Id: nodeid.Build("10.244.0.9", types.NamespacedName{Namespace: ns, Name: "productpage-v1-5d9c8b7f6-x2v4k"}),
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 			"CLUSTER_ID":    structpb.NewStringValue("Kubernetes"),
 			"NAMESPACE":     structpb.NewStringValue(ns),
@@ -59,17 +54,22 @@ func startPodProxyFor(t *testing.T, ns, cluster string) *podProxy {
 			"LABELS":        structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"app": structpb.NewStringValue("productpage")}}),
 		}},
 	}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: []string{p.cluster}}); err != nil {
+	st, err := adsclient.OpenSotW(ctx, conn, "", node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &podProxy{st: st, cluster: cluster, updates: make(chan *endpointv3.ClusterLoadAssignment, 16), ns: ns}
+	if err := st.Request(resource.EndpointType, p.cluster); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
 		defer close(p.updates)
 		for {
-			resp, err := st.Recv()
+			resp, err := st.Next()
 			if err != nil {
 				return
 			}
-			_ = st.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(), ResourceNames: []string{p.cluster}})
+			_ = st.ACK(resp)
 			for _, r := range resp.GetResources() {
 				cla := &endpointv3.ClusterLoadAssignment{}
 				if r.UnmarshalTo(cla) == nil && cla.GetClusterName() == p.cluster {

@@ -22,15 +22,13 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -105,7 +103,7 @@ func register(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) *workloa
 
 // stream is an ADS stream of a workload's sidecar to Embark.
 type stream struct {
-	st     discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	st     *adsclient.SotW
 	cancel func()
 }
 
@@ -119,33 +117,27 @@ func (w *workload) connect(t *testing.T, e *endpoint) *stream {
 		t.Fatal(err)
 	}
 	roots.AppendCertsFromPEM(pemData)
-	conn, err := grpc.NewClient(e.xds, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.WithoutCancel(t.Context()), "authorization", "Bearer "+w.token))
-	s := &stream{cancel: func() { cancel(); _ = conn.Close() }}
-	t.Cleanup(s.cancel)
-	s.st, err = discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	conn, err := adsclient.Dial(e.xds, adsclient.WithTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	node := &core.Node{Id: w.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
 	}}}
-	if err := s.st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}); err != nil {
+	st, err := adsclient.OpenSotW(context.WithoutCancel(t.Context()), conn, w.token, node)
+	if err != nil {
+		_ = conn.Close()
 		t.Fatal(err)
 	}
-	if _, err := s.st.Recv(); err != nil {
+	s := &stream{st: st, cancel: func() { st.Close(); _ = conn.Close() }}
+	t.Cleanup(s.cancel)
+	if err := st.Request(resource.ListenerType); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Next(); err != nil {
 		t.Fatalf("stream of %s: %v", w.key.Name, err)
 	}
-	go func() { // drain pushes
-		for {
-			if _, err := s.st.Recv(); err != nil {
-				return
-			}
-		}
-	}()
+	go func() { _ = st.Wait() }() // drain pushes
 	return s
 }
 

@@ -28,12 +28,14 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/meshnet"
@@ -171,7 +173,7 @@ func (w *workload) vmSidecar(t *testing.T, e *endpoint) *adsClient {
 func podProxy(t *testing.T, ns string) *adsClient {
 	t.Helper()
 	node := &core.Node{
-		Id: "sidecar~10.244.0.9~productpage-v1-0." + ns + "~" + ns + ".svc.cluster.local",
+		Id: nodeid.Build("10.244.0.9", types.NamespacedName{Namespace: ns, Name: "productpage-v1-0"}),
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 			"CLUSTER_ID":    structpb.NewStringValue("Kubernetes"),
 			"NETWORK":       structpb.NewStringValue(podNetwork),

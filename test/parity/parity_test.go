@@ -22,12 +22,9 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpproxyv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -40,6 +37,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/translate"
@@ -178,28 +176,25 @@ func (w *world) node() *core.Node {
 // fetchIstiod asks istiod, as the VM's proxy, for CDS and LDS, then EDS and
 // RDS for what they name.
 func fetchIstiod(ctx context.Context, addr string, node *core.Node) (map[string][]types.Resource, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := adsclient.Dial(addr)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	ads, err := adsclient.OpenSotW(ctx, conn, "", node)
 	if err != nil {
 		return nil, err
 	}
+	defer ads.Close()
 	out := map[string][]types.Resource{}
-	get := func(typ string, names []string, first bool) error {
-		req := &discovery.DiscoveryRequest{TypeUrl: typ, ResourceNames: names}
-		if first {
-			req.Node = node
-		}
-		if err := ads.Send(req); err != nil {
+	get := func(typ string, names []string) error {
+		if err := ads.Request(typ, names...); err != nil {
 			return err
 		}
 		for {
-			resp, err := ads.Recv()
+			resp, err := ads.Next()
 			if err != nil {
 				return fmt.Errorf("%s: %w", typ, err)
 			}
@@ -213,13 +208,13 @@ func fetchIstiod(ctx context.Context, addr string, node *core.Node) (map[string]
 				}
 				out[typ] = append(out[typ], m)
 			}
-			return ads.Send(&discovery.DiscoveryRequest{TypeUrl: typ, ResourceNames: names, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+			return ads.ACK(resp)
 		}
 	}
-	if err := get(resource.ClusterType, nil, true); err != nil {
+	if err := get(resource.ClusterType, nil); err != nil {
 		return nil, err
 	}
-	if err := get(resource.ListenerType, nil, false); err != nil {
+	if err := get(resource.ListenerType, nil); err != nil {
 		return nil, err
 	}
 	var eds, rds []string
@@ -238,13 +233,13 @@ func fetchIstiod(ctx context.Context, addr string, node *core.Node) (map[string]
 		}
 	}
 	if len(eds) > 0 {
-		if err := get(resource.EndpointType, eds, false); err != nil {
+		if err := get(resource.EndpointType, eds); err != nil {
 			return nil, err
 		}
 	}
 	if len(rds) > 0 {
 		slices.Sort(rds)
-		if err := get(resource.RouteType, slices.Compact(rds), false); err != nil {
+		if err := get(resource.RouteType, slices.Compact(rds)); err != nil {
 			return nil, err
 		}
 	}

@@ -9,14 +9,8 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/types/known/structpb"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -40,42 +34,18 @@ type edsStream struct {
 
 func subscribeEDS(t *testing.T, e *endpoint, w *workload) *edsStream {
 	t.Helper()
-	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+w.token))
-	t.Cleanup(cancel)
-	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	node := &core.Node{Id: w.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
-	}}}
-	for i, typ := range []string{resource.ClusterType, resource.ListenerType} {
-		req := &discovery.DiscoveryRequest{TypeUrl: typ}
-		if i == 0 {
-			req.Node = node
-		}
-		if err := ads.Send(req); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ads := openSidecar(t, e, w, resource.ClusterType, resource.ListenerType)
 	s := &edsStream{endpoints: map[string][]string{}}
 	go func() {
 		var edsNames []string
-		var edsVersion, edsNonce string
 		for {
-			resp, err := ads.Recv()
+			resp, err := ads.Next()
 			if err != nil {
 				s.mu.Lock()
 				s.err = err
 				s.mu.Unlock()
 				return
 			}
-			ack := &discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
 			switch resp.GetTypeUrl() {
 			case resource.ClusterType:
 				var names []string
@@ -86,19 +56,19 @@ func subscribeEDS(t *testing.T, e *endpoint, w *workload) *edsStream {
 					}
 				}
 				slices.Sort(names)
-				if err := ads.Send(ack); err != nil {
+				if err := ads.ACK(resp); err != nil {
 					return
 				}
+				// A changed subscription carries the last EDS version and
+				// nonce, as Envoy's does.
 				if !slices.Equal(names, edsNames) {
 					edsNames = names
-					if err := ads.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: names, VersionInfo: edsVersion, ResponseNonce: edsNonce}); err != nil {
+					if err := ads.Request(resource.EndpointType, names...); err != nil {
 						return
 					}
 				}
 				continue
 			case resource.EndpointType:
-				edsVersion, edsNonce = resp.GetVersionInfo(), resp.GetNonce()
-				ack.ResourceNames = edsNames
 				got := map[string][]string{}
 				for _, a := range resp.GetResources() {
 					cla := &endpointv3.ClusterLoadAssignment{}
@@ -118,7 +88,8 @@ func subscribeEDS(t *testing.T, e *endpoint, w *workload) *edsStream {
 				s.endpoints = got
 				s.mu.Unlock()
 			}
-			if err := ads.Send(ack); err != nil {
+			// The ACK of an EDS response names the clusters subscribed to.
+			if err := ads.ACK(resp); err != nil {
 				return
 			}
 		}

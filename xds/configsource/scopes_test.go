@@ -24,6 +24,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/xds/internal/snapcache"
 )
 
@@ -120,7 +121,7 @@ func registerN(t *testing.T, e *endpoint, ns string, n int) []*workload {
 		}
 		key := client.ObjectKeyFromObject(res.Registration)
 		out = append(out, &workload{key: key, token: res.SidecarToken.Token,
-			nodeID: "sidecar~" + ip + "~" + key.Name + "." + key.Namespace + "~" + key.Namespace + ".svc.cluster.local"})
+			nodeID: nodeid.Build(ip, key)})
 	}
 	return out
 }

@@ -18,8 +18,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -35,6 +33,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/enforcement"
 	"github.com/embark-mesh/embark/registry/presence"
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/translate"
@@ -165,35 +164,38 @@ type stream struct {
 	err    error
 }
 
-func subscribe(t *testing.T, e *endpoint, w *workload) *stream {
+// openSidecar opens w's SotW stream to e as its sidecar, with its token
+// and a node with a ProxyConfig, and requests typeURLs in turn.
+func openSidecar(t *testing.T, e *endpoint, w *workload, typeURLs ...string) *adsclient.SotW {
 	t.Helper()
-	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := adsclient.Dial(e.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+w.token))
-	t.Cleanup(cancel)
-	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	node := &core.Node{Id: w.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
 	}}}
-	for i, typ := range []string{resource.ListenerType, resource.ClusterType} {
-		req := &discovery.DiscoveryRequest{TypeUrl: typ}
-		if i == 0 {
-			req.Node = node
-		}
-		if err := ads.Send(req); err != nil {
+	ads, err := adsclient.OpenSotW(t.Context(), conn, w.token, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ads.Close)
+	for _, typ := range typeURLs {
+		if err := ads.Request(typ); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return ads
+}
+
+func subscribe(t *testing.T, e *endpoint, w *workload) *stream {
+	t.Helper()
+	ads := openSidecar(t, e, w, resource.ListenerType, resource.ClusterType)
 	s := &stream{latest: map[string]*discovery.DiscoveryResponse{}, count: map[string]int{}}
 	go func() {
 		for {
-			resp, err := ads.Recv()
+			resp, err := ads.Next()
 			if err != nil {
 				s.mu.Lock()
 				s.err = err
@@ -204,7 +206,7 @@ func subscribe(t *testing.T, e *endpoint, w *workload) *stream {
 			s.latest[resp.GetTypeUrl()] = resp
 			s.count[resp.GetTypeUrl()]++
 			s.mu.Unlock()
-			_ = ads.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+			_ = ads.ACK(resp)
 		}
 	}()
 	return s

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds/relay"
 )
@@ -452,18 +453,16 @@ func TestNoLeakAcrossStreams(t *testing.T) {
 	u.publish(t, "v1", time.Second)
 	f := startFrontend(t, u)
 	conn := dialFrontend(t, f)
-	ads := discovery.NewAggregatedDiscoveryServiceClient(conn)
 	cycle := func() error {
-		ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer t"))
-		defer cancel()
-		s, err := ads.StreamAggregatedResources(ctx)
+		s, err := adsclient.OpenSotW(t.Context(), conn, "t", sidecarNode())
 		if err != nil {
 			return err
 		}
-		if err := s.Send(&discovery.DiscoveryRequest{Node: sidecarNode(), TypeUrl: resource.ClusterType}); err != nil {
+		defer s.Close()
+		if err := s.Request(resource.ClusterType); err != nil {
 			return err
 		}
-		resp, err := s.Recv()
+		resp, err := s.Recv(0)
 		if err != nil {
 			return err
 		}

@@ -12,11 +12,7 @@ import (
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -28,6 +24,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -135,28 +132,28 @@ func registerSidecar(t *testing.T, ns, ip string) *sidecar {
 // first response; the returned func closes the stream.
 func (s *sidecar) connect(t *testing.T, addr string) func() {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+s.token))
-	closeAll := func() { cancel(); _ = conn.Close() }
-	t.Cleanup(closeAll)
-	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	conn, err := adsclient.Dial(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	node := &core.Node{Id: s.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
 	}}}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}); err != nil {
+	st, err := adsclient.OpenSotW(context.Background(), conn, s.token, node)
+	if err != nil {
+		_ = conn.Close()
 		t.Fatal(err)
 	}
-	resp, err := st.Recv()
+	closeAll := func() { st.Close(); _ = conn.Close() }
+	t.Cleanup(closeAll)
+	if err := st.Request(resource.ListenerType); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Next()
 	if err != nil {
 		t.Fatalf("stream to %s: %v", addr, err)
 	}
-	if err := st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.ListenerType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}); err != nil {
+	if err := st.ACK(resp); err != nil {
 		t.Fatal(err)
 	}
 	return closeAll

@@ -28,7 +28,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -38,6 +37,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/test/adsclient"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/istioagent"
@@ -207,12 +207,13 @@ func TestUpstreamIstioStartScript(t *testing.T) {
 	if node.GetId() != wantID {
 		t.Errorf("node ID %q, want %q", node.GetId(), wantID)
 	}
-	conn, err := grpc.NewClient("unix://"+filepath.Join(host, "etc/istio/proxy/XDS"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := adsclient.Dial("unix://" + filepath.Join(host, "etc/istio/proxy/XDS"))
 	must(t, err)
 	defer func() { _ = conn.Close() }()
-	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	stream, err := adsclient.OpenSotW(ctx, conn, "", node)
 	must(t, err)
-	must(t, stream.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster"}))
+	defer stream.Close()
+	must(t, stream.Request("type.googleapis.com/envoy.config.cluster.v3.Cluster"))
 	waitFor(t, done, logs, "an ADS stream at PILOT_ADDRESS", func() bool { return xds.count() > 0 })
 	got := xds.first()
 	if got.auth != "Bearer "+token {

@@ -16,11 +16,13 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/embark-mesh/embark/registry/nodeid"
+	"github.com/embark-mesh/embark/test/adsclient"
 )
 
 // The productpage pod whose proxy PodProxy is: its name and address on the
@@ -53,20 +55,15 @@ type PodProxy struct {
 // the endpoints of other networks through their gateways. The stream
 // outlives ctx; Close ends it.
 func StartPodProxy(ctx context.Context, addr, network, cluster string) (*PodProxy, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := adsclient.Dial(addr)
 	if err != nil {
 		return nil, err
 	}
 	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	p := &PodProxy{
-		NodeID:  "sidecar~" + ProductpagePodIP + "~" + ProductpagePodName + ".bookinfo~bookinfo.svc.cluster.local",
+		NodeID:  nodeid.Build(ProductpagePodIP, types.NamespacedName{Namespace: "bookinfo", Name: ProductpagePodName}),
 		Cluster: cluster,
 		conn:    conn, cancel: cancel,
-	}
-	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(pctx)
-	if err != nil {
-		p.Close()
-		return nil, err
 	}
 	node := &core.Node{Id: p.NodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"CLUSTER_ID":    structpb.NewStringValue("Kubernetes"),
@@ -75,7 +72,12 @@ func StartPodProxy(ctx context.Context, addr, network, cluster string) (*PodProx
 		"ISTIO_VERSION": structpb.NewStringValue("1.30.0"),
 		"LABELS":        structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"app": structpb.NewStringValue("productpage")}}),
 	}}}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: []string{p.Cluster}}); err != nil {
+	st, err := adsclient.OpenSotW(pctx, conn, "", node)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	if err := st.Request(resource.EndpointType, p.Cluster); err != nil {
 		p.Close()
 		return nil, err
 	}
@@ -83,11 +85,11 @@ func StartPodProxy(ctx context.Context, addr, network, cluster string) (*PodProx
 	return p, nil
 }
 
-func (p *PodProxy) run(st discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient) {
+func (p *PodProxy) run(st *adsclient.SotW) {
 	for {
-		resp, err := st.Recv()
+		resp, err := st.Next()
 		if err == nil {
-			err = st.Send(&discovery.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(), ResourceNames: []string{p.Cluster}})
+			err = st.ACK(resp)
 		}
 		if err != nil {
 			p.mu.Lock()
