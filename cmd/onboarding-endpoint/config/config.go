@@ -382,25 +382,46 @@ func (v *AzureVMCheck) validate(p *field.Path) field.ErrorList {
 	if v == nil {
 		return nil
 	}
+	errs := validateCallBudget(p, v.RatePerSecond, v.Burst, v.CacheTTL)
+	errs = append(errs, validateAPIEndpoint(p.Child("armEndpoint"), v.ARMEndpoint, true)...)
+	return append(errs, validateAPIEndpoint(p.Child("imdsEndpoint"), v.IMDSEndpoint, true)...)
+}
+
+// validateCallBudget checks the rate, burst and cache time to live of an
+// optional cloud API check: none may be negative (zero: the default).
+func validateCallBudget(p *field.Path, rate float64, burst int, cacheTTL *metav1.Duration) field.ErrorList {
 	var errs field.ErrorList
-	if v.RatePerSecond < 0 {
-		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), v.RatePerSecond, "must not be negative"))
+	if rate < 0 {
+		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), rate, "must not be negative"))
 	}
-	if v.Burst < 0 {
-		errs = append(errs, field.Invalid(p.Child("burst"), v.Burst, "must not be negative"))
+	if burst < 0 {
+		errs = append(errs, field.Invalid(p.Child("burst"), burst, "must not be negative"))
 	}
-	if v.CacheTTL != nil && v.CacheTTL.Duration < 0 {
-		errs = append(errs, field.Invalid(p.Child("cacheTTL"), v.CacheTTL.Duration.String(), "must not be negative"))
-	}
-	for _, ep := range []struct{ name, val string }{{"armEndpoint", v.ARMEndpoint}, {"imdsEndpoint", v.IMDSEndpoint}} {
-		if ep.val == "" {
-			continue
-		}
-		if u, err := url.Parse(ep.val); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-			errs = append(errs, field.Invalid(p.Child(ep.name), ep.val, "must be an http(s) URL without query"))
-		}
+	if cacheTTL != nil && cacheTTL.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("cacheTTL"), cacheTTL.Duration.String(), "must not be negative"))
 	}
 	return errs
+}
+
+// validateAPIEndpoint checks a cloud API's replacement base URL ("" is the
+// default): http(s) with a host and, when noQuery, without query or
+// fragment.
+func validateAPIEndpoint(p *field.Path, val string, noQuery bool) field.ErrorList {
+	if val == "" {
+		return nil
+	}
+	u, err := url.Parse(val)
+	switch {
+	case err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "":
+	case noQuery && (u.RawQuery != "" || u.Fragment != ""):
+	default:
+		return nil
+	}
+	msg := "must be an http(s) URL"
+	if noQuery {
+		msg += " without query"
+	}
+	return field.ErrorList{field.Invalid(p, val, msg)}
 }
 
 // GCEIdentity configures the verification of Compute Engine instance
@@ -881,6 +902,9 @@ func (c *Configuration) Validate() field.ErrorList {
 	errs = append(errs, c.Identity.GCE.validate(field.NewPath("identity", "gce"))...)
 	errs = append(errs, c.Identity.Azure.validate(field.NewPath("identity", "azure"))...)
 	errs = append(errs, c.Identity.ECS.validate(field.NewPath("identity", "ecs"))...)
+	if pc := c.Identity.AWS.InstanceProfileCheck; pc != nil {
+		errs = append(errs, validateCallBudget(field.NewPath("identity", "aws", "instanceProfileCheck"), pc.RatePerSecond, pc.Burst, pc.CacheTTL)...)
+	}
 	r := field.NewPath("registration")
 	if c.Registration.GracePeriod.Duration < minGracePeriod {
 		errs = append(errs, field.Invalid(r.Child("gracePeriod"), c.Registration.GracePeriod.Duration.String(), "must be at least 1s"))
@@ -1016,22 +1040,8 @@ func (ic *GCEInstanceCheck) validate(p *field.Path) field.ErrorList {
 	if ic == nil {
 		return nil
 	}
-	var errs field.ErrorList
-	if ic.RatePerSecond < 0 {
-		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), ic.RatePerSecond, "must not be negative"))
-	}
-	if ic.Burst < 0 {
-		errs = append(errs, field.Invalid(p.Child("burst"), ic.Burst, "must not be negative"))
-	}
-	if ic.CacheTTL != nil && ic.CacheTTL.Duration < 0 {
-		errs = append(errs, field.Invalid(p.Child("cacheTTL"), ic.CacheTTL.Duration.String(), "must not be negative"))
-	}
-	if ic.ComputeEndpoint != "" {
-		if u, err := url.Parse(ic.ComputeEndpoint); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			errs = append(errs, field.Invalid(p.Child("computeEndpoint"), ic.ComputeEndpoint, "must be an http(s) URL"))
-		}
-	}
-	return errs
+	errs := validateCallBudget(p, ic.RatePerSecond, ic.Burst, ic.CacheTTL)
+	return append(errs, validateAPIEndpoint(p.Child("computeEndpoint"), ic.ComputeEndpoint, false)...)
 }
 
 // azureTenantRE is a tenant ID: a GUID.
@@ -1112,24 +1122,8 @@ func (e *ECSIdentity) validate(p *field.Path) field.ErrorList {
 	if e == nil || e.TaskCheck == nil {
 		return nil
 	}
-	var errs field.ErrorList
 	tc, p := e.TaskCheck, p.Child("taskCheck")
-	if tc.RatePerSecond < 0 {
-		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), tc.RatePerSecond, "must not be negative"))
-	}
-	if tc.Burst < 0 {
-		errs = append(errs, field.Invalid(p.Child("burst"), tc.Burst, "must not be negative"))
-	}
-	if tc.CacheTTL != nil && tc.CacheTTL.Duration < 0 {
-		errs = append(errs, field.Invalid(p.Child("cacheTTL"), tc.CacheTTL.Duration.String(), "must not be negative"))
-	}
-	for _, ep := range []struct{ name, val string }{{"ecsEndpoint", tc.ECSEndpoint}, {"stsEndpoint", tc.STSEndpoint}} {
-		if ep.val == "" {
-			continue
-		}
-		if u, err := url.Parse(ep.val); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-			errs = append(errs, field.Invalid(p.Child(ep.name), ep.val, "must be an http(s) URL"))
-		}
-	}
-	return errs
+	errs := validateCallBudget(p, tc.RatePerSecond, tc.Burst, tc.CacheTTL)
+	errs = append(errs, validateAPIEndpoint(p.Child("ecsEndpoint"), tc.ECSEndpoint, false)...)
+	return append(errs, validateAPIEndpoint(p.Child("stsEndpoint"), tc.STSEndpoint, false)...)
 }

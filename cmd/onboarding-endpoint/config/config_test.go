@@ -260,6 +260,8 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "azure vmCheck negative burst", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], vmCheck: {burst: -1}}}\n", wantErr: "identity.azure.vmCheck.burst"},
 		{name: "azure vmCheck negative cacheTTL", yaml: minimal + "identity: {azure: {tenants: [72f988bf-86f1-41af-91ab-2d7cd011db47], vmCheck: {cacheTTL: -1s}}}\n", wantErr: "identity.azure.vmCheck.cacheTTL"},
 		{name: "ecs taskCheck negative rate", yaml: minimal + "identity: {ecs: {taskCheck: {ratePerSecond: -1}}}\n", wantErr: "identity.ecs.taskCheck.ratePerSecond"},
+		{name: "aws instanceProfileCheck negative rate", yaml: minimal + "identity: {aws: {instanceProfileCheck: {ratePerSecond: -1}}}\n", wantErr: "identity.aws.instanceProfileCheck.ratePerSecond"},
+		{name: "aws instanceProfileCheck negative cacheTTL", yaml: minimal + "identity: {aws: {instanceProfileCheck: {cacheTTL: -1s}}}\n", wantErr: "identity.aws.instanceProfileCheck.cacheTTL"},
 		{name: "negative outOfTrafficAfter", yaml: minimal + "registration: {outOfTrafficAfter: -1s}\n", wantErr: "registration.outOfTrafficAfter: Invalid value"},
 		{name: "outOfTrafficAfter beyond the grace period", yaml: minimal + "registration: {gracePeriod: 1m, outOfTrafficAfter: 2m}\n", wantErr: "must not exceed registration.gracePeriod"},
 		{name: "negative neverConnectedAfter", yaml: minimal + "registration: {neverConnectedAfter: -1s}\n", wantErr: "registration.neverConnectedAfter"},
