@@ -10,6 +10,11 @@ type simulatedAWS struct {
 	sts    *awstest.STS
 	ec2iam *awstest.EC2IAM
 	imds   []*awstest.IMDS
+	// account is the account the simulated EC2/IAM answers for: the first
+	// instance's. Its one set of credentials cannot tell accounts apart,
+	// so two accounts' instance profiles of one name would be answered at
+	// random.
+	account string
 }
 
 // instance starts inst's IMDS and, when it has a role, gives it the
@@ -21,7 +26,13 @@ func (a *simulatedAWS) instance(inst awstest.Instance) (*awstest.IMDS, error) {
 		return nil, err
 	}
 	a.imds = append(a.imds, m)
-	if in := m.Instance(); in.Role != "" {
+	in := m.Instance()
+	if a.account == "" {
+		a.account = in.Account
+	}
+	// An instance of another account (refused by policy before any
+	// EC2/IAM call) has its instance profile in that account, not here.
+	if in.Role != "" && in.Account == a.account {
 		arn := awstest.InstanceProfileARN(in)
 		a.ec2iam.SetProfile(arn, in.Role)
 		a.ec2iam.Associate(in.InstanceID, arn)
