@@ -168,6 +168,54 @@ func TestTargetsAndRefusedFigures(t *testing.T) {
 	}
 }
 
+// TestFleetTargets: the burst is judged against 1.25 times its same-run
+// bound, the relayed heap at 10,000 streams against istiod direct, the
+// relay's added p99 as the difference of the two p99s, the large push
+// against 1.25 times direct, the renewals by their failures and by their
+// rate against 0.95 times direct.
+func TestFleetTargets(t *testing.T) {
+	const burst, relay = "github.com/embark-mesh/embark/benchmarks/burst", "github.com/embark-mesh/embark/benchmarks/relay"
+	const s = "/streams=10000/per-conn=1"
+	res := func(pkg, name, unit string, v float64) PackageResult {
+		return PackageResult{Package: pkg, Load: 1, Result: benchjson.Result{Name: name, Unit: unit, Value: v}}
+	}
+	figs := Summarize([]PackageResult{
+		res(burst, "Burst/vms=500", "s", 12), res(burst, "BurstBound/vms=500", "s", 10),
+		res(relay, "RelayedServerHeap"+s, "B/stream", 30000), res(relay, "DirectServerHeap"+s, "B/stream", 31000),
+		res(relay, "RelayedP99"+s, "ms", 20), res(relay, "DirectP99"+s, "ms", 14),
+		res(relay, "LargePushRelayed"+s, "ms", 1300), res(relay, "LargePushDirect"+s, "ms", 1000),
+		res(burst, "RenewalFailures/sidecars=1000", "renewals", 1),
+		res(burst, "Renewals/sidecars=1000", "renewals/s", 39), res(burst, "RenewalsDirect/sidecars=1000", "renewals/s", 40),
+	}, Rules)
+	byFigure := map[string]TargetRow{}
+	for _, r := range EvaluateTargets(figs, Targets) {
+		byFigure[r.Figure+" "+r.Unit] = r
+	}
+	tests := []struct {
+		figure               string
+		wantMet              bool
+		wantValue, wantLimit float64
+	}{
+		{figure: "Burst/vms=500 s", wantMet: true, wantValue: 12, wantLimit: 12.5},
+		{figure: "RelayedServerHeap" + s + " B/stream", wantMet: true, wantValue: 30000, wantLimit: 31000},
+		{figure: "RelayedP99" + s + " ms", wantMet: false, wantValue: 6, wantLimit: 5},
+		{figure: "LargePushRelayed" + s + " ms", wantMet: false, wantValue: 1300, wantLimit: 1250},
+		{figure: "RenewalFailures/sidecars=1000 renewals", wantMet: false, wantValue: 1, wantLimit: 0},
+		{figure: "Renewals/sidecars=1000 renewals/s", wantMet: true, wantValue: 39, wantLimit: 38},
+	}
+	for _, tt := range tests {
+		t.Run(tt.figure, func(t *testing.T) {
+			r, ok := byFigure[tt.figure]
+			if !ok {
+				t.Fatalf("no target row for %s", tt.figure)
+			}
+			if !r.Found || r.Met != tt.wantMet || r.Value != tt.wantValue || r.Limit != tt.wantLimit {
+				t.Errorf("row found=%v met=%v value=%v limit=%v, want met %v value %v limit %v", r.Found, r.Met, r.Value, r.Limit, tt.wantMet, tt.wantValue, tt.wantLimit)
+			}
+		})
+	}
+}
+
 // The machine line warns of a busy machine by the load when the runs
 // began, not by the end's, which is mostly the last run's own.
 func TestBusyMachineWarning(t *testing.T) {

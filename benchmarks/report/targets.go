@@ -58,6 +58,33 @@ var Targets = []Target{
 			}
 			return f.Median, 1.3 * bare.Median, f.Median <= 1.3*bare.Median, true
 		}},
+	{Package: "benchmarks/burst", Figure: "Burst/vms=500", Unit: "s",
+		Text:  "≤ 1.25 × bound (the API server's own time for the same API calls + istiod's own time to sign the same CSRs, same run)",
+		Check: atMostTimes("Burst/vms=500", "BurstBound/vms=500", "s", 1.25)},
+	{Package: "benchmarks/relay", Figure: "RelayedServerHeap/streams=10000/per-conn=1", Unit: "B/stream", Text: "≤ 1.0 × istiod direct (Embark + istiod per relayed stream)",
+		Check: atMostTimes("RelayedServerHeap/streams=10000/per-conn=1", "DirectServerHeap/streams=10000/per-conn=1", "B/stream", 1.0)},
+	{Package: "benchmarks/relay", Figure: "RelayedP99/streams=10000/per-conn=1", Unit: "ms", Text: "< 5 ms added to a response at p99 (relayed − direct)",
+		Check: func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+			f, ok1 := get("RelayedP99/streams=10000/per-conn=1", "ms")
+			d, ok2 := get("DirectP99/streams=10000/per-conn=1", "ms")
+			if !ok1 || !ok2 {
+				return 0, 0, false, false
+			}
+			v := f.Median - d.Median
+			return v, 5, v < 5, true
+		}},
+	{Package: "benchmarks/relay", Figure: "LargePushRelayed/streams=10000/per-conn=1", Unit: "ms", Text: "≤ 1.25 × direct (a ~1 MB configuration pushed to every stream, until the last ACK)",
+		Check: atMostTimes("LargePushRelayed/streams=10000/per-conn=1", "LargePushDirect/streams=10000/per-conn=1", "ms", 1.25)},
+	{Package: "benchmarks/burst", Figure: "RenewalFailures/sidecars=1000", Unit: "renewals", Text: "0", Check: atMost("RenewalFailures/sidecars=1000", "renewals", 0)},
+	{Package: "benchmarks/burst", Figure: "Renewals/sidecars=1000", Unit: "renewals/s", Text: "≥ 0.95 × the same CSRs straight to istiod at the same offered rate",
+		Check: func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+			f, ok1 := get("Renewals/sidecars=1000", "renewals/s")
+			d, ok2 := get("RenewalsDirect/sidecars=1000", "renewals/s")
+			if !ok1 || !ok2 {
+				return 0, 0, false, false
+			}
+			return f.Median, 0.95 * d.Median, f.Median >= 0.95*d.Median, true
+		}},
 	{Package: "benchmarks/onboarding", Figure: "Onboarding/agents=50", Unit: "onboardings/s",
 		Text: "≥ 0.8 × raw API calls/s ÷ API calls per onboarding (writes + TokenRequests)",
 		Check: func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
@@ -81,6 +108,19 @@ var Targets = []Target{
 			}
 			return f.Median, 3 * raw.Median, f.Median <= 3*raw.Median, true
 		}},
+}
+
+// atMostTimes judges name against factor times its baseline base (both of
+// unit).
+func atMostTimes(name, base, unit string, factor float64) func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+	return func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+		f, ok1 := get(name, unit)
+		b, ok2 := get(base, unit)
+		if !ok1 || !ok2 {
+			return 0, 0, false, false
+		}
+		return f.Median, factor * b.Median, f.Median <= factor*b.Median, true
+	}
 }
 
 func atMost(name, unit string, limit float64) func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
