@@ -35,13 +35,16 @@
 // a lower bound. The baselines run after the burst, once its streams are
 // closed and the endpoint stopped (its disconnect writes stored).
 //
-// Other flags: -renewals (BenchmarkRenewals, renewals.go's comment),
+// BenchmarkRenewals (renewals_bench_test.go) measures certificate renewals
+// through the CA relay at scale: -renewals sidecars, -renew-rate.
+//
+// Other flags:
 // -istiod-cpuprofile=file and -apiserver-cpuprofile=file write istiod's
 // and the kube-apiserver's CPU profiles of the burst's first
 // -profile-seconds (default 10) to file.vms=N; go test's own -cpuprofile
 // profiles this process (the endpoint and the simulated VMs).
 //
-//embark:bench -test.benchtime=1x -vms=100,500
+//embark:bench -test.benchtime=1x -vms=100,500 -renewals=1000
 package burst
 
 import (
