@@ -9,6 +9,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
@@ -30,13 +31,13 @@ func istiodChain(i *testenv.Istiod) ([]*x509.Certificate, error) {
 }
 
 // servingTLS returns a server TLS configuration for Embark's xDS listener in
-// the benchmark and the pool that verifies it: a self-signed root and a
+// the benchmark and the PEM root that verifies it: a self-signed root and a
 // serving certificate for Embark's name whose key is of the same kind and
 // size as istiod's serving key (RSA of the same size, or ECDSA on the same
 // curve), so that both client-facing sides do the same TLS work and hold the
 // same TLS state per connection; the chain sent has as many certificates as
 // istiod's.
-func servingTLS(like []*x509.Certificate) (*tls.Config, *x509.CertPool, error) {
+func servingTLS(like []*x509.Certificate) (*tls.Config, []byte, error) {
 	newKey := func() (crypto.Signer, error) {
 		switch pub := like[0].PublicKey.(type) {
 		case *rsa.PublicKey:
@@ -79,8 +80,6 @@ func servingTLS(like []*x509.Certificate) (*tls.Config, *x509.CertPool, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
 	chain := [][]byte{der}
 	if len(like) > 1 {
 		chain = append(chain, caDER)
@@ -88,7 +87,7 @@ func servingTLS(like []*x509.Certificate) (*tls.Config, *x509.CertPool, error) {
 	return &tls.Config{
 		Certificates: []tls.Certificate{{Certificate: chain, PrivateKey: key}},
 		MinVersion:   tls.VersionTLS12,
-	}, pool, nil
+	}, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), nil
 }
 
 // embarkServerName is the name in Embark's serving certificate here.
