@@ -39,6 +39,16 @@ const (
 	// DefaultMaxMessageSize bounds a message istiod sends (a large mesh's
 	// configuration): 64 MiB.
 	DefaultMaxMessageSize = 64 << 20
+	// DefaultConnWindowSize is the connection's HTTP/2 flow-control window
+	// (16 MiB): every relayed stream shares the one connection to istiod,
+	// and with HTTP/2's 64 KiB a push to thousands of streams waited a
+	// round trip of window updates per 64 KiB for all of them together,
+	// where sidecars connected straight to istiod have a window each.
+	DefaultConnWindowSize = 16 << 20
+	// DefaultStreamWindowSize is each stream's window (HTTP/2's initial
+	// 65,535 bytes), static: what a slow sidecar's stream may hold unread
+	// in Embark.
+	DefaultStreamWindowSize = 65535
 )
 
 // Options configures Dial. Every field documents its default.
@@ -72,6 +82,18 @@ type Options struct {
 	BackoffMax time.Duration
 	// MaxMessageSize bounds a received message. Default 64 MiB.
 	MaxMessageSize int
+	// ConnWindowSize is the connection-level flow-control window istiod
+	// may fill before Embark acknowledges what it received, shared by every
+	// relayed stream. Default DefaultConnWindowSize (16 MiB); at least
+	// 65,535 bytes.
+	ConnWindowSize int32
+	// StreamWindowSize is each stream's flow-control window: what istiod
+	// may send one relayed stream ahead of the sidecar reading it, so what
+	// a slow sidecar's stream may hold in Embark. Static (gRPC's estimate
+	// of the bandwidth-delay product, which would grow it up to 16 MiB per
+	// stream, is off). Default DefaultStreamWindowSize (65,535 bytes,
+	// HTTP/2's initial window); at least that.
+	StreamWindowSize int32
 	// Metrics records the connection's state and the roots' expiry.
 	// Default: not recorded.
 	Metrics *Metrics
@@ -109,6 +131,15 @@ func (o *Options) setDefaults() error {
 	}
 	if o.MaxMessageSize <= 0 {
 		o.MaxMessageSize = DefaultMaxMessageSize
+	}
+	if o.ConnWindowSize == 0 {
+		o.ConnWindowSize = DefaultConnWindowSize
+	}
+	if o.StreamWindowSize == 0 {
+		o.StreamWindowSize = DefaultStreamWindowSize
+	}
+	if o.ConnWindowSize < DefaultStreamWindowSize || o.StreamWindowSize < DefaultStreamWindowSize {
+		return fmt.Errorf("upstream: ConnWindowSize %d and StreamWindowSize %d must be at least %d bytes", o.ConnWindowSize, o.StreamWindowSize, DefaultStreamWindowSize)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -148,6 +179,10 @@ func Dial(ctx context.Context, opts Options) (*grpc.ClientConn, error) {
 		}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: 20 * time.Second}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageSize)),
+		// Static windows: a large one for the connection every relayed
+		// stream shares, HTTP/2's for each stream.
+		grpc.WithStaticConnWindowSize(opts.ConnWindowSize),
+		grpc.WithStaticStreamWindowSize(opts.StreamWindowSize),
 	}
 	dialOpts = append(dialOpts, opts.DialOptions...)
 	conn, err := grpc.NewClient(opts.Address, dialOpts...)

@@ -189,6 +189,8 @@ func TestDialOptionErrors(t *testing.T) {
 		{name: "no roots", opts: Options{Address: "istiod:15012"}, wantErr: "RootCertFile is required"},
 		{name: "missing roots", opts: Options{Address: "istiod:15012", RootCertFile: missing}, wantErr: "no such file"},
 		{name: "empty roots", opts: Options{Address: "istiod:15012", RootCertFile: empty}, wantErr: "no PEM certificate"},
+		{name: "connection window under HTTP/2's", opts: Options{Address: "istiod:15012", Plaintext: true, ConnWindowSize: 1024}, wantErr: "ConnWindowSize 1024"},
+		{name: "stream window under HTTP/2's", opts: Options{Address: "istiod:15012", Plaintext: true, StreamWindowSize: -1}, wantErr: "StreamWindowSize -1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
