@@ -98,7 +98,11 @@ func startClients(spec clientSpec) (*clientProcess, clientReply, error) {
 	if err := f.Close(); err != nil {
 		return nil, clientReply{}, err
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	self, err := os.Executable()
+	if err != nil {
+		return nil, clientReply{}, err
+	}
+	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), clientsEnv+"="+f.Name())
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
