@@ -258,7 +258,7 @@ func (h *heldStream) read() {
 		}
 		switch resp.GetTypeUrl() {
 		case resource.ClusterType:
-			if min := h.h.minClusters.Load(); min > 0 && int64(len(resp.GetResources())) >= min && h.pushACK.Load() == 0 {
+			if least := h.h.minClusters.Load(); least > 0 && int64(len(resp.GetResources())) >= least && h.pushACK.Load() == 0 {
 				h.pushBytes.Store(int64(proto.Size(resp)))
 				h.pushACK.Store(time.Now().UnixNano())
 			}
