@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -21,8 +19,6 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/agent"
-	"github.com/embark-mesh/embark/onboarding/agent/config"
-	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
@@ -139,7 +135,7 @@ func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state")
 
 	link := &cuttableNetwork{}
-	first := runAzureAgent(t, w, imds, azureAgentOptions{stateDir: state, dialOptions: []grpc.DialOption{grpc.WithContextDialer(link.dial)}})
+	first := runAzureAgent(w, imds, agentRun{agentFiles: agentFiles{stateDir: state}, dialOptions: []grpc.DialOption{grpc.WithContextDialer(link.dial)}})
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool {
 		return len(w.registrations()) == 1 && strings.Contains(first.logs.String(), "onboarded: sidecar bootstrap written")
 	})
@@ -149,7 +145,7 @@ func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
 	}
 	// The process ends unable to unregister.
 	link.cut()
-	first.stop()
+	_ = first.stop()
 	if !strings.Contains(first.logs.String(), "unregister failed") {
 		t.Fatalf("the first agent did not fail to unregister:\n%s", first.logs.String())
 	}
@@ -157,7 +153,7 @@ func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
 		t.Fatalf("%d registrations after the agent ended, want the first one", len(regs))
 	}
 
-	second := runAzureAgent(t, w, imds, azureAgentOptions{stateDir: state})
+	second := runAzureAgent(w, imds, agentRun{agentFiles: agentFiles{stateDir: state}})
 	fixtures.Eventually(t, 20*time.Second, "the restarted agent onboarded", func() bool {
 		return strings.Contains(second.logs.String(), "onboarded: sidecar bootstrap written")
 	})
@@ -189,7 +185,7 @@ func TestAzureVMReonboardsWithCachedTokenAfterDeletion(t *testing.T) {
 	imds := azuretest.NewCachingIMDS(ms, vm)
 	t.Cleanup(imds.Close)
 	configureAzure(t, w, ms, vm)
-	a := runAzureAgent(t, w, imds, azureAgentOptions{})
+	a := runAzureAgent(w, imds, agentRun{})
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool {
 		return len(w.registrations()) == 1 && strings.Contains(a.logs.String(), "onboarded: sidecar bootstrap written")
 	})
@@ -251,7 +247,11 @@ func (n *cuttableNetwork) cut() {
 func startAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, imds *azuretest.IMDS, vm azuretest.VM, renewFraction float64) *vmsim.SyncBuffer {
 	t.Helper()
 	configureAzure(t, w, ms, vm)
-	return runAzureAgent(t, w, imds, azureAgentOptions{renewFraction: renewFraction}).logs
+	o := agentRun{}
+	if renewFraction != 0 {
+		o.renewFraction, o.sidecarRenewFraction = renewFraction, 0.003
+	}
+	return runAzureAgent(w, imds, o).logs
 }
 
 // configureAzure configures the endpoint to trust ms for vm's tenant with
@@ -280,62 +280,10 @@ func configureAzure(t *testing.T, w *world, ms *azuretest.Microsoft, vm azuretes
 // endpoint's audience.
 const azureResource = "api://embark-onboarding"
 
-// azureAgentOptions are the settings of one run of an Azure VM's agent.
-type azureAgentOptions struct {
-	// renewFraction, when not 0, is the agent's RenewFraction (its
-	// SidecarRenewFraction is then 0.003).
-	renewFraction float64
-	// stateDir, when set, is the agent's stateDirectory.
-	stateDir string
-	// dialOptions are added to the agent's connection to the endpoint.
-	dialOptions []grpc.DialOption
-}
-
-// azureAgent is a running agent of an Azure VM.
-type azureAgent struct {
-	logs *vmsim.SyncBuffer
-	stop func() // stops the agent (it shuts down) and waits for it
-}
-
-// runAzureAgent runs an agent (platform azure, imds) until stop or the end
-// of the test.
-func runAzureAgent(t *testing.T, w *world, imds *azuretest.IMDS, o azureAgentOptions) *azureAgent {
-	t.Helper()
-	ctx := t.Context()
-	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
-	agentText, err := os.ReadFile(agentFile)
-	must(t, err)
-	extra := fmt.Sprintf("host:\n  platform: azure\n  azure:\n    imdsEndpoint: %s\n    resource: %s\n  aws:\n", imds.URL(), azureResource)
-	if o.stateDir != "" {
-		extra = "stateDirectory: " + o.stateDir + "\n" + extra
-	}
-	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n", extra, 1)), 0o600))
-	agentCfg, err := config.LoadAgent(agentFile)
-	must(t, err)
-	onbCfg, err := config.LoadOnboarding(onboardingFile)
-	must(t, err)
-	logs := &vmsim.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
-	must(t, err)
-	opts := agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, DialOptions: o.dialOptions}
-	if o.renewFraction != 0 {
-		opts.RenewFraction, opts.SidecarRenewFraction = o.renewFraction, 0.003
-	}
-	a, err := agent.New(opts)
-	must(t, err)
-	actx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }()
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return &azureAgent{logs: logs, stop: stop}
+// runAzureAgent runs an agent (platform azure, imds) with o until stop or
+// the end of the test.
+func runAzureAgent(w *world, imds *azuretest.IMDS, o agentRun) *runningAgent {
+	w.t.Helper()
+	o.platform = azureHost(imds.URL(), azureResource)
+	return w.runAgent(o)
 }
