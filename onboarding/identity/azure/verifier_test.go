@@ -12,6 +12,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/azure"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
 )
 
 const audience = "api://embark-onboarding"
@@ -42,7 +43,7 @@ func newFixtureWith(t *testing.T, m *azuretest.Microsoft) *fixture {
 	f.v, err = azure.NewVerifier(azure.Config{
 		Tenants: []string{azuretest.DefaultVM().TenantID}, Audiences: []string{audience},
 		JWKSURL: m.JWKSURL(), CACertificates: m.CACertificates(),
-	}, azure.WithClock(func() time.Time { return f.now }))
+	}, jwt.WithClock(func() time.Time { return f.now }))
 	if err != nil {
 		t.Fatal(err)
 	}

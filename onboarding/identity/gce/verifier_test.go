@@ -11,6 +11,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
 )
 
 const audience = "onboarding.example.com"
@@ -38,7 +39,7 @@ func newFixtureWith(t *testing.T, g *gcetest.Google) *fixture {
 	f := &fixture{google: g, now: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
 	var err error
 	f.v, err = gce.NewVerifier(gce.Config{Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates()},
-		gce.WithClock(func() time.Time { return f.now }))
+		jwt.WithClock(func() time.Time { return f.now }))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 )
 
@@ -30,7 +31,7 @@ func checker(t *testing.T, fake *awstest.EC2IAM, clock func() time.Time, rate fl
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(Options{Clients: clients, Clock: clock, Rate: rate, Burst: burst})
+	c, err := New(Options{Clients: clients, Options: apicheck.Options{Clock: clock, Rate: rate, Burst: burst}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,3 +118,4 @@ func TestCacheAndRateLimit(t *testing.T) {
 		t.Errorf("EC2 asked %d times, want 2 (the refused check must not reach it)", d)
 	}
 }
+
