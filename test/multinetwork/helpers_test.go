@@ -37,6 +37,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/meshnet"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -65,9 +66,9 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Endpoint.Hosts = []string{endpointHost}
-	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
 	cfg.Istiod = config.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: istiodRoots}
 	ep := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "replica-" + ns, Dir: dir})
 	e := &endpoint{xds: ep.Config.Listen.XDS, roots: ca.Pool()}

@@ -28,6 +28,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -248,14 +249,14 @@ var endpointAddr string
 func startEndpoint(t *testing.T, dir, ns, certFile, keyFile, caFile, certs, stsURL string) (stop func()) {
 	t.Helper()
 	xdsAddr := fixtures.FreeAddr(t)
-	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Endpoint.Hosts = []string{endpointHost}
 	cfg.Identity.AWS = config.AWSIdentity{CertificatesDir: certs, STSEndpoint: stsURL}
 	cfg.Mesh = config.Mesh{DiscoveryAddress: xdsAddr, RootCertFile: caFile}
 	cfg.Registration.AllowLoopbackAddresses = true
-	cfg.Registration.HealthDamping = endpointkit.Duration(0)
-	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
-	cfg.Registration.PropagationDelay = endpointkit.Duration(time.Second)
+	cfg.Registration.HealthDamping = configkit.Duration(0)
+	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
+	cfg.Registration.PropagationDelay = configkit.Duration(time.Second)
 	cfg.Listen.XDS = xdsAddr
 	logs := &vmsim.SyncBuffer{}
 	e := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "rollout-test-0",

@@ -27,6 +27,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -69,13 +70,13 @@ func newWorld(t *testing.T) *world {
 	w.addr, w.repoAddr = freeAddr(t), freeAddr(t)
 	w.repoDir = filepath.Join(w.dir, "repository")
 	must(t, os.MkdirAll(w.repoDir, 0o755))
-	w.cfg = endpointkit.Serving(endpointkit.Config(w.ns), certFile, keyFile)
+	w.cfg = configkit.Serving(configkit.Config(w.ns), certFile, keyFile)
 	w.cfg.Endpoint.Hosts = []string{endpointHost}
-	w.cfg.TokenIssuer.JWT.Expiration = endpointkit.Duration(time.Minute)
+	w.cfg.TokenIssuer.JWT.Expiration = configkit.Duration(time.Minute)
 	w.cfg.Identity.AWS = endpointconfig.AWSIdentity{CertificatesDir: certs, STSEndpoint: w.aws.STS.URL,
 		InstanceProfileCheck: &endpointconfig.InstanceProfileCheck{EC2Endpoint: w.aws.EC2IAM.URL, IAMEndpoint: w.aws.EC2IAM.URL}}
-	w.cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
-	w.cfg.Registration.PropagationDelay = endpointkit.Duration(time.Second)
+	w.cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
+	w.cfg.Registration.PropagationDelay = configkit.Duration(time.Second)
 	w.cfg.LocalRepository = &endpointconfig.LocalRepository{Directory: w.repoDir}
 	// Fixed addresses: a restarted endpoint serves where the agent was
 	// configured to reach it.

@@ -21,7 +21,7 @@ import (
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/registry"
-	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -73,7 +73,7 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	caFile := filepath.Join(w.dir, "issuer-ca.pem")
 	must(t, os.WriteFile(caFile, env.Config.CAData, 0o600))
 	w.cfg.Identity.JWT = []endpointconfig.JWTIssuer{{Issuer: issuer, ShortName: "kube", SubjectPrefix: "system:serviceaccount:" + w.ns + ":",
-		CAFile: caFile, MaxTokenLifetime: endpointkit.Duration(15 * time.Minute)}}
+		CAFile: caFile, MaxTokenLifetime: configkit.Duration(15 * time.Minute)}}
 	policy := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "on-prem", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
