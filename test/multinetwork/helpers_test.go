@@ -194,7 +194,7 @@ func eastWestGateway(t *testing.T) *adsClient {
 	t.Helper()
 	ns := testenv.IstiodNamespace
 	node := &core.Node{
-		Id: "router~10.244.0.20~istio-eastwestgateway-7d9f8-x2v4k." + ns + "~" + ns + ".svc.cluster.local",
+		Id: nodeid.BuildRouter("10.244.0.20", types.NamespacedName{Namespace: ns, Name: "istio-eastwestgateway-7d9f8-x2v4k"}),
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 			"CLUSTER_ID":             structpb.NewStringValue("Kubernetes"),
 			"NETWORK":                structpb.NewStringValue(podNetwork),
