@@ -3,6 +3,7 @@ package profile
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,3 +120,18 @@ func TestCacheAndRateLimit(t *testing.T) {
 	}
 }
 
+// The fake EC2/IAM takes one set of credentials for every account, so it
+// cannot answer GetInstanceProfile for a name two accounts' profiles share:
+// it refuses, naming both accounts, instead of answering either at random.
+func TestFakeRefusesAProfileNameOfTwoAccounts(t *testing.T) {
+	fake := awstest.NewEC2IAM()
+	t.Cleanup(fake.Close)
+	c := checker(t, fake, time.Now, 100, 100)
+	fake.SetProfile(profArn, "ratings-role")
+	fake.SetProfile("arn:aws:iam::210987654321:instance-profile/ratings-profile", "ratings-role")
+	fake.Associate(instance, profArn)
+	err := c.Confirm(t.Context(), account, region, instance, "ratings-role")
+	if err == nil || !strings.Contains(err.Error(), "123456789012 and 210987654321") {
+		t.Errorf("Confirm() = %v, want the fake's refusal naming both accounts", err)
+	}
+}
