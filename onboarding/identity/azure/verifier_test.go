@@ -13,6 +13,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/azure"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
 	"github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 )
 
 const audience = "api://embark-onboarding"
@@ -96,7 +97,7 @@ func TestVerifyAcceptsManagedIdentityToken(t *testing.T) {
 // with the reason named.
 func TestVerifyRefusesForgeries(t *testing.T) {
 	vm := azuretest.DefaultVM()
-	otherKey, err := azuretest.NewKey()
+	otherKey, err := jwttest.NewKey()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 		{
 			name: "wrong signer, Microsoft's kid",
 			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				tok, err := azuretest.SignWith(otherKey, f.ms.KeyID(), c)
+				tok, err := jwttest.SignWith(otherKey, f.ms.KeyID(), c)
 				if err != nil {
 					t.Fatal(err)
 				}

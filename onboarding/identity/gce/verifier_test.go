@@ -12,6 +12,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
 	"github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 )
 
 const audience = "onboarding.example.com"
@@ -80,7 +81,7 @@ func TestVerifyAcceptsGoogleToken(t *testing.T) {
 // with the reason named.
 func TestVerifyRefusesForgeries(t *testing.T) {
 	in := gcetest.DefaultInstance()
-	otherKey, err := gcetest.NewKey()
+	otherKey, err := jwttest.NewKey()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 		{
 			name: "wrong signer, Google's kid",
 			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				tok, err := gcetest.SignWith(otherKey, f.google.KeyID(), c)
+				tok, err := jwttest.SignWith(otherKey, f.google.KeyID(), c)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -7,7 +7,6 @@
 package azuretest
 
 import (
-	"crypto/rsa"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -31,15 +30,6 @@ func NewMicrosoft() (*Microsoft, error) {
 		return nil, err
 	}
 	return &Microsoft{Issuer: i}, nil
-}
-
-// NewKey returns a key of a signer Microsoft does not publish, for
-// forgeries.
-func NewKey() (*rsa.PrivateKey, error) { return jwttest.NewKey() }
-
-// SignWith signs claims with key under kid.
-func SignWith(key *rsa.PrivateKey, kid string, claims any) (string, error) {
-	return jwttest.SignWith(key, kid, claims)
 }
 
 // serve answers /<tenant>/discovery/v2.0/keys and

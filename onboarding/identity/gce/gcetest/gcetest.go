@@ -6,7 +6,6 @@
 package gcetest
 
 import (
-	"crypto/rsa"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -36,14 +35,6 @@ func NewGoogle() (*Google, error) {
 		return nil, err
 	}
 	return &Google{Issuer: i}, nil
-}
-
-// NewKey returns a key of a signer Google does not publish, for forgeries.
-func NewKey() (*rsa.PrivateKey, error) { return jwttest.NewKey() }
-
-// SignWith signs claims with key under kid.
-func SignWith(key *rsa.PrivateKey, kid string, claims any) (string, error) {
-	return jwttest.SignWith(key, kid, claims)
 }
 
 // JWKSURL is the JWKS endpoint's URL.
