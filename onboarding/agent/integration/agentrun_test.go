@@ -30,18 +30,6 @@ type agentFiles struct {
 	addresses []string
 }
 
-// gceHost is the host section of a Compute Engine instance's agent: the
-// instance identity token from the metadata server at url.
-func gceHost(url string) string {
-	return fmt.Sprintf("  platform: gce\n  gce:\n    metadataEndpoint: %s\n", url)
-}
-
-// azureHost is the host section of an Azure VM's agent: the managed
-// identity token for resource from the Instance Metadata Service at url.
-func azureHost(url, resource string) string {
-	return fmt.Sprintf("  platform: azure\n  azure:\n    imdsEndpoint: %s\n    resource: %s\n", url, resource)
-}
-
 // jwtTokenFileHost is the host section of an on-prem host's agent: a JWT
 // read from tokenFile.
 func jwtTokenFileHost(tokenFile string) string {

@@ -22,8 +22,8 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	demovm "github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // An Azure VM onboards with its managed identity token: the real agent
@@ -34,14 +34,8 @@ import (
 // rule allows it; its address is allowed by the rule's addressCIDRs, as the
 // token proves none. kubectl describe war shows the Azure identity.
 func TestAzureVMOnboards(t *testing.T) {
-	w := newWorld(t)
-	ms, err := azuretest.NewMicrosoft()
-	must(t, err)
-	t.Cleanup(ms.Close)
-	vm := azuretest.DefaultVM()
-	imds := azuretest.NewIMDS(ms, vm)
-	t.Cleanup(imds.Close)
-	startAzureAgent(t, w, ms, imds, vm, 0)
+	w, vm, imds := newAzureWorld(t, false)
+	runAzureAgent(w, imds, agentRun{})
 	ctx := t.Context()
 
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool { return len(w.registrations()) == 1 })
@@ -82,15 +76,9 @@ func TestAzureVMOnboards(t *testing.T) {
 // onboarded past its first onboarding token's expiry: its sidecar token is
 // renewed with the renewed onboarding token.
 func TestAzureVMRenewsWithCachedToken(t *testing.T) {
-	w := newWorld(t)
-	ms, err := azuretest.NewMicrosoft()
-	must(t, err)
-	t.Cleanup(ms.Close)
-	vm := azuretest.DefaultVM()
-	imds := azuretest.NewCachingIMDS(ms, vm)
-	t.Cleanup(imds.Close)
+	w, _, imds := newAzureWorld(t, true)
 	// 1m onboarding tokens renewed after 6s; 1h sidecar tokens after ~11s.
-	logs := startAzureAgent(t, w, ms, imds, vm, 0.1)
+	logs := runAzureAgent(w, imds, agentRun{renewFraction: 0.1, sidecarRenewFraction: 0.003}).logs
 
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]
@@ -124,14 +112,7 @@ func TestAzureVMRenewsWithCachedToken(t *testing.T) {
 // onboarding token and session key: it is onboarded again at once, with
 // the same registration, without waiting for a new token.
 func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
-	w := newWorld(t)
-	ms, err := azuretest.NewMicrosoft()
-	must(t, err)
-	t.Cleanup(ms.Close)
-	vm := azuretest.DefaultVM()
-	imds := azuretest.NewCachingIMDS(ms, vm)
-	t.Cleanup(imds.Close)
-	configureAzure(t, w, ms, vm)
+	w, _, imds := newAzureWorld(t, true)
 	state := filepath.Join(t.TempDir(), "state")
 
 	link := &cuttableNetwork{}
@@ -177,14 +158,7 @@ func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
 // agent onboards again within seconds with that token, its onboarding
 // token (bound to its session) and its session key; a new registration.
 func TestAzureVMReonboardsWithCachedTokenAfterDeletion(t *testing.T) {
-	w := newWorld(t)
-	ms, err := azuretest.NewMicrosoft()
-	must(t, err)
-	t.Cleanup(ms.Close)
-	vm := azuretest.DefaultVM()
-	imds := azuretest.NewCachingIMDS(ms, vm)
-	t.Cleanup(imds.Close)
-	configureAzure(t, w, ms, vm)
+	w, _, imds := newAzureWorld(t, true)
 	a := runAzureAgent(w, imds, agentRun{})
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool {
 		return len(w.registrations()) == 1 && strings.Contains(a.logs.String(), "onboarded: sidecar bootstrap written")
@@ -239,19 +213,25 @@ func (n *cuttableNetwork) cut() {
 	}
 }
 
-// startAzureAgent configures the endpoint to trust ms for vm's tenant with
-// a policy allowing vm's resource group, starts it, and runs the agent
-// (platform azure, imds) until the test ends; renewFraction, when not 0, is
-// the agent's RenewFraction (its SidecarRenewFraction is then 0.003). It
-// returns the agent's logs.
-func startAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, imds *azuretest.IMDS, vm azuretest.VM, renewFraction float64) *vmsim.SyncBuffer {
+// newAzureWorld returns a world with a loopback Entra ID that the endpoint
+// trusts for the default VM's tenant, a policy allowing the VM's resource
+// group, the endpoint started, and the VM's metadata service (caching: it
+// hands out the token it issued first again, as Azure's does).
+func newAzureWorld(t *testing.T, caching bool) (*world, azuretest.VM, *azuretest.IMDS) {
 	t.Helper()
-	configureAzure(t, w, ms, vm)
-	o := agentRun{}
-	if renewFraction != 0 {
-		o.renewFraction, o.sidecarRenewFraction = renewFraction, 0.003
+	w := newWorld(t)
+	ms, err := azuretest.NewMicrosoft()
+	must(t, err)
+	t.Cleanup(ms.Close)
+	vm := azuretest.DefaultVM()
+	newIMDS := azuretest.NewIMDS
+	if caching {
+		newIMDS = azuretest.NewCachingIMDS
 	}
-	return runAzureAgent(w, imds, o).logs
+	imds := newIMDS(ms, vm)
+	t.Cleanup(imds.Close)
+	configureAzure(t, w, ms, vm)
+	return w, vm, imds
 }
 
 // configureAzure configures the endpoint to trust ms for vm's tenant with
@@ -284,6 +264,6 @@ const azureResource = "api://embark-onboarding"
 // the end of the test.
 func runAzureAgent(w *world, imds *azuretest.IMDS, o agentRun) *runningAgent {
 	w.t.Helper()
-	o.platform = azureHost(imds.URL(), azureResource)
+	o.platform = demovm.AzureHost(imds.URL(), azureResource)
 	return w.runAgent(o)
 }

@@ -14,6 +14,7 @@ import (
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
+	demovm "github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -89,5 +90,5 @@ func startConfirmedAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, i
 	must(t, env.Client.Create(ctx, policy))
 	w.startEndpoint()
 
-	w.runAgent(agentRun{agentFiles: agentFiles{platform: azureHost(imds.URL(), resource)}})
+	w.runAgent(agentRun{agentFiles: agentFiles{platform: demovm.AzureHost(imds.URL(), resource)}})
 }

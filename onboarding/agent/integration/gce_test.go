@@ -16,6 +16,7 @@ import (
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
 	"github.com/embark-mesh/embark/registry"
+	demovm "github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -52,7 +53,7 @@ func TestGCEInstanceOnboards(t *testing.T) {
 	must(t, env.Client.Create(ctx, policy))
 	w.startEndpoint()
 
-	w.runAgent(agentRun{agentFiles: agentFiles{platform: gceHost(md.URL())}})
+	w.runAgent(agentRun{agentFiles: agentFiles{platform: demovm.GCEHost(md.URL())}})
 
 	fixtures.Eventually(t, 60*time.Second, "the GCE instance registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]
@@ -122,7 +123,7 @@ func TestGCEInstanceCheckProvesTheAddress(t *testing.T) {
 	}))
 	w.startEndpoint()
 
-	w.runAgent(agentRun{agentFiles: agentFiles{platform: gceHost(md.URL())}})
+	w.runAgent(agentRun{agentFiles: agentFiles{platform: demovm.GCEHost(md.URL())}})
 
 	fixtures.Eventually(t, 60*time.Second, "the GCE instance registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]
