@@ -21,7 +21,7 @@ import (
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
-	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -84,7 +84,7 @@ func newEndpointAddrs(t *testing.T) endpointAddrs {
 // endpoint runs standalone.
 func writeEndpointConfig(t *testing.T, ns, host string, f *workloadFixture, a endpointAddrs, extra ...func(*config.Configuration)) string {
 	t.Helper()
-	cfg := endpointkit.Config(ns)
+	cfg := configkit.Config(ns)
 	cfg.WorkloadNamespaces = []string{f.ns}
 	cfg.Endpoint.Hosts = []string{host}
 	// The tests read the endpoint's explanation in its denials (loopback).
@@ -94,7 +94,7 @@ func writeEndpointConfig(t *testing.T, ns, host string, f *workloadFixture, a en
 	for _, change := range extra {
 		change(cfg)
 	}
-	return endpointkit.WriteFile(t, t.TempDir(), cfg)
+	return configkit.WriteFile(t, t.TempDir(), cfg)
 }
 
 // runEndpoint runs the real endpoint (app.Run) until ctx ends and waits for

@@ -39,7 +39,7 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/test/adsclient"
-	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -284,7 +284,7 @@ const lives = 2
 // gracePeriod sets the runs' registration grace period: short, so that the
 // closed stream's registration is removed within the run.
 func gracePeriod(cfg *config.Configuration) {
-	cfg.Registration.GracePeriod = endpointkit.Duration(time.Second)
+	cfg.Registration.GracePeriod = configkit.Duration(time.Second)
 }
 
 // localRepository sets a localRepository: an empty directory and a

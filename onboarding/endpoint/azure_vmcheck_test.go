@@ -54,8 +54,8 @@ func TestAzureVMCheckUnavailableIsRetryable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			v, err := azure.NewVerifier(azure.Config{Tenants: []string{vm.TenantID}, Audiences: []string{audience}, JWKSURL: ms.JWKSURL(), CACertificates: ms.CACertificates()},
-				azure.WithVMCheck(checker))
+			v, err := azure.NewVerifier(azure.Config{Tenants: []string{vm.TenantID}, Audiences: []string{audience}, JWKSURL: ms.JWKSURL(), CACertificates: ms.CACertificates(),
+				VMCheck: checker})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -35,6 +35,7 @@ import (
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
@@ -150,7 +151,7 @@ func profileChecker(t *testing.T, fake *awstest.EC2IAM) *profile.Checker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := profile.New(profile.Options{Clients: clients, Rate: 1000, Burst: 1000})
+	c, err := profile.New(profile.Options{Clients: clients, Options: apicheck.Options{Rate: 1000, Burst: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}

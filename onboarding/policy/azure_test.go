@@ -45,13 +45,7 @@ spec:
 `)
 	gcpOnly := policyYAML(t, gcpPolicy)
 	ratings := group("bookinfo", "ratings", "app", "ratings")
-	tests := []struct {
-		name        string
-		policies    []authorizationv1alpha1.OnboardingPolicy
-		id          runtimev1alpha1.WorkloadIdentity
-		wantAllowed bool
-		wantMessage []string
-	}{
+	runEvaluateCases(t, ratings, []evaluateCase{
 		{
 			name: "VM of the tenant, subscription and resource group joins (resource group without case)", policies: []authorizationv1alpha1.OnboardingPolicy{p},
 			id: azureID(azTenant, azSub, "embark-rg", "ratings-1"), wantAllowed: true,
@@ -91,20 +85,7 @@ spec:
 			name: "no policy: denied by default", policies: nil,
 			id: azureID(azTenant, azSub, "embark-rg", "ratings-1"),
 		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d := Evaluate(tt.policies, ratings, tt.id)
-			if d.Allowed != tt.wantAllowed {
-				t.Errorf("allowed %v, want %v: %s", d.Allowed, tt.wantAllowed, d.Message())
-			}
-			for _, w := range tt.wantMessage {
-				if !strings.Contains(d.Message(), w) {
-					t.Errorf("message %q does not say %q", d.Message(), w)
-				}
-			}
-		})
-	}
+	})
 }
 
 func TestMatchAzureMalformedMatcher(t *testing.T) {

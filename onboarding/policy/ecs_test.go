@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"strings"
 	"testing"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -51,13 +50,7 @@ spec:
 	awsOnly, _ := seedPolicies(t)
 	ratings := group("bookinfo", "ratings", "app", "ratings")
 	const acct = "123456789012"
-	tests := []struct {
-		name        string
-		policies    []authorizationv1alpha1.OnboardingPolicy
-		id          runtimev1alpha1.WorkloadIdentity
-		wantAllowed bool
-		wantMessage []string
-	}{
+	runEvaluateCases(t, ratings, []evaluateCase{
 		{
 			name: "a confirmed task of the account, zone, cluster and role joins", policies: []authorizationv1alpha1.OnboardingPolicy{p},
 			id: ecsID(acct, "us-east-2b", "prod", "ratings-task", true), wantAllowed: true,
@@ -107,18 +100,5 @@ spec:
 			id:          ec2(acct, "us-east-2", "us-east-2a", ""),
 			wantMessage: []string{"rule matches ecs tasks, identity is aws"},
 		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d := Evaluate(tt.policies, ratings, tt.id)
-			if d.Allowed != tt.wantAllowed {
-				t.Errorf("allowed %v, want %v: %s", d.Allowed, tt.wantAllowed, d.Message())
-			}
-			for _, w := range tt.wantMessage {
-				if !strings.Contains(d.Message(), w) {
-					t.Errorf("message %q does not say %q", d.Message(), w)
-				}
-			}
-		})
-	}
+	})
 }

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"strings"
 	"testing"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -41,13 +40,7 @@ spec:
 	awsOnly, _ := seedPolicies(t)
 	ratings := group("bookinfo", "ratings", "app", "ratings")
 	const sa = "ratings@embark-test.iam.gserviceaccount.com"
-	tests := []struct {
-		name        string
-		policies    []authorizationv1alpha1.OnboardingPolicy
-		id          runtimev1alpha1.WorkloadIdentity
-		wantAllowed bool
-		wantMessage []string
-	}{
+	runEvaluateCases(t, ratings, []evaluateCase{
 		{
 			name: "instance of the project, zone, account and name joins", policies: []authorizationv1alpha1.OnboardingPolicy{p},
 			id: gceID("embark-test", "us-central1-a", "ratings-1", sa), wantAllowed: true,
@@ -88,20 +81,7 @@ spec:
 			id:          ec2("123456789012", "us-east-2", "us-east-2a", ""),
 			wantMessage: []string{"rule matches gcp workloads, identity is aws"},
 		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d := Evaluate(tt.policies, ratings, tt.id)
-			if d.Allowed != tt.wantAllowed {
-				t.Errorf("allowed %v, want %v: %s", d.Allowed, tt.wantAllowed, d.Message())
-			}
-			for _, w := range tt.wantMessage {
-				if !strings.Contains(d.Message(), w) {
-					t.Errorf("message %q does not say %q", d.Message(), w)
-				}
-			}
-		})
-	}
+	})
 }
 
 func TestMatchGCPMalformedMatcher(t *testing.T) {

@@ -8,7 +8,8 @@
 // name may hold dots (a WorkloadGroup "ratings.v1", a JWT subject
 // "vm-01.example.com"); a namespace never does, so the name is everything
 // before the last ".<namespace>", the namespace being the first label of the
-// DNS-domain field.
+// DNS-domain field. BuildRouter builds the node ID of a gateway (router~...)
+// the same way, for tests that play one.
 package nodeid
 
 import (
@@ -22,6 +23,10 @@ import (
 
 // Type is the node type of every workload sidecar.
 const Type = "sidecar"
+
+// RouterType is the node type of a gateway, such as Istio's east-west
+// gateway; Parse refuses it.
+const RouterType = "router"
 
 // DNSDomain is the cluster DNS domain written into built node IDs.
 const DNSDomain = "cluster.local"
@@ -38,8 +43,15 @@ type ID struct {
 var ErrMalformed = errors.New("malformed node ID")
 
 // Build returns the node ID of the sidecar at ip of registration reg.
-func Build(ip string, reg types.NamespacedName) string {
-	return Type + "~" + ip + "~" + reg.Name + "." + reg.Namespace + "~" + reg.Namespace + ".svc." + DNSDomain
+func Build(ip string, reg types.NamespacedName) string { return build(Type, ip, reg) }
+
+// BuildRouter returns the node ID of the gateway pod at ip:
+// router~<ip>~<pod>.<namespace>~<namespace>.svc.cluster.local.
+func BuildRouter(ip string, pod types.NamespacedName) string { return build(RouterType, ip, pod) }
+
+// build returns the node ID of a proxy of type typ at ip named by obj.
+func build(typ, ip string, obj types.NamespacedName) string {
+	return typ + "~" + ip + "~" + obj.Name + "." + obj.Namespace + "~" + obj.Namespace + ".svc." + DNSDomain
 }
 
 // String is Build(id.IP, id.Registration).

@@ -94,3 +94,16 @@ func FuzzRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+// A gateway's node ID has the router type and the pod's name and namespace
+// where a sidecar's has the registration's; Parse, which reads sidecars'
+// only, refuses it.
+func TestBuildRouter(t *testing.T) {
+	id := BuildRouter("10.244.0.20", types.NamespacedName{Namespace: "istio-system", Name: "istio-eastwestgateway-7d9f8-x2v4k"})
+	if want := "router~10.244.0.20~istio-eastwestgateway-7d9f8-x2v4k.istio-system~istio-system.svc.cluster.local"; id != want {
+		t.Errorf("BuildRouter() = %q, want %q", id, want)
+	}
+	if _, err := Parse(id); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "type") {
+		t.Errorf("Parse(%q) = %v, want a malformed type", id, err)
+	}
+}

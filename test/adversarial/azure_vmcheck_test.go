@@ -44,8 +44,8 @@ func newVMCheckWorld(t *testing.T, rule authorizationv1alpha1.AllowRule) *vmChec
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := azure.NewVerifier(azure.Config{Tenants: []string{victim.TenantID}, Audiences: []string{audience}, JWKSURL: m.JWKSURL(), CACertificates: m.CACertificates()},
-		azure.WithVMCheck(checker))
+	v, err := azure.NewVerifier(azure.Config{Tenants: []string{victim.TenantID}, Audiences: []string{audience}, JWKSURL: m.JWKSURL(), CACertificates: m.CACertificates(),
+		VMCheck: checker})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/xds/ca"
 )
@@ -46,7 +47,7 @@ func startCARelay(t *testing.T, ns string) securityv1alpha1.IstioCertificateServ
 // xDS address.
 func startCARelayAddr(t *testing.T, ns string) string {
 	t.Helper()
-	cfg := endpointkit.Config(ns)
+	cfg := configkit.Config(ns)
 	cfg.Istiod = config.Istiod{Address: fixtures.FreeAddr(t), ServerName: "istiod.istio-system.svc",
 		RootCertFile: fixtures.RootFile(t, t.TempDir(), "istiod-root.pem", "absent istiod")}
 	return endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "ca-" + ns}).Config.Listen.XDS

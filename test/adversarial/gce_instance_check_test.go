@@ -37,8 +37,8 @@ func newGCECheckWorld(t *testing.T, cidrs ...authorizationv1alpha1.CIDR) *gceChe
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := gce.NewVerifier(gce.Config{Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates()},
-		gce.WithInstanceCheck(checker))
+	v, err := gce.NewVerifier(gce.Config{Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates(),
+		InstanceCheck: checker})
 	if err != nil {
 		t.Fatal(err)
 	}

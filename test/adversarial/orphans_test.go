@@ -21,6 +21,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -29,7 +30,7 @@ import (
 // looks at nothing of the other tests.
 func runScopedEndpoint(t *testing.T, ns string) {
 	t.Helper()
-	cfg := endpointkit.Config(ns)
+	cfg := configkit.Config(ns)
 	cfg.WorkloadNamespaces = []string{ns}
 	endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "orphans-" + ns})
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/limits"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -55,7 +56,7 @@ func startRepository(t *testing.T, repoLimits limits.Options) *repositoryPlane {
 	}
 	_ = f.Close()
 
-	const host = endpointkit.Host
+	const host = configkit.Host
 	ca, err := fixtures.NewCA("repository test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +66,7 @@ func startRepository(t *testing.T, repoLimits limits.Options) *repositoryPlane {
 		t.Fatal(err)
 	}
 	pool := ca.Pool()
-	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Istiod = config.Istiod{Address: fixtures.FreeAddr(t), ServerName: "istiod.istio-system.svc",
 		RootCertFile: fixtures.RootFile(t, dir, "istiod-root.pem", "absent istiod")}
 	cfg.LocalRepository = &config.LocalRepository{Directory: repo}
@@ -114,7 +115,7 @@ func closedByServer(c net.Conn, wait time.Duration) bool {
 
 func TestRepositorySlowlorisHeaders(t *testing.T) {
 	Attack(t, "repository: a slowloris client trickles request headers to hold a connection forever")
-	p := startRepository(t, limits.Options{HTTPReadHeaderTimeout: endpointkit.Duration(time.Second)})
+	p := startRepository(t, limits.Options{HTTPReadHeaderTimeout: configkit.Duration(time.Second)})
 	c, err := p.dialTLS(t, "127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ func TestRepositorySlowlorisHeaders(t *testing.T) {
 
 func TestRepositoryReaderThatNeverReads(t *testing.T) {
 	Attack(t, "repository: a client requests a package and never reads the answer, holding the server's writer")
-	p := startRepository(t, limits.Options{HTTPWriteTimeout: endpointkit.Duration(2 * time.Second)})
+	p := startRepository(t, limits.Options{HTTPWriteTimeout: configkit.Duration(2 * time.Second)})
 	raw, err := (&net.Dialer{}).DialContext(t.Context(), "tcp", p.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -3,18 +3,17 @@ package cacerts
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
+	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -90,59 +89,10 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 	}
 	var certFile, keyFile string
 	certFile, keyFile, e.rootFile = servingCert(t, dir)
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [onboarding-endpoint.example.corp]
-  certFile: %s
-  keyFile: %s
-registration:
-  gracePeriod: 1h
-istiod:
-  address: %s
-  serverName: %s
-  rootCertFile: %s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-  repository: %s
-`, ns, certFile, keyFile, istiod.SecureGRPCAddr, testenv.IstiodServerName, e.istiodRoots,
-		freeport.MustAddr(t), freeport.MustAddr(t), e.xds, freeport.MustAddr(t))
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan error, 1)
-	ready := make(chan struct{})
-	go func() {
-		done <- app.Run(ctx, app.Options{ConfigFile: file, Kubeconfig: env.KubeconfigPath, Replica: "replica-" + ns, DebugXDS: "off",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Ready: ready})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("endpoint: %v", err)
-	case <-time.After(2 * time.Minute):
-		cancel()
-		t.Fatal("endpoint not ready")
-	}
-	var once sync.Once
-	t.Cleanup(func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("endpoint returned %v after shutdown", err)
-				}
-			case <-time.After(time.Minute):
-				t.Error("endpoint did not stop")
-			}
-		})
-	})
+	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
+	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
+	cfg.Istiod = config.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: e.istiodRoots}
+	cfg.Listen.XDS = e.xds
+	endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "replica-" + ns, Dir: dir})
 	return e
 }

@@ -12,8 +12,7 @@ type simulatedAWS struct {
 	imds   []*awstest.IMDS
 	// account is the account the simulated EC2/IAM answers for: the first
 	// instance's. Its one set of credentials cannot tell accounts apart,
-	// so two accounts' instance profiles of one name would be answered at
-	// random.
+	// so it refuses a profile name two accounts' profiles share.
 	account string
 }
 

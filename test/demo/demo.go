@@ -56,6 +56,9 @@ const (
 	pollInterval = 200 * time.Millisecond
 )
 
+// vmLabels are the workload labels every VM's onboarding agent declares.
+var vmLabels = map[string]string{"version": "v5"}
+
 // demo is the state shared by the steps.
 type demo struct {
 	out         io.Writer
@@ -379,7 +382,7 @@ func (d *demo) startVM(ctx context.Context, out io.Writer, v *vm.VM) error {
 	}
 	v.Root = filepath.Join(d.work, "vms", v.Name)
 	if err := v.StartAgent(d.tb, vm.Settings{Exe: exe, Endpoint: d.addrs.onboarding, ServerName: endpointHost,
-		CAFile: d.serving.caFile, Host: v.AWSHost(d.aws.sts.URL)}); err != nil {
+		CAFile: d.serving.caFile, Host: v.AWSHost(d.aws.sts.URL), Labels: vmLabels}); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "onboarding-agent started (root %s)\n", v.Root)

@@ -203,5 +203,5 @@ func (d *demo) startOnPremAgent(v *vm.VM, issuer string) error {
 	command := fmt.Sprintf("[%q, --kubeconfig, %q, create, token, %s, -n, %s, --audience, %s, --duration, 10m]",
 		kubectl, d.env.KubeconfigPath, onPremHost, onPremNamespace, endpointHost)
 	return v.StartAgent(d.tb, vm.Settings{Exe: exe, Endpoint: d.addrs.onboarding, ServerName: endpointHost, CAFile: d.serving.caFile,
-		Host: vm.JWTHost(command), Address: onPremIP})
+		Host: vm.JWTHost(command), Address: onPremIP, Labels: vmLabels})
 }

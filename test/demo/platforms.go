@@ -345,7 +345,7 @@ func (d *demo) startPlatformAgent(v *vm.VM, host string, env []string) error {
 		return err
 	}
 	return v.StartAgent(d.tb, vm.Settings{Exe: exe, Endpoint: d.addrs.onboarding, ServerName: endpointHost, CAFile: d.serving.caFile,
-		Host: host, Env: env})
+		Host: host, Env: env, Labels: vmLabels})
 }
 
 // nextToOthers checks, in kubectl get war's table, that name is connected

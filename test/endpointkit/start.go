@@ -1,3 +1,6 @@
+// Package endpointkit runs the onboarding endpoint in process for tests:
+// Start runs cmd/onboarding-endpoint/app.Run with a configuration built by
+// test/endpointkit/configkit until the test ends.
 package endpointkit
 
 import (
@@ -12,6 +15,7 @@ import (
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/app"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/freeport"
 )
 
@@ -121,7 +125,7 @@ func fillListen(t testing.TB, l *config.Listen, pick func() (string, error)) boo
 // app.Run's when it ends first.
 func run(t testing.TB, opts Options, cfg *config.Configuration) (*Endpoint, error) {
 	t.Helper()
-	e := &Endpoint{Config: cfg, ConfigFile: WriteFile(t, opts.Dir, cfg)}
+	e := &Endpoint{Config: cfg, ConfigFile: configkit.WriteFile(t, opts.Dir, cfg)}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done, ready := make(chan error, 1), make(chan struct{})
 	go func() {

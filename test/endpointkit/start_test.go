@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -17,7 +18,7 @@ func TestMain(m *testing.M) { testenv.Main(m, testenv.Options{}, &env) }
 // an endpoint that serves on them, and that the configuration it was given
 // is left as it was.
 func TestStartServes(t *testing.T) {
-	cfg := Config(env.Namespace(t))
+	cfg := configkit.Config(env.Namespace(t))
 	e := Start(t, Options{Config: cfg, Kubeconfig: env.KubeconfigPath})
 	if cfg.Listen.Metrics != "" {
 		t.Errorf("Start changed the given configuration's listen.metrics to %q", cfg.Listen.Metrics)
@@ -46,7 +47,7 @@ func TestStartPicksOtherPortsWhenOneIsTaken(t *testing.T) {
 		}
 		return freeport.Addr()
 	}
-	e := start(t, Options{Config: Config(env.Namespace(t)), Kubeconfig: env.KubeconfigPath}, pick)
+	e := start(t, Options{Config: configkit.Config(env.Namespace(t)), Kubeconfig: env.KubeconfigPath}, pick)
 	if e.Config.Listen.Onboarding == taken.Addr().String() {
 		t.Fatalf("endpoint runs on the taken address %s", taken.Addr())
 	}

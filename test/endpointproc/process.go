@@ -19,7 +19,7 @@ import (
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
-	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -106,15 +106,15 @@ func (c *Cluster) NewReplica(name string) (*Replica, error) {
 	if grace == 0 {
 		grace = 10 * time.Minute
 	}
-	cfg := endpointkit.Config(c.Namespace)
+	cfg := configkit.Config(c.Namespace)
 	cfg.Endpoint.Hosts = []string{Audience}
 	cfg.Identity.AWS.CertificatesDir = certs
-	cfg.Registration.GracePeriod = endpointkit.Duration(grace)
+	cfg.Registration.GracePeriod = configkit.Duration(grace)
 	cfg.Listen = config.Listen{Onboarding: r.Onboarding, Metrics: r.Metrics, XDS: r.XDS}
 	if c.Configure != nil {
 		c.Configure(cfg)
 	}
-	data, err := endpointkit.Marshal(cfg)
+	data, err := configkit.Marshal(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -80,8 +81,8 @@ func startEndpointWith(t *testing.T, ns, replica string, istiod *testenv.Istiod)
 		t.Fatal(err)
 	}
 	certFile, keyFile, rootFile := servingCert(t, dir)
-	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
-	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
+	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
 	cfg.Istiod = config.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: istiodRoots}
 	ep := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: replica, Dir: dir})
 	return &endpoint{xds: ep.Config.Listen.XDS, metrics: ep.Config.Listen.Metrics, rootFile: rootFile, stop: ep.Stop}

@@ -37,6 +37,7 @@ import (
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/meshnet"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -65,9 +66,9 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Endpoint.Hosts = []string{endpointHost}
-	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
 	cfg.Istiod = config.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: istiodRoots}
 	ep := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "replica-" + ns, Dir: dir})
 	e := &endpoint{xds: ep.Config.Listen.XDS, roots: ca.Pool()}
@@ -193,7 +194,7 @@ func eastWestGateway(t *testing.T) *adsClient {
 	t.Helper()
 	ns := testenv.IstiodNamespace
 	node := &core.Node{
-		Id: "router~10.244.0.20~istio-eastwestgateway-7d9f8-x2v4k." + ns + "~" + ns + ".svc.cluster.local",
+		Id: nodeid.BuildRouter("10.244.0.20", types.NamespacedName{Namespace: ns, Name: "istio-eastwestgateway-7d9f8-x2v4k"}),
 		Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 			"CLUSTER_ID":             structpb.NewStringValue("Kubernetes"),
 			"NETWORK":                structpb.NewStringValue(podNetwork),

@@ -28,6 +28,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -97,14 +98,11 @@ func TestRolloutWithRealAgents(t *testing.T) {
 	stopEndpoint := startEndpoint(t, dir, ns, certFile, keyFile, caFile, certs, sts.URL)
 
 	// The fleet.
-	vms := make([]*vm, workloads)
-	byInstance := map[string]*vm{}
+	vms := make([]*fleetVM, workloads)
+	byInstance := map[string]*fleetVM{}
 	for i := range vms {
-		v := &vm{t: t, name: fmt.Sprintf("vm-%02d", i+1), ip: fmt.Sprintf("127.0.2.%d", i+1), note: tl.note}
-		v.imds, err = awstest.NewIMDS(ca, awstest.Instance{Role: "ratings-role", PrivateIP: v.ip, InstanceID: fmt.Sprintf("i-0a%015d", i+1)}, awstest.WithRoleCredentialsFrom(sts))
-		must(t, err)
-		t.Cleanup(v.imds.Close)
-		vms[i], byInstance[v.imds.Instance().InstanceID] = v, v
+		v := newFleetVM(t, i, ca, sts)
+		vms[i], byInstance[v.IMDS.Instance().InstanceID] = v, v
 	}
 	t.Cleanup(func() {
 		var wg sync.WaitGroup
@@ -114,9 +112,9 @@ func TestRolloutWithRealAgents(t *testing.T) {
 		wg.Wait()
 		stopEndpoint()
 	})
-	settings := vmSettings{endpoint: endpointAddr, caFile: caFile, stsURL: sts.URL, appPort: appPort, ns: ns}
+	settings := fleetSettings{endpoint: endpointAddr, caFile: caFile, stsURL: sts.URL, appPort: appPort, ns: ns}
 	for _, v := range vms {
-		v.start(settings)
+		v.start(t, settings, tl.note)
 	}
 	w := newWatcher(t, ns, byInstance, tl)
 	started := time.Now()
@@ -144,12 +142,12 @@ spec:
 	w.waitAll(t, "every workload back with v2", func(s wstate) bool { return s.ready() && s.version == "v2" })
 	for inst, s := range w.snapshot() {
 		if s.uid == uids[inst] {
-			t.Errorf("%s kept its registration %s: not re-onboarded", byInstance[inst].name, s.uid)
+			t.Errorf("%s kept its registration %s: not re-onboarded", byInstance[inst].Name, s.uid)
 		}
 	}
 	for _, v := range vms {
 		if n := v.sidecarRestarts(); n != 2 {
-			t.Errorf("%s: %d sidecar restarts, want 2 (onboarded, re-onboarded once)", v.name, n)
+			t.Errorf("%s: %d sidecar restarts, want 2 (onboarded, re-onboarded once)", v.Name, n)
 		}
 	}
 	if ro.Status.Total != workloads || ro.Status.Updated != workloads || ro.Status.Batches != workloads/maxUnavailable {
@@ -182,8 +180,8 @@ spec:
 		t.Errorf("paused at %+v (updated %d), want the third batch of this change (%d), 6 workloads updated", b, ro.Status.Updated, batchesBefore+3)
 	}
 	waitEvent(t, ns, "ratings", runtimev1alpha1.ReasonProgressDeadlineExceeded, brokenReg)
-	if s := w.snapshot()[broken.imds.Instance().InstanceID]; !s.connected || s.healthy || s.version != "v3" {
-		t.Errorf("%s: %+v, want connected with v3 and unhealthy", broken.name, s)
+	if s := w.snapshot()[broken.IMDS.Instance().InstanceID]; !s.connected || s.healthy || s.version != "v3" {
+		t.Errorf("%s: %+v, want connected with v3 and unhealthy", broken.Name, s)
 	}
 	// Paused: no new batch starts (two rechecks of the controller).
 	time.Sleep(2 * registryRecheck)
@@ -193,8 +191,8 @@ spec:
 
 	t.Log("the VM is fixed and the rollout resumed: it completes")
 	broken.breakOnRestart.Store(false)
-	broken.app.SetHealthy(true)
-	tl.note("%s's application fixed: /ready answers 200", broken.name)
+	broken.App.SetHealthy(true)
+	tl.note("%s's application fixed: /ready answers 200", broken.Name)
 	kubectl(t, "patch", "wgr", "ratings", "-n", ns, "--type", "merge", "-p", `{"spec":{"paused":false}}`)
 	tl.note("rollout resumed: kubectl patch wgr ratings --type merge -p '{\"spec\":{\"paused\":false}}'")
 	ro = waitRollout(t, ns, "v3 rolled out", func(ro *runtimev1alpha1.WorkloadGroupRollout) bool { return complete(ro, 3) })
@@ -251,14 +249,14 @@ var endpointAddr string
 func startEndpoint(t *testing.T, dir, ns, certFile, keyFile, caFile, certs, stsURL string) (stop func()) {
 	t.Helper()
 	xdsAddr := fixtures.FreeAddr(t)
-	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Endpoint.Hosts = []string{endpointHost}
 	cfg.Identity.AWS = config.AWSIdentity{CertificatesDir: certs, STSEndpoint: stsURL}
 	cfg.Mesh = config.Mesh{DiscoveryAddress: xdsAddr, RootCertFile: caFile}
 	cfg.Registration.AllowLoopbackAddresses = true
-	cfg.Registration.HealthDamping = endpointkit.Duration(0)
-	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
-	cfg.Registration.PropagationDelay = endpointkit.Duration(time.Second)
+	cfg.Registration.HealthDamping = configkit.Duration(0)
+	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
+	cfg.Registration.PropagationDelay = configkit.Duration(time.Second)
 	cfg.Listen.XDS = xdsAddr
 	logs := &vmsim.SyncBuffer{}
 	e := endpointkit.Start(t, endpointkit.Options{Config: cfg, Kubeconfig: env.KubeconfigPath, Replica: "rollout-test-0",
@@ -408,7 +406,7 @@ func (s wstate) String() string {
 // and, once measuring, the most workloads unavailable at once.
 type watcher struct {
 	tl         *timeline
-	byInstance map[string]*vm
+	byInstance map[string]*fleetVM
 	cancel     context.CancelFunc
 	done       sync.WaitGroup
 
@@ -421,7 +419,7 @@ type watcher struct {
 	batch     int32
 }
 
-func newWatcher(t *testing.T, ns string, byInstance map[string]*vm, tl *timeline) *watcher {
+func newWatcher(t *testing.T, ns string, byInstance map[string]*fleetVM, tl *timeline) *watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	w := &watcher{tl: tl, byInstance: byInstance, cancel: cancel, state: map[string]wstate{}}
@@ -491,7 +489,7 @@ func (w *watcher) registration(typ watch.EventType, obj client.Object) {
 	}
 	w.state[inst] = s
 	if !had || old.String() != s.String() || old.uid != s.uid {
-		w.tl.note("%s %s: %s", v.name, s.name, s)
+		w.tl.note("%s %s: %s", v.Name, s.name, s)
 	}
 	if w.measuring {
 		down, gone := w.counts()
@@ -589,7 +587,7 @@ func (w *watcher) waitFor(t *testing.T, what string, cond func(map[string]wstate
 		if time.Now().After(deadline) || t.Context().Err() != nil {
 			var lines []string
 			for _, s := range w.state {
-				lines = append(lines, w.byInstance[s.instance].name+" "+s.name+": "+s.String())
+				lines = append(lines, w.byInstance[s.instance].Name+" "+s.name+": "+s.String())
 			}
 			slices.Sort(lines)
 			w.mu.Unlock()

@@ -24,6 +24,7 @@ import (
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/endpoint"
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	awsidentity "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/certs"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/profile"
@@ -179,11 +180,7 @@ func newProfileChecker(ctx context.Context, cfg *config.Configuration, log *slog
 	if err != nil {
 		return nil, fmt.Errorf("identity.aws.instanceProfileCheck: %w", err)
 	}
-	opts := profile.Options{Clients: clients, Rate: pc.RatePerSecond, Burst: pc.Burst, Logger: log}
-	if pc.CacheTTL != nil {
-		opts.CacheTTL = pc.CacheTTL.Duration
-	}
-	c, err := profile.New(opts)
+	c, err := profile.New(profile.Options{Clients: clients, Options: apiCheckOptions(pc.APICallBudget, log)})
 	if err != nil {
 		return nil, fmt.Errorf("identity.aws.instanceProfileCheck: %w", err)
 	}
@@ -261,15 +258,14 @@ func newGCEVerifier(ctx context.Context, g *config.GCEIdentity, log *slog.Logger
 		}
 		c.CACertificates = ca
 	}
-	opts := []gceidentity.Option{gceidentity.WithLogger(log), gceidentity.WithSharedReplay(used)}
 	if g.InstanceCheck != nil {
 		checker, err := newGCEInstanceChecker(ctx, g.InstanceCheck, log)
 		if err != nil {
 			return nil, fmt.Errorf("identity.gce.instanceCheck: %w", err)
 		}
-		opts = append(opts, gceidentity.WithInstanceCheck(checker))
+		c.InstanceCheck = checker
 	}
-	v, err := gceidentity.NewVerifier(c, opts...)
+	v, err := gceidentity.NewVerifier(c, jwtidentity.WithLogger(log), jwtidentity.WithSharedReplay(used))
 	if err != nil {
 		return nil, fmt.Errorf("identity.gce: %w", err)
 	}
@@ -295,11 +291,7 @@ func newGCEInstanceChecker(ctx context.Context, ic *config.GCEInstanceCheck, log
 	if err != nil {
 		return nil, err
 	}
-	opts := gceidentity.CheckerOptions{TokenSource: ts, Endpoint: ic.ComputeEndpoint, Rate: ic.RatePerSecond, Burst: ic.Burst, Logger: log}
-	if ic.CacheTTL != nil {
-		opts.CacheTTL = ic.CacheTTL.Duration
-	}
-	return gceidentity.NewChecker(opts)
+	return gceidentity.NewChecker(gceidentity.CheckerOptions{TokenSource: ts, Endpoint: ic.ComputeEndpoint, Options: apiCheckOptions(ic.APICallBudget, log)})
 }
 
 func newAzureVerifier(a *config.AzureIdentity, log *slog.Logger, used replay.Shared) (*azureidentity.Verifier, error) {
@@ -314,15 +306,14 @@ func newAzureVerifier(a *config.AzureIdentity, log *slog.Logger, used replay.Sha
 		}
 		c.CACertificates = ca
 	}
-	opts := []azureidentity.Option{azureidentity.WithLogger(log), azureidentity.WithSharedReplay(used)}
 	if vc := a.VMCheck; vc != nil {
 		checker, err := newAzureVMChecker(vc, log)
 		if err != nil {
 			return nil, fmt.Errorf("identity.azure.vmCheck: %w", err)
 		}
-		opts = append(opts, azureidentity.WithVMCheck(checker))
+		c.VMCheck = checker
 	}
-	v, err := azureidentity.NewVerifier(c, opts...)
+	v, err := azureidentity.NewVerifier(c, jwtidentity.WithLogger(log), jwtidentity.WithSharedReplay(used))
 	if err != nil {
 		return nil, fmt.Errorf("identity.azure: %w", err)
 	}
@@ -337,11 +328,7 @@ func newAzureVMChecker(vc *config.AzureVMCheck, log *slog.Logger) (*azureidentit
 	if err != nil {
 		return nil, err
 	}
-	opts := azureidentity.CheckerOptions{Token: src, ARMEndpoint: vc.ARMEndpoint, Rate: vc.RatePerSecond, Burst: vc.Burst, Logger: log}
-	if vc.CacheTTL != nil {
-		opts.CacheTTL = vc.CacheTTL.Duration
-	}
-	return azureidentity.NewChecker(opts)
+	return azureidentity.NewChecker(azureidentity.CheckerOptions{Token: src, ARMEndpoint: vc.ARMEndpoint, Options: apiCheckOptions(vc.APICallBudget, log)})
 }
 
 // newECSVerifier returns the ECS task verifier of identity.ecs: STS proofs
@@ -354,11 +341,7 @@ func newECSVerifier(ctx context.Context, e *config.ECSIdentity, awsVerifier *aws
 		if err != nil {
 			return nil, fmt.Errorf("identity.ecs.taskCheck: %w", err)
 		}
-		opts := ecsidentity.CheckerOptions{Clients: clients, Rate: tc.RatePerSecond, Burst: tc.Burst, Logger: log}
-		if tc.CacheTTL != nil {
-			opts.CacheTTL = tc.CacheTTL.Duration
-		}
-		c, err := ecsidentity.NewChecker(opts)
+		c, err := ecsidentity.NewChecker(ecsidentity.CheckerOptions{Clients: clients, Options: apiCheckOptions(tc.APICallBudget, log)})
 		if err != nil {
 			return nil, fmt.Errorf("identity.ecs.taskCheck: %w", err)
 		}
@@ -370,4 +353,14 @@ func newECSVerifier(ctx context.Context, e *config.ECSIdentity, awsVerifier *aws
 	}
 	log.Info("accepting ECS task role credentials", "taskCheck", checker != nil)
 	return v, nil
+}
+
+// apiCheckOptions are the options of a cloud API check whose configuration
+// says b about its calls.
+func apiCheckOptions(b config.APICallBudget, log *slog.Logger) apicheck.Options {
+	o := apicheck.Options{Rate: b.RatePerSecond, Burst: b.Burst, Logger: log}
+	if b.CacheTTL != nil {
+		o.CacheTTL = b.CacheTTL.Duration
+	}
+	return o
 }

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -27,10 +26,12 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
 	"github.com/embark-mesh/embark/registry/replica"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -47,9 +48,9 @@ func freeAddr(t *testing.T) string {
 
 // writeConfig writes an endpoint configuration for namespace ns that
 // verifies the instances of aws (its CA as us-east-2's certificate, its
-// STS), serves plaintext, and has the given further sections; it returns
-// the file's path.
-func writeConfig(t *testing.T, ns string, aws *awstest.Env, more string) string {
+// STS), serves plaintext, and is changed further by build; it returns the
+// file's path.
+func writeConfig(t *testing.T, ns string, aws *awstest.Env, build func(*config.Configuration)) string {
 	t.Helper()
 	dir := t.TempDir()
 	certs := filepath.Join(dir, "aws-certs")
@@ -59,22 +60,10 @@ func writeConfig(t *testing.T, ns string, aws *awstest.Env, more string) string 
 	if err := os.WriteFile(filepath.Join(certs, "us-east-2.pem"), aws.CA.CertificatePEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfgFile := filepath.Join(dir, "config.yaml")
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [onboarding-endpoint.example.corp]
-  plaintext: true
-identity:
-  aws:
-    certificatesDir: %s
-    stsEndpoint: %s
-`, ns, certs, aws.STS.URL) + more
-	if err := os.WriteFile(cfgFile, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return cfgFile
+	cfg := configkit.Config(ns)
+	cfg.Identity.AWS = config.AWSIdentity{CertificatesDir: certs, STSEndpoint: aws.STS.URL}
+	build(cfg)
+	return configkit.WriteFile(t, dir, cfg)
 }
 
 // The endpoint binary's wiring, from its configuration file to a workload
@@ -86,18 +75,12 @@ func TestRunServesTheOnboardingAPI(t *testing.T) {
 	aws := awstest.Start(t, awstest.Instance{})
 
 	onboardingAddr, metricsAddr, xdsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	cfgFile := writeConfig(t, ns, aws, fmt.Sprintf(`tokenIssuer:
-  jwt:
-    expiration: 30m
-registration:
-  gracePeriod: 1m
-mesh:
-  network: {pods: kube-network}
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-`, onboardingAddr, metricsAddr, xdsAddr))
+	cfgFile := writeConfig(t, ns, aws, func(c *config.Configuration) {
+		c.TokenIssuer.JWT.Expiration = configkit.Duration(30 * time.Minute)
+		c.Registration.GracePeriod = configkit.Duration(time.Minute)
+		c.Mesh.Network = &config.MeshNetwork{Pods: "kube-network"}
+		c.Listen = config.Listen{Onboarding: onboardingAddr, Metrics: metricsAddr, XDS: xdsAddr}
+	})
 
 	// The example objects (api/crds/testdata/seed004), in the test's namespace.
 	policyYAML, err := os.ReadFile("../../../api/crds/testdata/seed004/policy-any-ec2-in-accounts.yaml")
@@ -217,10 +200,9 @@ listen:
 }
 
 func TestRunRefusesABadConfiguration(t *testing.T) {
-	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(cfgFile, []byte("apiVersion: config.onboarding.tetrate.io/v1alpha1\nkind: OnboardingEndpointConfiguration\nendpoint: {hosts: []}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := configkit.Config("")
+	cfg.Endpoint.Hosts = nil
+	cfgFile := configkit.WriteFile(t, t.TempDir(), cfg)
 	err := Run(t.Context(), Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath})
 	if err == nil || !strings.Contains(err.Error(), "endpoint.hosts") {
 		t.Errorf("err = %v, want it to name endpoint.hosts", err)
@@ -235,14 +217,10 @@ func TestRunFailingAfterListenLeavesNothingBehind(t *testing.T) {
 	ns := env.Namespace(t)
 	aws := awstest.Start(t, awstest.Instance{})
 	addrs := map[string]string{"onboarding": freeAddr(t), "metrics": freeAddr(t), "xds": freeAddr(t), "repository": freeAddr(t), "debug": freeAddr(t)}
-	cfgFile := writeConfig(t, ns, aws, fmt.Sprintf(`localRepository:
-  directory: %s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-  repository: %s
-`, filepath.Join(t.TempDir(), "no-such-directory"), addrs["onboarding"], addrs["metrics"], addrs["xds"], addrs["repository"]))
+	cfgFile := writeConfig(t, ns, aws, func(c *config.Configuration) {
+		c.LocalRepository = &config.LocalRepository{Directory: filepath.Join(t.TempDir(), "no-such-directory")}
+		c.Listen = config.Listen{Onboarding: addrs["onboarding"], Metrics: addrs["metrics"], XDS: addrs["xds"], Repository: addrs["repository"]}
+	})
 
 	before := goleak.IgnoreCurrent()
 	err := Run(t.Context(), Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-test-fail",
@@ -274,15 +252,10 @@ func TestRunNeedsTheExtraRepositoryDirectories(t *testing.T) {
 	ns := env.Namespace(t)
 	aws := awstest.Start(t, awstest.Instance{})
 	missing := filepath.Join(t.TempDir(), "istio-sidecar-packages")
-	cfgFile := writeConfig(t, ns, aws, fmt.Sprintf(`localRepository:
-  directory: %s
-  extraDirectories: [%s]
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-  repository: %s
-`, t.TempDir(), missing, freeAddr(t), freeAddr(t), freeAddr(t), freeAddr(t)))
+	cfgFile := writeConfig(t, ns, aws, func(c *config.Configuration) {
+		c.LocalRepository = &config.LocalRepository{Directory: t.TempDir(), ExtraDirectories: []string{missing}}
+		c.Listen = config.Listen{Onboarding: freeAddr(t), Metrics: freeAddr(t), XDS: freeAddr(t), Repository: freeAddr(t)}
+	})
 	err := Run(t.Context(), Options{ConfigFile: cfgFile, Kubeconfig: env.KubeconfigPath, Replica: "embark-test-extra-dirs",
 		DebugXDS: freeAddr(t), Logger: slog.New(slog.DiscardHandler)})
 	if err == nil || !strings.Contains(err.Error(), "extraDirectories") || !strings.Contains(err.Error(), missing) {

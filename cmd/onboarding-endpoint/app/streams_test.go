@@ -2,11 +2,8 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -23,8 +20,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/adsclient"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 )
 
@@ -43,23 +42,10 @@ func startEndpoint(t *testing.T, ns, replica string, grace time.Duration) *proce
 	t.Helper()
 	dir := t.TempDir()
 	e := &process{replica: replica, xds: freeAddr(t), done: make(chan error, 1)}
-	cfg := fmt.Sprintf(`apiVersion: config.onboarding.tetrate.io/v1alpha1
-kind: OnboardingEndpointConfiguration
-namespace: %s
-endpoint:
-  hosts: [onboarding-endpoint.example.corp]
-  plaintext: true
-registration:
-  gracePeriod: %s
-listen:
-  onboarding: %s
-  metrics: %s
-  xds: %s
-`, ns, grace, freeAddr(t), freeAddr(t), e.xds)
-	file := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	cfg := configkit.Config(ns)
+	cfg.Registration.GracePeriod = configkit.Duration(grace)
+	cfg.Listen = config.Listen{Onboarding: freeAddr(t), Metrics: freeAddr(t), XDS: e.xds}
+	file := configkit.WriteFile(t, dir, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
 	ready := make(chan struct{})

@@ -368,13 +368,9 @@ type AzureVMCheck struct {
 	// IMDSEndpoint replaces http://169.254.169.254, where the endpoint's
 	// managed identity token is fetched without workload identity (tests).
 	IMDSEndpoint string `json:"imdsEndpoint,omitempty"`
-	// RatePerSecond and Burst bound the Resource Manager calls (two per
-	// VM, shared by all callers; over it Authorize answers UNAVAILABLE,
-	// retried). Default 5/s, burst 10.
-	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
-	Burst         int     `json:"burst,omitempty"`
-	// CacheTTL is how long a VM's description is reused. Default 30s.
-	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+	// APICallBudget bounds the Resource Manager calls (two per VM) and
+	// says how long a VM's description is reused (default 30s).
+	APICallBudget `json:",inline"`
 }
 
 // validate checks a VM check configuration (nil: not configured).
@@ -382,23 +378,37 @@ func (v *AzureVMCheck) validate(p *field.Path) field.ErrorList {
 	if v == nil {
 		return nil
 	}
-	errs := validateCallBudget(p, v.RatePerSecond, v.Burst, v.CacheTTL)
+	errs := v.APICallBudget.validate(p)
 	errs = append(errs, validateAPIEndpoint(p.Child("armEndpoint"), v.ARMEndpoint, true)...)
 	return append(errs, validateAPIEndpoint(p.Child("imdsEndpoint"), v.IMDSEndpoint, true)...)
 }
 
-// validateCallBudget checks the rate, burst and cache time to live of an
-// optional cloud API check: none may be negative (zero: the default).
-func validateCallBudget(p *field.Path, rate float64, burst int, cacheTTL *metav1.Duration) field.ErrorList {
+// APICallBudget is what the configuration of every optional cloud API
+// check says about its calls; its fields stand in the check's own YAML
+// object (ratePerSecond, burst, cacheTTL).
+type APICallBudget struct {
+	// RatePerSecond and Burst bound the check's API calls (shared by all
+	// callers; over it Authorize answers UNAVAILABLE, retried). Default
+	// 5/s, burst 10.
+	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
+	Burst         int     `json:"burst,omitempty"`
+	// CacheTTL is how long an answer of the API is reused. Default: the
+	// check's (30s; instanceProfileCheck 1m).
+	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+}
+
+// validate checks the rate, burst and cache time to live of the check at
+// p: none may be negative (zero: the default).
+func (b APICallBudget) validate(p *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	if rate < 0 {
-		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), rate, "must not be negative"))
+	if b.RatePerSecond < 0 {
+		errs = append(errs, field.Invalid(p.Child("ratePerSecond"), b.RatePerSecond, "must not be negative"))
 	}
-	if burst < 0 {
-		errs = append(errs, field.Invalid(p.Child("burst"), burst, "must not be negative"))
+	if b.Burst < 0 {
+		errs = append(errs, field.Invalid(p.Child("burst"), b.Burst, "must not be negative"))
 	}
-	if cacheTTL != nil && cacheTTL.Duration < 0 {
-		errs = append(errs, field.Invalid(p.Child("cacheTTL"), cacheTTL.Duration.String(), "must not be negative"))
+	if b.CacheTTL != nil && b.CacheTTL.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("cacheTTL"), b.CacheTTL.Duration.String(), "must not be negative"))
 	}
 	return errs
 }
@@ -456,13 +466,9 @@ type GCEInstanceCheck struct {
 	// CredentialsFile is a service account key file (JSON) to ask the
 	// Compute API with. Default: the Application Default Credentials.
 	CredentialsFile string `json:"credentialsFile,omitempty"`
-	// RatePerSecond and Burst bound the Compute API calls (shared by all
-	// callers; over it Authorize answers UNAVAILABLE, retried). Default
-	// 5/s, burst 10.
-	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
-	Burst         int     `json:"burst,omitempty"`
-	// CacheTTL is how long an instance's description is reused. Default 30s.
-	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+	// APICallBudget bounds the Compute API calls and says how long an
+	// instance's description is reused (default 30s).
+	APICallBudget `json:",inline"`
 	// ComputeEndpoint replaces https://compute.googleapis.com (tests,
 	// Private Service Connect endpoints).
 	ComputeEndpoint string `json:"computeEndpoint,omitempty"`
@@ -493,14 +499,9 @@ type InstanceProfileCheck struct {
 	// iam:GetInstanceProfile. Empty: the endpoint's own credentials, for
 	// instances of its own account.
 	RoleARN string `json:"roleARN,omitempty"`
-	// RatePerSecond and Burst bound the EC2 and IAM calls (shared by all
-	// callers; over it Authorize answers UNAVAILABLE, retried). Default 5/s,
-	// burst 10.
-	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
-	Burst         int     `json:"burst,omitempty"`
-	// CacheTTL is how long an instance's profile and a profile's roles are
-	// reused. Default 1m.
-	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+	// APICallBudget bounds the EC2 and IAM calls and says how long an
+	// instance's profile and a profile's roles are reused (default 1m).
+	APICallBudget `json:",inline"`
 	// EC2Endpoint, IAMEndpoint and STSEndpoint replace the AWS endpoints
 	// (tests, private endpoints).
 	EC2Endpoint string `json:"ec2Endpoint,omitempty"`
@@ -903,7 +904,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	errs = append(errs, c.Identity.Azure.validate(field.NewPath("identity", "azure"))...)
 	errs = append(errs, c.Identity.ECS.validate(field.NewPath("identity", "ecs"))...)
 	if pc := c.Identity.AWS.InstanceProfileCheck; pc != nil {
-		errs = append(errs, validateCallBudget(field.NewPath("identity", "aws", "instanceProfileCheck"), pc.RatePerSecond, pc.Burst, pc.CacheTTL)...)
+		errs = append(errs, pc.APICallBudget.validate(field.NewPath("identity", "aws", "instanceProfileCheck"))...)
 	}
 	r := field.NewPath("registration")
 	if c.Registration.GracePeriod.Duration < minGracePeriod {
@@ -1040,7 +1041,7 @@ func (ic *GCEInstanceCheck) validate(p *field.Path) field.ErrorList {
 	if ic == nil {
 		return nil
 	}
-	errs := validateCallBudget(p, ic.RatePerSecond, ic.Burst, ic.CacheTTL)
+	errs := ic.APICallBudget.validate(p)
 	return append(errs, validateAPIEndpoint(p.Child("computeEndpoint"), ic.ComputeEndpoint, false)...)
 }
 
@@ -1105,12 +1106,9 @@ type ECSTaskCheck struct {
 	// only ecs:DescribeTasks and ecs:DescribeTaskDefinition. Empty: the
 	// endpoint's own credentials, for tasks of its own account.
 	RoleARN string `json:"roleARN,omitempty"`
-	// RatePerSecond and Burst bound the ECS calls (shared by all callers;
-	// over it Authorize answers UNAVAILABLE, retried). Default 5/s, burst 10.
-	RatePerSecond float64 `json:"ratePerSecond,omitempty"`
-	Burst         int     `json:"burst,omitempty"`
-	// CacheTTL is how long a task's description is reused. Default 30s.
-	CacheTTL *metav1.Duration `json:"cacheTTL,omitempty"`
+	// APICallBudget bounds the ECS calls and says how long a task's
+	// description is reused (default 30s).
+	APICallBudget `json:",inline"`
 	// ECSEndpoint and STSEndpoint replace the AWS endpoints (tests, private
 	// endpoints).
 	ECSEndpoint string `json:"ecsEndpoint,omitempty"`
@@ -1123,7 +1121,7 @@ func (e *ECSIdentity) validate(p *field.Path) field.ErrorList {
 		return nil
 	}
 	tc, p := e.TaskCheck, p.Child("taskCheck")
-	errs := validateCallBudget(p, tc.RatePerSecond, tc.Burst, tc.CacheTTL)
+	errs := tc.APICallBudget.validate(p)
 	errs = append(errs, validateAPIEndpoint(p.Child("ecsEndpoint"), tc.ECSEndpoint, false)...)
 	return append(errs, validateAPIEndpoint(p.Child("stsEndpoint"), tc.STSEndpoint, false)...)
 }

@@ -179,7 +179,7 @@ func TestParseGCEInstanceCheck(t *testing.T) {
 		{name: "unset", yaml: "identity: {gce: {}}\n"},
 		{name: "empty enables", yaml: "identity: {gce: {instanceCheck: {}}}\n", want: &GCEInstanceCheck{}},
 		{name: "every field", yaml: "identity: {gce: {instanceCheck: {credentialsFile: /etc/embark/gcp/key.json, ratePerSecond: 2.5, burst: 4, cacheTTL: 1m, computeEndpoint: 'http://127.0.0.1:8080'}}}\n",
-			want: &GCEInstanceCheck{CredentialsFile: "/etc/embark/gcp/key.json", RatePerSecond: 2.5, Burst: 4, CacheTTL: &metav1.Duration{Duration: time.Minute}, ComputeEndpoint: "http://127.0.0.1:8080"}},
+			want: &GCEInstanceCheck{CredentialsFile: "/etc/embark/gcp/key.json", APICallBudget: APICallBudget{RatePerSecond: 2.5, Burst: 4, CacheTTL: &metav1.Duration{Duration: time.Minute}}, ComputeEndpoint: "http://127.0.0.1:8080"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"context"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,12 +9,8 @@ import (
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/embark-mesh/embark/onboarding/agent"
-	"github.com/embark-mesh/embark/onboarding/agent/config"
-	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // The whole life of an agent: refused until a policy allows it, onboarded,
@@ -26,30 +20,9 @@ import (
 func TestAgentLifecycle(t *testing.T) {
 	w := newWorld(t)
 	w.startEndpoint()
-	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
-	agentCfg, err := config.LoadAgent(agentFile)
-	must(t, err)
-	onbCfg, err := config.LoadOnboarding(onboardingFile)
-	must(t, err)
-	logs := &vmsim.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	plat, err := platform.Detect(t.Context(), agentCfg.Host, onbCfg.Audience(), log)
-	must(t, err)
-	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second,
-		// 1m onboarding tokens renewed after 6s; 1h sidecar tokens after ~11s.
-		RenewFraction: 0.1, SidecarRenewFraction: 0.003})
-	must(t, err)
-	ctx, stop := context.WithCancel(t.Context())
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
+	// 1m onboarding tokens renewed after 6s; 1h sidecar tokens after ~11s.
+	a := w.runAgent(agentRun{debug: true, renewFraction: 0.1, sidecarRenewFraction: 0.003})
+	root, logs := a.root, a.logs
 	restarts, stops := filepath.Join(root, "restarts"), filepath.Join(root, "stops")
 	tokenFile := filepath.Join(root, "istio-token")
 
@@ -137,13 +110,7 @@ func TestAgentLifecycle(t *testing.T) {
 	fixtures.Eventually(t, 30*time.Second, "re-onboarded after the outage", func() bool { return countLines(restarts) == 3 })
 
 	t.Log("graceful shutdown: unregistered, then the sidecar stopped")
-	stop()
-	select {
-	case err := <-done:
-		must(t, err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("agent did not stop")
-	}
+	must(t, a.stopWithin(30*time.Second))
 	if n := len(w.registrations()); n != 0 {
 		t.Errorf("%d registrations after shutdown, want 0", n)
 	}

@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -21,13 +19,11 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/agent"
-	"github.com/embark-mesh/embark/onboarding/agent/config"
-	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
 	"github.com/embark-mesh/embark/onboarding/token"
 	"github.com/embark-mesh/embark/registry"
+	demovm "github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // An Azure VM onboards with its managed identity token: the real agent
@@ -38,14 +34,8 @@ import (
 // rule allows it; its address is allowed by the rule's addressCIDRs, as the
 // token proves none. kubectl describe war shows the Azure identity.
 func TestAzureVMOnboards(t *testing.T) {
-	w := newWorld(t)
-	ms, err := azuretest.NewMicrosoft()
-	must(t, err)
-	t.Cleanup(ms.Close)
-	vm := azuretest.DefaultVM()
-	imds := azuretest.NewIMDS(ms, vm)
-	t.Cleanup(imds.Close)
-	startAzureAgent(t, w, ms, imds, vm, 0)
+	w, vm, imds := newAzureWorld(t, false)
+	runAzureAgent(w, imds, agentRun{})
 	ctx := t.Context()
 
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool { return len(w.registrations()) == 1 })
@@ -86,15 +76,9 @@ func TestAzureVMOnboards(t *testing.T) {
 // onboarded past its first onboarding token's expiry: its sidecar token is
 // renewed with the renewed onboarding token.
 func TestAzureVMRenewsWithCachedToken(t *testing.T) {
-	w := newWorld(t)
-	ms, err := azuretest.NewMicrosoft()
-	must(t, err)
-	t.Cleanup(ms.Close)
-	vm := azuretest.DefaultVM()
-	imds := azuretest.NewCachingIMDS(ms, vm)
-	t.Cleanup(imds.Close)
+	w, _, imds := newAzureWorld(t, true)
 	// 1m onboarding tokens renewed after 6s; 1h sidecar tokens after ~11s.
-	logs := startAzureAgent(t, w, ms, imds, vm, 0.1)
+	logs := runAzureAgent(w, imds, agentRun{renewFraction: 0.1, sidecarRenewFraction: 0.003}).logs
 
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]
@@ -128,18 +112,11 @@ func TestAzureVMRenewsWithCachedToken(t *testing.T) {
 // onboarding token and session key: it is onboarded again at once, with
 // the same registration, without waiting for a new token.
 func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
-	w := newWorld(t)
-	ms, err := azuretest.NewMicrosoft()
-	must(t, err)
-	t.Cleanup(ms.Close)
-	vm := azuretest.DefaultVM()
-	imds := azuretest.NewCachingIMDS(ms, vm)
-	t.Cleanup(imds.Close)
-	configureAzure(t, w, ms, vm)
+	w, _, imds := newAzureWorld(t, true)
 	state := filepath.Join(t.TempDir(), "state")
 
 	link := &cuttableNetwork{}
-	first := runAzureAgent(t, w, imds, azureAgentOptions{stateDir: state, dialOptions: []grpc.DialOption{grpc.WithContextDialer(link.dial)}})
+	first := runAzureAgent(w, imds, agentRun{agentFiles: agentFiles{stateDir: state}, dialOptions: []grpc.DialOption{grpc.WithContextDialer(link.dial)}})
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool {
 		return len(w.registrations()) == 1 && strings.Contains(first.logs.String(), "onboarded: sidecar bootstrap written")
 	})
@@ -149,7 +126,7 @@ func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
 	}
 	// The process ends unable to unregister.
 	link.cut()
-	first.stop()
+	_ = first.stop()
 	if !strings.Contains(first.logs.String(), "unregister failed") {
 		t.Fatalf("the first agent did not fail to unregister:\n%s", first.logs.String())
 	}
@@ -157,7 +134,7 @@ func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
 		t.Fatalf("%d registrations after the agent ended, want the first one", len(regs))
 	}
 
-	second := runAzureAgent(t, w, imds, azureAgentOptions{stateDir: state})
+	second := runAzureAgent(w, imds, agentRun{agentFiles: agentFiles{stateDir: state}})
 	fixtures.Eventually(t, 20*time.Second, "the restarted agent onboarded", func() bool {
 		return strings.Contains(second.logs.String(), "onboarded: sidecar bootstrap written")
 	})
@@ -181,15 +158,8 @@ func TestAzureVMAgentRestartKeepsItsSession(t *testing.T) {
 // agent onboards again within seconds with that token, its onboarding
 // token (bound to its session) and its session key; a new registration.
 func TestAzureVMReonboardsWithCachedTokenAfterDeletion(t *testing.T) {
-	w := newWorld(t)
-	ms, err := azuretest.NewMicrosoft()
-	must(t, err)
-	t.Cleanup(ms.Close)
-	vm := azuretest.DefaultVM()
-	imds := azuretest.NewCachingIMDS(ms, vm)
-	t.Cleanup(imds.Close)
-	configureAzure(t, w, ms, vm)
-	a := runAzureAgent(t, w, imds, azureAgentOptions{})
+	w, _, imds := newAzureWorld(t, true)
+	a := runAzureAgent(w, imds, agentRun{})
 	fixtures.Eventually(t, 60*time.Second, "the Azure VM registered", func() bool {
 		return len(w.registrations()) == 1 && strings.Contains(a.logs.String(), "onboarded: sidecar bootstrap written")
 	})
@@ -243,15 +213,25 @@ func (n *cuttableNetwork) cut() {
 	}
 }
 
-// startAzureAgent configures the endpoint to trust ms for vm's tenant with
-// a policy allowing vm's resource group, starts it, and runs the agent
-// (platform azure, imds) until the test ends; renewFraction, when not 0, is
-// the agent's RenewFraction (its SidecarRenewFraction is then 0.003). It
-// returns the agent's logs.
-func startAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, imds *azuretest.IMDS, vm azuretest.VM, renewFraction float64) *vmsim.SyncBuffer {
+// newAzureWorld returns a world with a loopback Entra ID that the endpoint
+// trusts for the default VM's tenant, a policy allowing the VM's resource
+// group, the endpoint started, and the VM's metadata service (caching: it
+// hands out the token it issued first again, as Azure's does).
+func newAzureWorld(t *testing.T, caching bool) (*world, azuretest.VM, *azuretest.IMDS) {
 	t.Helper()
+	w := newWorld(t)
+	ms, err := azuretest.NewMicrosoft()
+	must(t, err)
+	t.Cleanup(ms.Close)
+	vm := azuretest.DefaultVM()
+	newIMDS := azuretest.NewIMDS
+	if caching {
+		newIMDS = azuretest.NewCachingIMDS
+	}
+	imds := newIMDS(ms, vm)
+	t.Cleanup(imds.Close)
 	configureAzure(t, w, ms, vm)
-	return runAzureAgent(t, w, imds, azureAgentOptions{renewFraction: renewFraction}).logs
+	return w, vm, imds
 }
 
 // configureAzure configures the endpoint to trust ms for vm's tenant with
@@ -280,62 +260,10 @@ func configureAzure(t *testing.T, w *world, ms *azuretest.Microsoft, vm azuretes
 // endpoint's audience.
 const azureResource = "api://embark-onboarding"
 
-// azureAgentOptions are the settings of one run of an Azure VM's agent.
-type azureAgentOptions struct {
-	// renewFraction, when not 0, is the agent's RenewFraction (its
-	// SidecarRenewFraction is then 0.003).
-	renewFraction float64
-	// stateDir, when set, is the agent's stateDirectory.
-	stateDir string
-	// dialOptions are added to the agent's connection to the endpoint.
-	dialOptions []grpc.DialOption
-}
-
-// azureAgent is a running agent of an Azure VM.
-type azureAgent struct {
-	logs *vmsim.SyncBuffer
-	stop func() // stops the agent (it shuts down) and waits for it
-}
-
-// runAzureAgent runs an agent (platform azure, imds) until stop or the end
-// of the test.
-func runAzureAgent(t *testing.T, w *world, imds *azuretest.IMDS, o azureAgentOptions) *azureAgent {
-	t.Helper()
-	ctx := t.Context()
-	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
-	agentText, err := os.ReadFile(agentFile)
-	must(t, err)
-	extra := fmt.Sprintf("host:\n  platform: azure\n  azure:\n    imdsEndpoint: %s\n    resource: %s\n  aws:\n", imds.URL(), azureResource)
-	if o.stateDir != "" {
-		extra = "stateDirectory: " + o.stateDir + "\n" + extra
-	}
-	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n", extra, 1)), 0o600))
-	agentCfg, err := config.LoadAgent(agentFile)
-	must(t, err)
-	onbCfg, err := config.LoadOnboarding(onboardingFile)
-	must(t, err)
-	logs := &vmsim.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
-	must(t, err)
-	opts := agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second, DialOptions: o.dialOptions}
-	if o.renewFraction != 0 {
-		opts.RenewFraction, opts.SidecarRenewFraction = o.renewFraction, 0.003
-	}
-	a, err := agent.New(opts)
-	must(t, err)
-	actx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }()
-	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
-	t.Cleanup(stop)
-	return &azureAgent{logs: logs, stop: stop}
+// runAzureAgent runs an agent (platform azure, imds) with o until stop or
+// the end of the test.
+func runAzureAgent(w *world, imds *azuretest.IMDS, o agentRun) *runningAgent {
+	w.t.Helper()
+	o.platform = demovm.AzureHost(imds.URL(), azureResource)
+	return w.runAgent(o)
 }

@@ -1,13 +1,9 @@
 package integration
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,12 +13,9 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
-	"github.com/embark-mesh/embark/onboarding/agent"
-	"github.com/embark-mesh/embark/onboarding/agent/config"
-	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
+	demovm "github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // An Azure VM onboards where the endpoint confirms VMs with Azure Resource
@@ -97,30 +90,5 @@ func startConfirmedAzureAgent(t *testing.T, w *world, ms *azuretest.Microsoft, i
 	must(t, env.Client.Create(ctx, policy))
 	w.startEndpoint()
 
-	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
-	agentText, err := os.ReadFile(agentFile)
-	must(t, err)
-	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n",
-		fmt.Sprintf("host:\n  platform: azure\n  azure:\n    imdsEndpoint: %s\n    resource: %s\n  aws:\n", imds.URL(), resource), 1)), 0o600))
-	agentCfg, err := config.LoadAgent(agentFile)
-	must(t, err)
-	onbCfg, err := config.LoadOnboarding(onboardingFile)
-	must(t, err)
-	logs := &vmsim.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
-	must(t, err)
-	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
-	must(t, err)
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }()
-	t.Cleanup(func() { stop(); <-done })
+	w.runAgent(agentRun{agentFiles: agentFiles{platform: demovm.AzureHost(imds.URL(), resource)}})
 }

@@ -38,7 +38,7 @@ func TestBinaryOnboardsAndUnregistersOnSIGTERM(t *testing.T) {
 	w.allow()
 	w.startEndpoint()
 	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
+	agentFile, onboardingFile := w.agentConfig(root, agentFiles{})
 	// Empty config fails with the field named.
 	bad := filepath.Join(root, "bad.yaml")
 	must(t, os.WriteFile(bad, []byte("apiVersion: config.agent.onboarding.tetrate.io/v1alpha1\nkind: AgentConfiguration\nhost: {platform: mainframe}\n"), 0o600))

@@ -1,8 +1,6 @@
 package integration
 
 import (
-	"context"
-	"log/slog"
 	"regexp"
 	"testing"
 	"time"
@@ -12,13 +10,11 @@ import (
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
-	"github.com/embark-mesh/embark/onboarding/agent"
 	"github.com/embark-mesh/embark/onboarding/agent/config"
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // An ECS task onboards with its task role: the real agent (platform ecs,
@@ -59,31 +55,10 @@ func TestECSTaskOnboards(t *testing.T) {
 	t.Setenv(platform.EnvContainerCredentialsRel, "")
 	t.Setenv(platform.EnvContainerCredentialsFull, md.CredentialsURI)
 	t.Setenv(platform.EnvContainerAuthToken, md.AuthorizationToken)
-	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
-	agentCfg, err := config.LoadAgent(agentFile)
-	must(t, err)
-	onbCfg, err := config.LoadOnboarding(onboardingFile)
-	must(t, err)
-	logs := &vmsim.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
-	must(t, err)
-	if plat.Name() != config.PlatformECS {
-		t.Fatalf("detected platform %s, want ecs", plat.Name())
+	a := w.runAgent(agentRun{})
+	if a.platform.Name() != config.PlatformECS {
+		t.Fatalf("detected platform %s, want ecs", a.platform.Name())
 	}
-	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
-	must(t, err)
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }()
-	defer func() { stop(); <-done }()
 
 	fixtures.Eventually(t, 60*time.Second, "the ECS task registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]

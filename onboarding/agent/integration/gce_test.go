@@ -1,13 +1,9 @@
 package integration
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,13 +14,10 @@ import (
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
-	"github.com/embark-mesh/embark/onboarding/agent"
-	"github.com/embark-mesh/embark/onboarding/agent/config"
-	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
 	"github.com/embark-mesh/embark/registry"
+	demovm "github.com/embark-mesh/embark/test/demo/vm"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // A Compute Engine instance onboards with its instance identity token: the
@@ -60,32 +53,7 @@ func TestGCEInstanceOnboards(t *testing.T) {
 	must(t, env.Client.Create(ctx, policy))
 	w.startEndpoint()
 
-	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
-	agentText, err := os.ReadFile(agentFile)
-	must(t, err)
-	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n",
-		fmt.Sprintf("host:\n  platform: gce\n  gce:\n    metadataEndpoint: %s\n  aws:\n", md.URL()), 1)), 0o600))
-	agentCfg, err := config.LoadAgent(agentFile)
-	must(t, err)
-	onbCfg, err := config.LoadOnboarding(onboardingFile)
-	must(t, err)
-	logs := &vmsim.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
-	must(t, err)
-	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
-	must(t, err)
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }()
-	defer func() { stop(); <-done }()
+	w.runAgent(agentRun{agentFiles: agentFiles{platform: demovm.GCEHost(md.URL())}})
 
 	fixtures.Eventually(t, 60*time.Second, "the GCE instance registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]
@@ -155,32 +123,7 @@ func TestGCEInstanceCheckProvesTheAddress(t *testing.T) {
 	}))
 	w.startEndpoint()
 
-	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
-	agentText, err := os.ReadFile(agentFile)
-	must(t, err)
-	must(t, os.WriteFile(agentFile, []byte(strings.Replace(string(agentText), "host:\n  aws:\n",
-		fmt.Sprintf("host:\n  platform: gce\n  gce:\n    metadataEndpoint: %s\n  aws:\n", md.URL()), 1)), 0o600))
-	agentCfg, err := config.LoadAgent(agentFile)
-	must(t, err)
-	onbCfg, err := config.LoadOnboarding(onboardingFile)
-	must(t, err)
-	logs := &vmsim.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
-	must(t, err)
-	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
-	must(t, err)
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }()
-	defer func() { stop(); <-done }()
+	w.runAgent(agentRun{agentFiles: agentFiles{platform: demovm.GCEHost(md.URL())}})
 
 	fixtures.Eventually(t, 60*time.Second, "the GCE instance registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]

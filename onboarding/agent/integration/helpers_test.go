@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"fmt"
 	"math/big"
 	"net"
 	"os"
@@ -28,6 +27,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/testenv"
@@ -70,13 +70,13 @@ func newWorld(t *testing.T) *world {
 	w.addr, w.repoAddr = freeAddr(t), freeAddr(t)
 	w.repoDir = filepath.Join(w.dir, "repository")
 	must(t, os.MkdirAll(w.repoDir, 0o755))
-	w.cfg = endpointkit.Serving(endpointkit.Config(w.ns), certFile, keyFile)
+	w.cfg = configkit.Serving(configkit.Config(w.ns), certFile, keyFile)
 	w.cfg.Endpoint.Hosts = []string{endpointHost}
-	w.cfg.TokenIssuer.JWT.Expiration = endpointkit.Duration(time.Minute)
+	w.cfg.TokenIssuer.JWT.Expiration = configkit.Duration(time.Minute)
 	w.cfg.Identity.AWS = endpointconfig.AWSIdentity{CertificatesDir: certs, STSEndpoint: w.aws.STS.URL,
 		InstanceProfileCheck: &endpointconfig.InstanceProfileCheck{EC2Endpoint: w.aws.EC2IAM.URL, IAMEndpoint: w.aws.EC2IAM.URL}}
-	w.cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
-	w.cfg.Registration.PropagationDelay = endpointkit.Duration(time.Second)
+	w.cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
+	w.cfg.Registration.PropagationDelay = configkit.Duration(time.Second)
 	w.cfg.LocalRepository = &endpointconfig.LocalRepository{Directory: w.repoDir}
 	// Fixed addresses: a restarted endpoint serves where the agent was
 	// configured to reach it.
@@ -122,42 +122,6 @@ func (w *world) allow() {
 	must(w.t, yaml.UnmarshalStrict(data, p))
 	p.Namespace = w.ns
 	must(w.t, env.Client.Create(w.t.Context(), p))
-}
-
-// agentConfig writes the agent's two configuration files.
-func (w *world) agentConfig(root string) (agentFile, onboardingFile string) {
-	w.t.Helper()
-	agentFile, onboardingFile = filepath.Join(root, "agent.config.yaml"), filepath.Join(root, "onboarding.config.yaml")
-	must(w.t, os.WriteFile(agentFile, []byte(fmt.Sprintf(`apiVersion: config.agent.onboarding.tetrate.io/v1alpha1
-kind: AgentConfiguration
-host:
-  aws:
-    imdsEndpoint: %s
-    stsEndpoint: %s
-sidecar:
-  istio:
-    version: 1.30.0
-  bootstrap:
-    clusterEnv: %[3]s/cluster.env
-    meshConfig: %[3]s/mesh.yaml
-    rootCert: %[3]s/root-cert.pem
-    token: %[3]s/istio-token
-  restartCommand: ["/bin/sh", "-c", "echo restart >> %[3]s/restarts"]
-  stopCommand: ["/bin/sh", "-c", "echo stop >> %[3]s/stops"]
-`, w.aws.IMDS.URL, w.aws.STS.URL, root)), 0o600))
-	must(w.t, os.WriteFile(onboardingFile, []byte(fmt.Sprintf(`apiVersion: config.agent.onboarding.tetrate.io/v1alpha1
-kind: OnboardingConfiguration
-onboardingEndpoint:
-  host: %s
-  tlsServerName: %s
-  caCertificates: %s
-workload:
-  namespace: %s
-  name: ratings
-  labels:
-    host: vm-1
-`, w.addr, endpointHost, w.caFile, w.ns)), 0o600))
-	return agentFile, onboardingFile
 }
 
 // registrations lists the namespace's WorkloadAutoRegistrations.

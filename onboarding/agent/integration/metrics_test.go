@@ -64,7 +64,7 @@ func TestBinaryServesItsStateOnLoopback(t *testing.T) {
 	w := newWorld(t)
 	w.startEndpoint() // no OnboardingPolicy yet: onboarding is refused
 	root := t.TempDir()
-	agentFile, onboardingFile := w.agentConfig(root)
+	agentFile, onboardingFile := w.agentConfig(root, agentFiles{})
 
 	ready := http.NewServeMux()
 	ready.HandleFunc("/healthz/ready", func(rw http.ResponseWriter, _ *http.Request) {

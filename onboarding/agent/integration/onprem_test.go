@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,13 +20,9 @@ import (
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
 	endpointconfig "github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
-	"github.com/embark-mesh/embark/onboarding/agent"
-	"github.com/embark-mesh/embark/onboarding/agent/config"
-	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/registry"
-	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
-	"github.com/embark-mesh/embark/test/vmsim"
 )
 
 // onPremHost is the service account whose tokens the on-prem host presents:
@@ -79,7 +73,7 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	caFile := filepath.Join(w.dir, "issuer-ca.pem")
 	must(t, os.WriteFile(caFile, env.Config.CAData, 0o600))
 	w.cfg.Identity.JWT = []endpointconfig.JWTIssuer{{Issuer: issuer, ShortName: "kube", SubjectPrefix: "system:serviceaccount:" + w.ns + ":",
-		CAFile: caFile, MaxTokenLifetime: endpointkit.Duration(15 * time.Minute)}}
+		CAFile: caFile, MaxTokenLifetime: configkit.Duration(15 * time.Minute)}}
 	policy := &authorizationv1alpha1.OnboardingPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "on-prem", Namespace: w.ns},
 		Spec: authorizationv1alpha1.OnboardingPolicySpec{Allow: []authorizationv1alpha1.AllowRule{{
@@ -119,36 +113,9 @@ func TestOnPremHostOnboardsWithOIDCIssuer(t *testing.T) {
 	}()
 	defer func() { stopRefresh(); <-refreshed }()
 
-	agentFile, onboardingFile := w.agentConfig(root)
-	agentText, err := os.ReadFile(agentFile)
-	must(t, err)
-	// The on-prem host: no IMDS, a token file.
-	agentCfgText := strings.Replace(string(agentText), "host:\n  aws:\n", fmt.Sprintf("host:\n  platform: jwt\n  jwt:\n    tokenFile: %s\n  aws:\n", tokenFile), 1)
-	must(t, os.WriteFile(agentFile, []byte(agentCfgText), 0o600))
-	// The host's own address (not loopback, which the endpoint refuses).
-	onbText, err := os.ReadFile(onboardingFile)
-	must(t, err)
-	must(t, os.WriteFile(onboardingFile, append(onbText, []byte("  addresses:\n  - ip: 10.20.30.40\n")...), 0o600))
-	agentCfg, err := config.LoadAgent(agentFile)
-	must(t, err)
-	onbCfg, err := config.LoadOnboarding(onboardingFile)
-	must(t, err)
-	logs := &vmsim.SyncBuffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent logs:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
-	must(t, err)
-	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.0.0-test", Logger: log,
-		MinBackoff: 100 * time.Millisecond, MaxBackoff: time.Second})
-	must(t, err)
-	actx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(actx) }()
-	defer func() { stop(); <-done }()
+	// The on-prem host: no IMDS, a token file, and its own address (not
+	// loopback, which the endpoint refuses).
+	w.runAgent(agentRun{agentFiles: agentFiles{platform: jwtTokenFileHost(tokenFile), addresses: []string{"10.20.30.40"}}})
 
 	fixtures.Eventually(t, 60*time.Second, "the on-prem host registered", func() bool { return len(w.registrations()) == 1 })
 	war := w.registrations()[0]

@@ -9,6 +9,7 @@ package apicheck
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -27,6 +28,58 @@ const (
 	// DefaultMaxEntries bounds a cache.
 	DefaultMaxEntries = 4096
 )
+
+// Options are what every check's options share; each check's
+// CheckerOptions (profile.Options for the instance profile check) embeds
+// them beside its own client settings. Every field documents its default.
+type Options struct {
+	// Rate and Burst bound the check's API calls per second (token bucket),
+	// for every caller together; a check that needs a call over it fails
+	// with the check's ErrRateLimited at once (its caller retries).
+	// Defaults DefaultRate (5/s) and DefaultBurst (10).
+	Rate  float64
+	Burst int
+	// CacheTTL is how long an answer of the API is reused: a workload
+	// stopped, deleted or changed since is seen after at most this long.
+	// Default: the check's own (DefaultCacheTTL, 30s, unless the check says
+	// otherwise).
+	CacheTTL time.Duration
+	// Timeout bounds each API call. Default DefaultTimeout (10s).
+	Timeout time.Duration
+	// Clock. Default time.Now.
+	Clock func() time.Time
+	// Logger. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// SetDefaults fills in o's zero fields; cacheTTL is the check's default
+// time to live.
+func (o *Options) SetDefaults(cacheTTL time.Duration) {
+	if o.Rate <= 0 {
+		o.Rate = DefaultRate
+	}
+	if o.Burst <= 0 {
+		o.Burst = DefaultBurst
+	}
+	if o.CacheTTL <= 0 {
+		o.CacheTTL = cacheTTL
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Calls returns the budget of o's calls; limited is the check's error over
+// the rate limit.
+func (o *Options) Calls(limited error) *Calls {
+	return NewCalls(CallOptions{Rate: o.Rate, Burst: o.Burst, Timeout: o.Timeout, Clock: o.Clock, Limited: limited})
+}
 
 // ErrRateLimited is what Calls.Start returns over the rate limit, unless
 // the Calls were given an error of the check's own.

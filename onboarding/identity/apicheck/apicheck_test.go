@@ -114,3 +114,29 @@ func TestCallsDefaults(t *testing.T) {
 		t.Fatalf("call over the default burst: %v, want ErrRateLimited", err)
 	}
 }
+
+// Zero options take the defaults, the check's own cache time to live among
+// them; set ones are kept.
+func TestOptionsSetDefaults(t *testing.T) {
+	var zero Options
+	zero.SetDefaults(time.Minute)
+	if zero.Rate != DefaultRate || zero.Burst != DefaultBurst || zero.CacheTTL != time.Minute || zero.Timeout != DefaultTimeout || zero.Clock == nil || zero.Logger == nil {
+		t.Errorf("defaults: %+v", zero)
+	}
+	set := Options{Rate: 1, Burst: 2, CacheTTL: time.Second, Timeout: 3 * time.Second}
+	set.SetDefaults(time.Minute)
+	if set.Rate != 1 || set.Burst != 2 || set.CacheTTL != time.Second || set.Timeout != 3*time.Second {
+		t.Errorf("set options changed: %+v", set)
+	}
+	c := &clock{now: time.Unix(1000, 0)}
+	errMine := errors.New("my check's limit")
+	calls := (&Options{Rate: 1, Burst: 1, Clock: c.Now}).Calls(errMine)
+	_, cancel, err := calls.Start(t.Context())
+	if err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	cancel()
+	if _, _, err := calls.Start(t.Context()); !errors.Is(err, errMine) {
+		t.Errorf("call over the budget: %v, want the check's error", err)
+	}
+}

@@ -9,7 +9,7 @@
 // endpoint), exp/nbf/iat and the token's lifetime, requires tid (equal to
 // the issuer's tenant), oid and xms_mirid (the resource ID of a virtual
 // machine), and accepts each token once. The token proves neither the VM's
-// location nor an address. The optional VM check (Checker, WithVMCheck)
+// location nor an address. The optional VM check (Checker, Config.VMCheck)
 // asks Azure Resource Manager, with the endpoint's own token (IMDS or AKS
 // workload identity, plain HTTP), about the VM and its primary network
 // interface: the VM must exist, provisioned, with the token's principal as

@@ -11,6 +11,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/azure"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/identity/replay/replaytest"
 )
 
@@ -92,7 +93,7 @@ func TestRenewalAcceptsNothingTwiceWithoutCheck(t *testing.T) {
 	shared := replaytest.NewShared(false)
 	newVerifier := func() *azure.Verifier {
 		v, err := azure.NewVerifier(azure.Config{Tenants: []string{azuretest.DefaultVM().TenantID}, Audiences: []string{audience}, JWKSURL: m.JWKSURL(), CACertificates: m.CACertificates()},
-			azure.WithClock(func() time.Time { return now }), azure.WithSharedReplay(shared))
+			jwt.WithClock(func() time.Time { return now }), jwt.WithSharedReplay(shared))
 		if err != nil {
 			t.Fatal(err)
 		}

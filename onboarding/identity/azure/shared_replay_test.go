@@ -8,6 +8,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/azure"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/onboarding/identity/replay/replaytest"
 )
@@ -25,7 +26,7 @@ func TestSharedReplay(t *testing.T) {
 	shared := replaytest.NewShared(true)
 	newVerifier := func() *azure.Verifier {
 		v, err := azure.NewVerifier(azure.Config{Tenants: []string{azuretest.DefaultVM().TenantID}, Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates()},
-			azure.WithClock(func() time.Time { return now }), azure.WithSharedReplay(shared))
+			jwt.WithClock(func() time.Time { return now }), jwt.WithSharedReplay(shared))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,18 +2,13 @@ package azure
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/jwt"
-	"github.com/embark-mesh/embark/onboarding/identity/replay"
 )
 
 const (
@@ -26,8 +21,6 @@ const (
 	// issues managed identity tokens valid for about 24 hours (iat is set
 	// five minutes before nbf).
 	DefaultMaxTokenLifetime = 25 * time.Hour
-	// DefaultReplayCacheSize bounds the used-token cache.
-	DefaultReplayCacheSize = 100_000
 )
 
 // IssuersOf are the two issuers of a tenant's access tokens: Entra ID's v1
@@ -56,6 +49,12 @@ type Config struct {
 	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
 	// Default DefaultMaxTokenLifetime.
 	MaxTokenLifetime time.Duration
+	// VMCheck, when set, confirms every VM with Azure Resource Manager
+	// (identity.azure.vmCheck): the VM exists, provisioned, with the
+	// token's principal as its system-assigned identity; its location, VM
+	// ID and primary private address are then part of the identity.
+	// Default: not confirmed.
+	VMCheck VMChecker
 }
 
 // Verifier verifies Azure managed identity tokens. It is safe for
@@ -65,9 +64,6 @@ type Verifier struct {
 	// tenantOf maps each accepted issuer to its tenant.
 	tenantOf map[string]string
 	jwt      *jwt.Verifier
-	used     *replay.Cache
-	shared   replay.Shared
-	now      func() time.Time
 	// vms, when not nil, confirms every VM with Azure Resource Manager.
 	vms VMChecker
 }
@@ -88,61 +84,12 @@ type VMChecker interface {
 // returned as it is.
 type Gate func(ctx context.Context, claimed *identity.Identity) error
 
-type options struct {
-	jwtOpts    []jwt.Option
-	now        func() time.Time
-	replaySize int
-	shared     replay.Shared
-	vms        VMChecker
-}
-
-// Option configures a Verifier.
-type Option func(*options)
-
-// WithHTTPClient sets the client that fetches the JWKS (jwt.WithHTTPClient).
-func WithHTTPClient(c *http.Client) Option {
-	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithHTTPClient(c)) }
-}
-
-// WithClock sets the verifier's clock. Default: time.Now.
-func WithClock(now func() time.Time) Option {
-	return func(o *options) { o.now = now; o.jwtOpts = append(o.jwtOpts, jwt.WithClock(now)) }
-}
-
-// WithJWKSRefresh sets how long a fetched JWKS is used and the least time
-// between two fetches (jwt.WithJWKSRefresh; defaults 1h and 30s).
-func WithJWKSRefresh(refresh, minRefresh time.Duration) Option {
-	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithJWKSRefresh(refresh, minRefresh)) }
-}
-
-// WithLogger sets the logger. Default: discard.
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithLogger(l)) }
-}
-
-// WithReplayCacheSize bounds how many used tokens are remembered. Default
-// DefaultReplayCacheSize.
-func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize = n } }
-
-// WithSharedReplay makes the verifier record every accepted token in
-// store, shared by every replica of the deployment, and refuse a token
-// another replica accepted. Default: this verifier's own cache only.
-func WithSharedReplay(store replay.Shared) Option { return func(o *options) { o.shared = store } }
-
-// WithVMCheck makes the verifier confirm every VM with Azure Resource
-// Manager through vms (identity.azure.vmCheck): the VM exists, provisioned,
-// with the token's principal as its system-assigned identity; its location,
-// VM ID and primary private address are then part of the identity.
-// Default: not confirmed.
-func WithVMCheck(vms VMChecker) Option { return func(o *options) { o.vms = vms } }
-
 // NewVerifier returns a Verifier of tokens of cfg.Tenants for
-// cfg.Audiences. The JWKS are fetched when first needed.
-func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
-	o := options{now: time.Now, replaySize: DefaultReplayCacheSize}
-	for _, opt := range opts {
-		opt(&o)
-	}
+// cfg.Audiences. The JWKS are fetched when first needed. opts are those of
+// the jwt.Verifier it wraps (HTTP client, clock, JWKS refresh, logger,
+// used-token cache size, the deployment's shared replay record), which also
+// keeps its used tokens.
+func NewVerifier(cfg Config, opts ...jwt.Option) (*Verifier, error) {
 	if len(cfg.Tenants) == 0 {
 		return nil, errors.New("azure identity verifier: at least one tenant is required")
 	}
@@ -177,11 +124,11 @@ func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
 			})
 		}
 	}
-	v, err := jwt.NewVerifier(issuers, o.jwtOpts...)
+	v, err := jwt.NewVerifier(issuers, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("azure identity verifier: %w", err)
 	}
-	return &Verifier{jwksURL: cfg.JWKSURL, tenantOf: tenantOf, jwt: v, used: replay.New(o.replaySize), shared: o.shared, now: o.now, vms: o.vms}, nil
+	return &Verifier{jwksURL: cfg.JWKSURL, tenantOf: tenantOf, jwt: v, vms: cfg.VMCheck}, nil
 }
 
 // JWKSURL is where the verifier fetches Microsoft's keys ({tenant} for
@@ -293,17 +240,8 @@ func (v *Verifier) verifyToken(ctx context.Context, token string) (*identity.Ide
 // whether it was not used before. It runs last, once everything else holds:
 // a refused token is not used up.
 func (v *Verifier) reserve(ctx context.Context, token string, az *identity.AzureIdentity) (bool, error) {
-	sum := sha256.Sum256([]byte(token[strings.LastIndexByte(token, '.')+1:]))
-	key, expiry := hex.EncodeToString(sum[:]), az.Expiry.Add(jwt.DefaultLeeway)
-	if !v.used.Reserve(key, expiry, v.now()) {
-		return false, nil
-	}
-	if v.shared == nil {
-		return true, nil
-	}
-	fresh, err := v.shared.Reserve(ctx, "azure\x00"+key, expiry)
+	fresh, err := v.jwt.ReserveToken(ctx, "azure", token, az.Expiry)
 	if err != nil {
-		v.used.Release(key) // nothing was decided: the agent may retry the token
 		return false, fmt.Errorf("check the managed identity token of VM %s against the ones already used: %w", az.VMName, err)
 	}
 	return fresh, nil

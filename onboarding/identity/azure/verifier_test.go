@@ -12,6 +12,8 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/azure"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 )
 
 const audience = "api://embark-onboarding"
@@ -42,7 +44,7 @@ func newFixtureWith(t *testing.T, m *azuretest.Microsoft) *fixture {
 	f.v, err = azure.NewVerifier(azure.Config{
 		Tenants: []string{azuretest.DefaultVM().TenantID}, Audiences: []string{audience},
 		JWKSURL: m.JWKSURL(), CACertificates: m.CACertificates(),
-	}, azure.WithClock(func() time.Time { return f.now }))
+	}, jwt.WithClock(func() time.Time { return f.now }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +97,7 @@ func TestVerifyAcceptsManagedIdentityToken(t *testing.T) {
 // with the reason named.
 func TestVerifyRefusesForgeries(t *testing.T) {
 	vm := azuretest.DefaultVM()
-	otherKey, err := azuretest.NewKey()
+	otherKey, err := jwttest.NewKey()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +112,7 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 		{
 			name: "wrong signer, Microsoft's kid",
 			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				tok, err := azuretest.SignWith(otherKey, f.ms.KeyID(), c)
+				tok, err := jwttest.SignWith(otherKey, f.ms.KeyID(), c)
 				if err != nil {
 					t.Fatal(err)
 				}

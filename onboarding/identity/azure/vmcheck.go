@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 )
@@ -41,11 +39,6 @@ type VMDescription struct {
 // Defaults of CheckerOptions.
 const (
 	DefaultARMEndpoint = "https://management.azure.com"
-	// The defaults of every API check (apicheck).
-	DefaultRate     = apicheck.DefaultRate
-	DefaultBurst    = apicheck.DefaultBurst
-	DefaultCacheTTL = apicheck.DefaultCacheTTL
-	DefaultTimeout  = apicheck.DefaultTimeout
 )
 
 // CheckerOptions configures a Checker. Every field documents its default.
@@ -57,20 +50,10 @@ type CheckerOptions struct {
 	ARMEndpoint string
 	// HTTPClient. Default: a client that follows no redirect.
 	HTTPClient *http.Client
-	// Rate and Burst bound the Resource Manager calls per second (token
-	// bucket; a VM costs two: the VM and its network interface); a check
-	// that needs a call over it fails ErrRateLimited. Defaults 5/s, burst 10.
-	Rate  float64
-	Burst int
-	// CacheTTL is how long a VM's description is reused: a VM deleted since
-	// is seen after at most this long. Default 30s.
-	CacheTTL time.Duration
-	// Timeout bounds each call. Default 10s.
-	Timeout time.Duration
-	// Clock. Default time.Now.
-	Clock func() time.Time
-	// Logger. Default slog.Default().
-	Logger *slog.Logger
+	// Options bound the Resource Manager calls (a VM costs two: the VM and
+	// its network interface) and say how long a VM's description is reused
+	// (a VM deleted since is seen after at most CacheTTL, default 30s).
+	apicheck.Options
 }
 
 // Checker describes VMs with Azure Resource Manager, rate limited and
@@ -93,17 +76,8 @@ func NewChecker(opts CheckerOptions) (*Checker, error) {
 	if opts.HTTPClient == nil {
 		opts.HTTPClient = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
-	if opts.CacheTTL <= 0 {
-		opts.CacheTTL = DefaultCacheTTL
-	}
-	if opts.Clock == nil {
-		opts.Clock = time.Now
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	calls := apicheck.NewCalls(apicheck.CallOptions{Rate: opts.Rate, Burst: opts.Burst, Timeout: opts.Timeout, Clock: opts.Clock, Limited: ErrRateLimited})
-	return &Checker{opts: opts, calls: calls, vms: apicheck.NewCache[VMResourceID, VMDescription](0, opts.Clock)}, nil
+	opts.SetDefaults(apicheck.DefaultCacheTTL)
+	return &Checker{opts: opts, calls: opts.Calls(ErrRateLimited), vms: apicheck.NewCache[VMResourceID, VMDescription](0, opts.Clock)}, nil
 }
 
 // Describe returns what Resource Manager reports of the VM id and its

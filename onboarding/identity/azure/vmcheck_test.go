@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	"github.com/embark-mesh/embark/onboarding/identity/azure"
 	"github.com/embark-mesh/embark/onboarding/identity/azure/azuretest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
 )
 
 // checkFixture is a verifier with the VM check against a loopback Resource
@@ -43,8 +45,8 @@ func newCheckFixture(t *testing.T, opts azure.CheckerOptions) *checkFixture {
 	}
 	f.v, err = azure.NewVerifier(azure.Config{
 		Tenants: []string{azuretest.DefaultVM().TenantID}, Audiences: []string{audience},
-		JWKSURL: f.ms.JWKSURL(), CACertificates: f.ms.CACertificates(),
-	}, azure.WithClock(func() time.Time { return f.now }), azure.WithVMCheck(checker))
+		JWKSURL: f.ms.JWKSURL(), CACertificates: f.ms.CACertificates(), VMCheck: checker,
+	}, jwt.WithClock(func() time.Time { return f.now }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +135,7 @@ func TestVMCheckRefuses(t *testing.T) {
 // A VM described once is not asked about again within the cache TTL; after
 // it, it is (a VM deleted since is seen).
 func TestVMCheckCaches(t *testing.T) {
-	f := newCheckFixture(t, azure.CheckerOptions{CacheTTL: time.Minute})
+	f := newCheckFixture(t, azure.CheckerOptions{Options: apicheck.Options{CacheTTL: time.Minute}})
 	vm := azuretest.DefaultVM()
 	for i := range 2 {
 		if _, err := f.v.Verify(t.Context(), f.sign(t, vm.Claims(audience, f.now.Add(-time.Duration(i+1)*time.Minute)))); err != nil {
@@ -156,7 +158,7 @@ func TestVMCheckCaches(t *testing.T) {
 // Over the rate limit the check is unavailable (the agent retries), and no
 // call is made.
 func TestVMCheckRateLimited(t *testing.T) {
-	f := newCheckFixture(t, azure.CheckerOptions{Rate: 0.001, Burst: 3})
+	f := newCheckFixture(t, azure.CheckerOptions{Options: apicheck.Options{Rate: 0.001, Burst: 3}})
 	vm := azuretest.DefaultVM()
 	other := vm
 	other.Name, other.PrincipalID, other.IP = "ratings-2", "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f", "10.1.0.5"

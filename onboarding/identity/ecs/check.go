@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/arn"
@@ -55,33 +53,15 @@ type Task struct {
 	RoleARN, RoleAccount, RoleName string
 }
 
-// Defaults of CheckerOptions, those of every API check (apicheck).
-const (
-	DefaultRate     = apicheck.DefaultRate
-	DefaultBurst    = apicheck.DefaultBurst
-	DefaultCacheTTL = apicheck.DefaultCacheTTL
-	DefaultTimeout  = apicheck.DefaultTimeout
-)
-
 // CheckerOptions configures a Checker. Every field documents its default.
 type CheckerOptions struct {
 	// Clients makes the ECS clients. Required.
 	Clients Clients
-	// Rate and Burst bound the ECS calls per second (token bucket); a
-	// check that needs a call over it fails ErrRateLimited. Defaults 5/s,
-	// burst 10.
-	Rate  float64
-	Burst int
-	// CacheTTL is how long a task's description is reused: a task stopped
-	// since is seen after at most this long. Task definitions never
-	// change and are cached for 10 times as long. Default 30s.
-	CacheTTL time.Duration
-	// Timeout bounds each ECS call. Default 10s.
-	Timeout time.Duration
-	// Clock. Default time.Now.
-	Clock func() time.Time
-	// Logger. Default slog.Default().
-	Logger *slog.Logger
+	// Options bound the ECS calls and say how long a task's description is
+	// reused (a task stopped since is seen after at most CacheTTL, default
+	// 30s); task definitions never change and are cached for 10 times as
+	// long.
+	apicheck.Options
 }
 
 // Checker describes tasks with the ECS API, rate limited and cached.
@@ -97,16 +77,8 @@ func NewChecker(opts CheckerOptions) (*Checker, error) {
 	if opts.Clients == nil {
 		return nil, errors.New("ecs task check: Clients is required")
 	}
-	if opts.CacheTTL <= 0 {
-		opts.CacheTTL = DefaultCacheTTL
-	}
-	if opts.Clock == nil {
-		opts.Clock = time.Now
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	calls := apicheck.NewCalls(apicheck.CallOptions{Rate: opts.Rate, Burst: opts.Burst, Timeout: opts.Timeout, Clock: opts.Clock, Limited: ErrRateLimited})
+	opts.SetDefaults(apicheck.DefaultCacheTTL)
+	calls := opts.Calls(ErrRateLimited)
 	return &Checker{opts: opts, calls: calls,
 		tasks: apicheck.NewCache[string, Task](0, opts.Clock), defs: apicheck.NewCache[string, string](0, opts.Clock)}, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sts"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	awsid "github.com/embark-mesh/embark/onboarding/identity/aws"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
@@ -254,7 +255,7 @@ func TestReplayAndStaleness(t *testing.T) {
 func TestCheckerCacheAndLimits(t *testing.T) {
 	f := newFixture(t)
 	now := time.Now()
-	c := f.checker(t, ecs.CheckerOptions{Rate: 0.001, Burst: 3, CacheTTL: time.Minute, Clock: func() time.Time { return now }})
+	c := f.checker(t, ecs.CheckerOptions{Options: apicheck.Options{Rate: 0.001, Burst: 3, CacheTTL: time.Minute, Clock: func() time.Time { return now }}})
 	for range 3 {
 		task, err := c.Describe(t.Context(), "123456789012", "us-east-2", "prod", f.task.ARN())
 		if err != nil || task.RoleName != "ratings-task" || task.Address != "10.0.3.17" || task.Family != "ratings" || task.Revision != "3" {
@@ -284,7 +285,7 @@ func TestCheckerCacheAndLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dc, err := ecs.NewChecker(ecs.CheckerOptions{Clients: clients, Timeout: 2 * time.Second})
+	dc, err := ecs.NewChecker(ecs.CheckerOptions{Clients: clients, Options: apicheck.Options{Timeout: 2 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	"golang.org/x/oauth2"
@@ -43,13 +41,7 @@ const (
 	// ComputeReadOnlyScope is the OAuth scope the checker's credentials are
 	// asked for.
 	ComputeReadOnlyScope = "https://www.googleapis.com/auth/compute.readonly"
-	// DefaultRate, DefaultBurst, DefaultCacheTTL and DefaultTimeout are
-	// CheckerOptions' defaults, those of every API check (apicheck).
-	DefaultRate      = apicheck.DefaultRate
-	DefaultBurst     = apicheck.DefaultBurst
-	DefaultCacheTTL  = apicheck.DefaultCacheTTL
-	DefaultTimeout   = apicheck.DefaultTimeout
-	maxInstanceBytes = 1 << 20
+	maxInstanceBytes     = 1 << 20
 )
 
 // CheckerOptions configures a Checker. Every field documents its default.
@@ -62,21 +54,10 @@ type CheckerOptions struct {
 	Endpoint string
 	// Transport carries the requests. Default http.DefaultTransport.
 	Transport http.RoundTripper
-	// Rate and Burst bound the Compute API calls per second (token
-	// bucket); a check that needs a call over it fails ErrRateLimited.
-	// Defaults 5/s, burst 10.
-	Rate  float64
-	Burst int
-	// CacheTTL is how long an instance's description is reused: an
-	// instance stopped or deleted since is seen after at most this long.
-	// Default 30s.
-	CacheTTL time.Duration
-	// Timeout bounds each Compute API call. Default 10s.
-	Timeout time.Duration
-	// Clock. Default time.Now.
-	Clock func() time.Time
-	// Logger. Default slog.Default().
-	Logger *slog.Logger
+	// Options bound the Compute API calls and say how long an instance's
+	// description is reused (an instance stopped or deleted since is seen
+	// after at most CacheTTL, default 30s).
+	apicheck.Options
 }
 
 // Checker describes instances with the Compute API
@@ -107,32 +88,14 @@ func NewChecker(opts CheckerOptions) (*Checker, error) {
 		// The API answers directly; a redirect would send the token elsewhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	calls := apicheck.NewCalls(apicheck.CallOptions{Rate: opts.Rate, Burst: opts.Burst, Timeout: opts.Timeout, Clock: opts.Clock, Limited: ErrRateLimited})
-	return &Checker{opts: opts, base: base, client: client, calls: calls, cache: apicheck.NewCache[string, ComputeInstance](0, opts.Clock)}, nil
+	return &Checker{opts: opts, base: base, client: client, calls: opts.Calls(ErrRateLimited), cache: apicheck.NewCache[string, ComputeInstance](0, opts.Clock)}, nil
 }
 
 func setDefaults(o *CheckerOptions) {
 	if o.Transport == nil {
 		o.Transport = http.DefaultTransport
 	}
-	if o.Rate <= 0 {
-		o.Rate = DefaultRate
-	}
-	if o.Burst <= 0 {
-		o.Burst = DefaultBurst
-	}
-	if o.CacheTTL <= 0 {
-		o.CacheTTL = DefaultCacheTTL
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = DefaultTimeout
-	}
-	if o.Clock == nil {
-		o.Clock = time.Now
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	o.SetDefaults(apicheck.DefaultCacheTTL)
 }
 
 // DefaultTokenSource is the endpoint's Application Default Credentials

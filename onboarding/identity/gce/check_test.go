@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	"github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
 )
 
 // checkFixture is a verifier confirming instances with a loopback Compute
@@ -36,8 +38,8 @@ func newCheckFixture(t *testing.T, opts gce.CheckerOptions) *checkFixture {
 	if f.checker, err = gce.NewChecker(opts); err != nil {
 		t.Fatal(err)
 	}
-	f.v, err = gce.NewVerifier(gce.Config{Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates()},
-		gce.WithClock(func() time.Time { return f.now }), gce.WithInstanceCheck(f.checker))
+	f.v, err = gce.NewVerifier(gce.Config{Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates(),
+		InstanceCheck: f.checker}, jwt.WithClock(func() time.Time { return f.now }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +158,7 @@ func TestInstanceCheckUnavailableKeepsTheToken(t *testing.T) {
 }
 
 func TestInstanceCheckCachesDescriptions(t *testing.T) {
-	f := newCheckFixture(t, gce.CheckerOptions{CacheTTL: time.Minute})
+	f := newCheckFixture(t, gce.CheckerOptions{Options: apicheck.Options{CacheTTL: time.Minute}})
 	in := gcetest.DefaultInstance()
 	f.compute.PutInstance(in)
 	for i := range 2 {
@@ -180,7 +182,7 @@ func TestInstanceCheckCachesDescriptions(t *testing.T) {
 }
 
 func TestInstanceCheckRateLimit(t *testing.T) {
-	f := newCheckFixture(t, gce.CheckerOptions{Rate: 1, Burst: 2})
+	f := newCheckFixture(t, gce.CheckerOptions{Options: apicheck.Options{Rate: 1, Burst: 2}})
 	for i := range 3 {
 		in := gcetest.DefaultInstance()
 		in.InstanceName = []string{"ratings-1", "ratings-2", "ratings-3"}[i]

@@ -6,7 +6,7 @@
 // set), the audience (the onboarding endpoint), exp/iat and the token's
 // lifetime, requires every google.compute_engine claim and a verified
 // service account email, and accepts each token once. The token proves no
-// address of the instance. With an InstanceChecker (WithInstanceCheck, a
+// address of the instance. With an InstanceChecker (Config.InstanceCheck, a
 // rate-limited and cached Checker of the Compute API's
 // compute.instances.get) the instance must exist under the token's name
 // with the token's numeric ID and be RUNNING, and the internal address of

@@ -8,6 +8,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/onboarding/identity/replay/replaytest"
 )
@@ -25,7 +26,7 @@ func TestSharedReplay(t *testing.T) {
 	shared := replaytest.NewShared(true)
 	newVerifier := func() *gce.Verifier {
 		v, err := gce.NewVerifier(gce.Config{Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates()},
-			gce.WithClock(func() time.Time { return now }), gce.WithSharedReplay(shared))
+			jwt.WithClock(func() time.Time { return now }), jwt.WithSharedReplay(shared))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,18 +2,12 @@ package gce
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net/http"
-	"strings"
 	"time"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/jwt"
-	"github.com/embark-mesh/embark/onboarding/identity/replay"
 )
 
 const (
@@ -24,8 +18,6 @@ const (
 	// DefaultMaxTokenLifetime is Config.MaxTokenLifetime's default: Google
 	// issues tokens valid for one hour.
 	DefaultMaxTokenLifetime = time.Hour
-	// DefaultReplayCacheSize bounds the used-token cache.
-	DefaultReplayCacheSize = 100_000
 )
 
 // Config says which tokens the verifier accepts.
@@ -42,6 +34,12 @@ type Config struct {
 	// MaxTokenLifetime refuses tokens valid for longer (exp minus iat).
 	// Default DefaultMaxTokenLifetime.
 	MaxTokenLifetime time.Duration
+	// InstanceCheck, when set, confirms every instance with the Compute API
+	// (a *Checker): it must exist under the token's name with the token's
+	// numeric ID, be RUNNING, and have a primary network interface, whose
+	// address the identity then proves. Default: not checked, no address
+	// proven.
+	InstanceCheck InstanceChecker
 }
 
 // Verifier verifies GCE instance identity tokens. It is safe for concurrent
@@ -49,9 +47,6 @@ type Config struct {
 type Verifier struct {
 	jwksURL string
 	jwt     *jwt.Verifier
-	used    *replay.Cache
-	shared  replay.Shared
-	now     func() time.Time
 	// instances, when not nil, confirms every instance with the Compute
 	// API.
 	instances InstanceChecker
@@ -71,54 +66,6 @@ var _ InstanceChecker = (*Checker)(nil)
 type Gate func(ctx context.Context, claimed *identity.Identity) error
 
 var _ identity.Verifier[string] = (*Verifier)(nil)
-
-type options struct {
-	jwtOpts    []jwt.Option
-	now        func() time.Time
-	replaySize int
-	shared     replay.Shared
-	instances  InstanceChecker
-}
-
-// Option configures a Verifier.
-type Option func(*options)
-
-// WithHTTPClient sets the client that fetches the JWKS (jwt.WithHTTPClient).
-func WithHTTPClient(c *http.Client) Option {
-	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithHTTPClient(c)) }
-}
-
-// WithClock sets the verifier's clock. Default: time.Now.
-func WithClock(now func() time.Time) Option {
-	return func(o *options) { o.now = now; o.jwtOpts = append(o.jwtOpts, jwt.WithClock(now)) }
-}
-
-// WithJWKSRefresh sets how long the fetched JWKS is used and the least time
-// between two fetches (jwt.WithJWKSRefresh; defaults 1h and 30s).
-func WithJWKSRefresh(refresh, minRefresh time.Duration) Option {
-	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithJWKSRefresh(refresh, minRefresh)) }
-}
-
-// WithLogger sets the logger. Default: discard.
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.jwtOpts = append(o.jwtOpts, jwt.WithLogger(l)) }
-}
-
-// WithReplayCacheSize bounds how many used tokens are remembered. Default
-// DefaultReplayCacheSize.
-func WithReplayCacheSize(n int) Option { return func(o *options) { o.replaySize = n } }
-
-// WithSharedReplay makes the verifier record every accepted token in
-// store, shared by every replica of the deployment, and refuse a token
-// another replica accepted. Default: this verifier's own cache only.
-func WithSharedReplay(store replay.Shared) Option { return func(o *options) { o.shared = store } }
-
-// WithInstanceCheck confirms every instance with the Compute API (a
-// *Checker): it must exist under the token's name with the token's
-// numeric ID, be RUNNING, and have a primary network interface, whose
-// address the identity then proves. Default: not checked, no address
-// proven.
-func WithInstanceCheck(c InstanceChecker) Option { return func(o *options) { o.instances = c } }
 
 // claim paths of a format=full token, by attribute name.
 const (
@@ -142,12 +89,10 @@ func claimPaths() map[string]string {
 }
 
 // NewVerifier returns a Verifier of tokens for cfg.Audiences. The JWKS is
-// fetched when first needed.
-func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
-	o := options{now: time.Now, replaySize: DefaultReplayCacheSize}
-	for _, opt := range opts {
-		opt(&o)
-	}
+// fetched when first needed. opts are those of the jwt.Verifier it wraps
+// (HTTP client, clock, JWKS refresh, logger, used-token cache size, the
+// deployment's shared replay record), which also keeps its used tokens.
+func NewVerifier(cfg Config, opts ...jwt.Option) (*Verifier, error) {
 	if len(cfg.Audiences) == 0 {
 		return nil, errors.New("gce identity verifier: at least one audience is required")
 	}
@@ -163,11 +108,11 @@ func NewVerifier(cfg Config, opts ...Option) (*Verifier, error) {
 		Issuer: Issuer, ShortName: "gce", Audiences: cfg.Audiences, JWKSURL: cfg.JWKSURL,
 		CACertificates: cfg.CACertificates, MaxTokenLifetime: cfg.MaxTokenLifetime,
 		AllowTokensWithoutJTI: true, Attributes: claimPaths(),
-	}}, o.jwtOpts...)
+	}}, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("gce identity verifier: %w", err)
 	}
-	return &Verifier{jwksURL: cfg.JWKSURL, jwt: v, used: replay.New(o.replaySize), shared: o.shared, now: o.now, instances: o.instances}, nil
+	return &Verifier{jwksURL: cfg.JWKSURL, jwt: v, instances: cfg.InstanceCheck}, nil
 }
 
 // JWKSURL is where the verifier fetches Google's keys.
@@ -205,21 +150,12 @@ func (v *Verifier) VerifyGated(ctx context.Context, token string, gate Gate) (*i
 		}
 	}
 	// Last, once everything else holds: a refused token is not used up.
-	sum := sha256.Sum256([]byte(token[strings.LastIndexByte(token, '.')+1:]))
-	key, expiry := hex.EncodeToString(sum[:]), gce.Expiry.Add(jwt.DefaultLeeway)
-	replayed := identity.Refuse(identity.ReasonReplayed, "instance identity token of instance %s (project %s) was already used: every onboarding needs a freshly issued token", gce.InstanceID, gce.ProjectID)
-	if !v.used.Reserve(key, expiry, v.now()) {
-		return nil, replayed
+	fresh, err := v.jwt.ReserveToken(ctx, "gce", token, gce.Expiry)
+	if err != nil {
+		return nil, fmt.Errorf("check the instance identity token of instance %s against the ones already used: %w", gce.InstanceID, err)
 	}
-	if v.shared != nil {
-		fresh, err := v.shared.Reserve(ctx, "gce\x00"+key, expiry)
-		if err != nil {
-			v.used.Release(key) // nothing was decided: the agent may retry the token
-			return nil, fmt.Errorf("check the instance identity token of instance %s against the ones already used: %w", gce.InstanceID, err)
-		}
-		if !fresh {
-			return nil, replayed
-		}
+	if !fresh {
+		return nil, identity.Refuse(identity.ReasonReplayed, "instance identity token of instance %s (project %s) was already used: every onboarding needs a freshly issued token", gce.InstanceID, gce.ProjectID)
 	}
 	return &identity.Identity{Method: identity.MethodGCEInstanceIdentityToken, GCE: gce}, nil
 }

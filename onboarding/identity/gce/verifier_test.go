@@ -11,6 +11,8 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 )
 
 const audience = "onboarding.example.com"
@@ -38,7 +40,7 @@ func newFixtureWith(t *testing.T, g *gcetest.Google) *fixture {
 	f := &fixture{google: g, now: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
 	var err error
 	f.v, err = gce.NewVerifier(gce.Config{Audiences: []string{audience}, JWKSURL: g.JWKSURL(), CACertificates: g.CACertificates()},
-		gce.WithClock(func() time.Time { return f.now }))
+		jwt.WithClock(func() time.Time { return f.now }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +81,7 @@ func TestVerifyAcceptsGoogleToken(t *testing.T) {
 // with the reason named.
 func TestVerifyRefusesForgeries(t *testing.T) {
 	in := gcetest.DefaultInstance()
-	otherKey, err := gcetest.NewKey()
+	otherKey, err := jwttest.NewKey()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +95,7 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 		{
 			name: "wrong signer, Google's kid",
 			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				tok, err := gcetest.SignWith(otherKey, f.google.KeyID(), c)
+				tok, err := jwttest.SignWith(otherKey, f.google.KeyID(), c)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -3,9 +3,11 @@ package jwt
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -416,6 +418,33 @@ func (v *Verifier) checkReplay(ctx context.Context, is *issuer, claims *josejwt.
 		return replayed
 	}
 	return nil
+}
+
+// ReserveToken records token as used until its expiry (plus the leeway),
+// in this verifier's used-token cache and, with WithSharedReplay, in the
+// shared record under scope, and says whether it was not used before. A
+// verifier of tokens without a jti (AllowTokensWithoutJTI: a cloud's
+// instance or managed identity tokens, package gce and azure) refuses a
+// replay by the token itself with it: the key is a hash of the token's
+// signature. It is called last, once everything else about the token
+// holds, so that a refused token is not used up; when the shared record
+// cannot answer the token is released here too (nothing was decided: the
+// agent may retry it) and the error wraps replay.ErrUnavailable.
+func (v *Verifier) ReserveToken(ctx context.Context, scope, token string, expiry time.Time) (bool, error) {
+	sum := sha256.Sum256([]byte(token[strings.LastIndexByte(token, '.')+1:]))
+	key, until := scope+"\x00"+hex.EncodeToString(sum[:]), expiry.Add(v.leeway)
+	if !v.used.Reserve(key, until, v.now()) {
+		return false, nil
+	}
+	if v.shared == nil {
+		return true, nil
+	}
+	fresh, err := v.shared.Reserve(ctx, key, until)
+	if err != nil {
+		v.used.Release(key)
+		return false, err
+	}
+	return fresh, nil
 }
 
 // maxJTILength bounds what the replay cache keeps per token.

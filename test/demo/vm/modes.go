@@ -44,28 +44,9 @@ func RunAgent(args []string) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	err := func() error {
-		agentCfg, err := config.LoadAgent(*agentFile)
-		if err != nil {
-			return err
-		}
-		onbCfg, err := config.LoadOnboarding(*onboardingFile)
-		if err != nil {
-			return err
-		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
-		plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
-		if err != nil {
-			return err
-		}
-		a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: "v0.1.0-demo", Logger: log,
-			MinBackoff: 500 * time.Millisecond, MaxBackoff: 5 * time.Second})
-		if err != nil {
-			return err
-		}
-		return a.Run(ctx)
-	}()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := runAgent(ctx, *agentFile, *onboardingFile, log, InProcess{Version: "v0.1.0-demo", MinBackoff: 500 * time.Millisecond, MaxBackoff: 5 * time.Second})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "onboarding-agent: %v\n", err)
 		return 1
@@ -86,4 +67,27 @@ func Systemctl(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// runAgent runs the onboarding agent library with the configuration files
+// agentFile and onboardingFile until ctx ends.
+func runAgent(ctx context.Context, agentFile, onboardingFile string, log *slog.Logger, o InProcess) error {
+	agentCfg, err := config.LoadAgent(agentFile)
+	if err != nil {
+		return err
+	}
+	onbCfg, err := config.LoadOnboarding(onboardingFile)
+	if err != nil {
+		return err
+	}
+	plat, err := platform.Detect(ctx, agentCfg.Host, onbCfg.Audience(), log)
+	if err != nil {
+		return err
+	}
+	a, err := agent.New(agent.Options{Agent: agentCfg, Onboarding: onbCfg, Platform: plat, Version: o.Version, Logger: log,
+		MinBackoff: o.MinBackoff, MaxBackoff: o.MaxBackoff})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
 }

@@ -15,12 +15,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
@@ -32,7 +35,6 @@ import (
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awswire"
 	awsclient "github.com/embark-mesh/embark/onboarding/identity/aws/client"
-	"github.com/embark-mesh/embark/test/demo/step"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/test/vmsim"
@@ -70,9 +72,17 @@ type VM struct {
 	// the names outside the mesh. Nil: this machine's.
 	ResolvConf []byte
 
+	// BeforeRestart, when set, runs on each sidecar restart by the
+	// onboarding agent, after the old sidecar stopped and before the new
+	// one starts: where a test changes the VM as its new version arrives
+	// (an application that fails its probe).
+	BeforeRestart func()
+
 	settings  Settings
+	tb        testing.TB
 	unit      *vmsim.Unit
-	agent     *exec.Cmd
+	agent     *exec.Cmd          // the agent's process; nil when it runs in this process
+	stopAgent context.CancelFunc // stops the agent that runs in this process
 	agentDone chan error
 
 	mu           sync.Mutex // guards the fields below (the unit runs commands concurrently with the steps)
@@ -180,6 +190,26 @@ type Settings struct {
 	// Env is added to the agent's environment, e.g. what ECS gives a task's
 	// containers.
 	Env []string
+	// Namespace is the WorkloadGroup's namespace ("": bookinfo); the group
+	// is ratings.
+	Namespace string
+	// Labels are the workload labels the agent declares.
+	Labels map[string]string
+	// IstioVersion is the sidecar's Istio version in the agent's
+	// configuration ("": 1.31-dev).
+	IstioVersion string
+	// InProcess, when set, runs the onboarding agent in this process (the
+	// library, as a test runs it) instead of as `Exe onboarding-agent`; Exe
+	// still runs as the agent's systemctl. Such a VM cannot be powered off.
+	InProcess *InProcess
+}
+
+// InProcess is how an onboarding agent in this process runs: the version
+// it reports and its retry back-off.
+type InProcess struct {
+	Version    string
+	MinBackoff time.Duration
+	MaxBackoff time.Duration
 }
 
 // AWSHost is the host section of an EC2 instance's agent: the platform
@@ -219,49 +249,14 @@ func JWTHost(command string) string {
 
 // StartAgent prepares the VM's root directory (the agent's configuration),
 // serves its sidecar unit, and starts its onboarding agent; t is where the
-// sidecars' test helpers report.
-func (v *VM) StartAgent(t *step.TB, s Settings) error {
-	v.settings = s
+// sidecars' test helpers report (its Fatalf must panic with vmsim.Fatal:
+// a step.TB or a vmsim.FatalTB).
+func (v *VM) StartAgent(t testing.TB, s Settings) error {
+	v.settings, v.tb = s, t
+	if err := v.writeAgentConfig(s); err != nil {
+		return err
+	}
 	p := func(rel string) string { return filepath.Join(v.Root, rel) }
-	agentCfg := fmt.Sprintf(`apiVersion: %s
-kind: %s
-host:
-%ssidecar:
-  istio:
-    version: 1.31-dev
-  bootstrap:
-    clusterEnv: %s
-    meshConfig: %s
-    rootCert: %s
-    token: %s
-  restartCommand: [%q, %s, --socket, %q, restart]
-  stopCommand: [%q, %s, --socket, %q, stop]
-`, agentAPIVersion, agentKind, s.Host, p(vmsim.ClusterEnv), p(vmsim.MeshConfig), p(vmsim.RootCert), p(vmsim.Token),
-		s.Exe, SystemctlArg, p(vmsim.UnitSocket), s.Exe, SystemctlArg, p(vmsim.UnitSocket))
-	addresses := ""
-	if s.Address != "" {
-		addresses = fmt.Sprintf("  addresses:\n  - ip: %s\n", s.Address)
-	}
-	onbCfg := fmt.Sprintf(`apiVersion: %s
-kind: %s
-onboardingEndpoint:
-  host: %s
-  tlsServerName: %s
-  caCertificates: %s
-workload:
-  namespace: bookinfo
-  name: ratings
-%s  labels:
-    version: v5
-`, agentAPIVersion, onboardingKind, s.Endpoint, s.ServerName, s.CAFile, addresses)
-	for _, f := range []struct{ path, data string }{{p(agentConfig), agentCfg}, {p(onbConfig), onbCfg}} {
-		if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(f.path, []byte(f.data), 0o644); err != nil {
-			return err
-		}
-	}
 	for _, d := range []string{filepath.Dir(p(vmsim.UnitSocket)), filepath.Dir(p(AgentLogFile))} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
@@ -276,6 +271,86 @@ workload:
 	if err != nil {
 		return err
 	}
+	if s.InProcess != nil {
+		v.runAgentInProcess(t, logFile, *s.InProcess)
+		return nil
+	}
+	return v.startAgentProcess(s, logFile)
+}
+
+// writeAgentConfig writes the onboarding agent's two configuration files
+// into the VM's root.
+func (v *VM) writeAgentConfig(s Settings) error {
+	p := func(rel string) string { return filepath.Join(v.Root, rel) }
+	istioVersion, ns := s.IstioVersion, s.Namespace
+	if istioVersion == "" {
+		istioVersion = "1.31-dev"
+	}
+	if ns == "" {
+		ns = "bookinfo"
+	}
+	agentCfg := fmt.Sprintf(`apiVersion: %s
+kind: %s
+host:
+%ssidecar:
+  istio:
+    version: %s
+  bootstrap:
+    clusterEnv: %s
+    meshConfig: %s
+    rootCert: %s
+    token: %s
+  restartCommand: [%q, %s, --socket, %q, restart]
+  stopCommand: [%q, %s, --socket, %q, stop]
+`, agentAPIVersion, agentKind, s.Host, istioVersion, p(vmsim.ClusterEnv), p(vmsim.MeshConfig), p(vmsim.RootCert), p(vmsim.Token),
+		s.Exe, SystemctlArg, p(vmsim.UnitSocket), s.Exe, SystemctlArg, p(vmsim.UnitSocket))
+	addresses := ""
+	if s.Address != "" {
+		addresses = fmt.Sprintf("  addresses:\n  - ip: %s\n", s.Address)
+	}
+	onbCfg := fmt.Sprintf(`apiVersion: %s
+kind: %s
+onboardingEndpoint:
+  host: %s
+  tlsServerName: %s
+  caCertificates: %s
+workload:
+  namespace: %s
+  name: ratings
+%s%s`, agentAPIVersion, onboardingKind, s.Endpoint, s.ServerName, s.CAFile, ns, addresses, labelsYAML(s.Labels))
+	for _, f := range []struct{ path, data string }{{p(agentConfig), agentCfg}, {p(onbConfig), onbCfg}} {
+		if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(f.path, []byte(f.data), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// labelsYAML is the workload section's labels, sorted; "" for none.
+func labelsYAML(labels map[string]string) string {
+	if len(labels) == 0 {
+		return ""
+	}
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	b.WriteString("  labels:\n")
+	for _, k := range keys {
+		fmt.Fprintf(&b, "    %s: %s\n", k, labels[k])
+	}
+	return b.String()
+}
+
+// startAgentProcess starts the onboarding agent as `Exe onboarding-agent`,
+// logging to logFile.
+func (v *VM) startAgentProcess(s Settings, logFile *os.File) error {
+	p := func(rel string) string { return filepath.Join(v.Root, rel) }
 	cmd := exec.Command(s.Exe, AgentArg, "--agent-config", p(agentConfig), "--onboarding-config", p(onbConfig))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if len(s.Env) > 0 {
@@ -296,14 +371,31 @@ workload:
 	return nil
 }
 
+// runAgentInProcess runs the onboarding agent library in this process
+// until Shutdown, logging to logFile.
+func (v *VM) runAgentInProcess(t testing.TB, logFile *os.File, o InProcess) {
+	p := func(rel string) string { return filepath.Join(v.Root, rel) }
+	log := slog.New(slog.NewTextHandler(logFile, nil)).With("vm", v.Name)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	v.stopAgent, v.agentDone = cancel, make(chan error, 1)
+	go func() {
+		err := runAgent(ctx, p(agentConfig), p(onbConfig), log, o)
+		_ = logFile.Close()
+		v.agentDone <- err
+	}()
+}
+
 // restartSidecar is the unit's restart: stop pilot-agent if it runs, then
 // start it in the VM's root from the files the onboarding agent wrote
 // (cluster.env as its environment, the mesh config's ProxyConfig, the token
 // file where pilot-agent reads it; the roots it verifies Embark's xDS
 // server with come from the bootstrap the endpoint returned), and play
 // Envoy's part.
-func (v *VM) restartSidecar(t *step.TB) error {
+func (v *VM) restartSidecar(t testing.TB) error {
 	v.stopSidecar()
+	if v.BeforeRestart != nil {
+		v.BeforeRestart()
+	}
 	opts, err := vmsim.SidecarOptions(v.Root, v.settings.ServerName)
 	if err != nil {
 		return err
@@ -387,6 +479,18 @@ func (v *VM) Shutdown() {
 	if v.agent != nil {
 		testenv.Terminate(v.agent.Process, syscall.SIGTERM, v.agentDone, 20*time.Second)
 		v.agent = nil
+	}
+	if v.stopAgent != nil {
+		v.stopAgent()
+		select {
+		case err := <-v.agentDone:
+			if err != nil {
+				v.tb.Errorf("%s: onboarding agent: %v", v.Name, err)
+			}
+		case <-time.After(30 * time.Second):
+			v.tb.Errorf("%s: onboarding agent did not stop", v.Name)
+		}
+		v.stopAgent = nil
 	}
 	if v.unit != nil {
 		v.unit.Close()

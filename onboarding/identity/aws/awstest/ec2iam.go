@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -158,18 +159,29 @@ func (f *EC2IAM) getProfile(w http.ResponseWriter, form url.Values) {
 	name := form.Get("InstanceProfileName")
 	f.mu.Lock()
 	f.calls["GetInstanceProfile"]++
-	var arn string
-	var roles []string
-	for a, rs := range f.profiles {
+	var arns []string
+	for a := range f.profiles {
 		if a[strings.LastIndex(a, "/")+1:] == name {
-			arn, roles = a, rs
+			arns = append(arns, a)
 		}
 	}
+	sort.Strings(arns)
+	var roles []string
+	if len(arns) == 1 {
+		roles = f.profiles[arns[0]]
+	}
 	f.mu.Unlock()
-	if arn == "" {
+	switch {
+	case len(arns) == 0:
 		f.fail(w, "iam", http.StatusNotFound, "NoSuchEntity", "Instance Profile "+name+" cannot be found.")
 		return
+	case len(arns) > 1:
+		// IAM answers for the caller's account; this fake takes one set of
+		// credentials for every account and cannot tell which is asked.
+		f.fail(w, "iam", http.StatusBadRequest, "AmbiguousInstanceProfile", ambiguous(name, arns))
+		return
 	}
+	arn := arns[0]
 	account := strings.SplitN(arn, ":", 6)[4]
 	var members strings.Builder
 	for _, r := range roles {
@@ -179,6 +191,17 @@ func (f *EC2IAM) getProfile(w http.ResponseWriter, form url.Values) {
 	w.Header().Set("Content-Type", "text/xml")
 	fmt.Fprintf(w, `<GetInstanceProfileResponse xmlns="https://iam.amazonaws.com/doc/2010-05-08/"><GetInstanceProfileResult><InstanceProfile><Path>/</Path><InstanceProfileName>%s</InstanceProfileName><InstanceProfileId>AIPAEMBARK</InstanceProfileId><Arn>%s</Arn><CreateDate>2024-01-01T00:00:00Z</CreateDate><Roles>%s</Roles></InstanceProfile></GetInstanceProfileResult><ResponseMetadata><RequestId>%s</RequestId></ResponseMetadata></GetInstanceProfileResponse>`,
 		xmlEscape(name), xmlEscape(arn), members.String(), requestID())
+}
+
+// ambiguous says that the instance profiles arns of several accounts are
+// all named name.
+func ambiguous(name string, arns []string) string {
+	accounts := make([]string, len(arns))
+	for i, a := range arns {
+		accounts[i] = strings.SplitN(a, ":", 6)[4]
+	}
+	return fmt.Sprintf("awstest.EC2IAM: instance profile %s exists in accounts %s (%s): the fake's one set of credentials cannot tell which account GetInstanceProfile asks about; give it one account's profiles only",
+		name, strings.Join(accounts, " and "), strings.Join(arns, ", "))
 }
 
 // fail answers AWS's error XML: EC2's <Response><Errors> shape or the

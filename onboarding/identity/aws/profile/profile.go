@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -53,34 +52,18 @@ var (
 	ErrUnavailable      = errors.New("EC2 or IAM could not be asked")
 )
 
-// Defaults of Options: those of every API check (apicheck), but a cache
-// time to live of a minute (an instance's profile seldom changes).
-const (
-	DefaultRate     = apicheck.DefaultRate
-	DefaultBurst    = apicheck.DefaultBurst
-	DefaultCacheTTL = time.Minute
-	DefaultTimeout  = apicheck.DefaultTimeout
-)
+// DefaultCacheTTL is Options.CacheTTL's default, longer than other API
+// checks' (apicheck.DefaultCacheTTL): an instance's profile seldom changes.
+const DefaultCacheTTL = time.Minute
 
 // Options configures a Checker. Every field documents its default.
 type Options struct {
 	// Clients makes the AWS clients. Required.
 	Clients Clients
-	// Rate and Burst bound the EC2 and IAM calls per second (token
-	// bucket); a check that needs a call over it fails ErrRateLimited.
-	// Defaults 5/s, burst 10.
-	Rate  float64
-	Burst int
-	// CacheTTL is how long an instance's profile and a profile's roles are
-	// reused. A profile replaced on the instance is seen after at most this
-	// long. Default 1m.
-	CacheTTL time.Duration
-	// Timeout bounds each AWS call. Default 10s.
-	Timeout time.Duration
-	// Clock. Default time.Now.
-	Clock func() time.Time
-	// Logger. Default slog.Default().
-	Logger *slog.Logger
+	// Options bound the EC2 and IAM calls and say how long an instance's
+	// profile and a profile's roles are reused (a profile replaced on the
+	// instance is seen after at most CacheTTL, default DefaultCacheTTL).
+	apicheck.Options
 }
 
 // Checker confirms instance profiles.
@@ -96,16 +79,8 @@ func New(opts Options) (*Checker, error) {
 	if opts.Clients == nil {
 		return nil, errors.New("profile: Clients is required")
 	}
-	if opts.CacheTTL <= 0 {
-		opts.CacheTTL = DefaultCacheTTL
-	}
-	if opts.Clock == nil {
-		opts.Clock = time.Now
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	calls := apicheck.NewCalls(apicheck.CallOptions{Rate: opts.Rate, Burst: opts.Burst, Timeout: opts.Timeout, Clock: opts.Clock, Limited: ErrRateLimited})
+	opts.SetDefaults(DefaultCacheTTL)
+	calls := opts.Calls(ErrRateLimited)
 	return &Checker{opts: opts, calls: calls,
 		profiles: apicheck.NewCache[string, string](0, opts.Clock), roles: apicheck.NewCache[string, string](0, opts.Clock)}, nil
 }

@@ -3,9 +3,11 @@ package profile
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/onboarding/identity/apicheck"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 )
 
@@ -30,7 +32,7 @@ func checker(t *testing.T, fake *awstest.EC2IAM, clock func() time.Time, rate fl
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(Options{Clients: clients, Clock: clock, Rate: rate, Burst: burst})
+	c, err := New(Options{Clients: clients, Options: apicheck.Options{Clock: clock, Rate: rate, Burst: burst}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,5 +117,21 @@ func TestCacheAndRateLimit(t *testing.T) {
 	}
 	if d := fake.Calls("DescribeIamInstanceProfileAssociations"); d != 2 {
 		t.Errorf("EC2 asked %d times, want 2 (the refused check must not reach it)", d)
+	}
+}
+
+// The fake EC2/IAM takes one set of credentials for every account, so it
+// cannot answer GetInstanceProfile for a name two accounts' profiles share:
+// it refuses, naming both accounts, instead of answering either at random.
+func TestFakeRefusesAProfileNameOfTwoAccounts(t *testing.T) {
+	fake := awstest.NewEC2IAM()
+	t.Cleanup(fake.Close)
+	c := checker(t, fake, time.Now, 100, 100)
+	fake.SetProfile(profArn, "ratings-role")
+	fake.SetProfile("arn:aws:iam::210987654321:instance-profile/ratings-profile", "ratings-role")
+	fake.Associate(instance, profArn)
+	err := c.Confirm(t.Context(), account, region, instance, "ratings-role")
+	if err == nil || !strings.Contains(err.Error(), "123456789012 and 210987654321") {
+		t.Errorf("Confirm() = %v, want the fake's refusal naming both accounts", err)
 	}
 }

@@ -7,10 +7,7 @@
 package azuretest
 
 import (
-	"crypto/rand"
-	"crypto/rsa"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -18,45 +15,21 @@ import (
 	"sync"
 	"time"
 
-	jose "github.com/go-jose/go-jose/v4"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 )
 
 // Microsoft serves the tenants' OpenID configurations and JWKS over TLS and
 // signs tokens with its key.
-type Microsoft struct {
-	srv *httptest.Server
-	mu  sync.Mutex
-	key *rsa.PrivateKey
-	kid string
-	// fetches counts JWKS requests.
-	fetches int
-}
+type Microsoft struct{ *jwttest.Issuer }
 
 // NewMicrosoft starts a key server with one fresh RSA key. Close it when
 // done.
 func NewMicrosoft() (*Microsoft, error) {
-	m := &Microsoft{}
-	if err := m.RotateKey(); err != nil {
+	i, err := jwttest.Start("azuretest", func(i *jwttest.Issuer) http.Handler { return http.HandlerFunc((&Microsoft{Issuer: i}).serve) })
+	if err != nil {
 		return nil, err
 	}
-	m.srv = httptest.NewTLSServer(http.HandlerFunc(m.serve))
-	return m, nil
-}
-
-// NewKey returns a key of a signer Microsoft does not publish, for
-// forgeries.
-func NewKey() (*rsa.PrivateKey, error) { return rsa.GenerateKey(rand.Reader, 2048) }
-
-// RotateKey replaces the signing key (and the published JWKS) with a new one.
-func (m *Microsoft) RotateKey() error {
-	k, err := NewKey()
-	if err != nil {
-		return err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.key, m.kid = k, fmt.Sprintf("azuretest-%d", time.Now().UnixNano())
-	return nil
+	return &Microsoft{Issuer: i}, nil
 }
 
 // serve answers /<tenant>/discovery/v2.0/keys and
@@ -65,17 +38,12 @@ func (m *Microsoft) serve(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.TrimPrefix(r.URL.Path, "/"), "/")
 	switch {
 	case len(parts) == 4 && parts[1] == "discovery" && parts[2] == "v2.0" && parts[3] == "keys":
-		m.mu.Lock()
-		m.fetches++
-		set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &m.key.PublicKey, KeyID: m.kid, Algorithm: string(jose.RS256), Use: "sig"}}}
-		m.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(set)
+		m.ServeJWKS(w)
 	case len(parts) == 4 && parts[1] == "v2.0" && parts[2] == ".well-known" && parts[3] == "openid-configuration":
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{
 			"issuer":                                "https://login.microsoftonline.com/" + parts[0] + "/v2.0",
-			"jwks_uri":                              m.srv.URL + "/" + parts[0] + "/discovery/v2.0/keys",
+			"jwks_uri":                              m.URL() + "/" + parts[0] + "/discovery/v2.0/keys",
 			"id_token_signing_alg_values_supported": []string{"RS256"},
 		})
 	default:
@@ -85,60 +53,11 @@ func (m *Microsoft) serve(w http.ResponseWriter, r *http.Request) {
 
 // JWKSURL is the key endpoint's URL with the {tenant} placeholder, for
 // azure.Config.JWKSURL.
-func (m *Microsoft) JWKSURL() string { return m.srv.URL + "/{tenant}/discovery/v2.0/keys" }
+func (m *Microsoft) JWKSURL() string { return m.URL() + "/{tenant}/discovery/v2.0/keys" }
 
 // OpenIDConfigurationURL is tenant's OpenID configuration document.
 func (m *Microsoft) OpenIDConfigurationURL(tenant string) string {
-	return m.srv.URL + "/" + tenant + "/v2.0/.well-known/openid-configuration"
-}
-
-// CACertificates is the PEM of the root the key endpoint is served with.
-func (m *Microsoft) CACertificates() []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: m.srv.Certificate().Raw})
-}
-
-// Fetches is how many times a JWKS was fetched.
-func (m *Microsoft) Fetches() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.fetches
-}
-
-// Close stops the server.
-func (m *Microsoft) Close() { m.srv.Close() }
-
-// Sign signs claims (any JSON object) as Entra ID: RS256 with the published
-// key, its kid and x5t-style header.
-func (m *Microsoft) Sign(claims any) (string, error) {
-	m.mu.Lock()
-	k, kid := m.key, m.kid
-	m.mu.Unlock()
-	return SignWith(k, kid, claims)
-}
-
-// SignWith signs claims with key under kid.
-func SignWith(key *rsa.PrivateKey, kid string, claims any) (string, error) {
-	payload, err := json.Marshal(claims)
-	if err != nil {
-		return "", err
-	}
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key},
-		(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
-	if err != nil {
-		return "", err
-	}
-	obj, err := s.Sign(payload)
-	if err != nil {
-		return "", err
-	}
-	return obj.CompactSerialize()
-}
-
-// KeyID is the kid of the published key.
-func (m *Microsoft) KeyID() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.kid
+	return m.URL() + "/" + tenant + "/v2.0/.well-known/openid-configuration"
 }
 
 // VM is an Azure virtual machine with a system-assigned managed identity.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 	"golang.org/x/oauth2"
 )
 
@@ -110,7 +111,7 @@ func (c *ComputeAPI) TokenSource() oauth2.TokenSource {
 // token_uri is this server's token endpoint, so that Google's own
 // credentials code gets the API's access token with it.
 func (c *ComputeAPI) ServiceAccountKey() ([]byte, error) {
-	k, err := NewKey()
+	k, err := jwttest.NewKey()
 	if err != nil {
 		return nil, err
 	}

@@ -6,10 +6,6 @@
 package gcetest
 
 import (
-	"crypto/rand"
-	"crypto/rsa"
-	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -17,108 +13,32 @@ import (
 	"sync"
 	"time"
 
-	jose "github.com/go-jose/go-jose/v4"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 )
 
-// Google serves a JWKS over TLS and signs tokens with its key.
-type Google struct {
-	srv *httptest.Server
-	mu  sync.Mutex
-	key *rsa.PrivateKey
-	kid string
-	// fetches counts JWKS requests.
-	fetches int
-}
+// Google serves its JWKS over TLS at /oauth2/v3/certs and signs tokens
+// with its key.
+type Google struct{ *jwttest.Issuer }
 
 // NewGoogle starts a JWKS server with one fresh RSA key. Close it when done.
 func NewGoogle() (*Google, error) {
-	g := &Google{}
-	if err := g.RotateKey(); err != nil {
+	i, err := jwttest.Start("gcetest", func(i *jwttest.Issuer) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/oauth2/v3/certs" {
+				http.NotFound(w, r)
+				return
+			}
+			i.ServeJWKS(w)
+		})
+	})
+	if err != nil {
 		return nil, err
 	}
-	g.srv = httptest.NewTLSServer(http.HandlerFunc(g.serveJWKS))
-	return g, nil
-}
-
-// NewKey returns a key of a signer Google does not publish, for forgeries.
-func NewKey() (*rsa.PrivateKey, error) { return rsa.GenerateKey(rand.Reader, 2048) }
-
-// RotateKey replaces the signing key (and the published JWKS) with a new one.
-func (g *Google) RotateKey() error {
-	k, err := NewKey()
-	if err != nil {
-		return err
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.key, g.kid = k, fmt.Sprintf("gcetest-%d", time.Now().UnixNano())
-	return nil
-}
-
-func (g *Google) serveJWKS(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != "/oauth2/v3/certs" {
-		http.NotFound(w, r)
-		return
-	}
-	g.mu.Lock()
-	g.fetches++
-	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: &g.key.PublicKey, KeyID: g.kid, Algorithm: string(jose.RS256), Use: "sig"}}}
-	g.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(set)
+	return &Google{Issuer: i}, nil
 }
 
 // JWKSURL is the JWKS endpoint's URL.
-func (g *Google) JWKSURL() string { return g.srv.URL + "/oauth2/v3/certs" }
-
-// CACertificates is the PEM of the root the JWKS endpoint is served with.
-func (g *Google) CACertificates() []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: g.srv.Certificate().Raw})
-}
-
-// Fetches is how many times the JWKS was fetched.
-func (g *Google) Fetches() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.fetches
-}
-
-// Close stops the server.
-func (g *Google) Close() { g.srv.Close() }
-
-// Sign signs claims (any JSON object) as Google: RS256 with the published
-// key and its kid.
-func (g *Google) Sign(claims any) (string, error) {
-	g.mu.Lock()
-	k, kid := g.key, g.kid
-	g.mu.Unlock()
-	return SignWith(k, kid, claims)
-}
-
-// SignWith signs claims with key under kid.
-func SignWith(key *rsa.PrivateKey, kid string, claims any) (string, error) {
-	payload, err := json.Marshal(claims)
-	if err != nil {
-		return "", err
-	}
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: key},
-		(&jose.SignerOptions{}).WithType("JWT").WithHeader("kid", kid))
-	if err != nil {
-		return "", err
-	}
-	obj, err := s.Sign(payload)
-	if err != nil {
-		return "", err
-	}
-	return obj.CompactSerialize()
-}
-
-// KeyID is the kid of the published key.
-func (g *Google) KeyID() string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.kid
-}
+func (g *Google) JWKSURL() string { return g.URL() + "/oauth2/v3/certs" }
 
 // Instance is a Compute Engine instance.
 type Instance struct {

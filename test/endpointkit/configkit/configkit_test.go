@@ -1,4 +1,4 @@
-package endpointkit
+package configkit
 
 import (
 	"reflect"

@@ -1,9 +1,11 @@
-// Package endpointkit is the tests' one way to configure and run the
-// onboarding endpoint in process: Config builds its configuration file as
-// the config package's own Go types (a field renamed there breaks the tests'
-// compile, not their runtime), Marshal renders it as the YAML config.Parse
-// reads, and Start runs cmd/onboarding-endpoint/app.Run until the test ends.
-package endpointkit
+// Package configkit is the tests' one way to write the onboarding
+// endpoint's configuration file: Config builds it as the config package's
+// own Go types (a field renamed there breaks the tests' compile, not their
+// runtime), Marshal renders it as the YAML config.Parse reads, WriteFile
+// writes it. It imports nothing of the endpoint but its config package, so
+// that cmd/onboarding-endpoint/app's own tests use it too (test/endpointkit,
+// which runs app.Run, cannot be imported there).
+package configkit
 
 import (
 	"fmt"
