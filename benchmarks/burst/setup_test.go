@@ -23,6 +23,7 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -74,9 +75,9 @@ func startDeployment(b *testing.B, ns string, ca *awstest.CA) *deployment {
 	if err := os.WriteFile(filepath.Join(awsCerts, "us-east-2.pem"), ca.CertificatePEM(), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	cfg := endpointkit.Serving(endpointkit.Config(ns), certFile, keyFile)
+	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Identity.AWS.CertificatesDir = awsCerts
-	cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
 	cfg.Registration.VerifyPerSecond = -1
 	cfg.Istiod = config.Istiod{Address: i.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: istiodRoots}
 	cfg.Limits.Onboarding.RequestsPerSecondPerSource = 1e6
@@ -140,7 +141,7 @@ func servingCert(dir string) (certFile, keyFile string, roots *x509.CertPool, er
 		return "", "", nil, err
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "onboarding-endpoint"},
-		DNSNames: []string{endpointkit.Host}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames: []string{configkit.Host}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
