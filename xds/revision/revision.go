@@ -52,13 +52,13 @@ func Choose(nsLabels, groupLabels map[string]string) string {
 		return "" // enabled: default; disabled: not injected, Embark serves it with the default
 	}
 	if rev, ok := nsLabels[LabelRevision]; ok {
-		return normal(rev)
+		return Normal(rev)
 	}
-	return normal(groupLabels[LabelRevision])
+	return Normal(groupLabels[LabelRevision])
 }
 
-// normal maps Istio's "default" revision to "".
-func normal(rev string) string {
+// Normal maps Istio's "default" revision to "".
+func Normal(rev string) string {
 	if rev == Default {
 		return ""
 	}
@@ -76,6 +76,10 @@ type Options struct {
 	// Revisions are the revisions with an istiod besides the default one.
 	// Default: none (every workload is served by the default revision).
 	Revisions []string
+	// Default is the default revision's own name (istiod.revision), which
+	// names it as "" and "default" do; registrations and WorkloadEntries of
+	// the default revision record it. Default: "" (none).
+	Default string
 	// Writer is the replica's write budget. Default: a Writer of its own.
 	Writer *write.Writer
 	// Recorder records UnknownIstioRevision and IstioRevisionChanged
@@ -145,17 +149,29 @@ func (s *Selector) named(ctx context.Context, namespace, group string) string {
 	if err := s.opts.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: group}, wg); client.IgnoreNotFound(err) != nil {
 		s.opts.Logger.Warn("read WorkloadGroup for its istio.io/rev label", "namespace", namespace, "group", group, "error", err)
 	}
-	return Choose(ns.Labels, wg.Labels)
-}
-
-// OfGroup is the revision of group's workloads: the default ("") for a
-// revision without an istiod. The registrar records it on new
-// registrations (registry.Options.RevisionOf).
-func (s *Selector) OfGroup(ctx context.Context, group *istionetworkingv1.WorkloadGroup) string {
-	if rev := s.named(ctx, group.Namespace, group.Name); s.Known(rev) {
+	if rev := Choose(ns.Labels, wg.Labels); rev != s.opts.Default {
 		return rev
 	}
 	return ""
+}
+
+// recorded is how revision rev ("" the default) is recorded on a
+// registration and its WorkloadEntry: the default revision's own name.
+func (s *Selector) recorded(rev string) string {
+	if rev == "" {
+		return s.opts.Default
+	}
+	return rev
+}
+
+// OfGroup is the revision recorded for group's workloads: the default
+// revision's for a revision without an istiod. The registrar records it on new
+// registrations (registry.Options.RevisionOf).
+func (s *Selector) OfGroup(ctx context.Context, group *istionetworkingv1.WorkloadGroup) string {
+	if rev := s.named(ctx, group.Namespace, group.Name); s.Known(rev) {
+		return s.recorded(rev)
+	}
+	return s.recorded("")
 }
 
 // OfRegistration is the revision serving registration key now (its
@@ -193,8 +209,8 @@ func (s *Selector) Revision(ctx context.Context, key types.NamespacedName, group
 		s.opts.Logger.Warn("unknown istiod revision; the default revision serves the workload", "registration", key.String(), "revision", rev)
 		rev = ""
 	}
-	if war != nil && war.Annotations[registry.AnnotationIstioRevision] != rev {
-		s.record(war, rev)
+	if war != nil && war.Annotations[registry.AnnotationIstioRevision] != s.recorded(rev) {
+		s.record(war, s.recorded(rev))
 	}
 	return rev, changed
 }

@@ -95,7 +95,7 @@ func newRevisions(ctx context.Context, b *build) (*revision.Selector, error) {
 		names = append(names, r.Name)
 	}
 	sel, err := revision.New(ctx, revision.Options{
-		Reader: b.informers, Client: b.kc, Revisions: names, Writer: b.writer, Recorder: b.recorder, Logger: b.log.With("component", "istiod-revisions"),
+		Reader: b.informers, Client: b.kc, Revisions: names, Default: revision.Normal(cfg.Istiod.Revision), Writer: b.writer, Recorder: b.recorder, Logger: b.log.With("component", "istiod-revisions"),
 	})
 	if err != nil {
 		return nil, err
