@@ -98,6 +98,7 @@ type Selector struct {
 	mu      sync.Mutex
 	changed chan struct{}        // closed by Changed, then replaced
 	writing map[types.UID]string // registrations being relabelled: the revision written
+	warned  map[types.UID]string // registrations told their revision is unknown: that revision
 }
 
 // New returns a Selector whose writes end with ctx.
@@ -112,7 +113,7 @@ func New(ctx context.Context, opts Options) (*Selector, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Selector{opts: opts, ctx: ctx, changed: make(chan struct{}), writing: map[types.UID]string{}}, nil
+	return &Selector{opts: opts, ctx: ctx, changed: make(chan struct{}), writing: map[types.UID]string{}, warned: map[types.UID]string{}}, nil
 }
 
 // Known reports whether rev ("" the default) has an istiod.
@@ -202,17 +203,36 @@ func (s *Selector) Revision(ctx context.Context, key types.NamespacedName, group
 		war = nil // written on the next change
 	}
 	if !s.Known(rev) {
-		if war != nil {
+		if war != nil && s.warn(war.UID, rev) {
 			s.opts.Recorder.Eventf(war, corev1.EventTypeWarning, ReasonUnknownIstioRevision,
 				"istio.io/rev %q has no istiod in this Embark (istiod.revisions); the default revision serves the workload", rev)
+			s.opts.Logger.Warn("unknown istiod revision; the default revision serves the workload", "registration", key.String(), "revision", rev)
 		}
-		s.opts.Logger.Warn("unknown istiod revision; the default revision serves the workload", "registration", key.String(), "revision", rev)
 		rev = ""
+	} else if war != nil {
+		s.warn(war.UID, "")
 	}
 	if war != nil && war.Annotations[registry.AnnotationIstioRevision] != s.recorded(rev) {
 		s.record(war, s.recorded(rev))
 	}
 	return rev, changed
+}
+
+// warn records that registration uid was told its revision rev ("": a
+// known one) is unknown, and reports whether that is news: a stream woken by
+// an unrelated Namespace or WorkloadGroup change is not told again.
+func (s *Selector) warn(uid types.UID, rev string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.warned[uid] == rev {
+		return false
+	}
+	if rev == "" {
+		delete(s.warned, uid)
+	} else {
+		s.warned[uid] = rev
+	}
+	return true
 }
 
 // record writes rev to war and its WorkloadEntry in the background, once
