@@ -499,9 +499,9 @@ func TestRegisterRecordsTheIstioRevision(t *testing.T) {
 	ctx := t.Context()
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
-	register := func(rev string) *Result {
+	register := func(rev string, of func(context.Context, *istionetworkingv1.WorkloadGroup) string) *Result {
 		t.Helper()
-		r, err := NewRegistrar(Options{Client: env.Client, Cache: cached, Recorder: recorder, Logger: fixtures.Logger(t), Revision: rev})
+		r, err := NewRegistrar(Options{Client: env.Client, Cache: cached, Recorder: recorder, Logger: fixtures.Logger(t), Revision: rev, RevisionOf: of})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -511,8 +511,23 @@ func TestRegisterRecordsTheIstioRevision(t *testing.T) {
 		}
 		return res
 	}
-	for _, step := range []struct{ configured, want string }{{"canary", "canary"}, {"stable", "stable"}, {"default", ""}} {
-		res := register(step.configured)
+	// RevisionOf (several istiod revisions) chooses per group, over Revision.
+	chosen := func(rev string) func(context.Context, *istionetworkingv1.WorkloadGroup) string {
+		return func(_ context.Context, g *istionetworkingv1.WorkloadGroup) string {
+			if g.Name != wg.Name {
+				t.Errorf("RevisionOf asked for group %s, want %s", g.Name, wg.Name)
+			}
+			return rev
+		}
+	}
+	for _, step := range []struct {
+		configured, want string
+		of               func(context.Context, *istionetworkingv1.WorkloadGroup) string
+	}{
+		{configured: "canary", want: "canary"}, {configured: "stable", want: "stable"}, {configured: "default", want: ""},
+		{configured: "stable", of: chosen("canary"), want: "canary"}, {configured: "stable", of: chosen("default"), want: ""},
+	} {
+		res := register(step.configured, step.of)
 		if got := res.Registration.Annotations[AnnotationIstioRevision]; got != step.want {
 			t.Errorf("revision %q: registration records %q, want %q", step.configured, got, step.want)
 		}

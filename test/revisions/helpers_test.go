@@ -138,7 +138,8 @@ func connectionOf(t *testing.T, w *workload) (connection, bool) {
 }
 
 // entryRevision is the istio.io/rev label of w's WorkloadEntry, and
-// whether it has one.
+// whether it has one; ok is false too when its endpoint's labels (spec)
+// say otherwise.
 func entryRevision(t *testing.T, w *workload) (string, bool) {
 	t.Helper()
 	we := &istionetworkingv1.WorkloadEntry{}
@@ -146,6 +147,10 @@ func entryRevision(t *testing.T, w *workload) (string, bool) {
 		t.Fatal(err)
 	}
 	rev, ok := we.Labels[registry.LabelRevision]
+	spec, specOK := we.Spec.Labels[registry.LabelRevision]
+	if spec != rev || specOK != ok {
+		return "(entry and endpoint labels differ)", false
+	}
 	return rev, ok
 }
 

@@ -272,7 +272,8 @@ func label(rev string) string {
 }
 
 // write sets the registration's revision annotation and its WorkloadEntry's
-// istio.io/rev label (removed for the default revision).
+// istio.io/rev label, on the entry and its endpoint (removed for a default
+// revision without a name).
 func (s *Selector) write(ctx context.Context, key types.NamespacedName, uid types.UID, rev string) error {
 	w := s.opts.Writer
 	c := s.opts.Client
@@ -294,10 +295,15 @@ func (s *Selector) write(ctx context.Context, key types.NamespacedName, uid type
 		if err := c.Get(ctx, key, we); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-		if cur, has := we.Labels[LabelRevision]; cur == rev && has == (rev != "") {
+		cur, has := we.Labels[LabelRevision]
+		spec, specHas := we.Spec.Labels[LabelRevision]
+		if cur == rev && has == (rev != "") && spec == rev && specHas == has {
 			return nil
 		}
+		// The entry's labels and its endpoint labels carry the revision
+		// alike, as the registry builds them (registry.WorkloadLabels).
 		setOrDelete(&we.Labels, LabelRevision, rev)
+		setOrDelete(&we.Spec.Labels, LabelRevision, rev)
 		return c.Update(ctx, we)
 	})
 }
