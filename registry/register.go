@@ -82,8 +82,9 @@ type Options struct {
 	// SidecarCredentialOptions.
 	Sidecar SidecarCredentialOptions
 	// Revision is the Istio revision of the istiod beside Embark ("" or
-	// "default": none). Registrations record it (AnnotationIstioRevision)
-	// and their WorkloadEntries carry it as istio.io/rev.
+	// "default": none). Registrations and their WorkloadEntries record it
+	// as AnnotationIstioRevision; the entries never carry istio.io/rev, so
+	// every revision's istiod takes them.
 	Revision string
 	// RevisionOf, when set, chooses each registration's revision from its
 	// WorkloadGroup (and the group's namespace) in place of Revision: an
@@ -466,6 +467,9 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 		}
 		cur.Labels = want.Labels
 		cur.Annotations = WithoutIstiodAnnotations(mergeAnnotations(cur.Annotations, want.Annotations))
+		if _, ok := want.Annotations[AnnotationIstioRevision]; !ok {
+			delete(cur.Annotations, AnnotationIstioRevision) // a revision recorded earlier; the unnamed default has none
+		}
 		cur.Spec.Address = want.Spec.Address
 		cur.Spec.Labels = want.Spec.Labels
 		cur.Spec.Ports = want.Spec.Ports
@@ -500,6 +504,9 @@ func workloadEntryUpToDate(cur, want *istionetworkingv1.WorkloadEntry) bool {
 		if cur.Annotations[k] != v {
 			return false
 		}
+	}
+	if _, ok := want.Annotations[AnnotationIstioRevision]; !ok && cur.Annotations[AnnotationIstioRevision] != "" {
+		return false
 	}
 	return reflect.DeepEqual(cur.Labels, want.Labels) &&
 		cur.Spec.Address == want.Spec.Address &&

@@ -137,20 +137,22 @@ func connectionOf(t *testing.T, w *workload) (connection, bool) {
 	return c, true
 }
 
-// entryRevision is the istio.io/rev label of w's WorkloadEntry, and
-// whether it has one; ok is false too when its endpoint's labels (spec)
-// say otherwise.
+// entryRevision is the revision annotation of w's WorkloadEntry
+// (registry.AnnotationIstioRevision), and whether it has one; ok is false
+// too when the entry or its endpoint carries istio.io/rev, which would hide
+// it from the istiods of other revisions.
 func entryRevision(t *testing.T, w *workload) (string, bool) {
 	t.Helper()
 	we := &istionetworkingv1.WorkloadEntry{}
 	if err := env.Client.Get(t.Context(), w.key, we); err != nil {
 		t.Fatal(err)
 	}
-	rev, ok := we.Labels[registry.LabelRevision]
-	spec, specOK := we.Spec.Labels[registry.LabelRevision]
-	if spec != rev || specOK != ok {
-		return "(entry and endpoint labels differ)", false
+	_, labelled := we.Labels[registry.LabelRevision]
+	_, specLabelled := we.Spec.Labels[registry.LabelRevision]
+	if labelled || specLabelled {
+		return "(labelled istio.io/rev)", false
 	}
+	rev, ok := we.Annotations[registry.AnnotationIstioRevision]
 	return rev, ok
 }
 

@@ -16,6 +16,8 @@
 // wakes each relayed stream, which asks its revision again and, when it
 // changed, moves its upstream stream to that revision's istiod (package
 // relay). The replica holding the stream then records the revision on the
-// registration (registry.AnnotationIstioRevision) and its WorkloadEntry
-// (istio.io/rev).
+// registration and its WorkloadEntry (registry.AnnotationIstioRevision).
+// The entry never carries istio.io/rev: istiod takes an entry labelled with
+// a revision only when it is its own, and pods of every revision must keep
+// the VM as an endpoint while it moves.
 package revision

@@ -71,7 +71,7 @@ type Options struct {
 	// informer cache). Required.
 	Reader client.Reader
 	// Client writes a moved registration's annotation and its
-	// WorkloadEntry's label. Required.
+	// WorkloadEntry's. Required.
 	Client client.Client
 	// Revisions are the revisions with an istiod besides the default one.
 	// Default: none (every workload is served by the default revision).
@@ -271,9 +271,12 @@ func label(rev string) string {
 	return rev
 }
 
-// write sets the registration's revision annotation and its WorkloadEntry's
-// istio.io/rev label, on the entry and its endpoint (removed for a default
-// revision without a name).
+// write sets the revision annotation of the registration and of its
+// WorkloadEntry (removed for a default revision without a name). The entry
+// never carries istio.io/rev, on its metadata or its endpoint labels: istiod
+// takes an entry labelled with a revision only when it is its own, and a
+// VM's entry must stay an endpoint for the pods of every revision while the
+// VM moves. A label written by an earlier version is removed.
 func (s *Selector) write(ctx context.Context, key types.NamespacedName, uid types.UID, rev string) error {
 	w := s.opts.Writer
 	c := s.opts.Client
@@ -295,15 +298,15 @@ func (s *Selector) write(ctx context.Context, key types.NamespacedName, uid type
 		if err := c.Get(ctx, key, we); err != nil {
 			return client.IgnoreNotFound(err)
 		}
-		cur, has := we.Labels[LabelRevision]
-		spec, specHas := we.Spec.Labels[LabelRevision]
-		if cur == rev && has == (rev != "") && spec == rev && specHas == has {
+		cur, has := we.Annotations[registry.AnnotationIstioRevision]
+		_, labelled := we.Labels[LabelRevision]
+		_, specLabelled := we.Spec.Labels[LabelRevision]
+		if cur == rev && has == (rev != "") && !labelled && !specLabelled {
 			return nil
 		}
-		// The entry's labels and its endpoint labels carry the revision
-		// alike, as the registry builds them (registry.WorkloadLabels).
-		setOrDelete(&we.Labels, LabelRevision, rev)
-		setOrDelete(&we.Spec.Labels, LabelRevision, rev)
+		setOrDelete(&we.Annotations, registry.AnnotationIstioRevision, rev)
+		delete(we.Labels, LabelRevision)
+		delete(we.Spec.Labels, LabelRevision)
 		return c.Update(ctx, we)
 	})
 }
