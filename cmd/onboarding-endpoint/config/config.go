@@ -155,9 +155,12 @@ type Istiod struct {
 	// Address.
 	RelayXDS *bool `json:"relayXDS,omitempty"`
 	// Revision is the Istio control-plane revision of this istiod (its
-	// istio.io/rev), e.g. canary; empty or "default" for none. Every
-	// WorkloadEntry Embark writes carries it as its istio.io/rev label, as
-	// Istio's own VM entries do.
+	// istio.io/rev), e.g. canary; empty or "default" for none. Registrations
+	// and their WorkloadEntries record it as the annotation
+	// onboarding.tetrate.io/istio-revision. The entries are never labelled
+	// istio.io/rev: istiod takes an entry labelled with a revision only when
+	// it is its own, and a VM's entry is mesh data the istiod of every
+	// revision must see, like a pod's endpoints.
 	Revision string `json:"revision,omitempty"`
 	// Revisions are the istiods of other Istio revisions this Embark serves
 	// beside the one above (the default revision): a canary istiod during
