@@ -25,9 +25,12 @@ import (
 // for keys the group allows (AnnotationAgentLabels; by default "version"),
 // never for a key the group sets to another value, and never for a reserved
 // key (ReservedLabel). The owned labels are computed last and always win:
-// the network, the host name proven by the identity, Istio's canonical
-// service name and revision, and the control-plane revision when Embark
-// runs beside a revisioned istiod.
+// the network, the host name proven by the identity, and Istio's canonical
+// service name and revision. An entry never carries Istio's control-plane
+// revision label (LabelRevision), whatever the group's labels say: istiod
+// takes a WorkloadEntry labelled with a revision only when it is its own,
+// and a VM's entry is mesh data every revision must see, like a pod's
+// endpoints.
 const (
 	// AnnotationAgentLabels on a WorkloadGroup lists, comma-separated, the
 	// label keys its workloads' agents may report (onboarding-agent's
@@ -40,11 +43,15 @@ const (
 	// service labels, which telemetry and istioctl name a workload by.
 	LabelCanonicalName     = "service.istio.io/canonical-name"
 	LabelCanonicalRevision = "service.istio.io/canonical-revision"
-	// LabelRevision is Istio's control-plane revision label.
+	// LabelRevision is Istio's control-plane revision label. A
+	// WorkloadGroup's own label chooses its workloads' revision; their
+	// WorkloadEntries never carry it (neither metadata nor endpoint
+	// labels), so that the istiod of every revision takes them.
 	LabelRevision = "istio.io/rev"
-	// AnnotationIstioRevision on a registration is the Istio revision of
-	// the istiod beside the Embark that registered it (Options.Revision);
-	// its WorkloadEntry carries it as LabelRevision.
+	// AnnotationIstioRevision on a registration, and on its WorkloadEntry
+	// for operators, is the Istio revision of the istiod serving the
+	// workload (Options.Revision or Options.RevisionOf); absent for a
+	// default revision without a name. istiod does not read it.
 	AnnotationIstioRevision = "onboarding.tetrate.io/istio-revision"
 )
 
@@ -149,9 +156,12 @@ func allowedText(keys []string) string {
 }
 
 // WorkloadLabels returns a registration's labels: its group's (the
-// snapshot's template and spec.metadata labels), the agent's where the
-// group allowed them at registration, and the owned labels (network, host
-// name, canonical service), which always win.
+// snapshot's template and spec.metadata labels) without LabelRevision, the
+// agent's where the group allowed them at registration, and the owned
+// labels (network, host name, canonical service), which always win. Istio's
+// auto-registration copies a group's spec labels, istio.io/rev among them;
+// on an Embark entry that label would hide the VM from the istiods of
+// every other revision, so it is left out.
 func WorkloadLabels(war *runtimev1alpha1.WorkloadAutoRegistration, group *istioapi.WorkloadGroup) map[string]string {
 	set := groupLabels(group)
 	labels := make(map[string]string, len(set)+len(war.Spec.Registration.Workload.Labels)+4)
@@ -167,14 +177,12 @@ func WorkloadLabels(war *runtimev1alpha1.WorkloadAutoRegistration, group *istioa
 	for _, k := range ownedLabels {
 		delete(labels, k)
 	}
+	delete(labels, LabelRevision)
 	if n := group.GetTemplate().GetNetwork(); n != "" {
 		labels[LabelNetwork] = n
 	}
 	if h := HostnameOf(war); h != "" {
 		labels[LabelHostname] = h
-	}
-	if rev := war.Annotations[AnnotationIstioRevision]; rev != "" {
-		labels[LabelRevision] = rev
 	}
 	labels[LabelCanonicalName] = canonicalName(set, labels, war.Spec.WorkloadGroup.Name)
 	labels[LabelCanonicalRevision] = canonicalRevision(set, labels)

@@ -214,18 +214,26 @@ func TestHostnameOf(t *testing.T) {
 	}
 }
 
-// The revision Embark records on a registration is its entry's istio.io/rev,
-// over the group's; without one the group's stays.
+// An entry never carries istio.io/rev: not the revision recorded on the
+// registration, nor a group's spec.metadata or template label (Istio's
+// auto-registration would copy those; on an Embark entry they would hide the
+// VM from every other revision's istiod).
 func TestWorkloadLabelsRevision(t *testing.T) {
 	g := decodeGroup(t, fixtures.AnalyticsGroup)
 	g.Spec.Metadata.Labels[LabelRevision] = "stable"
 	war := registrationFor(t, g, ec2Identity, nil)
-	if got := WorkloadLabels(war, &g.Spec)[LabelRevision]; got != "stable" {
-		t.Errorf("no recorded revision: istio.io/rev %q, want the group's stable", got)
+	if got, ok := WorkloadLabels(war, &g.Spec)[LabelRevision]; ok {
+		t.Errorf("group's spec.metadata.labels istio.io/rev=stable: entry labelled istio.io/rev=%q", got)
 	}
+	delete(g.Spec.Metadata.Labels, LabelRevision)
+	g.Spec.Template.Labels = map[string]string{LabelRevision: "stable", "tier": "db"}
 	war.Annotations = map[string]string{AnnotationIstioRevision: "canary"}
-	if got := WorkloadLabels(war, &g.Spec)[LabelRevision]; got != "canary" {
-		t.Errorf("recorded revision canary: istio.io/rev %q", got)
+	labels := WorkloadLabels(war, &g.Spec)
+	if got, ok := labels[LabelRevision]; ok {
+		t.Errorf("template istio.io/rev=stable, recorded revision canary: entry labelled istio.io/rev=%q", got)
+	}
+	if labels["tier"] != "db" {
+		t.Errorf("the template's other labels: tier=%q, want db", labels["tier"])
 	}
 	for in, want := range map[string]string{"": "", "default": "", "canary": "canary"} {
 		if got := revisionOf(in); got != want {

@@ -82,9 +82,14 @@ type Options struct {
 	// SidecarCredentialOptions.
 	Sidecar SidecarCredentialOptions
 	// Revision is the Istio revision of the istiod beside Embark ("" or
-	// "default": none). Registrations record it (AnnotationIstioRevision)
-	// and their WorkloadEntries carry it as istio.io/rev.
+	// "default": none). Registrations and their WorkloadEntries record it
+	// as AnnotationIstioRevision; the entries never carry istio.io/rev, so
+	// every revision's istiod takes them.
 	Revision string
+	// RevisionOf, when set, chooses each registration's revision from its
+	// WorkloadGroup (and the group's namespace) in place of Revision: an
+	// Embark serving several istiod revisions. Default: Revision for all.
+	RevisionOf func(ctx context.Context, group *istionetworkingv1.WorkloadGroup) string
 	// Topology is the mesh's networks; each registration's network is
 	// checked against it (the NetworkTopology condition, CheckTopology).
 	// Default: none, only a group contradicting itself is reported.
@@ -102,7 +107,9 @@ type Registrar struct {
 	now      func() time.Time
 	sidecar  SidecarCredentialOptions
 	revision string
-	topology *Topology
+	// revisionOf chooses a group's revision; nil: revision for all.
+	revisionOf func(ctx context.Context, group *istionetworkingv1.WorkloadGroup) string
+	topology   *Topology
 }
 
 // NewRegistrar returns a Registrar.
@@ -121,15 +128,16 @@ func NewRegistrar(opts Options) (*Registrar, error) {
 	}
 	opts.Sidecar.setDefaults()
 	return &Registrar{
-		client:   opts.Client,
-		cache:    opts.Cache,
-		recorder: opts.Recorder,
-		log:      opts.Logger,
-		writer:   write.OrDefault(opts.Writer),
-		now:      opts.Clock,
-		sidecar:  opts.Sidecar,
-		revision: revisionOf(opts.Revision),
-		topology: opts.Topology,
+		client:     opts.Client,
+		cache:      opts.Cache,
+		recorder:   opts.Recorder,
+		log:        opts.Logger,
+		writer:     write.OrDefault(opts.Writer),
+		now:        opts.Clock,
+		sidecar:    opts.Sidecar,
+		revision:   revisionOf(opts.Revision),
+		revisionOf: opts.RevisionOf,
+		topology:   opts.Topology,
 	}, nil
 }
 
@@ -241,7 +249,7 @@ func (r *Registrar) Write(ctx context.Context, req Request) (*Result, error) {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
 			Namespace:   req.Group.Namespace,
-			Annotations: r.registrationAnnotations(req.SessionHash),
+			Annotations: r.registrationAnnotations(req.SessionHash, r.groupRevision(ctx, req.Group)),
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: istionetworkingv1.SchemeGroupVersion.String(),
 				Kind:       "WorkloadGroup",
@@ -361,7 +369,8 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 			}
 			rekey = true
 		}
-		revised := cur.Annotations[AnnotationIstioRevision] != r.revision
+		rev := want.Annotations[AnnotationIstioRevision]
+		revised := cur.Annotations[AnnotationIstioRevision] != rev
 		reproven := !reflect.DeepEqual(cur.Spec.Identity, want.Spec.Identity)
 		if !rekey && !revised && !reproven && reflect.DeepEqual(cur.Spec.Registration, want.Spec.Registration) {
 			return nil
@@ -373,7 +382,7 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 			cur.Annotations[AnnotationSessionHash] = req.SessionHash
 		}
 		if revised {
-			setOrDelete(cur.Annotations, AnnotationIstioRevision, r.revision)
+			setOrDelete(cur.Annotations, AnnotationIstioRevision, rev)
 		}
 		cur.Spec.Identity = want.Spec.Identity
 		cur.Spec.Registration = want.Spec.Registration
@@ -386,15 +395,24 @@ func (r *Registrar) reuse(ctx context.Context, want *runtimev1alpha1.WorkloadAut
 }
 
 // registrationAnnotations are a new registration's annotations: the agent
-// session's key hash and the Istio revision.
-func (r *Registrar) registrationAnnotations(hash string) map[string]string {
+// session's key hash and the Istio revision rev.
+func (r *Registrar) registrationAnnotations(hash, rev string) map[string]string {
 	out := map[string]string{}
 	setOrDelete(out, AnnotationSessionHash, hash)
-	setOrDelete(out, AnnotationIstioRevision, r.revision)
+	setOrDelete(out, AnnotationIstioRevision, rev)
 	if len(out) == 0 {
 		return nil
 	}
 	return out
+}
+
+// groupRevision is the Istio revision of group's workloads: RevisionOf's
+// choice when set, else Revision ("" for the default revision).
+func (r *Registrar) groupRevision(ctx context.Context, group *istionetworkingv1.WorkloadGroup) string {
+	if r.revisionOf == nil {
+		return r.revision
+	}
+	return revisionOf(r.revisionOf(ctx, group))
 }
 
 // setOrDelete sets m[k] = v, or deletes k when v is empty.
@@ -449,6 +467,9 @@ func (r *Registrar) ensureWorkloadEntry(ctx context.Context, war *runtimev1alpha
 		}
 		cur.Labels = want.Labels
 		cur.Annotations = WithoutIstiodAnnotations(mergeAnnotations(cur.Annotations, want.Annotations))
+		if _, ok := want.Annotations[AnnotationIstioRevision]; !ok {
+			delete(cur.Annotations, AnnotationIstioRevision) // a revision recorded earlier; the unnamed default has none
+		}
 		cur.Spec.Address = want.Spec.Address
 		cur.Spec.Labels = want.Spec.Labels
 		cur.Spec.Ports = want.Spec.Ports
@@ -483,6 +504,9 @@ func workloadEntryUpToDate(cur, want *istionetworkingv1.WorkloadEntry) bool {
 		if cur.Annotations[k] != v {
 			return false
 		}
+	}
+	if _, ok := want.Annotations[AnnotationIstioRevision]; !ok && cur.Annotations[AnnotationIstioRevision] != "" {
+		return false
 	}
 	return reflect.DeepEqual(cur.Labels, want.Labels) &&
 		cur.Spec.Address == want.Spec.Address &&

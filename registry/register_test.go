@@ -492,16 +492,18 @@ func assertNoRegistrations(t *testing.T, ns string) {
 	}
 }
 
-// Beside a revisioned istiod the registration records the revision and its
-// WorkloadEntry carries istio.io/rev; registering again after the revision
-// changed moves it.
+// Beside a revisioned istiod the registration and its WorkloadEntry record
+// the revision as an annotation, and the entry never carries istio.io/rev
+// (istiod takes an entry labelled with another revision than its own
+// nowhere); registering again after the revision changed moves the
+// annotation, and removes a label an earlier version wrote.
 func TestRegisterRecordsTheIstioRevision(t *testing.T) {
 	ctx := t.Context()
 	ns := env.Namespace(t)
 	wg := createGroup(t, ns)
-	register := func(rev string) *Result {
+	register := func(rev string, of func(context.Context, *istionetworkingv1.WorkloadGroup) string) *Result {
 		t.Helper()
-		r, err := NewRegistrar(Options{Client: env.Client, Cache: cached, Recorder: recorder, Logger: fixtures.Logger(t), Revision: rev})
+		r, err := NewRegistrar(Options{Client: env.Client, Cache: cached, Recorder: recorder, Logger: fixtures.Logger(t), Revision: rev, RevisionOf: of})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -511,8 +513,23 @@ func TestRegisterRecordsTheIstioRevision(t *testing.T) {
 		}
 		return res
 	}
-	for _, step := range []struct{ configured, want string }{{"canary", "canary"}, {"stable", "stable"}, {"default", ""}} {
-		res := register(step.configured)
+	// RevisionOf (several istiod revisions) chooses per group, over Revision.
+	chosen := func(rev string) func(context.Context, *istionetworkingv1.WorkloadGroup) string {
+		return func(_ context.Context, g *istionetworkingv1.WorkloadGroup) string {
+			if g.Name != wg.Name {
+				t.Errorf("RevisionOf asked for group %s, want %s", g.Name, wg.Name)
+			}
+			return rev
+		}
+	}
+	for _, step := range []struct {
+		configured, want string
+		of               func(context.Context, *istionetworkingv1.WorkloadGroup) string
+	}{
+		{configured: "canary", want: "canary"}, {configured: "stable", want: "stable"}, {configured: "default", want: ""},
+		{configured: "stable", of: chosen("canary"), want: "canary"}, {configured: "stable", of: chosen("default"), want: ""},
+	} {
+		res := register(step.configured, step.of)
 		if got := res.Registration.Annotations[AnnotationIstioRevision]; got != step.want {
 			t.Errorf("revision %q: registration records %q, want %q", step.configured, got, step.want)
 		}
@@ -520,9 +537,39 @@ func TestRegisterRecordsTheIstioRevision(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: seedName}, we); err != nil {
 			t.Fatal(err)
 		}
-		if got := we.Labels[LabelRevision]; got != step.want || we.Spec.Labels[LabelRevision] != step.want {
-			t.Errorf("revision %q: WorkloadEntry istio.io/rev %q (spec %q), want %q", step.configured, got, we.Spec.Labels[LabelRevision], step.want)
+		if got, ok := we.Annotations[AnnotationIstioRevision]; got != step.want || ok != (step.want != "") {
+			t.Errorf("revision %q: WorkloadEntry records revision %q (annotated: %v), want %q", step.configured, got, ok, step.want)
 		}
+		assertNoRevisionLabel(t, we, "revision "+step.configured)
+	}
+	// An entry an earlier version labelled loses the label when the
+	// workload registers again.
+	we := &istionetworkingv1.WorkloadEntry{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: seedName}, we); err != nil {
+		t.Fatal(err)
+	}
+	we.Labels[LabelRevision], we.Spec.Labels[LabelRevision] = "canary", "canary"
+	if err := env.Client.Update(ctx, we); err != nil {
+		t.Fatal(err)
+	}
+	register("canary", nil)
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: seedName}, we); err != nil {
+		t.Fatal(err)
+	}
+	assertNoRevisionLabel(t, we, "registered again after an earlier version labelled the entry")
+	if got := we.Annotations[AnnotationIstioRevision]; got != "canary" {
+		t.Errorf("registered again: WorkloadEntry records revision %q, want canary", got)
+	}
+}
+
+// assertNoRevisionLabel fails when we or its endpoint carries istio.io/rev.
+func assertNoRevisionLabel(t *testing.T, we *istionetworkingv1.WorkloadEntry, when string) {
+	t.Helper()
+	if rev, ok := we.Labels[LabelRevision]; ok {
+		t.Errorf("%s: WorkloadEntry labelled istio.io/rev=%q", when, rev)
+	}
+	if rev, ok := we.Spec.Labels[LabelRevision]; ok {
+		t.Errorf("%s: WorkloadEntry's endpoint labelled istio.io/rev=%q", when, rev)
 	}
 }
 

@@ -195,6 +195,9 @@ func BuildWorkloadEntry(war *runtimev1alpha1.WorkloadAutoRegistration) (*istione
 	annotations := entryAnnotations(group)
 	annotations[AnnotationWorkloadGroup] = war.Spec.WorkloadGroup.Name
 	annotations[AnnotationRegistrationGeneration] = strconv.FormatInt(war.Generation, 10)
+	if rev := war.Annotations[AnnotationIstioRevision]; rev != "" {
+		annotations[AnnotationIstioRevision] = rev
+	}
 	sa := tmpl.GetServiceAccount()
 	if sa == "" {
 		sa = DefaultServiceAccount

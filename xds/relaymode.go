@@ -25,12 +25,17 @@ func relayed[Req, Resp any](s *Server, p *protocol[Req, Resp], bs *boundStream[R
 	if err != nil {
 		return status.Errorf(codes.Unauthenticated, "%v", err)
 	}
-	return p.relay(s.opts.Relay, bs, relayAuthorization(bs.Context(), token), relay.Hooks[Req, Resp]{
+	hooks := relay.Hooks[Req, Resp]{
 		Request:  func(req *Req) (bool, error) { return s.request(st, p.request(req), nil) },
 		Response: func(resp *Resp) { s.responded(st, p.response(resp)) },
 		Stop:     st.ctx.Done(),
 		Node:     st.relayNode,
-	})
+	}
+	if sel := s.opts.Revisions; sel != nil {
+		w := st.proxy.Workload
+		hooks.Revision = func() (string, <-chan struct{}) { return sel.Revision(st.ctx, w.Key, w.Group) }
+	}
+	return p.relay(s.opts.Relay, bs, relayAuthorization(bs.Context(), token), hooks)
 }
 
 // relayNode hands the relay, once, the node built for istiod at admission

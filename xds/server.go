@@ -76,6 +76,11 @@ type Options struct {
 	// what the proxy is served; the server keeps authentication, liveness,
 	// health reports and syncz. Default: none (standalone mode, Config).
 	Relay *relay.Relay
+	// Revisions, in istiod mode with several istiod revisions, chooses the
+	// revision each workload stream is relayed to (Hooks.Revision of
+	// package relay). Default: none, every stream goes to Relay's default
+	// revision.
+	Revisions RevisionSelector
 	// NACKMetrics counts rejected configurations. Default: not counted.
 	NACKMetrics *NACKMetrics
 	// Health receives health reports. Default LogHealth.
@@ -149,6 +154,15 @@ func (o *Options) setDefaults() error {
 		o.FirstRequestTimeout = DefaultFirstRequestTimeout
 	}
 	return nil
+}
+
+// RevisionSelector chooses the istiod revision of a workload's stream
+// (*revision.Selector implements it).
+type RevisionSelector interface {
+	// Revision returns the revision ("" the default) the stream of
+	// registration key, of WorkloadGroup group, is relayed to now, and a
+	// channel closed when it may have changed.
+	Revision(ctx context.Context, key types.NamespacedName, group string) (string, <-chan struct{})
 }
 
 // ConnectionTracker is told which workload streams are open. The

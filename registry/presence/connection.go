@@ -565,7 +565,8 @@ func equalConnection(a, b *runtimev1alpha1.ConnectionStatus) bool {
 // WorkloadEntry to match shown, the registration's status.connection after
 // st (a connection) was stored: connected-at and connected-replica; a
 // disconnected-at of earlier versions and istiod's own annotations are
-// removed. A missing entry (fenced, or not written yet) is skipped. A
+// removed, and so is an istio.io/rev label earlier versions wrote (it hides
+// the entry from the istiods of other revisions; see registry.LabelRevision). A missing entry (fenced, or not written yet) is skipped. A
 // disconnect writes no entry: the registration's status holds its time.
 func (c *Connections) storeWorkloadEntry(st *connState, shown *runtimev1alpha1.ConnectionStatus) error {
 	// The connection's start as the annotation shows it: st's own instant
@@ -597,10 +598,14 @@ func (c *Connections) storeWorkloadEntry(st *connState, shown *runtimev1alpha1.C
 			want[registry.AnnotationConnectedAt] = since.UTC().Format(time.RFC3339Nano)
 			want[registry.AnnotationConnectedReplica] = c.replica
 		}
-		if equalStrings(ann, want) { // (an entry with istiod's annotations always differs)
+		_, labelled := we.Labels[registry.LabelRevision]
+		_, specLabelled := we.Spec.Labels[registry.LabelRevision]
+		if equalStrings(ann, want) && !labelled && !specLabelled { // (an entry with istiod's annotations always differs)
 			return false, nil
 		}
 		we.Annotations = want
+		delete(we.Labels, registry.LabelRevision)
+		delete(we.Spec.Labels, registry.LabelRevision)
 		return true, nil
 	}
 	attempt := 0

@@ -672,9 +672,9 @@ func TestDisconnectWritesTheRegistrationOnly(t *testing.T) {
 }
 
 // An entry written by an earlier version carries a disconnected-at (and
-// maybe istiod's annotations): the next connect removes them, and a
-// reconnect after a stored disconnect moves connected-at to the new
-// connection.
+// maybe istiod's annotations, or an istio.io/rev label that hides it from
+// other revisions' istiods): the next connect removes them, and a reconnect
+// after a stored disconnect moves connected-at to the new connection.
 func TestConnectRewritesTheEntrysConnectionAnnotations(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -691,6 +691,13 @@ func TestConnectRewritesTheEntrysConnectionAnnotations(t *testing.T) {
 	we.Annotations[registry.AnnotationConnectedAt] = old.Format(time.RFC3339Nano)
 	we.Annotations[registry.AnnotationDisconnectedAt] = old.Add(time.Minute).Format(time.RFC3339Nano)
 	we.Annotations["istio.io/disconnectedAt"] = old.Add(time.Minute).Format(time.RFC3339Nano)
+	if we.Labels == nil {
+		we.Labels = map[string]string{}
+	}
+	if we.Spec.Labels == nil {
+		we.Spec.Labels = map[string]string{}
+	}
+	we.Labels[registry.LabelRevision], we.Spec.Labels[registry.LabelRevision] = "canary", "canary"
 	if err := env.Client.Update(ctx, we); err != nil {
 		t.Fatal(err)
 	}
@@ -715,6 +722,15 @@ func TestConnectRewritesTheEntrysConnectionAnnotations(t *testing.T) {
 		if _, ok := ann[k]; ok {
 			t.Errorf("connect kept %s: %v", k, ann)
 		}
+	}
+	if err := env.Client.Get(ctx, w.Key, we); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := we.Labels[registry.LabelRevision]; ok {
+		t.Errorf("connect kept the entry's istio.io/rev label: %v", we.Labels)
+	}
+	if _, ok := we.Spec.Labels[registry.LabelRevision]; ok {
+		t.Errorf("connect kept the endpoint's istio.io/rev label: %v", we.Spec.Labels)
 	}
 	at, err := time.Parse(time.RFC3339Nano, ann[registry.AnnotationConnectedAt])
 	if err != nil || at.Before(first.Add(-time.Second)) || ann[registry.AnnotationConnectedReplica] != "replica-a" {

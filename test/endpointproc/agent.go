@@ -39,6 +39,7 @@ type Agent struct {
 
 	connected  atomic.Bool
 	connects   atomic.Int64
+	acks       atomic.Int64
 	mu         sync.Mutex
 	lastErr    error
 	stopStream context.CancelFunc
@@ -94,6 +95,10 @@ func (a *Agent) Connected() bool { return a.connected.Load() }
 
 // Connects counts the streams the server accepted.
 func (a *Agent) Connects() int64 { return a.connects.Load() }
+
+// ACKs counts the responses the agent accepted (ACKed), on all its
+// streams: a stream resynchronised by istiod is ACKed again.
+func (a *Agent) ACKs() int64 { return a.acks.Load() }
 
 // LastError is why the last stream ended or was refused.
 func (a *Agent) LastError() error {
@@ -159,5 +164,6 @@ func (a *Agent) stream(ctx context.Context, conn *grpc.ClientConn) error {
 		if err := s.ACK(resp); err != nil {
 			return err
 		}
+		a.acks.Add(1)
 	}
 }

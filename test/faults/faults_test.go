@@ -106,6 +106,13 @@ type fixture struct {
 
 func newFixture(t *testing.T, replicas int) *fixture {
 	t.Helper()
+	return newFixtureWith(t, replicas, suiteConfig)
+}
+
+// newFixtureWith is newFixture with the replicas configured by configure
+// (which should call suiteConfig).
+func newFixtureWith(t *testing.T, replicas int, configure func(*config.Configuration)) *fixture {
+	t.Helper()
 	ctx := t.Context()
 	ns := env.Namespace(t)
 	if err := endpointproc.CreateFixture(ctx, env.Client, ns); err != nil {
@@ -117,7 +124,7 @@ func newFixture(t *testing.T, replicas int) *fixture {
 	}
 	f := &fixture{t: t, ns: ns, ca: ca, uids: map[string]string{}, cluster: &endpointproc.Cluster{
 		Binary: bin, Kubeconfig: env.KubeconfigPath, Namespace: ns, CA: ca, Dir: keepDir(t),
-		Configure: suiteConfig,
+		Configure: configure,
 	}}
 	for i := range replicas {
 		r, err := f.cluster.NewReplica(fmt.Sprintf("%s-%d", strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))[:8], i))

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/embark-mesh/embark/xds"
 )
@@ -62,6 +63,15 @@ type Options struct {
 	// Upstream is the connection to istiod's secure port (package
 	// xds/upstream). Required.
 	Upstream grpc.ClientConnInterface
+	// Revisions reach the CAs of other istiod revisions, by revision name:
+	// a caller's request goes to the revision RevisionOf names for its
+	// registration, so a workload moved to a canary istiod is certified by
+	// it. Default: none (Upstream for all).
+	Revisions map[string]grpc.ClientConnInterface
+	// RevisionOf names the revision serving a registration ("" the
+	// default; a name without a connection in Revisions is the default).
+	// Default: the default revision for all.
+	RevisionOf func(ctx context.Context, registration types.NamespacedName) string
 	// Authorizer authenticates callers. Required.
 	Authorizer Authorizer
 	// MaxRequestBytes bounds a request's encoded size (a CSR is about 1
@@ -130,6 +140,7 @@ type Relay struct {
 	securityv1alpha1.UnimplementedIstioCertificateServiceServer
 	opts     Options
 	upstream securityv1alpha1.IstioCertificateServiceClient
+	revs     map[string]securityv1alpha1.IstioCertificateServiceClient
 	limit    *rate.Limiter
 	inFlight chan struct{}
 }
@@ -141,9 +152,14 @@ func New(opts Options) (*Relay, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
+	revs := make(map[string]securityv1alpha1.IstioCertificateServiceClient, len(opts.Revisions))
+	for rev, c := range opts.Revisions {
+		revs[rev] = securityv1alpha1.NewIstioCertificateServiceClient(c)
+	}
 	return &Relay{
 		opts:     opts,
 		upstream: securityv1alpha1.NewIstioCertificateServiceClient(opts.Upstream),
+		revs:     revs,
 		limit:    rate.NewLimiter(rate.Limit(opts.Rate), opts.Burst),
 		inFlight: make(chan struct{}, opts.MaxInFlight),
 	}, nil
@@ -213,7 +229,7 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	uctx, cancel := context.WithTimeout(metadata.NewOutgoingContext(ctx, md), r.opts.Timeout)
 	defer cancel()
 	sent := time.Now()
-	resp, err := r.upstream.CreateCertificate(uctx, req)
+	resp, err := r.upstreamOf(ctx, caller.Registration).CreateCertificate(uctx, req)
 	m.istiodAnswered(time.Since(sent))
 	if err != nil {
 		st := status.Convert(err)
@@ -232,6 +248,17 @@ func (r *Relay) create(ctx context.Context, req *securityv1alpha1.IstioCertifica
 	r.opts.Logger.Debug("relayed a certificate", "registration", caller.Registration.String(), "serviceAccount", caller.ServiceAccount.String(),
 		"askedSeconds", asked, "validitySeconds", req.GetValidityDuration())
 	return resp, nil
+}
+
+// upstreamOf is the CA of the istiod revision serving registration.
+func (r *Relay) upstreamOf(ctx context.Context, registration types.NamespacedName) securityv1alpha1.IstioCertificateServiceClient {
+	if r.opts.RevisionOf == nil {
+		return r.upstream
+	}
+	if c, ok := r.revs[r.opts.RevisionOf(ctx, registration)]; ok {
+		return c
+	}
+	return r.upstream
 }
 
 // CappedValidity is the validity, in seconds, the relay asks istiod for when

@@ -43,6 +43,10 @@ type Options struct {
 	// Revision is the Istio revision of the istiod Conn reaches, the
 	// istiod_revision label of the relay's metrics. Default "default".
 	Revision string
+	// Revisions reach the istiods of other revisions, by revision name
+	// (one Embark serving a canary istiod beside the default one): a
+	// stream is relayed to the one its Hooks.Revision names. Default: none.
+	Revisions map[string]grpc.ClientConnInterface
 	// Metrics. Default: not recorded.
 	Metrics *Metrics
 	// Logger. Default slog.Default().
@@ -52,6 +56,11 @@ type Options struct {
 func (o *Options) setDefaults() error {
 	if o.Conn == nil {
 		return errors.New("relay: Conn is required")
+	}
+	for rev, c := range o.Revisions {
+		if rev == "" || rev == o.Revision || c == nil {
+			return fmt.Errorf("relay: revision %q: a name other than the default revision's and a connection are required", rev)
+		}
 	}
 	if o.MinBackoff <= 0 {
 		o.MinBackoff = 100 * time.Millisecond
@@ -76,9 +85,14 @@ func (o *Options) setDefaults() error {
 type Relay struct {
 	opts  Options
 	log   *slog.Logger
-	m     *relayMetrics
-	ads   discovery.AggregatedDiscoveryServiceClient
-	names atomic.Int64 // resource names the open streams subscribe to
+	ups   map[string]upstreamOf // by revision; "" is Conn's
+	names atomic.Int64          // resource names the open streams subscribe to
+}
+
+// upstreamOf is one revision's istiod: its ADS client and metrics.
+type upstreamOf struct {
+	ads discovery.AggregatedDiscoveryServiceClient
+	m   *relayMetrics
 }
 
 // SubscribedNames is how many resource names the relay holds for its open
@@ -90,7 +104,20 @@ func New(opts Options) (*Relay, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
-	return &Relay{opts: opts, log: opts.Logger, m: opts.Metrics.forRevision(opts.Revision), ads: discovery.NewAggregatedDiscoveryServiceClient(opts.Conn)}, nil
+	ups := map[string]upstreamOf{"": {ads: discovery.NewAggregatedDiscoveryServiceClient(opts.Conn), m: opts.Metrics.forRevision(opts.Revision)}}
+	for rev, c := range opts.Revisions {
+		ups[rev] = upstreamOf{ads: discovery.NewAggregatedDiscoveryServiceClient(c), m: opts.Metrics.forRevision(rev)}
+	}
+	return &Relay{opts: opts, log: opts.Logger, ups: ups}, nil
+}
+
+// upstream is the istiod of revision rev, and whether the relay has one
+// (else the default revision's).
+func (r *Relay) upstream(rev string) (upstreamOf, bool) {
+	if u, ok := r.ups[rev]; ok {
+		return u, true
+	}
+	return r.ups[""], false
 }
 
 // Downstream is the sidecar's side of a stream (a gRPC server stream).
@@ -119,6 +146,15 @@ type Hooks[Req, Resp any] struct {
 	// stream. An error ends the stream with that error. Default: the
 	// sidecar's node.
 	Node func(*core.Node) (*core.Node, error)
+	// Revision returns the istiod revision the stream is relayed to now
+	// ("" the default; a name the relay has no istiod for is served by the
+	// default) and a channel closed when it may have changed. It is called
+	// when the stream starts and each time that channel closes; when the
+	// revision changed, the relay closes the upstream stream and opens one
+	// to the new revision's istiod at once, resynchronised as after an
+	// istiod restart, while the sidecar's stream stays open. Default: the
+	// default revision, always.
+	Revision func() (revision string, changed <-chan struct{})
 }
 
 // ErrStopped is what SotW and Delta return when Hooks.Stop was closed.
@@ -149,15 +185,15 @@ func upstreamNode(wire []byte) (*core.Node, error) {
 // it ("Bearer <token>"), sent to istiod unchanged on every upstream stream.
 // It returns the downstream's end (nil when the sidecar closed the stream).
 func (r *Relay) SotW(ctx context.Context, down Downstream[discovery.DiscoveryRequest, discovery.DiscoveryResponse], authorization string, hooks Hooks[discovery.DiscoveryRequest, discovery.DiscoveryResponse]) error {
-	return run(ctx, r, down, authorization, hooks, newSotwState(r.opts.Limits, &r.names), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse], error) {
-		return r.ads.StreamAggregatedResources(ctx, grpc.WaitForReady(true))
+	return run(ctx, r, down, authorization, hooks, newSotwState(r.opts.Limits, &r.names), func(ctx context.Context, ads discovery.AggregatedDiscoveryServiceClient) (grpc.BidiStreamingClient[discovery.DiscoveryRequest, discovery.DiscoveryResponse], error) {
+		return ads.StreamAggregatedResources(ctx, grpc.WaitForReady(true))
 	})
 }
 
 // Delta relays a Delta ADS stream; see SotW.
 func (r *Relay) Delta(ctx context.Context, down Downstream[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], authorization string, hooks Hooks[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse]) error {
-	return run(ctx, r, down, authorization, hooks, newDeltaState(r.opts.Limits, &r.names), func(ctx context.Context) (grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], error) {
-		return r.ads.DeltaAggregatedResources(ctx, grpc.WaitForReady(true))
+	return run(ctx, r, down, authorization, hooks, newDeltaState(r.opts.Limits, &r.names), func(ctx context.Context, ads discovery.AggregatedDiscoveryServiceClient) (grpc.BidiStreamingClient[discovery.DeltaDiscoveryRequest, discovery.DeltaDiscoveryResponse], error) {
+		return ads.DeltaAggregatedResources(ctx, grpc.WaitForReady(true))
 	})
 }
 
@@ -246,8 +282,13 @@ type relayed[Req, Resp any] struct {
 	down   Downstream[Req, Resp]
 	hooks  Hooks[Req, Resp]
 	p      protocol[Req, Resp]
-	open   func(context.Context) (grpc.BidiStreamingClient[Req, Resp], error)
+	open   func(context.Context, discovery.AggregatedDiscoveryServiceClient) (grpc.BidiStreamingClient[Req, Resp], error)
 	events chan event[Req, Resp]
+
+	rev     string          // the revision relayed to (Hooks.Revision's)
+	up0     upstreamOf      // its istiod
+	m       *relayMetrics   // up0.m
+	changed <-chan struct{} // closed when rev may have changed; nil: never
 
 	node       []byte // the node sent to istiod (Hooks.Node's, or the sidecar's), encoded; nil until the first request
 	nodeID     string
@@ -267,11 +308,8 @@ type relayed[Req, Resp any] struct {
 
 // run relays one stream until the sidecar or ctx ends it.
 func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp], authorization string, hooks Hooks[Req, Resp], p protocol[Req, Resp],
-	open func(context.Context) (grpc.BidiStreamingClient[Req, Resp], error),
+	open func(context.Context, discovery.AggregatedDiscoveryServiceClient) (grpc.BidiStreamingClient[Req, Resp], error),
 ) error {
-	m := r.m
-	m.streamOpened()
-	defer m.streamClosed()
 	// No context of its own: the upstream streams' contexts are cancelled
 	// one by one (each a child of the caller's ctx), the helpers end on done.
 	s := &relayed[Req, Resp]{
@@ -281,10 +319,13 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 		events:   make(chan event[Req, Resp]),
 		upCancel: func() {},
 	}
+	s.selectRevision()
+	s.m.streamOpened()
 	defer func() {
 		close(s.done)
 		p.Release()
-		m.upstreamClosed(s.up != nil)
+		s.m.streamClosed()
+		s.m.upstreamClosed(s.up != nil)
 		s.upCancel()
 		if s.openCancel != nil {
 			s.openCancel()
@@ -301,6 +342,10 @@ func run[Req, Resp any](ctx context.Context, r *Relay, down Downstream[Req, Resp
 			s.retry = nil
 			if !s.connecting {
 				s.connect()
+			}
+		case <-s.changed:
+			if from := s.rev; s.selectRevision() {
+				s.move(from)
 			}
 		case ev := <-s.events:
 			if done, err := s.handle(ev); done {
@@ -346,7 +391,7 @@ func (s *relayed[Req, Resp]) readUp(gen uint64, st grpc.BidiStreamingClient[Req,
 
 // handle applies one event; done ends the stream with err.
 func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) {
-	m := s.r.m
+	m := s.m
 	switch ev.kind {
 	case downEnded:
 		if errors.Is(ev.err, io.EOF) {
@@ -390,11 +435,11 @@ func (s *relayed[Req, Resp]) handle(ev event[Req, Resp]) (done bool, err error) 
 			s.send(req)
 		}
 	case upOpened:
-		s.connecting, s.openCancel = false, nil
 		if ev.gen != s.gen {
-			ev.cancel()
+			ev.cancel() // opened for a revision the stream moved from
 			return false, nil
 		}
+		s.connecting, s.openCancel = false, nil
 		if ev.err != nil {
 			s.drop(fmt.Errorf("open stream: %w", ev.err))
 			return false, nil
@@ -471,11 +516,11 @@ func (s *relayed[Req, Resp]) keepNode(n *core.Node) error {
 func (s *relayed[Req, Resp]) connect() {
 	s.gen++
 	s.connecting = true
-	g := s.gen
+	g, ads := s.gen, s.up0.ads
 	sctx, scancel := context.WithCancel(s.upCtx)
 	s.openCancel = scancel
 	go func() {
-		st, err := s.open(sctx)
+		st, err := s.open(sctx, ads)
 		if err != nil {
 			scancel()
 		}
@@ -487,7 +532,7 @@ func (s *relayed[Req, Resp]) connect() {
 
 // drop ends the current upstream stream and schedules a reconnect.
 func (s *relayed[Req, Resp]) drop(err error) {
-	s.r.m.upstreamFailed(s.up != nil, errorCode(err))
+	s.m.upstreamFailed(s.up != nil, errorCode(err))
 	if s.up != nil {
 		s.failed = true // the next stream restores what this one held
 	}
@@ -505,8 +550,57 @@ func (s *relayed[Req, Resp]) drop(err error) {
 		s.backoff = min(2*s.backoff, s.r.opts.MaxBackoff)
 	}
 	wait := s.backoff/2 + rand.N(s.backoff/2+1)
-	s.r.log.Warn("istiod stream failed; the sidecar keeps its configuration, reconnecting", "node", s.nodeID, "retryIn", wait, "error", err)
+	s.r.log.Warn("istiod stream failed; the sidecar keeps its configuration, reconnecting", "node", s.nodeID, "revision", revisionLabel(s.rev), "retryIn", wait, "error", err)
 	s.retry = time.After(wait)
+}
+
+// selectRevision asks Hooks.Revision which revision the stream is relayed
+// to; changed tells whether that istiod differs from the one it had.
+func (s *relayed[Req, Resp]) selectRevision() (changed bool) {
+	rev := ""
+	if s.hooks.Revision != nil {
+		rev, s.changed = s.hooks.Revision()
+	}
+	up, ok := s.r.upstream(rev)
+	if !ok {
+		rev = ""
+	}
+	if s.up0.ads == nil { // the stream's start
+		s.m = up.m
+	} else {
+		changed = rev != s.rev
+	}
+	s.rev, s.up0 = rev, up
+	return changed
+}
+
+// move relays the stream to its new revision's istiod (s.up0), from the
+// revision from: the upstream stream to the old istiod (open or being
+// opened) is closed and one to the new istiod opened at once, resynchronised
+// with the sidecar's subscriptions as after an istiod restart; the sidecar's
+// stream stays open and keeps its configuration meanwhile.
+func (s *relayed[Req, Resp]) move(from string) {
+	old := s.m
+	old.streamClosed()
+	old.upstreamClosed(s.up != nil)
+	s.m = s.up0.m
+	s.m.streamOpened()
+	s.r.log.Info("moving a sidecar's istiod stream to another revision", "node", s.nodeID, "from", revisionLabel(from), "to", revisionLabel(s.rev))
+	if s.up != nil {
+		s.failed = true
+	}
+	s.upCancel()
+	s.upCancel = func() {}
+	if s.openCancel != nil {
+		s.openCancel()
+		s.openCancel = nil
+	}
+	s.up, s.connecting, s.answered = nil, false, false
+	s.queue, s.sending = nil, false
+	s.retry, s.backoff = nil, 0
+	if s.wantUp {
+		s.connect()
+	}
 }
 
 // send queues a request for the current upstream stream; a stream whose

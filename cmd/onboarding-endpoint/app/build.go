@@ -47,6 +47,7 @@ import (
 	"github.com/embark-mesh/embark/version"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/configsource"
+	"github.com/embark-mesh/embark/xds/revision"
 )
 
 // build is the endpoint under construction: each phase method fills in
@@ -84,11 +85,13 @@ type build struct {
 	healthMirror *presence.HealthMirror
 
 	// xds
-	istiodConn   *grpc.ClientConn
-	configSource *configsource.Source
-	enforcement  *enforcement.ConditionWriter
-	xdsServer    *xds.Server
-	lim          *limiters
+	istiodConn    *grpc.ClientConn
+	revisionConns map[string]*grpc.ClientConn // istiod.revisions
+	revisions     *revision.Selector          // nil without istiod.revisions
+	configSource  *configsource.Source
+	enforcement   *enforcement.ConditionWriter
+	xdsServer     *xds.Server
+	lim           *limiters
 
 	// tls
 	servingTLS *tls.Config // nil when plaintext
@@ -319,10 +322,17 @@ func (b *build) onboarding(ctx context.Context) error {
 	statusDone := make(chan struct{})
 	go func() { defer close(statusDone); _ = policyStatus.Run(statusCtx) }()
 	b.deferUndo(func() { stopStatus(); <-statusDone })
-	registrar, err := registry.NewRegistrar(registry.Options{
+	if b.revisions, err = newRevisions(ctx, b); err != nil {
+		return err
+	}
+	regOpts := registry.Options{
 		Client: b.kc, Cache: b.informers, Recorder: b.recorder, Logger: log, Writer: b.writer,
 		Revision: cfg.Istiod.Revision, Topology: topology(cfg.Mesh.Network),
-	})
+	}
+	if b.revisions != nil {
+		regOpts.RevisionOf = b.revisions.OfGroup
+	}
+	registrar, err := registry.NewRegistrar(regOpts)
 	if err != nil {
 		return err
 	}
@@ -441,7 +451,11 @@ func (b *build) xds(ctx context.Context) error {
 	if b.istiodConn != nil {
 		b.deferUndo(func() { _ = b.istiodConn.Close() })
 	}
-	xdsRelay, err := newRelay(cfg, b.istiodConn, b.reg, log)
+	if b.revisionConns, err = dialRevisions(ctx, cfg, log); err != nil {
+		return err
+	}
+	b.deferUndo(func() { closeAll(b.revisionConns) })
+	xdsRelay, err := newRelay(cfg, b.istiodConn, b.revisionConns, b.reg, log)
 	if err != nil {
 		return err
 	}
@@ -479,6 +493,9 @@ func (b *build) xds(ctx context.Context) error {
 	}
 	if b.configSource != nil {
 		serverOpts.Config = b.configSource
+	}
+	if b.revisions != nil {
+		serverOpts.Revisions = b.revisions
 	}
 	if b.xdsServer, err = xds.NewServer(ctx, serverOpts); err != nil {
 		return err
@@ -527,7 +544,7 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	}
 	xg := grpc.NewServer(xdsOpts...)
 	b.xdsServer.Register(xg)
-	if err := serveCertificates(b.cfg, b.istiodConn, xg, b.xdsServer, b.reg, log); err != nil {
+	if err := serveCertificates(b.cfg, b.istiodConn, b.revisionConns, b.revisions, xg, b.xdsServer, b.reg, log); err != nil {
 		ls.close()
 		return err
 	}

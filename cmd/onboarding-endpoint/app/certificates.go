@@ -9,12 +9,15 @@ import (
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/xds"
 	"github.com/embark-mesh/embark/xds/ca"
+	"github.com/embark-mesh/embark/xds/revision"
 )
 
 // serveCertificates relays istiod's certificate service on the xDS server g
 // over conn, the endpoint's connection to istiod (dialIstiod); nil conn: no
 // istiod configured, and VMs get no certificate service from Embark.
-func serveCertificates(cfg *config.Configuration, conn *grpc.ClientConn, g *grpc.Server, auth *xds.Server, reg prometheus.Registerer, log *slog.Logger) error {
+// revs and sel: the CAs of the other istiod revisions, and the selector of
+// each caller's revision (nil without istiod.revisions).
+func serveCertificates(cfg *config.Configuration, conn *grpc.ClientConn, revs map[string]*grpc.ClientConn, sel *revision.Selector, g *grpc.Server, auth *xds.Server, reg prometheus.Registerer, log *slog.Logger) error {
 	if conn == nil {
 		log.Warn("no istiod configured (istiod.address): sidecars get no workload certificates from this endpoint")
 		return nil
@@ -23,7 +26,11 @@ func serveCertificates(cfg *config.Configuration, conn *grpc.ClientConn, g *grpc
 	if err != nil {
 		return err
 	}
-	relay, err := ca.New(ca.Options{Upstream: conn, Authorizer: auth, MaxValidity: cfg.Istiod.MaxCertificateValidity.Duration, Metrics: metrics, Logger: log.With("component", "ca-relay")})
+	opts := ca.Options{Upstream: conn, Revisions: clientConns(revs), Authorizer: auth, MaxValidity: cfg.Istiod.MaxCertificateValidity.Duration, Metrics: metrics, Logger: log.With("component", "ca-relay")}
+	if sel != nil {
+		opts.RevisionOf = sel.OfRegistration
+	}
+	relay, err := ca.New(opts)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 
 	"google.golang.org/grpc"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/record"
@@ -16,6 +18,7 @@ import (
 	"github.com/embark-mesh/embark/translate"
 	"github.com/embark-mesh/embark/xds/configsource"
 	"github.com/embark-mesh/embark/xds/relay"
+	"github.com/embark-mesh/embark/xds/revision"
 	"github.com/embark-mesh/embark/xds/upstream"
 )
 
@@ -40,9 +43,73 @@ func dialIstiod(ctx context.Context, cfg *config.Configuration, reg prometheus.R
 	return conn, nil
 }
 
-// newRelay returns the relay of istiod mode (istiod.relayXDS) over conn, or
-// nil in standalone mode.
-func newRelay(cfg *config.Configuration, conn *grpc.ClientConn, reg prometheus.Registerer, log *slog.Logger) (*relay.Relay, error) {
+// dialRevisions opens one connection to the istiod of each of
+// istiod.revisions, by revision name; the caller closes them. Their state
+// is not exported as metrics (embark_istiod_connection_state is the default
+// revision's); the relay's metrics carry each revision's streams.
+func dialRevisions(ctx context.Context, cfg *config.Configuration, log *slog.Logger) (map[string]*grpc.ClientConn, error) {
+	conns := make(map[string]*grpc.ClientConn, len(cfg.Istiod.Revisions))
+	for _, r := range cfg.Istiod.Revisions {
+		conn, err := upstream.Dial(ctx, upstream.Options{
+			Address: r.Address, ServerName: r.ServerName, RootCertFile: cfg.Istiod.RootCertFileOf(r), Logger: log.With("istiodRevision", r.Name),
+		})
+		if err != nil {
+			closeAll(conns)
+			return nil, fmt.Errorf("istiod revision %s: %w", r.Name, err)
+		}
+		conns[r.Name] = conn
+	}
+	return conns, nil
+}
+
+// closeAll closes conns.
+func closeAll(conns map[string]*grpc.ClientConn) {
+	for _, c := range conns {
+		_ = c.Close()
+	}
+}
+
+// clientConns is conns as the relays take them.
+func clientConns(conns map[string]*grpc.ClientConn) map[string]grpc.ClientConnInterface {
+	if len(conns) == 0 {
+		return nil
+	}
+	out := make(map[string]grpc.ClientConnInterface, len(conns))
+	for k, c := range conns {
+		out[k] = c
+	}
+	return out
+}
+
+// newRevisions returns the selector of each workload's istiod revision, or
+// nil without istiod.revisions; it is told of every Namespace and
+// WorkloadGroup change (informer events), so relayed streams follow their
+// labels.
+func newRevisions(ctx context.Context, b *build) (*revision.Selector, error) {
+	cfg := b.cfg
+	if len(cfg.Istiod.Revisions) == 0 {
+		return nil, nil
+	}
+	names := make([]string, 0, len(cfg.Istiod.Revisions))
+	for _, r := range cfg.Istiod.Revisions {
+		names = append(names, r.Name)
+	}
+	sel, err := revision.New(ctx, revision.Options{
+		Reader: b.informers, Client: b.kc, Revisions: names, Default: revision.Normal(cfg.Istiod.Revision), Writer: b.writer, Recorder: b.recorder, Logger: b.log.With("component", "istiod-revisions"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := triggerOn(ctx, b.informers, sel.Changed, &corev1.Namespace{}, &istionetworkingv1.WorkloadGroup{}); err != nil {
+		return nil, err
+	}
+	b.log.Info("serving several istiod revisions", "default", cfg.Istiod.Address, "revisions", names)
+	return sel, nil
+}
+
+// newRelay returns the relay of istiod mode (istiod.relayXDS) over conn
+// (the default revision) and revs (the others), or nil in standalone mode.
+func newRelay(cfg *config.Configuration, conn *grpc.ClientConn, revs map[string]*grpc.ClientConn, reg prometheus.Registerer, log *slog.Logger) (*relay.Relay, error) {
 	if !cfg.Istiod.Relays() {
 		return nil, nil
 	}
@@ -50,7 +117,7 @@ func newRelay(cfg *config.Configuration, conn *grpc.ClientConn, reg prometheus.R
 	if err != nil {
 		return nil, err
 	}
-	r, err := relay.New(relay.Options{Conn: conn, Limits: subscriptionLimits(cfg), Revision: cfg.Istiod.Revision, Metrics: m, Logger: log})
+	r, err := relay.New(relay.Options{Conn: conn, Revisions: clientConns(revs), Limits: subscriptionLimits(cfg), Revision: cfg.Istiod.Revision, Metrics: m, Logger: log})
 	if err != nil {
 		return nil, err
 	}

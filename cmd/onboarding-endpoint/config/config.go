@@ -155,16 +155,47 @@ type Istiod struct {
 	// Address.
 	RelayXDS *bool `json:"relayXDS,omitempty"`
 	// Revision is the Istio control-plane revision of this istiod (its
-	// istio.io/rev), e.g. canary; empty or "default" for none. Every
-	// WorkloadEntry Embark writes carries it as its istio.io/rev label, as
-	// Istio's own VM entries do.
+	// istio.io/rev), e.g. canary; empty or "default" for none. Registrations
+	// and their WorkloadEntries record it as the annotation
+	// onboarding.tetrate.io/istio-revision. The entries are never labelled
+	// istio.io/rev: istiod takes an entry labelled with a revision only when
+	// it is its own, and a VM's entry is mesh data the istiod of every
+	// revision must see, like a pod's endpoints.
 	Revision string `json:"revision,omitempty"`
+	// Revisions are the istiods of other Istio revisions this Embark serves
+	// beside the one above (the default revision): a canary istiod during
+	// a revision upgrade. Each workload is served by the revision Istio
+	// would inject one of its pods with (its namespace's istio-injection
+	// and istio.io/rev labels, else its WorkloadGroup's istio.io/rev, else
+	// the default); its ADS stream is relayed to that revision's istiod and
+	// its certificate requests to that istiod's CA, and it moves, without
+	// its stream to Embark closing, when those labels change
+	// (docs/istiod.md, "Several revisions"). Default: none.
+	Revisions []IstiodRevision `json:"revisions,omitempty"`
 	// MaxCertificateValidity caps the validity of the workload certificates
 	// relayed from istiod's CA: a VM is certified for at most this and at
 	// most its sidecar token's remaining lifetime, whatever it asks for
 	// (docs/security.md, "Revocation bound"). Default 24h; between 10m and
 	// 2160h (90 days).
 	MaxCertificateValidity *metav1.Duration `json:"maxCertificateValidity,omitempty"`
+}
+
+// IstiodRevision is one more istiod revision (Istiod.Revisions).
+type IstiodRevision struct {
+	// Name is the revision, as namespaces and WorkloadGroups name it in
+	// istio.io/rev (istiod's REVISION), e.g. canary or 1-25-0. Required; a
+	// DNS-1123 label, not "default" nor the default revision's name.
+	Name string `json:"name"`
+	// Address of this istiod's secure gRPC port, host:port, e.g.
+	// istiod-canary.istio-system.svc:15012. Required.
+	Address string `json:"address"`
+	// ServerName its serving certificate is verified against. Default: the
+	// host of Address.
+	ServerName string `json:"serverName,omitempty"`
+	// RootCertFile is a PEM file of its root certificates, read again when
+	// it changes. Default: istiod.rootCertFile (revisions of one mesh share
+	// its CA).
+	RootCertFile string `json:"rootCertFile,omitempty"`
 }
 
 // Enabled reports whether an istiod is configured.
@@ -973,8 +1004,9 @@ func (c *Configuration) Validate() field.ErrorList {
 		for _, msg := range validation.IsValidLabelValue(c.Istiod.Revision) {
 			errs = append(errs, field.Invalid(ip.Child("revision"), c.Istiod.Revision, msg))
 		}
-	} else if c.Istiod.ServerName != "" || c.Istiod.RootCertFile != "" || c.Istiod.Revision != "" || (c.Istiod.RelayXDS != nil && *c.Istiod.RelayXDS) {
-		errs = append(errs, field.Required(field.NewPath("istiod", "address"), "serverName, rootCertFile, revision and relayXDS need istiod's address"))
+		errs = append(errs, c.Istiod.validateRevisions(ip.Child("revisions"))...)
+	} else if c.Istiod.ServerName != "" || c.Istiod.RootCertFile != "" || c.Istiod.Revision != "" || (c.Istiod.RelayXDS != nil && *c.Istiod.RelayXDS) || len(c.Istiod.Revisions) > 0 {
+		errs = append(errs, field.Required(field.NewPath("istiod", "address"), "serverName, rootCertFile, revision, revisions and relayXDS need istiod's address"))
 	}
 	for _, l := range []struct{ name, addr string }{{"onboarding", c.Listen.Onboarding}, {"xds", c.Listen.XDS}, {"metrics", c.Listen.Metrics}, {"repository", c.Listen.Repository}} {
 		host, _, err := net.SplitHostPort(l.addr)
@@ -996,6 +1028,39 @@ func (c *Configuration) Validate() field.ErrorList {
 		}
 	}
 	return errs
+}
+
+// validateRevisions checks istiod.revisions: each a distinct DNS-1123
+// label other than the default revision's, with a host:port address.
+func (i Istiod) validateRevisions(p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	seen := map[string]bool{}
+	for n, r := range i.Revisions {
+		rp := p.Index(n)
+		for _, msg := range validation.IsDNS1123Label(r.Name) {
+			errs = append(errs, field.Invalid(rp.Child("name"), r.Name, msg))
+		}
+		switch {
+		case r.Name == "default" || r.Name == i.Revision:
+			errs = append(errs, field.Invalid(rp.Child("name"), r.Name, "is the default revision's name (istiod.revision, or \"default\"): the default revision is istiod.address"))
+		case seen[r.Name]:
+			errs = append(errs, field.Duplicate(rp.Child("name"), r.Name))
+		}
+		seen[r.Name] = true
+		if _, _, err := net.SplitHostPort(r.Address); err != nil {
+			errs = append(errs, field.Invalid(rp.Child("address"), r.Address, "must be host:port"))
+		}
+	}
+	return errs
+}
+
+// RootCertFileOf is the root certificate file of revision r: its own, else
+// the default revision's.
+func (i Istiod) RootCertFileOf(r IstiodRevision) string {
+	if r.RootCertFile != "" {
+		return r.RootCertFile
+	}
+	return i.RootCertFile
 }
 
 // isLoopback tells whether a listen host accepts loopback connections only.

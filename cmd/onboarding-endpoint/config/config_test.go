@@ -195,6 +195,28 @@ func TestParseGCEInstanceCheck(t *testing.T) {
 	}
 }
 
+// istiod.revisions are parsed as given; a revision without its own roots
+// uses the default revision's.
+func TestParseIstiodRevisions(t *testing.T) {
+	cfg, err := Parse([]byte(minimal + "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /r, revisions: [{name: canary, address: 'istiod-canary.istio-system.svc:15012'}, {name: 1-26-0, address: 'istiod-1-26-0.istio-system.svc:15012', serverName: istiod-1-26-0.istio-system.svc, rootCertFile: /r2}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []IstiodRevision{
+		{Name: "canary", Address: "istiod-canary.istio-system.svc:15012"},
+		{Name: "1-26-0", Address: "istiod-1-26-0.istio-system.svc:15012", ServerName: "istiod-1-26-0.istio-system.svc", RootCertFile: "/r2"},
+	}
+	if !reflect.DeepEqual(cfg.Istiod.Revisions, want) {
+		t.Fatalf("revisions = %+v, want %+v", cfg.Istiod.Revisions, want)
+	}
+	if got := cfg.Istiod.RootCertFileOf(want[0]); got != "/r" {
+		t.Errorf("roots of canary = %q, want the default revision's /r", got)
+	}
+	if got := cfg.Istiod.RootCertFileOf(want[1]); got != "/r2" {
+		t.Errorf("roots of 1-26-0 = %q, want its own /r2", got)
+	}
+}
+
 func TestParseIstiodMode(t *testing.T) {
 	const istiod = "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /r"
 	tests := []struct {
@@ -268,6 +290,13 @@ func TestParseRefusesNamingTheField(t *testing.T) {
 		{name: "istiod without roots", yaml: minimal + "istiod: {address: 'istiod.istio-system.svc:15012'}\n", wantErr: "istiod.rootCertFile: Required value"},
 		{name: "istiod without port", yaml: minimal + "istiod: {address: istiod, rootCertFile: /r}\n", wantErr: "istiod.address: Invalid value"},
 		{name: "istiod roots without address", yaml: minimal + "istiod: {rootCertFile: /r}\n", wantErr: "istiod.address: Required value"},
+		{name: "revisions without istiod", yaml: minimal + "istiod: {revisions: [{name: canary, address: 'c:15012'}]}\n", wantErr: "istiod.address: Required value"},
+		{name: "revision without a name", yaml: minimal + "istiod: {address: 'i:15012', rootCertFile: /r, revisions: [{address: 'c:15012'}]}\n", wantErr: "istiod.revisions[0].name: Invalid value"},
+		{name: "revision named default", yaml: minimal + "istiod: {address: 'i:15012', rootCertFile: /r, revisions: [{name: default, address: 'c:15012'}]}\n", wantErr: "istiod.revisions[0].name: Invalid value: \"default\": is the default revision's name"},
+		{name: "revision named as the default one", yaml: minimal + "istiod: {address: 'i:15012', rootCertFile: /r, revision: stable, revisions: [{name: stable, address: 'c:15012'}]}\n", wantErr: "istiod.revisions[0].name: Invalid value: \"stable\""},
+		{name: "revision twice", yaml: minimal + "istiod: {address: 'i:15012', rootCertFile: /r, revisions: [{name: canary, address: 'c:15012'}, {name: canary, address: 'd:15012'}]}\n", wantErr: "istiod.revisions[1].name: Duplicate value"},
+		{name: "revision without port", yaml: minimal + "istiod: {address: 'i:15012', rootCertFile: /r, revisions: [{name: canary, address: c}]}\n", wantErr: "istiod.revisions[0].address: Invalid value"},
+		{name: "revision not a DNS label", yaml: minimal + "istiod: {address: 'i:15012', rootCertFile: /r, revisions: [{name: Canary, address: 'c:15012'}]}\n", wantErr: "istiod.revisions[0].name: Invalid value"},
 		{name: "workload namespace not a DNS label", yaml: minimal + "workloadNamespaces: [Bookinfo]\n", wantErr: "workloadNamespaces[0]"},
 		{name: "workload namespace twice", yaml: minimal + "workloadNamespaces: [bookinfo, bookinfo]\n", wantErr: "workloadNamespaces[1]: Duplicate value"},
 		{name: "jwt duplicate short name", yaml: minimal + "identity: {jwt: [{issuer: 'https://a', shortName: idp, jwksURL: 'https://a/keys'}, {issuer: 'https://b', shortName: idp, jwksURL: 'https://b/keys'}]}\n", wantErr: "identity.jwt[1].shortName: Duplicate value"},

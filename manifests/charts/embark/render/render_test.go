@@ -27,6 +27,9 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "bad memory quantity", vals: map[string]any{"resources": map[string]any{"limits": map[string]any{"memory": "lots"}}}, wantErr: "memory"},
 		{name: "bad revision", vals: map[string]any{"istiodRevision": "Canary_1"}, wantErr: "istiodRevision"},
 		{name: "istiod address without a port", vals: map[string]any{"istiod": map[string]any{"address": "istiod.istio-system.svc"}}, wantErr: "address"},
+		{name: "istiod revision named default", vals: map[string]any{"istiod": map[string]any{"revisions": []any{map[string]any{"name": "default"}}}}, wantErr: "revisions"},
+		{name: "istiod revision without a name", vals: map[string]any{"istiod": map[string]any{"revisions": []any{map[string]any{"address": "istiod-canary.istio-system.svc:15012"}}}}, wantErr: "revisions"},
+		{name: "istiod revision not a DNS label", vals: map[string]any{"istiod": map[string]any{"revisions": []any{map[string]any{"name": "Canary"}}}}, wantErr: "revisions"},
 		{name: "no workload namespaces", vals: map[string]any{"workloadNamespaces": []any{}}, wantErr: "workloadNamespaces"},
 		{name: "workload namespace not a DNS label", vals: map[string]any{"workloadNamespaces": []any{"Book_Info"}}, wantErr: "workloadNamespaces"},
 		{name: "misspelt istiod key", vals: map[string]any{"istiod": map[string]any{"relayXds": true}}, wantErr: "relayXds"},
@@ -408,7 +411,16 @@ func TestEndpointSettings(t *testing.T) {
 		wants []string
 		nots  []string
 	}{
-		{name: "defaults: none rendered", nots: []string{"outOfTrafficAfter", "detailedDenialSources", "maxCertificateValidity", "\n    limits:\n      xds:", "maxSubscribed"}},
+		{name: "defaults: none rendered", nots: []string{"outOfTrafficAfter", "detailedDenialSources", "maxCertificateValidity", "\n    limits:\n      xds:", "maxSubscribed", "revisions:", "resources: [namespaces]"}},
+		{name: "istiod revisions", vals: map[string]any{"istiod": map[string]any{"revisions": []any{
+			map[string]any{"name": "canary"},
+			map[string]any{"name": "1-26-0", "address": "istiod-next.mesh.svc:15012", "serverName": "istiod.mesh.svc"},
+		}}}, wants: []string{
+			"      rootCertFile: /etc/istio-root/root-cert.pem\n      revisions:\n" +
+				"      - name: canary\n        address: istiod-canary.istio-system.svc:15012\n        serverName: istiod-canary.istio-system.svc\n" +
+				"      - name: 1-26-0\n        address: istiod-next.mesh.svc:15012\n        serverName: istiod.mesh.svc\n",
+			"- apiGroups: [\"\"]\n  resources: [namespaces]\n  verbs: [get, list, watch]\n",
+		}},
 		{name: "every one set", vals: map[string]any{
 			"registration":          map[string]any{"outOfTrafficAfter": "30s"},
 			"detailedDenialSources": []any{"10.0.0.0/8", "2001:db8::/32"},

@@ -161,6 +161,15 @@ istiod:
   {{- with .maxCertificateValidity }}
   maxCertificateValidity: {{ . }}
   {{- end }}
+  {{- with .revisions }}
+  revisions:
+  {{- range . }}
+  {{- $addr := .address | default (printf "istiod-%s.%s.svc:15012" .name $.Values.istiod.namespace) }}
+  - name: {{ .name }}
+    address: {{ $addr }}
+    serverName: {{ .serverName | default ($addr | splitList ":" | first) }}
+  {{- end }}
+  {{- end }}
 {{- end }}
 {{- end }}
 registration:
