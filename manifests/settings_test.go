@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -16,7 +17,7 @@ func TestChartEndpointSettingsReachTheEndpoint(t *testing.T) {
 		"registration":          map[string]any{"outOfTrafficAfter": "30s"},
 		"detailedDenialSources": []any{"10.20.0.0/16"},
 		"limits":                map[string]any{"xds": map[string]any{"maxSubscribedNamesPerType": 5000, "maxSubscribedNameBytesPerStream": 1 << 21}},
-		"istiod":                map[string]any{"maxCertificateValidity": "12h"},
+		"istiod":                map[string]any{"maxCertificateValidity": "12h", "certificateRelay": map[string]any{"requestsPerSecond": 200.5, "burst": 500, "maxInFlight": 256}},
 		"localRepository":       map[string]any{"enabled": true, "metadataValidity": "48h"},
 	})
 	cfg := endpointConfig(t, mustFind(t, objs, "ConfigMap", "onboarding-endpoint"))
@@ -38,6 +39,7 @@ func TestChartEndpointSettingsReachTheEndpoint(t *testing.T) {
 		{"limits.xds.maxSubscribedNamesPerType", cfg.Limits.XDS.MaxSubscribedNamesPerType, 5000},
 		{"limits.xds.maxSubscribedNameBytesPerStream", cfg.Limits.XDS.MaxSubscribedNameBytesPerStream, 1 << 21},
 		{"istiod.maxCertificateValidity", dur(cfg.Istiod.MaxCertificateValidity), 12 * time.Hour},
+		{"istiod.certificateRelay", cfg.Istiod.CertificateRelay, config.CertificateRelay{RequestsPerSecond: 200.5, Burst: 500, MaxInFlight: 256}},
 		{"localRepository.metadataValidity", dur(cfg.LocalRepository.MetadataValidity), 48 * time.Hour},
 	}
 	for _, c := range checks {

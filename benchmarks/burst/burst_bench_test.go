@@ -44,7 +44,7 @@
 // -profile-seconds (default 10) to file.vms=N; go test's own -cpuprofile
 // profiles this process (the endpoint and the simulated VMs).
 //
-//embark:bench -test.benchtime=1x -vms=100,500 -renewals=1000
+//embark:bench -test.benchtime=1x -vms=100,500 -renewals=1000 -ca-budget=1000
 package burst
 
 import (
@@ -74,6 +74,7 @@ var (
 	jsonFlag        = benchjson.Flag()
 	istiodProfile   = flag.String("istiod-cpuprofile", "", "write istiod's CPU profile of the burst's first -profile-seconds to this file (.vms=N appended)")
 	apiProfile      = flag.String("apiserver-cpuprofile", "", "write the kube-apiserver's CPU profile of the burst's first -profile-seconds to this file (.vms=N appended)")
+	caBudget        = flag.Float64("ca-budget", 0, "the endpoint's CA relay budget (istiod.certificateRelay: requests/s and burst the same, 256 in flight); 0: the endpoint's defaults (50/s, burst 100, 64)")
 	profileSeconds  = flag.Int("profile-seconds", 10, "length of the -istiod-cpuprofile and -apiserver-cpuprofile profiles")
 	identityCA      *awstest.CA
 	instanceNumbers atomic.Int64

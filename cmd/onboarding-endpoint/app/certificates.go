@@ -26,7 +26,9 @@ func serveCertificates(cfg *config.Configuration, conn *grpc.ClientConn, revs ma
 	if err != nil {
 		return err
 	}
-	opts := ca.Options{Upstream: conn, Revisions: clientConns(revs), Authorizer: auth, MaxValidity: cfg.Istiod.MaxCertificateValidity.Duration, Metrics: metrics, Logger: log.With("component", "ca-relay")}
+	opts := ca.Options{Upstream: conn, Revisions: clientConns(revs), Authorizer: auth, MaxValidity: cfg.Istiod.MaxCertificateValidity.Duration,
+		Rate: cfg.Istiod.CertificateRelay.RequestsPerSecond, Burst: cfg.Istiod.CertificateRelay.Burst, MaxInFlight: cfg.Istiod.CertificateRelay.MaxInFlight,
+		Metrics: metrics, Logger: log.With("component", "ca-relay")}
 	if sel != nil {
 		opts.RevisionOf = sel.OfRegistration
 	}

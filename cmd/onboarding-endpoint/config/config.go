@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -178,7 +179,29 @@ type Istiod struct {
 	// (docs/security.md, "Revocation bound"). Default 24h; between 10m and
 	// 2160h (90 days).
 	MaxCertificateValidity *metav1.Duration `json:"maxCertificateValidity,omitempty"`
+	// CertificateRelay bounds the certificate requests one replica relays
+	// to istiod's CA.
+	CertificateRelay CertificateRelay `json:"certificateRelay,omitempty"`
 }
+
+// CertificateRelay is istiod.certificateRelay: the budget of the CA relay
+// on one replica. Requests over it fail with RESOURCE_EXHAUSTED and
+// pilot-agent retries with back-off. A scale-out of N VMs needs N
+// certificates: at the default 50/s, 500 VMs wait up to 10 s for theirs
+// (docs/capacity.md); istiod's own signing rate is the other bound.
+type CertificateRelay struct {
+	// RequestsPerSecond and Burst: the token bucket of authenticated
+	// requests. Defaults 50/s, burst 100; 0 takes the default.
+	RequestsPerSecond float64 `json:"requestsPerSecond,omitempty"`
+	Burst             int     `json:"burst,omitempty"`
+	// MaxInFlight bounds the requests waiting for istiod at once. Default
+	// 64; at most 4096.
+	MaxInFlight int `json:"maxInFlight,omitempty"`
+}
+
+// maxRelayInFlight bounds istiod.certificateRelay.maxInFlight: each request
+// waiting holds a goroutine and a CSR in memory.
+const maxRelayInFlight = 4096
 
 // IstiodRevision is one more istiod revision (Istiod.Revisions).
 type IstiodRevision struct {
@@ -987,6 +1010,7 @@ func (c *Configuration) Validate() field.ErrorList {
 	if d := c.Istiod.MaxCertificateValidity.Duration; d < minCertificateValidity || d > maxCertificateValidity {
 		errs = append(errs, field.Invalid(field.NewPath("istiod", "maxCertificateValidity"), d.String(), fmt.Sprintf("must be between %s and %s", minCertificateValidity, maxCertificateValidity)))
 	}
+	errs = append(errs, validateCertificateRelay(c.Istiod.CertificateRelay, field.NewPath("istiod", "certificateRelay"))...)
 	for _, msg := range validation.IsDNS1123Label(c.Mesh.RootNamespace) {
 		errs = append(errs, field.Invalid(field.NewPath("mesh", "rootNamespace"), c.Mesh.RootNamespace, msg))
 	}
@@ -1189,4 +1213,20 @@ func (e *ECSIdentity) validate(p *field.Path) field.ErrorList {
 	errs := tc.APICallBudget.validate(p)
 	errs = append(errs, validateAPIEndpoint(p.Child("ecsEndpoint"), tc.ECSEndpoint, false)...)
 	return append(errs, validateAPIEndpoint(p.Child("stsEndpoint"), tc.STSEndpoint, false)...)
+}
+
+// validateCertificateRelay refuses a negative or non-finite budget and an
+// in-flight bound past maxRelayInFlight.
+func validateCertificateRelay(r CertificateRelay, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if r.RequestsPerSecond < 0 || math.IsNaN(r.RequestsPerSecond) || math.IsInf(r.RequestsPerSecond, 0) {
+		errs = append(errs, field.Invalid(p.Child("requestsPerSecond"), r.RequestsPerSecond, "must be a positive number"))
+	}
+	if r.Burst < 0 {
+		errs = append(errs, field.Invalid(p.Child("burst"), r.Burst, "must be positive"))
+	}
+	if r.MaxInFlight < 0 || r.MaxInFlight > maxRelayInFlight {
+		errs = append(errs, field.Invalid(p.Child("maxInFlight"), r.MaxInFlight, fmt.Sprintf("must be between 0 (the default) and %d", maxRelayInFlight)))
+	}
+	return errs
 }

@@ -64,6 +64,7 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{name: "misspelt xds limit", vals: map[string]any{"limits": map[string]any{"xds": map[string]any{"maxSubscribedNames": 10}}}, wantErr: "maxSubscribedNames"},
 		{name: "subscribed name bytes over 2 MiB", vals: map[string]any{"limits": map[string]any{"xds": map[string]any{"maxSubscribedNameBytesPerStream": 3 << 20}}}, wantErr: "maxSubscribedNameBytesPerStream"},
 		{name: "negative subscribed names", vals: map[string]any{"limits": map[string]any{"xds": map[string]any{"maxSubscribedNamesPerType": -1}}}, wantErr: "maxSubscribedNamesPerType"},
+		{name: "certificate relay in flight over 4096", vals: map[string]any{"istiod": map[string]any{"certificateRelay": map[string]any{"maxInFlight": 5000}}}, wantErr: "maxInFlight"},
 		{name: "certificate validity in days", vals: map[string]any{"istiod": map[string]any{"maxCertificateValidity": "1d"}}, wantErr: "maxCertificateValidity"},
 		{name: "PDB minAvailable a boolean", vals: map[string]any{"podDisruptionBudget": map[string]any{"minAvailable": true}}, wantErr: "minAvailable"},
 		{name: "misspelt PDB key", vals: map[string]any{"podDisruptionBudget": map[string]any{"maxUnavailable": 1}}, wantErr: "maxUnavailable"},
@@ -411,7 +412,7 @@ func TestEndpointSettings(t *testing.T) {
 		wants []string
 		nots  []string
 	}{
-		{name: "defaults: none rendered", nots: []string{"outOfTrafficAfter", "detailedDenialSources", "maxCertificateValidity", "\n    limits:\n      xds:", "maxSubscribed", "revisions:", "resources: [namespaces]"}},
+		{name: "defaults: none rendered", nots: []string{"outOfTrafficAfter", "detailedDenialSources", "maxCertificateValidity", "\n    limits:\n      xds:", "maxSubscribed", "revisions:", "resources: [namespaces]", "certificateRelay"}},
 		{name: "istiod revisions", vals: map[string]any{"istiod": map[string]any{"revisions": []any{
 			map[string]any{"name": "canary"},
 			map[string]any{"name": "1-26-0", "address": "istiod-next.mesh.svc:15012", "serverName": "istiod.mesh.svc"},
@@ -425,10 +426,10 @@ func TestEndpointSettings(t *testing.T) {
 			"registration":          map[string]any{"outOfTrafficAfter": "30s"},
 			"detailedDenialSources": []any{"10.0.0.0/8", "2001:db8::/32"},
 			"limits":                map[string]any{"xds": map[string]any{"maxSubscribedNamesPerType": 5000, "maxSubscribedNameBytesPerStream": 2 << 20}},
-			"istiod":                map[string]any{"maxCertificateValidity": "12h"},
+			"istiod":                map[string]any{"maxCertificateValidity": "12h", "certificateRelay": map[string]any{"requestsPerSecond": 200, "burst": 500, "maxInFlight": 256}},
 		}, wants: []string{
 			"      secretName: onboarding-endpoint-tls\n      detailedDenialSources:\n      - 10.0.0.0/8\n      - 2001:db8::/32\n",
-			"      rootCertFile: /etc/istio-root/root-cert.pem\n      maxCertificateValidity: 12h\n",
+			"      rootCertFile: /etc/istio-root/root-cert.pem\n      maxCertificateValidity: 12h\n      certificateRelay:\n        requestsPerSecond: 200\n        burst: 500\n        maxInFlight: 256\n",
 			"    registration:\n      gracePeriod: 5m\n      outOfTrafficAfter: 30s\n",
 			"    limits:\n      xds:\n        maxSubscribedNamesPerType: 5000\n        maxSubscribedNameBytesPerStream: 2097152\n",
 		}},

@@ -161,6 +161,20 @@ istiod:
   {{- with .maxCertificateValidity }}
   maxCertificateValidity: {{ . }}
   {{- end }}
+  {{- with .certificateRelay }}
+  {{- if or .requestsPerSecond .burst .maxInFlight }}
+  certificateRelay:
+    {{- with .requestsPerSecond }}
+    requestsPerSecond: {{ . }}
+    {{- end }}
+    {{- with .burst }}
+    burst: {{ . }}
+    {{- end }}
+    {{- with .maxInFlight }}
+    maxInFlight: {{ . }}
+    {{- end }}
+  {{- end }}
+  {{- end }}
   {{- with .revisions }}
   revisions:
   {{- range . }}
