@@ -542,6 +542,68 @@ func TestHeldDisconnectIsWrittenAfterTheDelay(t *testing.T) {
 	c.Wait()
 }
 
+// A draining replica (shutting down) holds its disconnects for
+// DrainHandover, even while Flush waits: a workload whose sidecar reconnects
+// to another replica meanwhile is never stored disconnected, so its
+// AgentConnected condition has no transition; one that reconnects nowhere
+// is stored disconnected once the handover ends.
+func TestDrainHandsWorkloadsOverWithoutATransition(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	moving, _ := registerNthForConnections(t, 1)
+	leaving, _ := registerNthForConnections(t, 2)
+	a, err := NewConnections(ctx, ConnectionOptions{Client: env.Client, Replica: "replica-a", DrainHandover: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newConnections(t, ctx, "replica-b", func() time.Time { return time.Now().Add(2 * time.Second) })
+	a.Opened(moving, 1)
+	a.Opened(leaving, 2)
+	waitObserved(t, moving.Key, connectedTo("replica-a"))
+	waitObserved(t, leaving.Key, connectedTo("replica-a"))
+	since := connectedSince(t, moving.Key)
+
+	// Replica A shuts down: it closes its streams and flushes; the moving
+	// sidecar reconnects to replica B meanwhile.
+	a.Drain()
+	a.Closed(moving, 1)
+	a.Closed(leaving, 2)
+	flushed := make(chan error, 1)
+	go func() { flushed <- a.Flush(ctx) }()
+	b.Opened(moving, 1)
+	waitObserved(t, moving.Key, connectedTo("replica-b"))
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	if got := observe(t, moving.Key); got != connectedTo("replica-b") {
+		t.Errorf("the moved workload after A's shutdown: %+v, want connected to replica-b", got)
+	}
+	if got := connectedSince(t, moving.Key); !got.Equal(&since) {
+		t.Errorf("AgentConnected of the moved workload changed at %v (connected since %v): a transition was written", got, since)
+	}
+	if got := observe(t, leaving.Key); got != disconnectedFrom("replica-a") {
+		t.Errorf("the workload that reconnected nowhere after A's shutdown: %+v, want disconnected from replica-a", got)
+	}
+	cancel()
+	a.Wait()
+	b.Wait()
+}
+
+// connectedSince returns the last transition time of the registration's
+// AgentConnected condition.
+func connectedSince(t *testing.T, key types.NamespacedName) metav1.Time {
+	t.Helper()
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(t.Context(), key, war); err != nil {
+		t.Fatal(err)
+	}
+	c := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
+	if c == nil {
+		t.Fatalf("%s has no AgentConnected condition", key)
+	}
+	return c.LastTransitionTime
+}
+
 // A reconnect storm: every stream of a replica breaks and the sidecars
 // reconnect, to the same replica (a blip, or the replica's process
 // restarted) or to another replica (takeover). Each costs at most one write

@@ -33,7 +33,9 @@ type outTimer struct {
 // Drain marks the replica as shutting down: the pending out-of-traffic
 // timers are stopped and the streams closing from now on (the replica
 // closes them itself; their sidecars reconnect to another replica) start
-// none. Call it before closing the xDS server's streams.
+// none, and their disconnects are held for DrainHandover so that another
+// replica's connection is stored first. Call it before closing the xDS
+// server's streams.
 func (c *Connections) Drain() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

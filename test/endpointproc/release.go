@@ -28,7 +28,9 @@ type Release struct {
 
 // CRDDir is the release's chart CRDs directory, what docs/upgrade.md's
 // step 1 applies.
-func (r *Release) CRDDir() string { return filepath.Join(r.Dir, "manifests", "charts", "embark", "crds") }
+func (r *Release) CRDDir() string {
+	return filepath.Join(r.Dir, "manifests", "charts", "embark", "crds")
+}
 
 // BuildRelease extracts commit from the git repository holding this module
 // into dir (git archive: no work tree, no checkout of the repository's own

@@ -81,6 +81,10 @@ type build struct {
 	stopTracker  context.CancelFunc
 	lifecycle    *lifecycle.Lifecycle
 	lifecycleErr chan error
+	// stopLifecycle ends the lifecycle, which then releases the replica's
+	// Lease; lifecycleDone is closed once it has.
+	stopLifecycle context.CancelFunc
+	lifecycleDone chan struct{}
 	healthMirror *presence.HealthMirror
 
 	// xds
@@ -400,8 +404,19 @@ func (b *build) registry(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// The lifecycle, and with it the replica's Lease, outlives ctx until
+	// the shutdown has handed the streams' workloads over (stopLifecycle
+	// after the connection states' flush): a released Lease tells the
+	// sweeper that this replica's connections are gone, which before the
+	// handover would mark workloads moving to another replica ReplicaGone.
+	lifecycleCtx, stopLifecycle := context.WithCancel(context.WithoutCancel(ctx))
+	b.stopLifecycle, b.lifecycleDone = stopLifecycle, make(chan struct{})
+	b.deferUndo(stopLifecycle)
 	b.lifecycleErr = make(chan error, 1)
-	go func() { b.lifecycleErr <- b.lifecycle.Start(ctx) }()
+	go func() {
+		defer close(b.lifecycleDone)
+		b.lifecycleErr <- b.lifecycle.Start(lifecycleCtx)
+	}()
 	select {
 	case <-b.lifecycle.Ready():
 	case err := <-b.lifecycleErr:
@@ -623,12 +638,24 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	if err := b.healthMirror.Flush(shutdownCtx); err != nil {
 		log.Error("health reports not stored at shutdown; the sidecars report again when they reconnect", "error", err)
 	}
+	b.releaseLease()
 	b.stopTracker()
 	b.conns.Wait()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
 	return nil
+}
+
+// releaseLease ends the lifecycle once the connection states are stored
+// and waits (10 s at most) until it has released the replica's Lease.
+func (b *build) releaseLease() {
+	b.stopLifecycle()
+	select {
+	case <-b.lifecycleDone:
+	case <-time.After(10 * time.Second):
+		b.log.Error("replica Lease not released within 10s of the shutdown; it expires by itself")
+	}
 }
 
 // topology is the registry's view of the mesh's networks (mesh.network),
