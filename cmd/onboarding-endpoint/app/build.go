@@ -85,7 +85,7 @@ type build struct {
 	// Lease; lifecycleDone is closed once it has.
 	stopLifecycle context.CancelFunc
 	lifecycleDone chan struct{}
-	healthMirror *presence.HealthMirror
+	healthMirror  *presence.HealthMirror
 
 	// xds
 	istiodConn   *grpc.ClientConn
