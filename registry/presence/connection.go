@@ -62,15 +62,6 @@ type ConnectionOptions struct {
 	// held disconnects at once. Zero means the default; negative, no delay.
 	// Default 1s.
 	DisconnectDelay time.Duration
-	// DrainHandover holds, on a draining replica (Drain), each disconnect
-	// this long after its stream closed, Flush or not: the sidecar
-	// reconnects to another replica meanwhile, whose connection, once
-	// stored, the disconnect does not overwrite, so a replica's shutdown
-	// writes no AgentConnected False (and no transition) for a workload that
-	// moved. A workload that did not move is stored disconnected after it.
-	// Zero means the default; negative, no handover (Flush writes at once).
-	// Default DefaultDrainHandover (5s).
-	DrainHandover time.Duration
 	// OutOfTrafficAfter takes a workload out of traffic when its last
 	// stream on this replica closed this long ago and it has not connected
 	// again (to any replica): one write to its WorkloadEntry (traffic.go,
@@ -118,8 +109,6 @@ type Connections struct {
 	delay   time.Duration
 	// outAfter is OutOfTrafficAfter (<= 0: never).
 	outAfter time.Duration
-	// handover is DrainHandover (<= 0: none).
-	handover time.Duration
 	// started is when this tracker started; a stored connection of this
 	// replica from before it belongs to an earlier process of the replica.
 	started time.Time
@@ -139,6 +128,9 @@ type Connections struct {
 	outTimers map[types.NamespacedName]*outTimer
 	// draining: the replica shuts down; no out-of-traffic timer starts.
 	draining bool
+	// handingOver: the replica shuts down while another runs (HandOver);
+	// streams closing write no disconnect.
+	handingOver bool
 }
 
 // connEntry is one workload's streams on this replica and its pending state.
@@ -157,9 +149,6 @@ type connState struct {
 	disconnectedAt time.Time
 	// holdUntil (real time) is when a held disconnect may be written.
 	holdUntil time.Time
-	// handover: the replica was draining when the stream closed; the hold
-	// stands even while Flush waits (DrainHandover).
-	handover bool
 	// closed (real time) is when the last stream closed; the
 	// out-of-traffic delay runs from it.
 	closed time.Time
@@ -191,13 +180,10 @@ func NewConnections(ctx context.Context, opts ConnectionOptions) (*Connections, 
 	if opts.OutOfTrafficAfter == 0 {
 		opts.OutOfTrafficAfter = DefaultOutOfTrafficAfter
 	}
-	if opts.DrainHandover == 0 {
-		opts.DrainHandover = DefaultDrainHandover
-	}
 	c := &Connections{
 		ctx: ctx, client: opts.Client, cache: opts.Cache, replica: opts.Replica, log: opts.Logger,
 		writer: write.OrDefault(opts.Writer), retry: opts.Retry, metrics: opts.Metrics, now: opts.Clock,
-		delay: opts.DisconnectDelay, outAfter: opts.OutOfTrafficAfter, handover: opts.DrainHandover, started: opts.Clock(),
+		delay: opts.DisconnectDelay, outAfter: opts.OutOfTrafficAfter, started: opts.Clock(),
 		entries: map[types.NamespacedName]*connEntry{}, outTimers: map[types.NamespacedName]*outTimer{},
 	}
 	c.queue = &latest[*connEntry, connState]{ctx: ctx, mu: &c.mu, retry: opts.Retry, store: c.store, retrying: c.retrying, ended: c.ended}
@@ -209,13 +195,6 @@ var DefaultStateRetry = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2
 
 // DefaultDisconnectDelay is ConnectionOptions.DisconnectDelay's default.
 const DefaultDisconnectDelay = time.Second
-
-// DefaultDrainHandover is ConnectionOptions.DrainHandover's default: long
-// enough for the sidecars of a replica to reconnect to another and for that
-// one to store 1,000 connections at the default write budget (400/s, burst
-// 1,000), short enough to leave the writes of the workloads that did not
-// move inside the endpoint's 10 s shutdown.
-const DefaultDrainHandover = 5 * time.Second
 
 // Replica returns the name this tracker writes as the connection's owner.
 func (c *Connections) Replica() string { return c.replica }
@@ -280,12 +259,20 @@ func (c *Connections) Closed(w registry.StreamWorkload, streamID int64) {
 	}
 	now, closed := c.now(), time.Now()
 	c.metrics.closed(e.workload)
-	st := &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now,
-		holdUntil: closed.Add(c.delay), closed: closed}
-	if c.draining && c.handover > 0 {
-		st.handover, st.holdUntil = true, closed.Add(max(c.delay, c.handover))
+	if c.handingOver {
+		// The workload reconnects to another replica, which stores it;
+		// one that does not is marked gone when this replica's Lease
+		// expires.
+		c.ended(e)
+		idle, workload := c.idle, e.workload
+		c.mu.Unlock()
+		for _, f := range idle {
+			f(workload)
+		}
+		return
 	}
-	c.enqueueLocked(e, st)
+	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now,
+		holdUntil: closed.Add(c.delay), closed: closed})
 	idle, workload := c.idle, e.workload
 	c.mu.Unlock()
 	for _, f := range idle {
@@ -419,8 +406,7 @@ func (c *Connections) retrying(_ *connEntry, st *connState, err error, in time.D
 var errRegistrationReplaced = errors.New("registration replaced by a newer one of the same name")
 
 // store stores one state (the latest queue's store): a disconnect is held
-// for DisconnectDelay unless Flush waits or the tracker stops (on a draining
-// replica for DrainHandover, Flush or not, until the tracker stops), then written
+// for DisconnectDelay unless Flush waits or the tracker stops, then written
 // to the registration only, and starts the out-of-traffic timer; a
 // connection is written to the registration, then to its WorkloadEntry
 // (which puts an entry taken out of traffic back); an out-of-traffic
@@ -438,8 +424,8 @@ func (c *Connections) store(_ *connEntry, st *connState) (time.Duration, error) 
 		c.mu.Lock()
 		flushing := c.flushing > 0
 		c.mu.Unlock()
-		if hold := time.Until(st.holdUntil); hold > 0 && (!flushing || st.handover) && c.ctx.Err() == nil {
-			return hold, nil // a reconnect replaces it, or another replica's stored one drops it
+		if hold := time.Until(st.holdUntil); hold > 0 && !flushing && c.ctx.Err() == nil {
+			return hold, nil // a reconnect replaces it
 		}
 	}
 	shown, err := c.storeRegistration(st)

@@ -542,17 +542,19 @@ func TestHeldDisconnectIsWrittenAfterTheDelay(t *testing.T) {
 	c.Wait()
 }
 
-// A draining replica (shutting down) holds its disconnects for
-// DrainHandover, even while Flush waits: a workload whose sidecar reconnects
-// to another replica meanwhile is never stored disconnected, so its
-// AgentConnected condition has no transition; one that reconnects nowhere
-// is stored disconnected once the handover ends.
-func TestDrainHandsWorkloadsOverWithoutATransition(t *testing.T) {
+// A replica shutting down while another runs hands its workloads over
+// (HandOver): its closing streams write no disconnect, even when Flush
+// waits, so a workload whose sidecar reconnects to the other replica gets no
+// AgentConnected transition however long that replica takes to store it,
+// and one that reconnects nowhere keeps the stored connection for the
+// sweeper to mark gone when the Lease of the replica expires.
+func TestHandOverWritesNoDisconnect(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	moving, _ := registerNthForConnections(t, 1)
 	leaving, _ := registerNthForConnections(t, 2)
-	a, err := NewConnections(ctx, ConnectionOptions{Client: env.Client, Replica: "replica-a", DrainHandover: 3 * time.Second})
+	cc := newCountingClient()
+	a, err := NewConnections(ctx, ConnectionOptions{Client: cc, Replica: "replica-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -562,27 +564,27 @@ func TestDrainHandsWorkloadsOverWithoutATransition(t *testing.T) {
 	waitObserved(t, moving.Key, connectedTo("replica-a"))
 	waitObserved(t, leaving.Key, connectedTo("replica-a"))
 	since := connectedSince(t, moving.Key)
+	cc.take()
 
-	// Replica A shuts down: it closes its streams and flushes; the moving
-	// sidecar reconnects to replica B meanwhile.
+	// Replica A shuts down and flushes; the moving sidecar reconnects to
+	// replica B only afterwards.
+	a.HandOver()
 	a.Drain()
 	a.Closed(moving, 1)
 	a.Closed(leaving, 2)
-	flushed := make(chan error, 1)
-	go func() { flushed <- a.Flush(ctx) }()
-	b.Opened(moving, 1)
-	waitObserved(t, moving.Key, connectedTo("replica-b"))
-	if err := <-flushed; err != nil {
+	if err := a.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := observe(t, moving.Key); got != connectedTo("replica-b") {
-		t.Errorf("the moved workload after A's shutdown: %+v, want connected to replica-b", got)
+	if got := writes(cc.take()); len(got) != 0 {
+		t.Errorf("the handing-over replica wrote %v at shutdown, want nothing", got)
 	}
+	b.Opened(moving, 1)
+	waitObserved(t, moving.Key, connectedTo("replica-b"))
 	if got := connectedSince(t, moving.Key); !got.Equal(&since) {
 		t.Errorf("AgentConnected of the moved workload changed at %v (connected since %v): a transition was written", got, since)
 	}
-	if got := observe(t, leaving.Key); got != disconnectedFrom("replica-a") {
-		t.Errorf("the workload that reconnected nowhere after A's shutdown: %+v, want disconnected from replica-a", got)
+	if got := observe(t, leaving.Key); got != connectedTo("replica-a") {
+		t.Errorf("the workload that reconnected nowhere: %+v, want still connected to replica-a (for the sweeper)", got)
 	}
 	cancel()
 	a.Wait()

@@ -33,9 +33,7 @@ type outTimer struct {
 // Drain marks the replica as shutting down: the pending out-of-traffic
 // timers are stopped and the streams closing from now on (the replica
 // closes them itself; their sidecars reconnect to another replica) start
-// none, and their disconnects are held for DrainHandover so that another
-// replica's connection is stored first. Call it before closing the xDS
-// server's streams.
+// none. Call it before closing the xDS server's streams.
 func (c *Connections) Drain() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -44,6 +42,21 @@ func (c *Connections) Drain() {
 		ot.t.Stop()
 		delete(c.outTimers, key)
 	}
+}
+
+// HandOver marks the replica as handing its workloads over to the other
+// replicas as it shuts down: the streams closing from now on write no
+// disconnect (nor start an out-of-traffic timer), so a workload whose
+// sidecar reconnects to another replica, which stores that connection, gets
+// no AgentConnected transition at all, however long the other replica takes
+// to store it. The caller keeps this replica's Lease (does not release it):
+// a workload that reconnects nowhere is marked gone (ReplicaGone) by the
+// sweeper once that Lease expires. Call it, with Drain, before closing the
+// xDS server's streams, and only while another replica is alive.
+func (c *Connections) HandOver() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.handingOver = true
 }
 
 // pendingOutOfTraffic returns how many out-of-traffic timers are pending.

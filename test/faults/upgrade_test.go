@@ -167,7 +167,8 @@ func TestRollingUpgradeFromPreviousRelease(t *testing.T) {
 
 	// The next roll, from this tree to this tree (a new version or a
 	// configuration change): new A stops while new B runs; its workloads
-	// move to new B and its shutdown hands them over (DrainHandover).
+	// move to new B and its shutdown hands them over (no disconnect
+	// written, its Lease left to expire: Lifecycle.HandOver).
 	roll = time.Now()
 	if err := newA.Stop(); err != nil {
 		t.Fatal(err)
@@ -196,10 +197,11 @@ func TestRollingUpgradeFromPreviousRelease(t *testing.T) {
 	}
 }
 
-// previousReleaseHandsOver says whether previousRelease's endpoint holds its
-// disconnects at shutdown until another replica stored the workload's
-// connection (presence.ConnectionOptions.DrainHandover): from then on the
-// roll from it writes no AgentConnected transition at all.
+// previousReleaseHandsOver says whether previousRelease's endpoint hands its
+// workloads over when it shuts down while another replica runs (no
+// disconnect written, its Lease left to expire: Lifecycle.HandOver,
+// Connections.HandOver): set it with the first previousRelease that has
+// it, and the roll from it must write no AgentConnected transition at all.
 const previousReleaseHandsOver = false
 
 // summary is at most ten lines of lines.

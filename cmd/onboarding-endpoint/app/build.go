@@ -92,7 +92,9 @@ type build struct {
 	configSource *configsource.Source
 	enforcement  *enforcement.ConditionWriter
 	xdsServer    *xds.Server
-	lim          *limiters
+	// stopStreams ends the context of every xDS stream.
+	stopStreams context.CancelFunc
+	lim         *limiters
 
 	// tls
 	servingTLS *tls.Config // nil when plaintext
@@ -405,10 +407,9 @@ func (b *build) registry(ctx context.Context) error {
 		return err
 	}
 	// The lifecycle, and with it the replica's Lease, outlives ctx until
-	// the shutdown has handed the streams' workloads over (stopLifecycle
-	// after the connection states' flush): a released Lease tells the
-	// sweeper that this replica's connections are gone, which before the
-	// handover would mark workloads moving to another replica ReplicaGone.
+	// the connection states are flushed at shutdown (stopLifecycle): the
+	// shutdown asks it first whether to hand the workloads over (HandOver)
+	// or release the Lease once the disconnects are stored.
 	lifecycleCtx, stopLifecycle := context.WithCancel(context.WithoutCancel(ctx))
 	b.stopLifecycle, b.lifecycleDone = stopLifecycle, make(chan struct{})
 	b.deferUndo(stopLifecycle)
@@ -495,7 +496,13 @@ func (b *build) xds(ctx context.Context) error {
 	if b.configSource != nil {
 		serverOpts.Config = b.configSource
 	}
-	if b.xdsServer, err = xds.NewServer(ctx, serverOpts); err != nil {
+	// The streams' contexts derive from the server's: it ends at shutdown
+	// once the replica has decided to hand its workloads over (stopStreams),
+	// not with ctx, so that no stream closes before that decision.
+	streamsCtx, stopStreams := context.WithCancel(context.WithoutCancel(ctx))
+	b.stopStreams = stopStreams
+	b.deferUndo(stopStreams)
+	if b.xdsServer, err = xds.NewServer(streamsCtx, serverOpts); err != nil {
 		return err
 	}
 	b.lim, err = newLimiters(cfg, b.reg)
@@ -611,7 +618,14 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	case err = <-errc:
 	}
 	// The replica closes its streams itself from here on: their sidecars
-	// reconnect to another replica, and none is taken out of traffic.
+	// reconnect to another replica, and none is taken out of traffic. With
+	// another replica alive, the closes write no disconnect: that replica
+	// stores the reconnects, and this replica's Lease, left to expire,
+	// covers the workloads that reconnect nowhere.
+	if b.lifecycle.HandOver() {
+		log.Info("handing the workloads over to the other replicas: no disconnects written, replica Lease left to expire")
+		b.conns.HandOver()
+	}
 	b.conns.Drain()
 	hs.Shutdown()
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -629,6 +643,7 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	}
 	// xDS streams never end by themselves: close them, then store the
 	// disconnects before the tracker stops.
+	b.stopStreams()
 	xg.Stop()
 	dg.Stop()
 	ls.close() // what no server took over (e.g. a listener of a server that never started)
