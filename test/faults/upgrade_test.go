@@ -54,7 +54,7 @@ func (r *releaseOnce) get(t *testing.T) *endpointproc.Release {
 			return
 		}
 		start := time.Now()
-		r.rel, r.err = endpointproc.BuildRelease(context.Background(), previousRelease, r.dir)
+		r.rel, r.err = endpointproc.BuildRelease(t.Context(), previousRelease, r.dir)
 		t.Logf("previous release %s extracted and built in %v", previousRelease[:12], time.Since(start).Round(time.Millisecond))
 	})
 	if r.err != nil {
