@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -238,19 +239,20 @@ func applyCRDs(t *testing.T, dir string, flags ...string) {
 	}
 }
 
-// waitCRD waits until the stored CRD has want's versions and is
-// Established.
+// waitCRD waits until the stored CRD has exactly want's versions (names,
+// served and storage flags, schemas, columns) and is Established: the API
+// server serves the CRDs just applied, not a merge with earlier ones.
 func waitCRD(t *testing.T, want *apiextensionsv1.CustomResourceDefinition) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		got := &apiextensionsv1.CustomResourceDefinition{}
 		err := env.Client.Get(t.Context(), client.ObjectKey{Name: want.Name}, got)
-		if err == nil && len(got.Spec.Versions) == len(want.Spec.Versions) && established(got) {
+		if err == nil && equality.Semantic.DeepEqual(got.Spec.Versions, want.Spec.Versions) && established(got) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("CRD %s not established with %d versions after 30s: %v", want.Name, len(want.Spec.Versions), err)
+			t.Fatalf("CRD %s not established with the applied versions after 30s: %v", want.Name, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
