@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -202,6 +203,9 @@ type Lifecycle struct {
 	orphans   []*orphanCollector
 	election  *replica.Election
 	ready     chan struct{}
+	// keepLease: HandOver found another replica alive; Start leaves this
+	// replica's Lease to expire instead of releasing it.
+	keepLease atomic.Bool
 }
 
 // NewLifecycle returns a Lifecycle; Start runs it.
@@ -303,8 +307,28 @@ func (l *Lifecycle) Start(ctx context.Context) error {
 	wg.Go(func() { l.heartbeat.Run(ctx) })
 	l.election.Run(ctx, l.lead)
 	stop()
+	if l.keepLease.Load() {
+		l.sweeper.log.Info("replica Lease left to expire: the other replicas take this replica's workloads over")
+		return nil
+	}
 	l.heartbeat.Release(ctx)
 	return nil
+}
+
+// HandOver is called as the replica shuts down, before its streams close:
+// when another replica is alive, it reports true and Start will leave this
+// replica's Lease to expire (ReplicaLeaseDuration) instead of releasing it,
+// so that the sweeper takes this replica's connections for gone only then:
+// the sidecars reconnect to the other replicas meanwhile, and those store
+// their connections over this replica's without an AgentConnected
+// transition. With no other replica alive it reports false, and the Lease is
+// released as usual.
+func (l *Lifecycle) HandOver() bool {
+	if !l.leases.OthersAlive(l.opts.Replica) {
+		return false
+	}
+	l.keepLease.Store(true)
+	return true
 }
 
 // lead sweeps and reconciles drift until leadership (leadCtx) ends; it

@@ -128,6 +128,9 @@ type Connections struct {
 	outTimers map[types.NamespacedName]*outTimer
 	// draining: the replica shuts down; no out-of-traffic timer starts.
 	draining bool
+	// handingOver: the replica shuts down while another runs (HandOver);
+	// streams closing write no disconnect.
+	handingOver bool
 }
 
 // connEntry is one workload's streams on this replica and its pending state.
@@ -256,6 +259,18 @@ func (c *Connections) Closed(w registry.StreamWorkload, streamID int64) {
 	}
 	now, closed := c.now(), time.Now()
 	c.metrics.closed(e.workload)
+	if c.handingOver {
+		// The workload reconnects to another replica, which stores it;
+		// one that does not is marked gone when this replica's Lease
+		// expires.
+		c.ended(e)
+		idle, workload := c.idle, e.workload
+		c.mu.Unlock()
+		for _, f := range idle {
+			f(workload)
+		}
+		return
+	}
 	c.enqueueLocked(e, &connState{workload: e.workload, connected: false, connectedAt: e.connectedAt, disconnectedAt: now,
 		holdUntil: closed.Add(c.delay), closed: closed})
 	idle, workload := c.idle, e.workload

@@ -542,6 +542,70 @@ func TestHeldDisconnectIsWrittenAfterTheDelay(t *testing.T) {
 	c.Wait()
 }
 
+// A replica shutting down while another runs hands its workloads over
+// (HandOver): its closing streams write no disconnect, even when Flush
+// waits, so a workload whose sidecar reconnects to the other replica gets no
+// AgentConnected transition however long that replica takes to store it,
+// and one that reconnects nowhere keeps the stored connection for the
+// sweeper to mark gone when the Lease of the replica expires.
+func TestHandOverWritesNoDisconnect(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	moving, _ := registerNthForConnections(t, 1)
+	leaving, _ := registerNthForConnections(t, 2)
+	cc := newCountingClient()
+	a, err := NewConnections(ctx, ConnectionOptions{Client: cc, Replica: "replica-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newConnections(t, ctx, "replica-b", func() time.Time { return time.Now().Add(2 * time.Second) })
+	a.Opened(moving, 1)
+	a.Opened(leaving, 2)
+	waitObserved(t, moving.Key, connectedTo("replica-a"))
+	waitObserved(t, leaving.Key, connectedTo("replica-a"))
+	since := connectedSince(t, moving.Key)
+	cc.take()
+
+	// Replica A shuts down and flushes; the moving sidecar reconnects to
+	// replica B only afterwards.
+	a.HandOver()
+	a.Drain()
+	a.Closed(moving, 1)
+	a.Closed(leaving, 2)
+	if err := a.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := writes(cc.take()); len(got) != 0 {
+		t.Errorf("the handing-over replica wrote %v at shutdown, want nothing", got)
+	}
+	b.Opened(moving, 1)
+	waitObserved(t, moving.Key, connectedTo("replica-b"))
+	if got := connectedSince(t, moving.Key); !got.Equal(&since) {
+		t.Errorf("AgentConnected of the moved workload changed at %v (connected since %v): a transition was written", got, since)
+	}
+	if got := observe(t, leaving.Key); got != connectedTo("replica-a") {
+		t.Errorf("the workload that reconnected nowhere: %+v, want still connected to replica-a (for the sweeper)", got)
+	}
+	cancel()
+	a.Wait()
+	b.Wait()
+}
+
+// connectedSince returns the last transition time of the registration's
+// AgentConnected condition.
+func connectedSince(t *testing.T, key types.NamespacedName) metav1.Time {
+	t.Helper()
+	war := &runtimev1alpha1.WorkloadAutoRegistration{}
+	if err := env.Client.Get(t.Context(), key, war); err != nil {
+		t.Fatal(err)
+	}
+	c := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
+	if c == nil {
+		t.Fatalf("%s has no AgentConnected condition", key)
+	}
+	return c.LastTransitionTime
+}
+
 // A reconnect storm: every stream of a replica breaks and the sidecars
 // reconnect, to the same replica (a blip, or the replica's process
 // restarted) or to another replica (takeover). Each costs at most one write

@@ -44,6 +44,21 @@ func (c *Connections) Drain() {
 	}
 }
 
+// HandOver marks the replica as handing its workloads over to the other
+// replicas as it shuts down: the streams closing from now on write no
+// disconnect (nor start an out-of-traffic timer), so a workload whose
+// sidecar reconnects to another replica, which stores that connection, gets
+// no AgentConnected transition at all, however long the other replica takes
+// to store it. The caller keeps this replica's Lease (does not release it):
+// a workload that reconnects nowhere is marked gone (ReplicaGone) by the
+// sweeper once that Lease expires. Call it, with Drain, before closing the
+// xDS server's streams, and only while another replica is alive.
+func (c *Connections) HandOver() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.handingOver = true
+}
+
 // pendingOutOfTraffic returns how many out-of-traffic timers are pending.
 func (c *Connections) pendingOutOfTraffic() int {
 	c.mu.Lock()

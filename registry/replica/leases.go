@@ -166,6 +166,22 @@ func (r *Leases) stateOf(lease *coordinationv1.Lease, replica string) State {
 	return st
 }
 
+// OthersAlive reports whether a replica other than self holds a Lease that
+// has not expired, as the informer cache has it.
+func (r *Leases) OthersAlive(self string) bool {
+	for _, obj := range r.informer.GetStore().List() {
+		lease, ok := obj.(*coordinationv1.Lease)
+		if !ok {
+			continue
+		}
+		holder := ptr.Deref(lease.Spec.HolderIdentity, "")
+		if holder != "" && holder != self && lease.Name == LeaseName(holder) && r.stateOf(lease, holder).Alive {
+			return true
+		}
+	}
+	return false
+}
+
 // IsAlive reports whether replica holds a Lease that has not expired.
 func (r *Leases) IsAlive(replica string) bool { return r.Lookup(replica).Alive }
 

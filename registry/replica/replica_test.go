@@ -104,6 +104,9 @@ func TestHeartbeatAndLeases(t *testing.T) {
 	if st := watcher.Lookup("replica-b"); !st.Found || st.Alive {
 		t.Errorf("the left Lease: %+v, want found and expired", st)
 	}
+	if watcher.OthersAlive("replica-a") {
+		t.Error("OthersAlive with only an expired Lease of another replica")
+	}
 
 	hb, err := NewHeartbeat(HeartbeatOptions{Leases: kube.CoordinationV1(), Namespace: ns, Replica: "replica-b",
 		Duration: 2 * time.Second, Interval: 200 * time.Millisecond, Logger: log, Writer: write.New(write.Options{})})
@@ -131,6 +134,12 @@ func TestHeartbeatAndLeases(t *testing.T) {
 	fixtures.Eventually(t, 30*time.Second, "replica-b seen alive", func() bool { return watcher.IsAlive("replica-b") })
 	if watcher.IsAlive("replica-c") {
 		t.Error("a replica without a Lease is alive")
+	}
+	if !watcher.OthersAlive("replica-a") {
+		t.Error("replica-a finds no other replica alive while replica-b is")
+	}
+	if watcher.OthersAlive("replica-b") {
+		t.Error("replica-b takes its own Lease for another replica's")
 	}
 
 	stopRunning()

@@ -34,6 +34,7 @@ type Agent struct {
 	// UID is the registration's UID as Register returned it.
 	UID         string
 	token       string
+	sessionKey  string
 	nodeID      string
 	proxyConfig *structpb.Struct
 
@@ -80,6 +81,7 @@ func (a *Agent) Onboard(ctx context.Context, api onboardingv1alpha1.OnboardingSe
 	a.Registration = reg.GetRegistrationName()
 	a.UID = reg.GetRegistrationUid()
 	a.token = reg.GetBootstrap().GetSidecarToken()
+	a.sessionKey = reg.GetSessionKey()
 	a.nodeID = reg.GetBootstrap().GetNodeId()
 	// Istio's agent sends its ProxyConfig as node metadata PROXY_CONFIG,
 	// which marks the stream as a sidecar's.
@@ -87,6 +89,38 @@ func (a *Agent) Onboard(ctx context.Context, api onboardingv1alpha1.OnboardingSe
 	if err := protojson.Unmarshal([]byte(reg.GetBootstrap().GetProxyConfigJson()), a.proxyConfig); err != nil {
 		return fmt.Errorf("proxy config of %s: %w", a.Registration, err)
 	}
+	return nil
+}
+
+// RenewToken authorizes again with the signed identity document and
+// renews the agent's sidecar token through api (RenewSidecarToken), as the
+// agent does before its token expires; the streams it holds from then on
+// present the renewed token. Both calls carry the session key Register
+// returned (embark-session-key), as the agent's do. Call it while the agent
+// holds no stream.
+func (a *Agent) RenewToken(ctx context.Context, api onboardingv1alpha1.OnboardingServiceClient, ca *awstest.CA, namespace, group string) error {
+	ctx = metadata.AppendToOutgoingContext(ctx, "embark-session-key", a.sessionKey)
+	doc := a.Instance.Document()
+	sig, err := ca.Sign(doc)
+	if err != nil {
+		return err
+	}
+	auth, err := api.Authorize(ctx, &onboardingv1alpha1.AuthorizeRequest{
+		WorkloadGroup: &onboardingv1alpha1.WorkloadGroupRef{Namespace: namespace, Name: group},
+		Credential: &onboardingv1alpha1.AuthorizeRequest_Aws{Aws: &onboardingv1alpha1.AWSCredential{
+			InstanceIdentityDocument: doc, Rsa2048Signature: string(sig)}},
+	})
+	if err != nil {
+		return fmt.Errorf("authorize %s: %w", a.Instance.InstanceID, err)
+	}
+	resp, err := api.RenewSidecarToken(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+auth.GetToken()), &onboardingv1alpha1.RenewSidecarTokenRequest{})
+	if err != nil {
+		return fmt.Errorf("renew the sidecar token of %s: %w", a.Registration, err)
+	}
+	if resp.GetSidecarToken() == "" {
+		return fmt.Errorf("renew the sidecar token of %s: no token returned", a.Registration)
+	}
+	a.token = resp.GetSidecarToken()
 	return nil
 }
 

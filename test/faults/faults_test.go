@@ -31,17 +31,23 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	testenv.Main(m, testenv.Options{Restartable: true}, &env, func(ctx context.Context) error {
+	var dir string
+	code := testenv.Run(m, testenv.Options{Restartable: true}, &env, func(ctx context.Context) error {
 		if bin = os.Getenv("FAULTS_ENDPOINT_BINARY"); bin != "" {
 			return nil // built from this tree beforehand (go build ./cmd/onboarding-endpoint)
 		}
-		dir, err := os.MkdirTemp("", "embark-faults-")
-		if err != nil {
+		var err error
+		if dir, err = os.MkdirTemp("", "embark-faults-"); err != nil {
 			return err
 		}
 		bin, err = endpointproc.Build(ctx, dir)
 		return err
 	})
+	if dir != "" {
+		_ = os.RemoveAll(dir)
+	}
+	previous.remove()
+	os.Exit(code)
 }
 
 // outage is how long the API server stays down (FAULTS_APISERVER_OUTAGE,
@@ -127,22 +133,30 @@ func newFixtureWith(t *testing.T, replicas int, configure func(*config.Configura
 		Configure: configure,
 	}}
 	for i := range replicas {
-		r, err := f.cluster.NewReplica(fmt.Sprintf("%s-%d", strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))[:8], i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			r.Cleanup()
-			if t.Failed() {
-				t.Logf("replica %s log (end):\n%s", r.Name, r.LogTail())
-			}
-		})
+		r := f.newReplica(f.cluster, fmt.Sprintf("%s-%d", strings.ToLower(strings.TrimPrefix(t.Name(), "Test"))[:8], i))
 		if err := r.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 		f.replicas = append(f.replicas, r)
 	}
 	return f
+}
+
+// newReplica configures a replica of cluster (not started) that the test
+// stops at its end, showing its log's end when the test failed.
+func (f *fixture) newReplica(c *endpointproc.Cluster, name string) *endpointproc.Replica {
+	f.t.Helper()
+	r, err := c.NewReplica(name)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		r.Cleanup()
+		if f.t.Failed() {
+			f.t.Logf("replica %s log (end):\n%s", r.Name, r.LogTail())
+		}
+	})
+	return r
 }
 
 // conns dials per connections to each replica and returns, for the

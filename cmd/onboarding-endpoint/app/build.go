@@ -82,7 +82,11 @@ type build struct {
 	stopTracker  context.CancelFunc
 	lifecycle    *lifecycle.Lifecycle
 	lifecycleErr chan error
-	healthMirror *presence.HealthMirror
+	// stopLifecycle ends the lifecycle, which then releases the replica's
+	// Lease; lifecycleDone is closed once it has.
+	stopLifecycle context.CancelFunc
+	lifecycleDone chan struct{}
+	healthMirror  *presence.HealthMirror
 
 	// xds
 	istiodConn    *grpc.ClientConn
@@ -91,7 +95,9 @@ type build struct {
 	configSource  *configsource.Source
 	enforcement   *enforcement.ConditionWriter
 	xdsServer     *xds.Server
-	lim           *limiters
+	// stopStreams ends the context of every xDS stream.
+	stopStreams context.CancelFunc
+	lim         *limiters
 
 	// tls
 	servingTLS *tls.Config // nil when plaintext
@@ -410,8 +416,18 @@ func (b *build) registry(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
+	// The lifecycle, and with it the replica's Lease, outlives ctx until
+	// the connection states are flushed at shutdown (stopLifecycle): the
+	// shutdown asks it first whether to hand the workloads over (HandOver)
+	// or release the Lease once the disconnects are stored.
+	lifecycleCtx, stopLifecycle := context.WithCancel(context.WithoutCancel(ctx))
+	b.stopLifecycle, b.lifecycleDone = stopLifecycle, make(chan struct{})
+	b.deferUndo(stopLifecycle)
 	b.lifecycleErr = make(chan error, 1)
-	go func() { b.lifecycleErr <- b.lifecycle.Start(ctx) }()
+	go func() {
+		defer close(b.lifecycleDone)
+		b.lifecycleErr <- b.lifecycle.Start(lifecycleCtx)
+	}()
 	select {
 	case <-b.lifecycle.Ready():
 	case err := <-b.lifecycleErr:
@@ -497,7 +513,13 @@ func (b *build) xds(ctx context.Context) error {
 	if b.revisions != nil {
 		serverOpts.Revisions = b.revisions
 	}
-	if b.xdsServer, err = xds.NewServer(ctx, serverOpts); err != nil {
+	// The streams' contexts derive from the server's: it ends at shutdown
+	// once the replica has decided to hand its workloads over (stopStreams),
+	// not with ctx, so that no stream closes before that decision.
+	streamsCtx, stopStreams := context.WithCancel(context.WithoutCancel(ctx))
+	b.stopStreams = stopStreams
+	b.deferUndo(stopStreams)
+	if b.xdsServer, err = xds.NewServer(streamsCtx, serverOpts); err != nil {
 		return err
 	}
 	b.lim, err = newLimiters(cfg, b.reg)
@@ -613,7 +635,14 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	case err = <-errc:
 	}
 	// The replica closes its streams itself from here on: their sidecars
-	// reconnect to another replica, and none is taken out of traffic.
+	// reconnect to another replica, and none is taken out of traffic. With
+	// another replica alive, the closes write no disconnect: that replica
+	// stores the reconnects, and this replica's Lease, left to expire,
+	// covers the workloads that reconnect nowhere.
+	if b.lifecycle.HandOver() {
+		log.Info("handing the workloads over to the other replicas: no disconnects written, replica Lease left to expire")
+		b.conns.HandOver()
+	}
 	b.conns.Drain()
 	hs.Shutdown()
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -631,6 +660,7 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	}
 	// xDS streams never end by themselves: close them, then store the
 	// disconnects before the tracker stops.
+	b.stopStreams()
 	xg.Stop()
 	dg.Stop()
 	ls.close() // what no server took over (e.g. a listener of a server that never started)
@@ -640,12 +670,24 @@ func (b *build) serve(ctx context.Context, ls *listeners) error {
 	if err := b.healthMirror.Flush(shutdownCtx); err != nil {
 		log.Error("health reports not stored at shutdown; the sidecars report again when they reconnect", "error", err)
 	}
+	b.releaseLease()
 	b.stopTracker()
 	b.conns.Wait()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
 	return nil
+}
+
+// releaseLease ends the lifecycle once the connection states are stored
+// and waits (10 s at most) until it has released the replica's Lease.
+func (b *build) releaseLease() {
+	b.stopLifecycle()
+	select {
+	case <-b.lifecycleDone:
+	case <-time.After(10 * time.Second):
+		b.log.Error("replica Lease not released within 10s of the shutdown; it expires by itself")
+	}
 }
 
 // topology is the registry's view of the mesh's networks (mesh.network),

@@ -216,9 +216,10 @@ func (s *sidecar) watchFalse(t *testing.T) func() []string {
 
 // Two endpoint processes against one API server: a workload moving from
 // replica A to replica B (the new stream opens before the old one closes)
-// is never stored disconnected; B restarting (a rollout) leaves the live
-// registration in place, and the reconnect to the new process re-asserts
-// the connection; nothing is re-created.
+// is never stored disconnected; B restarting (a rollout) while A runs hands
+// the workload over: still never stored disconnected, the registration left
+// in place, and the reconnect to the new process stores the connection
+// anew; nothing is re-created.
 func TestTakeoverAndRestartKeepALiveWorkloadConnected(t *testing.T) {
 	ns := env.Namespace(t)
 	const grace = time.Minute
@@ -241,15 +242,26 @@ func TestTakeoverAndRestartKeepALiveWorkloadConnected(t *testing.T) {
 		t.Errorf("the workload was stored disconnected while connected to B: %v", got)
 	}
 
-	// Rollout of B: the old process closes its streams and stores the
-	// disconnect; the sidecar reconnects to the new process well within
-	// the grace period, and nothing is removed.
+	// Rollout of B while A runs: the old process hands its workload over
+	// (no disconnect written, its Lease left to expire); the sidecar
+	// reconnects to the new process well within the Lease's duration and
+	// the grace period, the new process stores its connection, nothing is
+	// removed, and the workload is never stored disconnected.
+	stopped := metav1.Now()
 	b.stop(t)
 	closeB()
-	s.waitState(t, metav1.ConditionFalse, "embark-b")
 	b2 := startEndpoint(t, ns, "embark-b", grace)
 	s.connect(t, b2.xds)
+	fixtures.Eventually(t, 30*time.Second, "the new process's connection stored", func() bool {
+		war := &runtimev1alpha1.WorkloadAutoRegistration{}
+		return env.Client.Get(t.Context(), s.key, war) == nil && war.Status.Connection != nil &&
+			war.Status.Connection.Replica == "embark-b" && war.Status.Connection.DisconnectedAt == nil &&
+			war.Status.Connection.ConnectedAt != nil && !war.Status.Connection.ConnectedAt.Before(&metav1.Time{Time: stopped.Truncate(time.Second)})
+	})
 	s.waitState(t, metav1.ConditionTrue, "embark-b")
+	if got := falses(); len(got) > 0 {
+		t.Errorf("the workload was stored disconnected during B's rollout: %v", got)
+	}
 	if we := (&istionetworkingv1.WorkloadEntry{}); env.Client.Get(t.Context(), s.key, we) != nil {
 		t.Errorf("the WorkloadEntry of %s is gone", s.key.Name)
 	}
