@@ -81,6 +81,39 @@ var Targets = []Target{
 			}
 			return f.Median, 3 * raw.Median, f.Median <= 3*raw.Median, true
 		}},
+	{Package: "benchmarks/authorize", Figure: "AuthorizeScale/document/policies=1000", Unit: "ops/s/core",
+		Text:  "≥ 12,000 verifications + decisions/s per core with 1,000 policies (document path)",
+		Check: atLeast("AuthorizeScale/document/policies=1000", "ops/s/core", 12000)},
+	{Package: "benchmarks/authorize", Figure: "AuthorizeScale/document/policies=1000", Unit: "ops/s/core",
+		Text:  "≥ 0.9 × the same with the 1 matching policy alone (independent of unrelated policies)",
+		Check: atLeastTimes("AuthorizeScale/document/policies=1000", "AuthorizeScale/document/policies=1", "ops/s/core", 0.9)},
+	{Package: "benchmarks/authorize", Figure: "AuthorizeScale/sts/policies=1000", Unit: "ops/s/core",
+		Text:  "≥ 0.5 × the document path with 1,000 policies (STS-proof path)",
+		Check: atLeastTimes("AuthorizeScale/sts/policies=1000", "AuthorizeScale/document/policies=1000", "ops/s/core", 0.5)},
+}
+
+// atLeast judges name's median against a lower limit.
+func atLeast(name, unit string, limit float64) func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+	return func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+		f, ok := get(name, unit)
+		if !ok {
+			return 0, 0, false, false
+		}
+		return f.Median, limit, f.Median >= limit, true
+	}
+}
+
+// atLeastTimes judges name's median against factor × base's (same unit).
+func atLeastTimes(name, base, unit string, factor float64) func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+	return func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+		f, ok1 := get(name, unit)
+		b, ok2 := get(base, unit)
+		if !ok1 || !ok2 {
+			return 0, 0, false, false
+		}
+		limit := factor * b.Median
+		return f.Median, limit, f.Median >= limit, true
+	}
 }
 
 func atMost(name, unit string, limit float64) func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
