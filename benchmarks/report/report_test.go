@@ -236,3 +236,37 @@ func TestAuthorizeScaleTargets(t *testing.T) {
 		}
 	}
 }
+
+// An onboarding's p99 is judged against twice the raw creates' p99 of the
+// same concurrency, at 10 and at 50 agents.
+func TestOnboardingLatencyTargets(t *testing.T) {
+	const pkg = "github.com/embark-mesh/embark/benchmarks/onboarding"
+	res := func(name string, v float64) PackageResult {
+		return PackageResult{Package: pkg, Load: 1, Result: benchjson.Result{Name: name, Unit: "p99-ms", Value: v}}
+	}
+	figs := Summarize([]PackageResult{
+		res("Onboarding/agents=10", 250), res("Onboarding/raw/clients=10", 140),
+		res("Onboarding/agents=50", 1172), res("Onboarding/raw/clients=50", 490),
+	}, Rules)
+	want := map[string]struct {
+		met          bool
+		value, limit float64
+	}{
+		"Onboarding/agents=10": {true, 250, 280},
+		"Onboarding/agents=50": {false, 1172, 980},
+	}
+	seen := 0
+	for _, r := range EvaluateTargets(figs, Targets) {
+		w, ok := want[r.Figure]
+		if !ok || r.Unit != "p99-ms" {
+			continue
+		}
+		seen++
+		if !r.Found || r.Met != w.met || r.Value != w.value || r.Limit != w.limit {
+			t.Errorf("%s: found=%v met=%v value=%v limit=%v, want met=%v value=%v limit=%v", r.Figure, r.Found, r.Met, r.Value, r.Limit, w.met, w.value, w.limit)
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("%d p99 target rows for onboarding, want %d", seen, len(want))
+	}
+}
