@@ -138,14 +138,24 @@ type Authorizer struct {
 	recent map[eventKey]time.Time
 
 	// policyGen counts the OnboardingPolicy changes the informer reported
-	// since WatchPolicies; watching is set once it reports them.
+	// to its handlers since WatchPolicies; policyRV is the informer's last
+	// resource version (set when the informer takes an event in, before
+	// its store and handlers see it); watching is set once both are.
 	policyGen atomic.Uint64
+	policyRV  func() string
 	watching  atomic.Bool
-	// indexes holds, per namespace, the Index built at generation
-	// indexesGen (only while watching); a change empties it.
-	idxMu      sync.RWMutex
-	indexesGen uint64
-	indexes    map[string]*Index
+	// indexes holds, per namespace, the Index built at indexesVersion
+	// (only while watching); another version empties it.
+	idxMu          sync.RWMutex
+	indexesVersion policyVersion
+	indexes        map[string]*Index
+}
+
+// policyVersion says which OnboardingPolicy events an Index has seen: an
+// Index is reused only while both parts are unchanged.
+type policyVersion struct {
+	gen uint64
+	rv  string
 }
 
 type eventKey struct {
@@ -198,6 +208,9 @@ func (a *Authorizer) WatchPolicies(ctx context.Context, informers cache.Informer
 	inf, err := informers.GetInformer(ctx, &authorizationv1alpha1.OnboardingPolicy{})
 	if err != nil {
 		return fmt.Errorf("OnboardingPolicy informer: %w", err)
+	}
+	if v, ok := inf.(interface{ LastSyncResourceVersion() string }); ok {
+		a.policyRV = v.LastSyncResourceVersion
 	}
 	changed := func() { a.policyGen.Add(1) }
 	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
@@ -313,16 +326,22 @@ func (a *Authorizer) load(ctx context.Context, namespace, groupName string) (*ne
 }
 
 // index returns the Index of the namespace's OnboardingPolicies: the one
-// kept since the last change the informer reported, when WatchPolicies
-// subscribed to it, or one built from a fresh list. The generation is read
-// before the list, so that a change the list may miss builds it again.
+// kept since the informer last took a policy event in, when WatchPolicies
+// subscribed to it, or one built from a fresh list. The version is read
+// before the list, so that an event the list may miss builds it again: an
+// event changes the informer's resource version before its store sees it,
+// and bumps the handlers' count after.
 func (a *Authorizer) index(ctx context.Context, namespace string) (*Index, error) {
 	watching := a.watching.Load()
-	gen := a.policyGen.Load()
+	var ver policyVersion
 	if watching {
+		if a.policyRV != nil {
+			ver.rv = a.policyRV()
+		}
+		ver.gen = a.policyGen.Load()
 		a.idxMu.RLock()
 		ix, ok := a.indexes[namespace]
-		current := a.indexesGen == gen
+		current := a.indexesVersion == ver
 		a.idxMu.RUnlock()
 		if ok && current {
 			return ix, nil
@@ -334,22 +353,23 @@ func (a *Authorizer) index(ctx context.Context, namespace string) (*Index, error
 	}
 	ix := NewIndex(list.Items, namespace)
 	if watching {
-		a.keep(namespace, gen, ix)
+		a.keep(namespace, ver, ix)
 	}
 	return ix, nil
 }
 
-// keep stores ix, built at generation gen, unless a newer generation's
-// indexes are stored; a newer gen forgets the older indexes.
-func (a *Authorizer) keep(namespace string, gen uint64, ix *Index) {
+// keep stores ix, built at version ver. Indexes of another version are
+// forgotten, unless theirs has seen more handler events (ix is then the
+// older one and is not kept).
+func (a *Authorizer) keep(namespace string, ver policyVersion, ix *Index) {
 	a.idxMu.Lock()
 	defer a.idxMu.Unlock()
 	switch {
-	case gen < a.indexesGen:
+	case ver.gen < a.indexesVersion.gen:
 		return
-	case gen > a.indexesGen:
+	case ver != a.indexesVersion:
 		clear(a.indexes)
-		a.indexesGen = gen
+		a.indexesVersion = ver
 	}
 	a.indexes[namespace] = ix
 }

@@ -481,6 +481,9 @@ func TestWatchedAuthorizerFollowsPolicyChanges(t *testing.T) {
 	if err := a.WatchPolicies(ctx, c); err != nil {
 		t.Fatal(err)
 	}
+	if a.policyRV == nil {
+		t.Fatal("the cache's informer does not tell its resource version: an Index could be kept past a change its handler has not been told of yet")
+	}
 	wg := createSeedGroup(t, ns)
 	waitForCache(t, c, wg)
 	id := ec2("123456789012", "us-east-2", "us-east-2b", "ratings-role")
