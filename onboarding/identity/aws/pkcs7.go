@@ -207,11 +207,19 @@ func parseSignedData(der []byte) (*signedData, error) {
 // parseSignedDataBody reads the fields of SignedData: version,
 // digestAlgorithms, contentInfo, certificates, crls and signerInfos.
 func parseSignedDataBody(r *berReader) (*signedData, error) {
-	if _, err := r.expect(tagInteger); err != nil {
+	version, err := r.expect(tagInteger)
+	if err != nil {
 		return nil, err
 	}
-	if _, err := r.expect(tagSet); err != nil {
+	if !validInteger(version) {
+		return nil, fmt.Errorf("%w: SignedData version", errBER)
+	}
+	digestAlgs, err := r.expect(tagSet)
+	if err != nil {
 		return nil, err
+	}
+	if !validAlgorithms(digestAlgs) {
+		return nil, fmt.Errorf("%w: SignedData digest algorithms", errBER)
 	}
 	contentInfo, err := r.expect(tagSequence)
 	if err != nil {
@@ -292,8 +300,12 @@ func expectOID(r *berReader, want []byte, name string) error {
 // content type is not checked: what is signed is the content's octets. A
 // ContentInfo without content (a detached signature) returns nil.
 func parseContent(r *berReader) ([]byte, error) {
-	if _, err := r.expect(tagOID); err != nil {
+	oid, err := r.expect(tagOID)
+	if err != nil {
 		return nil, err
+	}
+	if !validOID(oid) {
+		return nil, fmt.Errorf("%w: content type", errBER)
 	}
 	if len(r.in) == 0 {
 		return nil, nil
@@ -385,8 +397,12 @@ func parseSignerInfo(body []byte) (signerInfo, error) {
 // readAlgorithm reads an AlgorithmIdentifier's algorithm; its parameters
 // are not used.
 func readAlgorithm(s *cryptobyte.String, oid *asn1.ObjectIdentifier) bool {
-	var alg cryptobyte.String
-	return s.ReadASN1(&alg, cbasn1.SEQUENCE) && alg.ReadASN1ObjectIdentifier(oid)
+	var alg, params cryptobyte.String
+	var tag cbasn1.Tag
+	if !s.ReadASN1(&alg, cbasn1.SEQUENCE) || !alg.ReadASN1ObjectIdentifier(oid) {
+		return false
+	}
+	return alg.Empty() || alg.ReadAnyASN1(&params, &tag) && alg.Empty()
 }
 
 // readAttributes reads si's authenticated attributes, each a SEQUENCE of an
@@ -411,7 +427,7 @@ func readAttributes(si *signerInfo) error {
 		prev = elem
 		if !elem.ReadASN1(&attr, cbasn1.SEQUENCE) ||
 			!attr.ReadASN1(&oid, cbasn1.OBJECT_IDENTIFIER) ||
-			!attr.ReadASN1(&values, cbasn1.SET) || !attr.Empty() {
+			!attr.ReadASN1(&values, cbasn1.SET) || !attr.Empty() || !validOID(oid) {
 			return fmt.Errorf("%w: signer's authenticated attribute", errBER)
 		}
 		switch {
@@ -422,4 +438,49 @@ func readAttributes(si *signerInfo) error {
 		}
 	}
 	return nil
+}
+
+// validInteger reports whether body is the contents of a DER INTEGER
+// (minimally encoded, at most 8 octets).
+func validInteger(body []byte) bool {
+	if len(body) == 0 || len(body) > 8 {
+		return false
+	}
+	if len(body) > 1 && (body[0] == 0 && body[1]&0x80 == 0 || body[0] == 0xff && body[1]&0x80 != 0) {
+		return false
+	}
+	return true
+}
+
+// validAlgorithms reports whether body is a DER SET OF AlgorithmIdentifier:
+// each a SEQUENCE of an OID and, optionally, one parameters element.
+func validAlgorithms(body []byte) bool {
+	s := cryptobyte.String(body)
+	for !s.Empty() {
+		var alg, params cryptobyte.String
+		var oid asn1.ObjectIdentifier
+		var tag cbasn1.Tag
+		if !s.ReadASN1(&alg, cbasn1.SEQUENCE) || !alg.ReadASN1ObjectIdentifier(&oid) {
+			return false
+		}
+		if !alg.Empty() && (!alg.ReadAnyASN1(&params, &tag) || !alg.Empty()) {
+			return false
+		}
+	}
+	return true
+}
+
+// validOID reports whether body is the contents of a DER OBJECT
+// IDENTIFIER: at least one octet, each subidentifier minimally encoded and
+// ending in an octet without the continuation bit.
+func validOID(body []byte) bool {
+	if len(body) == 0 || body[len(body)-1]&0x80 != 0 {
+		return false
+	}
+	for i, b := range body {
+		if b == 0x80 && (i == 0 || body[i-1]&0x80 == 0) {
+			return false
+		}
+	}
+	return true
 }
