@@ -141,8 +141,11 @@ func readBER(in []byte, depth int) (tag byte, body, rest []byte, err error) {
 		return readIndefinite(tag, in, depth)
 	}
 	n := int(first & 0x7f)
-	if n > 3 || len(in) < n {
+	if n > 3 || len(in) <= n {
 		return 0, nil, nil, fmt.Errorf("%w: length of %d octets", errBER, n)
+	}
+	if in[0] == 0 {
+		return 0, nil, nil, fmt.Errorf("%w: length with a leading zero octet", errBER)
 	}
 	length := 0
 	for _, b := range in[:n] {
@@ -177,10 +180,32 @@ func readIndefinite(tag byte, in []byte, depth int) (byte, []byte, []byte, error
 	}
 }
 
+// checkBER checks that in is a series of well-formed BER elements, the
+// contents of every constructed one included, so that no part of the
+// signature, read or skipped, is malformed.
+func checkBER(in []byte, depth int) error {
+	for len(in) > 0 {
+		tag, body, rest, err := readBER(in, depth)
+		if err != nil {
+			return err
+		}
+		if tag&0x20 != 0 {
+			if err := checkBER(body, depth+1); err != nil {
+				return err
+			}
+		}
+		in = rest
+	}
+	return nil
+}
+
 // parseSignedData parses a PKCS#7 ContentInfo holding a SignedData with
 // exactly one signer. Errors describe what is malformed; the caller gives
 // them their refusal reason.
 func parseSignedData(der []byte) (*signedData, error) {
+	if err := checkBER(der, 0); err != nil {
+		return nil, err
+	}
 	top := &berReader{in: der}
 	info, err := top.expect(tagSequence)
 	if err != nil {
@@ -235,9 +260,8 @@ func parseSignedDataBody(r *berReader) (*signedData, error) {
 		}
 	}
 	if r.peek() == tagContext1 {
-		if _, err := r.expect(tagContext1); err != nil {
-			return nil, err
-		}
+		// AWS encloses no CRLs, and the verifier would not use them.
+		return nil, fmt.Errorf("%w: the SignedData encloses CRLs", errBER)
 	}
 	signers, err := r.expect(tagSet)
 	if err != nil {
@@ -363,8 +387,9 @@ func parseSignerInfo(body []byte) (signerInfo, error) {
 	s := cryptobyte.String(body)
 	var si signerInfo
 	var ias, issuer cryptobyte.String
+	var version cryptobyte.String
 	si.serial = new(big.Int)
-	if !s.SkipASN1(cbasn1.INTEGER) ||
+	if !s.ReadASN1(&version, cbasn1.INTEGER) || !validInteger(version) ||
 		!s.ReadASN1(&ias, cbasn1.SEQUENCE) ||
 		!ias.ReadASN1Element(&issuer, cbasn1.SEQUENCE) ||
 		!ias.ReadASN1Integer(si.serial) || !ias.Empty() {
@@ -384,11 +409,17 @@ func parseSignerInfo(body []byte) (signerInfo, error) {
 			return si, err
 		}
 	}
-	var sig cryptobyte.String
+	var sig, unsigned cryptobyte.String
+	var hasUnsigned bool
 	if !readAlgorithm(&s, &si.encryptionAlg) ||
 		!s.ReadASN1(&sig, cbasn1.OCTET_STRING) ||
-		!s.SkipOptionalASN1(cbasn1.Tag(1).Constructed().ContextSpecific()) || !s.Empty() {
+		!s.ReadOptionalASN1(&unsigned, &hasUnsigned, cbasn1.Tag(1).Constructed().ContextSpecific()) || !s.Empty() {
 		return si, fmt.Errorf("%w: signer's signature", errBER)
+	}
+	if hasUnsigned {
+		if _, err := walkAttributes(unsigned, func(_, _ []byte) {}); err != nil {
+			return si, err
+		}
 	}
 	si.signature = sig
 	return si, nil
@@ -405,39 +436,49 @@ func readAlgorithm(s *cryptobyte.String, oid *asn1.ObjectIdentifier) bool {
 	return alg.Empty() || alg.ReadAnyASN1(&params, &tag) && alg.Empty()
 }
 
-// readAttributes reads si's authenticated attributes, each a SEQUENCE of an
-// OID and a SET of values, and keeps the values of the first messageDigest
-// and signingTime attributes.
+// readAttributes reads si's authenticated attributes and keeps the values
+// of the first messageDigest and signingTime attributes.
 func readAttributes(si *signerInfo) error {
 	s := cryptobyte.String(si.attributes)
 	var set cryptobyte.String
 	if !s.ReadASN1(&set, cbasn1.Tag(0).Constructed().ContextSpecific()) {
 		return fmt.Errorf("%w: signer's authenticated attributes", errBER)
 	}
-	si.attributesSorted = true
-	var prev []byte
-	for !set.Empty() {
-		var elem, attr, oid, values cryptobyte.String
-		if !set.ReadASN1Element(&elem, cbasn1.SEQUENCE) {
-			return fmt.Errorf("%w: signer's authenticated attribute", errBER)
-		}
-		if prev != nil && bytes.Compare(prev, elem) > 0 {
-			si.attributesSorted = false
-		}
-		prev = elem
-		if !elem.ReadASN1(&attr, cbasn1.SEQUENCE) ||
-			!attr.ReadASN1(&oid, cbasn1.OBJECT_IDENTIFIER) ||
-			!attr.ReadASN1(&values, cbasn1.SET) || !attr.Empty() || !validOID(oid) {
-			return fmt.Errorf("%w: signer's authenticated attribute", errBER)
-		}
+	sorted, err := walkAttributes(set, func(oid, values []byte) {
 		switch {
 		case si.messageDigest == nil && bytes.Equal(oid, derMessageDigest):
 			si.messageDigest = values
 		case si.signingTime == nil && bytes.Equal(oid, derSigningTime):
 			si.signingTime = values
 		}
+	})
+	si.attributesSorted = sorted
+	return err
+}
+
+// walkAttributes reads the contents of a SET OF Attribute, each a SEQUENCE
+// of an OID and a SET of values, calls fn with each one's OID and values
+// (DER contents) and reports whether they are in DER SET OF order.
+func walkAttributes(set cryptobyte.String, fn func(oid, values []byte)) (sorted bool, err error) {
+	sorted = true
+	var prev []byte
+	for !set.Empty() {
+		var elem, attr, oid, values cryptobyte.String
+		if !set.ReadASN1Element(&elem, cbasn1.SEQUENCE) {
+			return false, fmt.Errorf("%w: signer's attribute", errBER)
+		}
+		if prev != nil && bytes.Compare(prev, elem) > 0 {
+			sorted = false
+		}
+		prev = elem
+		if !elem.ReadASN1(&attr, cbasn1.SEQUENCE) ||
+			!attr.ReadASN1(&oid, cbasn1.OBJECT_IDENTIFIER) ||
+			!attr.ReadASN1(&values, cbasn1.SET) || !attr.Empty() || !validOID(oid) {
+			return false, fmt.Errorf("%w: signer's attribute", errBER)
+		}
+		fn(oid, values)
 	}
-	return nil
+	return sorted, nil
 }
 
 // validInteger reports whether body is the contents of a DER INTEGER
@@ -470,17 +511,38 @@ func validAlgorithms(body []byte) bool {
 	return true
 }
 
-// validOID reports whether body is the contents of a DER OBJECT
-// IDENTIFIER: at least one octet, each subidentifier minimally encoded and
-// ending in an octet without the continuation bit.
+// validOID reports whether body is the contents of an OBJECT IDENTIFIER
+// as encoding/asn1 reads one: at least one subidentifier, each minimally
+// encoded in at most five octets and at most 2^31-1.
 func validOID(body []byte) bool {
-	if len(body) == 0 || body[len(body)-1]&0x80 != 0 {
+	if len(body) == 0 {
 		return false
 	}
-	for i, b := range body {
-		if b == 0x80 && (i == 0 || body[i-1]&0x80 == 0) {
+	for len(body) > 0 {
+		n, ok := subidentifierLen(body)
+		if !ok {
 			return false
 		}
+		body = body[n:]
 	}
 	return true
+}
+
+// subidentifierLen returns the length of the base-128 subidentifier body
+// starts with and whether it is valid.
+func subidentifierLen(body []byte) (int, bool) {
+	if body[0] == 0x80 {
+		return 0, false
+	}
+	var v int64
+	for i, b := range body {
+		if i == 5 {
+			return 0, false
+		}
+		v = v<<7 | int64(b&0x7f)
+		if b&0x80 == 0 {
+			return i + 1, v <= 1<<31-1
+		}
+	}
+	return 0, false
 }
