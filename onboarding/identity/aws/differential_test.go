@@ -6,6 +6,7 @@ import (
 	"encoding/asn1"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/smallstep/pkcs7"
@@ -159,6 +160,39 @@ func TestParserAgreesWithSmallstep(t *testing.T) {
 						}
 					}
 				}
+			}
+		})
+	}
+}
+
+// DecodeSignature reads the base64 signature however its lines are broken
+// or indented, and refuses what is not base64.
+func TestDecodeSignatureWhitespace(t *testing.T) {
+	der := signDER(t, newCA(t, "us-east-2"), awstest.Instance{}.Document(), awstest.SignOptions{})
+	lines := string(awstest.EncodeSignature(der))
+	tests := []struct {
+		name    string
+		sig     string
+		wantErr bool
+	}{
+		{name: "IMDS form, LF line breaks", sig: lines},
+		{name: "CRLF line breaks", sig: strings.ReplaceAll(lines, "\n", "\r\n")},
+		{name: "one line, trailing newline", sig: strings.ReplaceAll(lines, "\n", "") + "\n"},
+		{name: "indented lines", sig: "  " + strings.ReplaceAll(lines, "\n", "\n\t ")},
+		{name: "a stray character", sig: lines[:40] + "!" + lines[40:], wantErr: true},
+		{name: "truncated", sig: lines[:len(lines)-3], wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := awsid.DecodeSignature([]byte(tt.sig))
+			if tt.wantErr {
+				if identity.ReasonOf(err) != identity.ReasonMalformed {
+					t.Fatalf("DecodeSignature() error = %v, want a Malformed refusal", err)
+				}
+				return
+			}
+			if err != nil || !bytes.Equal(got, der) {
+				t.Fatalf("DecodeSignature() = %d bytes, %v; want the %d-byte DER", len(got), err, len(der))
 			}
 		})
 	}

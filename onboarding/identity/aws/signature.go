@@ -40,12 +40,17 @@ func DecodeSignature(sig []byte) ([]byte, error) {
 		}
 		return block.Bytes, nil
 	}
-	compact := make([]byte, 0, len(sig))
-	for _, c := range sig {
-		switch c {
-		case ' ', '\t', '\r', '\n':
-		default:
-			compact = append(compact, c)
+	// The decoder skips line breaks itself; spaces and tabs are removed
+	// first, from a copy.
+	compact := sig
+	if bytes.ContainsAny(sig, " \t") {
+		compact = make([]byte, 0, len(sig))
+		for _, c := range sig {
+			switch c {
+			case ' ', '\t', '\r', '\n':
+			default:
+				compact = append(compact, c)
+			}
 		}
 	}
 	der := make([]byte, base64.StdEncoding.DecodedLen(len(compact)))
