@@ -129,10 +129,10 @@ func TestParserAgreesWithSmallstep(t *testing.T) {
 				if err != nil && got == "" {
 					t.Errorf("%s: refusal without a reason: %v", what, err)
 				}
-				switch {
-				case got == want:
+				switch got {
+				case want:
 					return true
-				case got == identity.ReasonMalformed:
+				case identity.ReasonMalformed:
 					// A stricter reading of the encoding: refused as
 					// malformed where the reference read on (its BER
 					// conversion skips over wrong lengths, it takes the
