@@ -16,8 +16,10 @@ import (
 // as data and carries one SignerInfo. AWS encodes the outer structures and
 // the enclosed content with BER indefinite lengths and the SignerInfo in
 // DER, so indefinite lengths are read down to the enclosed content and the
-// SignerInfo must be DER. Nothing is converted or copied on the way: the
-// content and the signer's fields are slices of the input.
+// SignerInfo must be DER. Every constructed element is first checked to be
+// well-formed BER, the parts the verifier skips included. Nothing is
+// converted on the way: the content (unless split in several OCTET
+// STRINGs) and the signer's fields are slices of the input.
 
 // Tags of the BER elements the parser reads.
 const (
