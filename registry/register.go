@@ -218,7 +218,8 @@ type Result struct {
 // Writing the same workload again reuses the registration, keeps its
 // snapshot and updates what the workload reported. Once the registration
 // exists, its WorkloadEntry and its sidecar credential (Secret, then token)
-// are written at once (writeDependents). A new registration of which either
+// are written at once (writeDependents), and beside them a new
+// registration's status (writeNewStatus). A new registration of which either
 // cannot be written is removed again with what it owns, so a failure leaves
 // no half-made registration; a reused one is repaired by the next call.
 //
@@ -282,15 +283,30 @@ func (r *Registrar) Write(ctx context.Context, req Request) (*Result, error) {
 		return nil, fmt.Errorf("create WorkloadAutoRegistration %s/%s: %w", war.Namespace, war.Name, err)
 	}
 
+	// A new registration's status (its NetworkTopology condition and the
+	// agent's report) is written while its dependents are, in one update
+	// of the registration as created: the status is not on the critical
+	// path, and costs one write, not two.
+	var status <-chan *runtimev1alpha1.WorkloadAutoRegistration
+	if created {
+		status = r.writeNewStatus(ctx, war.DeepCopy(), req.Registration.Agent.Version, req.AgentError)
+	}
 	we, tok, err := r.writeDependents(ctx, war, req.AddressProven)
+	if created {
+		if written := <-status; written != nil {
+			war.Status, war.ResourceVersion = written.Status, written.ResourceVersion
+		}
+	}
 	if err != nil {
 		if created {
 			r.rollback(ctx, war, log)
 		}
 		return nil, err
 	}
-	r.checkTopology(ctx, war, we.Spec.Address)
-	r.recordAgent(ctx, war, req.Registration.Agent.Version, req.AgentError)
+	if !created {
+		r.checkTopology(ctx, war, we.Spec.Address)
+		r.recordAgent(ctx, war, req.Registration.Agent.Version, req.AgentError)
+	}
 	if created {
 		log.Info("registered workload", "group", req.Group.Name, "address", we.Spec.Address)
 		r.recorder.Eventf(war, corev1.EventTypeNormal, ReasonRegistered, "Registered workload %s at %s in WorkloadGroup %s", IdentityName(req.Identity), we.Spec.Address, req.Group.Name)

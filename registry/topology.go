@@ -114,18 +114,14 @@ func topologyCondition(problems []TopologyProblem) metav1.Condition {
 // nothing: a single-network mesh has no such condition. Failing to write it
 // is logged, not returned: the registration itself is complete.
 func (r *Registrar) checkTopology(ctx context.Context, war *runtimev1alpha1.WorkloadAutoRegistration, address string) {
-	// The group as the registration holds it: what its WorkloadEntry is
-	// built from.
-	group, err := GroupSpec(war.Spec.WorkloadGroup)
+	cond, write, err := r.topologyConditionOf(war, address)
 	if err != nil {
 		r.log.Error("read the registration's WorkloadGroup snapshot", "registration", client.ObjectKeyFromObject(war).String(), "error", err)
 		return
 	}
-	problems := CheckTopology(r.topology, group, address)
-	if r.topology == nil && len(problems) == 0 && meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionNetworkTopology) == nil {
+	if !write {
 		return
 	}
-	cond := topologyCondition(problems)
 	changed, err := r.setCondition(ctx, war, cond)
 	if err != nil {
 		if !apierrors.IsNotFound(err) {
@@ -136,6 +132,24 @@ func (r *Registrar) checkTopology(ctx context.Context, war *runtimev1alpha1.Work
 	if changed && cond.Status == metav1.ConditionFalse {
 		r.recorder.Event(war, corev1.EventTypeWarning, cond.Reason, cond.Message)
 	}
+}
+
+// topologyConditionOf returns the NetworkTopology condition of war at
+// address and whether it is written: always with a topology configured,
+// and without one only when the group contradicts itself or war holds the
+// condition already.
+func (r *Registrar) topologyConditionOf(war *runtimev1alpha1.WorkloadAutoRegistration, address string) (metav1.Condition, bool, error) {
+	// The group as the registration holds it: what its WorkloadEntry is
+	// built from.
+	group, err := GroupSpec(war.Spec.WorkloadGroup)
+	if err != nil {
+		return metav1.Condition{}, false, err
+	}
+	problems := CheckTopology(r.topology, group, address)
+	if r.topology == nil && len(problems) == 0 && meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionNetworkTopology) == nil {
+		return metav1.Condition{}, false, nil
+	}
+	return topologyCondition(problems), true, nil
 }
 
 // setCondition sets cond on the stored registration and writes its status

@@ -240,3 +240,81 @@ func TestBusyMachineWarning(t *testing.T) {
 		})
 	}
 }
+
+// The policy-scale targets judge the document path with 1,000 policies
+// against its absolute floor and against the 1 matching policy alone, and
+// the STS-proof path against the document path.
+func TestAuthorizeScaleTargets(t *testing.T) {
+	const pkg = "github.com/embark-mesh/embark/benchmarks/authorize"
+	res := func(name string, v float64) PackageResult {
+		return PackageResult{Package: pkg, Load: 1, Result: benchjson.Result{Name: name, Unit: "ops/s/core", Value: v}}
+	}
+	figs := Summarize([]PackageResult{
+		res("AuthorizeScale/document/policies=1", 10000),
+		res("AuthorizeScale/document/policies=1000", 9800),
+		res("AuthorizeScale/sts/policies=1000", 4000),
+	}, Rules)
+	byText := map[string]TargetRow{}
+	for _, r := range EvaluateTargets(figs, Targets) {
+		if strings.HasSuffix(r.Package, "benchmarks/authorize") {
+			byText[r.Text] = r
+		}
+	}
+	tests := []struct {
+		text                 string
+		wantMet              bool
+		wantValue, wantLimit float64
+	}{
+		{text: "≥ 12,000 verifications + decisions/s per core with 1,000 policies (document path)", wantValue: 9800, wantLimit: 12000},
+		{text: "≥ 0.9 × the same with the 1 matching policy alone (independent of unrelated policies)", wantMet: true, wantValue: 9800, wantLimit: 9000},
+		{text: "≥ 0.5 × the document path with 1,000 policies (STS-proof path)", wantValue: 4000, wantLimit: 4900},
+	}
+	for _, tt := range tests {
+		r, ok := byText[tt.text]
+		if !ok {
+			t.Fatalf("no target row %q", tt.text)
+		}
+		if !r.Found || r.Met != tt.wantMet || r.Value != tt.wantValue || r.Limit != tt.wantLimit {
+			t.Errorf("%s: found=%v met=%v value=%v limit=%v, want met=%v value=%v limit=%v", tt.text, r.Found, r.Met, r.Value, r.Limit, tt.wantMet, tt.wantValue, tt.wantLimit)
+		}
+	}
+	for _, f := range figs {
+		if f.Name == "AuthorizeScale/document/policies=1000" && (f.Baseline != "AuthorizeScale/document/policies=1" || f.Ratio != 0.98) {
+			t.Errorf("document/policies=1000 baseline %q ratio %v, want the 1-policy case and 0.98", f.Baseline, f.Ratio)
+		}
+	}
+}
+
+// An onboarding's p99 is judged against twice the raw creates' p99 of the
+// same concurrency, at 10 and at 50 agents.
+func TestOnboardingLatencyTargets(t *testing.T) {
+	const pkg = "github.com/embark-mesh/embark/benchmarks/onboarding"
+	res := func(name string, v float64) PackageResult {
+		return PackageResult{Package: pkg, Load: 1, Result: benchjson.Result{Name: name, Unit: "p99-ms", Value: v}}
+	}
+	figs := Summarize([]PackageResult{
+		res("Onboarding/agents=10", 250), res("Onboarding/raw/clients=10", 140),
+		res("Onboarding/agents=50", 1172), res("Onboarding/raw/clients=50", 490),
+	}, Rules)
+	want := map[string]struct {
+		met          bool
+		value, limit float64
+	}{
+		"Onboarding/agents=10": {true, 250, 280},
+		"Onboarding/agents=50": {false, 1172, 980},
+	}
+	seen := 0
+	for _, r := range EvaluateTargets(figs, Targets) {
+		w, ok := want[r.Figure]
+		if !ok || r.Unit != "p99-ms" {
+			continue
+		}
+		seen++
+		if !r.Found || r.Met != w.met || r.Value != w.value || r.Limit != w.limit {
+			t.Errorf("%s: found=%v met=%v value=%v limit=%v, want met=%v value=%v limit=%v", r.Figure, r.Found, r.Met, r.Value, r.Limit, w.met, w.value, w.limit)
+		}
+	}
+	if seen != len(want) {
+		t.Errorf("%d p99 target rows for onboarding, want %d", seen, len(want))
+	}
+}

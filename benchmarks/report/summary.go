@@ -52,6 +52,10 @@ var Rules = []Rule{
 		Baseline: "Onboarding/raw/clients=$1", BaselineUnit: "creates/s"},
 	{Package: "benchmarks/authorize", Name: regexp.MustCompile(`^VerifyAndAuthorize$`), Unit: "ops/s/core",
 		Baseline: "BaselineRSA2048Verify", BaselineUnit: "ops/s/core"},
+	{Package: "benchmarks/authorize", Name: regexp.MustCompile(`^AuthorizeScale/document/policies=(\d+)$`), Unit: "ops/s/core",
+		Baseline: "AuthorizeScale/document/policies=1"},
+	{Package: "benchmarks/authorize", Name: regexp.MustCompile(`^AuthorizeScale/sts/policies=(\d+)$`), Unit: "ops/s/core",
+		Baseline: "AuthorizeScale/document/policies=$1"},
 	{Package: "benchmarks/identity", Name: regexp.MustCompile(`^(EC2|JWT)`), Unit: "verifications/s",
 		Baseline: "BaselineRSA2048PKCS1v15Verify"},
 }

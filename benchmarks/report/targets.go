@@ -99,15 +99,57 @@ var Targets = []Target{
 			limit := 0.8 * 2 * raw.Median / (w.Median + tr.Median)
 			return f.Median, limit, f.Median >= limit, true
 		}},
-	{Package: "benchmarks/onboarding", Figure: "Onboarding/agents=50", Unit: "p99-ms", Text: "≤ 3 × raw p99",
+	onboardingP99(10),
+	onboardingP99(50),
+	{Package: "benchmarks/authorize", Figure: "AuthorizeScale/document/policies=1000", Unit: "ops/s/core",
+		Text:  "≥ 12,000 verifications + decisions/s per core with 1,000 policies (document path)",
+		Check: atLeast("AuthorizeScale/document/policies=1000", "ops/s/core", 12000)},
+	{Package: "benchmarks/authorize", Figure: "AuthorizeScale/document/policies=1000", Unit: "ops/s/core",
+		Text:  "≥ 0.9 × the same with the 1 matching policy alone (independent of unrelated policies)",
+		Check: atLeastTimes("AuthorizeScale/document/policies=1000", "AuthorizeScale/document/policies=1", "ops/s/core", 0.9)},
+	{Package: "benchmarks/authorize", Figure: "AuthorizeScale/sts/policies=1000", Unit: "ops/s/core",
+		Text:  "≥ 0.5 × the document path with 1,000 policies (STS-proof path)",
+		Check: atLeastTimes("AuthorizeScale/sts/policies=1000", "AuthorizeScale/document/policies=1000", "ops/s/core", 0.5)},
+}
+
+// onboardingP99 is the latency target of one onboarding at agents
+// concurrent agents: its p99 at most twice the p99 of the raw creates of
+// the same two objects at the same concurrency, measured right after it.
+func onboardingP99(agents int) Target {
+	name, raw := fmt.Sprintf("Onboarding/agents=%d", agents), fmt.Sprintf("Onboarding/raw/clients=%d", agents)
+	return Target{Package: "benchmarks/onboarding", Figure: name, Unit: "p99-ms", Text: "≤ 2 × raw p99",
 		Check: func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
-			f, ok1 := get("Onboarding/agents=50", "p99-ms")
-			raw, ok2 := get("Onboarding/raw/clients=50", "p99-ms")
+			f, ok1 := get(name, "p99-ms")
+			r, ok2 := get(raw, "p99-ms")
 			if !ok1 || !ok2 {
 				return 0, 0, false, false
 			}
-			return f.Median, 3 * raw.Median, f.Median <= 3*raw.Median, true
-		}},
+			return f.Median, 2 * r.Median, f.Median <= 2*r.Median, true
+		}}
+}
+
+// atLeast judges name's median against a lower limit.
+func atLeast(name, unit string, limit float64) func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+	return func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+		f, ok := get(name, unit)
+		if !ok {
+			return 0, 0, false, false
+		}
+		return f.Median, limit, f.Median >= limit, true
+	}
+}
+
+// atLeastTimes judges name's median against factor × base's (same unit).
+func atLeastTimes(name, base, unit string, factor float64) func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+	return func(get func(string, string) (Figure, bool)) (float64, float64, bool, bool) {
+		f, ok1 := get(name, unit)
+		b, ok2 := get(base, unit)
+		if !ok1 || !ok2 {
+			return 0, 0, false, false
+		}
+		limit := factor * b.Median
+		return f.Median, limit, f.Median >= limit, true
+	}
 }
 
 // atMostTimes judges name against factor times its baseline base (both of

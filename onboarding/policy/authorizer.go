@@ -7,14 +7,17 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	authorizationv1alpha1 "github.com/embark-mesh/embark/api/authorization/v1alpha1"
@@ -133,6 +136,26 @@ type Authorizer struct {
 
 	mu     sync.Mutex
 	recent map[eventKey]time.Time
+
+	// policyGen counts the OnboardingPolicy changes the informer reported
+	// to its handlers since WatchPolicies; policyRV is the informer's last
+	// resource version (set when the informer takes an event in, before
+	// its store and handlers see it); watching is set once both are.
+	policyGen atomic.Uint64
+	policyRV  func() string
+	watching  atomic.Bool
+	// indexes holds, per namespace, the Index built at indexesVersion
+	// (only while watching); another version empties it.
+	idxMu          sync.RWMutex
+	indexesVersion policyVersion
+	indexes        map[string]*Index
+}
+
+// policyVersion says which OnboardingPolicy events an Index has seen: an
+// Index is reused only while both parts are unchanged.
+type policyVersion struct {
+	gen uint64
+	rv  string
 }
 
 type eventKey struct {
@@ -170,7 +193,35 @@ func NewAuthorizer(reader client.Reader, recorder record.EventRecorder, opts ...
 		clock:     o.clock,
 		decisions: o.decisions,
 		recent:    make(map[eventKey]time.Time),
+		indexes:   make(map[string]*Index),
 	}, nil
+}
+
+// WatchPolicies subscribes a to the OnboardingPolicy informer of informers
+// (the cache the Authorizer reads from). From then on the Authorizer keeps
+// each namespace's Index between requests and builds it again only after
+// the informer reports a change of a policy, so that a request costs a
+// lookup of the rules its identity could match instead of a copy of every
+// policy of the namespace. Without it, every request lists the policies
+// and indexes them anew (the same decisions, at the cost of a copy).
+func (a *Authorizer) WatchPolicies(ctx context.Context, informers cache.Informers) error {
+	inf, err := informers.GetInformer(ctx, &authorizationv1alpha1.OnboardingPolicy{})
+	if err != nil {
+		return fmt.Errorf("OnboardingPolicy informer: %w", err)
+	}
+	if v, ok := inf.(interface{ LastSyncResourceVersion() string }); ok {
+		a.policyRV = v.LastSyncResourceVersion
+	}
+	changed := func() { a.policyGen.Add(1) }
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { changed() },
+		UpdateFunc: func(any, any) { changed() },
+		DeleteFunc: func(any) { changed() },
+	}); err != nil {
+		return fmt.Errorf("OnboardingPolicy event handler: %w", err)
+	}
+	a.watching.Store(true)
+	return nil
 }
 
 // Authorize decides whether the workload with the verified identity id may
@@ -187,11 +238,11 @@ func NewAuthorizer(reader client.Reader, recorder record.EventRecorder, opts ...
 //
 // Invalid workloadGroupSelectors are logged as warnings.
 func (a *Authorizer) Authorize(ctx context.Context, namespace, groupName string, id runtimev1alpha1.WorkloadIdentity) (Decision, error) {
-	wg, policies, err := a.load(ctx, namespace, groupName)
+	wg, ix, err := a.load(ctx, namespace, groupName)
 	if err != nil {
 		return Decision{}, err
 	}
-	d := Evaluate(policies, GroupRefOf(wg), id)
+	d := ix.Evaluate(GroupRefOf(wg), id)
 	for _, s := range d.InvalidSelectors {
 		a.log.WarnContext(ctx, "OnboardingPolicy has an invalid workloadGroupSelector, which selects nothing",
 			"namespace", namespace, "policy", s.Policy, "rule", s.Rule, "onboardTo", s.Target, "error", s.Err)
@@ -225,39 +276,41 @@ func (a *Authorizer) Authorize(ctx context.Context, namespace, groupName string,
 // denied (and reported in an Event) for lack of proof. A missing
 // WorkloadGroup gives an error wrapping ErrWorkloadGroupNotFound.
 func (a *Authorizer) RequiresIAMRoleProof(ctx context.Context, namespace, groupName string) (bool, error) {
-	wg, policies, err := a.load(ctx, namespace, groupName)
+	wg, ix, err := a.load(ctx, namespace, groupName)
 	if err != nil {
 		return false, err
 	}
-	return RequiresIAMRoleProof(policies, GroupRefOf(wg)), nil
+	return ix.RequiresIAMRoleProof(GroupRefOf(wg)), nil
 }
 
 // AllowsAddress reports whether an OnboardingPolicy rule that allows id to
 // join the WorkloadGroup lets it register addr, an address its identity does
 // not prove (see AddressAllowed). It records no Event.
 func (a *Authorizer) AllowsAddress(ctx context.Context, namespace, groupName string, id runtimev1alpha1.WorkloadIdentity, addr netip.Addr) (bool, error) {
-	wg, policies, err := a.load(ctx, namespace, groupName)
+	wg, ix, err := a.load(ctx, namespace, groupName)
 	if err != nil {
 		return false, err
 	}
-	return AddressAllowed(policies, GroupRefOf(wg), id, addr), nil
+	return ix.AddressAllowed(GroupRefOf(wg), id, addr), nil
 }
 
 // Precheck evaluates the policies for id without recording an Event: the
 // endpoint asks it with what the instance identity document proves, before
 // it calls STS, so that identities no rule could allow never cost an STS
 // call. The Decision is allowed, or denied with NeedsIAMRoleProof when a
-// proof of the IAM role could still allow it.
+// proof of the IAM role could still allow it (see Index.Precheck: such a
+// denial carries no closest rules).
 func (a *Authorizer) Precheck(ctx context.Context, namespace, groupName string, id runtimev1alpha1.WorkloadIdentity) (Decision, error) {
-	wg, policies, err := a.load(ctx, namespace, groupName)
+	wg, ix, err := a.load(ctx, namespace, groupName)
 	if err != nil {
 		return Decision{}, err
 	}
-	return Evaluate(policies, GroupRefOf(wg), id), nil
+	return ix.Precheck(GroupRefOf(wg), id), nil
 }
 
-// load reads the WorkloadGroup and the OnboardingPolicies of its namespace.
-func (a *Authorizer) load(ctx context.Context, namespace, groupName string) (*networkingv1.WorkloadGroup, []authorizationv1alpha1.OnboardingPolicy, error) {
+// load reads the WorkloadGroup and the Index of the OnboardingPolicies of
+// its namespace.
+func (a *Authorizer) load(ctx context.Context, namespace, groupName string) (*networkingv1.WorkloadGroup, *Index, error) {
 	wg := &networkingv1.WorkloadGroup{}
 	if err := a.reader.Get(ctx, client.ObjectKey{Namespace: namespace, Name: groupName}, wg); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -265,11 +318,60 @@ func (a *Authorizer) load(ctx context.Context, namespace, groupName string) (*ne
 		}
 		return nil, nil, fmt.Errorf("get WorkloadGroup %s/%s: %w", namespace, groupName, err)
 	}
+	ix, err := a.index(ctx, namespace)
+	if err != nil {
+		return nil, nil, err
+	}
+	return wg, ix, nil
+}
+
+// index returns the Index of the namespace's OnboardingPolicies: the one
+// kept since the informer last took a policy event in, when WatchPolicies
+// subscribed to it, or one built from a fresh list. The version is read
+// before the list, so that an event the list may miss builds it again: an
+// event changes the informer's resource version before its store sees it,
+// and bumps the handlers' count after.
+func (a *Authorizer) index(ctx context.Context, namespace string) (*Index, error) {
+	watching := a.watching.Load()
+	var ver policyVersion
+	if watching {
+		if a.policyRV != nil {
+			ver.rv = a.policyRV()
+		}
+		ver.gen = a.policyGen.Load()
+		a.idxMu.RLock()
+		ix, ok := a.indexes[namespace]
+		current := a.indexesVersion == ver
+		a.idxMu.RUnlock()
+		if ok && current {
+			return ix, nil
+		}
+	}
 	var list authorizationv1alpha1.OnboardingPolicyList
 	if err := a.reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-		return nil, nil, fmt.Errorf("list OnboardingPolicies in namespace %s: %w", namespace, err)
+		return nil, fmt.Errorf("list OnboardingPolicies in namespace %s: %w", namespace, err)
 	}
-	return wg, list.Items, nil
+	ix := NewIndex(list.Items, namespace)
+	if watching {
+		a.keep(namespace, ver, ix)
+	}
+	return ix, nil
+}
+
+// keep stores ix, built at version ver. Indexes of another version are
+// forgotten, unless theirs has seen more handler events (ix is then the
+// older one and is not kept).
+func (a *Authorizer) keep(namespace string, ver policyVersion, ix *Index) {
+	a.idxMu.Lock()
+	defer a.idxMu.Unlock()
+	switch {
+	case ver.gen < a.indexesVersion.gen:
+		return
+	case ver != a.indexesVersion:
+		clear(a.indexes)
+		a.indexesVersion = ver
+	}
+	a.indexes[namespace] = ix
 }
 
 // recordDenial hands the denial Event to the recorder unless an identical

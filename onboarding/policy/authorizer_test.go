@@ -469,3 +469,66 @@ func TestAuthorizeIgnoresPoliciesOfOtherNamespaces(t *testing.T) {
 		})
 	}
 }
+
+// An Authorizer watching the policy informer keeps the namespace's Index
+// between requests and builds it again after each change the informer
+// reports: creations, updates and deletions take effect.
+func TestWatchedAuthorizerFollowsPolicyChanges(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	c := startCache(t)
+	a := newAuthorizer(t, c, record.NewFakeRecorder(100))
+	if err := a.WatchPolicies(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if a.policyRV == nil {
+		t.Fatal("the cache's informer does not tell its resource version: an Index could be kept past a change its handler has not been told of yet")
+	}
+	wg := createSeedGroup(t, ns)
+	waitForCache(t, c, wg)
+	id := ec2("123456789012", "us-east-2", "us-east-2b", "ratings-role")
+	_, narrow := seedPolicies(t)
+
+	// eventually polls Authorize until its message holds want (the
+	// informer calls the Authorizer's handler after updating its store).
+	eventually := func(step string, wantAllowed bool, want string) {
+		t.Helper()
+		var last Decision
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			d, err := a.Authorize(ctx, ns, "ratings", id)
+			if err != nil && !errors.Is(err, ErrDenied) {
+				return false, err
+			}
+			last = d
+			return d.Allowed == wantAllowed && strings.Contains(d.Message(), want), nil
+		})
+		if err != nil {
+			t.Fatalf("%s: last decision %q (allowed %v), want allowed %v with %q: %v", step, last.Message(), last.Allowed, wantAllowed, want, err)
+		}
+	}
+	eventually("no policy", false, "no OnboardingPolicy in namespace "+ns)
+	p := createPolicy(t, narrow, ns)
+	eventually("created", true, "by policy "+narrowPolicy+"/rule 0")
+
+	first, err := a.index(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := a.index(ctx, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first != again {
+		t.Error("the Index was built again although no policy changed")
+	}
+
+	p.Spec.Allow[0].Workloads[0].AWS.Zones = []string{"us-east-2a"}
+	if err := env.Client.Update(ctx, p); err != nil {
+		t.Fatalf("update policy: %v", err)
+	}
+	eventually("updated", false, "zone us-east-2b not in [us-east-2a]")
+	if err := env.Client.Delete(ctx, p); err != nil {
+		t.Fatalf("delete policy: %v", err)
+	}
+	eventually("deleted", false, "no OnboardingPolicy in namespace "+ns)
+}

@@ -317,6 +317,11 @@ func (b *build) onboarding(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Keep each namespace's policy index between requests, rebuilt when a
+	// policy changes.
+	if err := authz.WatchPolicies(ctx, b.informers); err != nil {
+		return err
+	}
 	policyStatus, err := policystatus.New(policystatus.Options{Client: b.kc, Cache: b.informers, Decisions: decisions, Logger: log})
 	if err != nil {
 		return err

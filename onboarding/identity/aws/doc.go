@@ -17,12 +17,16 @@
 // The document is believed when, and only when:
 //
 //   - the signature is a PKCS#7 SignedData with exactly one signer whose
-//     enclosed content is the submitted document byte for byte;
+//     enclosed content is the submitted document byte for byte. The
+//     package reads it with its own parser for the shape AWS signs (BER
+//     indefinite lengths in the envelope, a DER SignerInfo), in place and
+//     without converting it to DER; anything else is malformed;
 //   - the document names a region whose AWS certificate is in the
 //     verifier's trust set (default: the certificates embedded in package
 //     certs; replace or extend it with WithTrustedCertificates and
 //     WithAdditionalCertificates); an unknown region is refused;
-//   - the signature verifies with that certificate alone. Certificates
+//   - the signature verifies with that certificate alone, whose RSA key is
+//     taken once when the verifier is made. Certificates
 //     enclosed in the PKCS#7 envelope are discarded before verification, so
 //     a signature made by any other key (including one whose certificate
 //     copies the AWS certificate's issuer and serial number) fails.

@@ -2,14 +2,19 @@ package aws
 
 import (
 	"bytes"
+	"crypto"
+	"crypto/rsa"
+	"crypto/subtle"
 	"crypto/x509"
 	"encoding/asn1"
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"slices"
+	"time"
 
-	"github.com/smallstep/pkcs7"
+	"golang.org/x/crypto/cryptobyte"
+	cbasn1 "golang.org/x/crypto/cryptobyte/asn1"
 
 	"github.com/embark-mesh/embark/onboarding/identity"
 )
@@ -35,12 +40,17 @@ func DecodeSignature(sig []byte) ([]byte, error) {
 		}
 		return block.Bytes, nil
 	}
-	compact := make([]byte, 0, len(sig))
-	for _, c := range sig {
-		switch c {
-		case ' ', '\t', '\r', '\n':
-		default:
-			compact = append(compact, c)
+	// The decoder skips line breaks itself; spaces and tabs are removed
+	// first, from a copy.
+	compact := sig
+	if bytes.ContainsAny(sig, " \t") {
+		compact = make([]byte, 0, len(sig))
+		for _, c := range sig {
+			switch c {
+			case ' ', '\t', '\r', '\n':
+			default:
+				compact = append(compact, c)
+			}
 		}
 	}
 	der := make([]byte, base64.StdEncoding.DecodedLen(len(compact)))
@@ -52,67 +62,132 @@ func DecodeSignature(sig []byte) ([]byte, error) {
 }
 
 // parsePKCS7 parses a DER or BER PKCS#7 SignedData with exactly one signer.
-func parsePKCS7(der []byte) (p7 *pkcs7.PKCS7, err error) {
-	// The PKCS#7 parser is third-party code fed with outside input: a panic
-	// in it must refuse the credential, not crash the endpoint.
-	defer func() {
-		if r := recover(); r != nil {
-			p7, err = nil, identity.Refuse(identity.ReasonMalformed, "rsa2048 signature is not a PKCS#7 SignedData (parser panic: %v)", r)
-		}
-	}()
-	p7, err = pkcs7.Parse(der)
-	if err != nil {
+// Certificates enclosed in it must parse, and are then discarded.
+func parsePKCS7(der []byte) (*signedData, error) {
+	sd, err := parseSignedData(der)
+	var count errSignerCount
+	switch {
+	case errors.As(err, &count):
+		return nil, identity.Refuse(identity.ReasonMalformed, "rsa2048 signature has %d signers, want exactly 1", int(count))
+	case err != nil:
 		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "rsa2048 signature is not a PKCS#7 SignedData")
 	}
-	if len(p7.Signers) != 1 {
-		return nil, identity.Refuse(identity.ReasonMalformed, "rsa2048 signature has %d signers, want exactly 1", len(p7.Signers))
+	if len(sd.certificates) > 0 {
+		if _, err := x509.ParseCertificates(sd.certificates); err != nil {
+			return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "rsa2048 signature encloses a malformed certificate")
+		}
 	}
-	return p7, nil
+	return sd, nil
 }
 
-// strongDigests are the digest algorithms a signature may use; AWS uses
-// SHA-256.
-var strongDigests = []asn1.ObjectIdentifier{
-	pkcs7.OIDDigestAlgorithmSHA256, pkcs7.OIDDigestAlgorithmSHA384, pkcs7.OIDDigestAlgorithmSHA512,
+// strongDigests are the digest algorithms a signature may use, by their
+// OID; AWS uses SHA-256.
+var strongDigests = map[string]crypto.Hash{
+	asn1.ObjectIdentifier{2, 16, 840, 1, 101, 3, 4, 2, 1}.String(): crypto.SHA256,
+	asn1.ObjectIdentifier{2, 16, 840, 1, 101, 3, 4, 2, 2}.String(): crypto.SHA384,
+	asn1.ObjectIdentifier{2, 16, 840, 1, 101, 3, 4, 2, 3}.String(): crypto.SHA512,
 }
 
-// checkContent requires the content signed by p7 to be document, byte for
+// rsaSignatureAlgorithms are the digestEncryptionAlgorithm OIDs of an RSA
+// PKCS#1 v1.5 signature: rsaEncryption and sha{1,256,384,512}WithRSA. The
+// digest is the signer's digestAlgorithm whichever of them is named.
+var rsaSignatureAlgorithms = []asn1.ObjectIdentifier{
+	{1, 2, 840, 113549, 1, 1, 1}, {1, 2, 840, 113549, 1, 1, 5},
+	{1, 2, 840, 113549, 1, 1, 11}, {1, 2, 840, 113549, 1, 1, 12}, {1, 2, 840, 113549, 1, 1, 13},
+}
+
+// checkContent requires the content signed by sd to be document, byte for
 // byte.
-func checkContent(p7 *pkcs7.PKCS7, document []byte) error {
-	if len(p7.Content) == 0 {
+func checkContent(sd *signedData, document []byte) error {
+	if len(sd.content) == 0 {
 		return identity.Refuse(identity.ReasonContentMismatch, "rsa2048 signature carries no signed content (detached); the signed document must be enclosed")
 	}
-	if !bytes.Equal(p7.Content, document) {
-		return identity.Refuse(identity.ReasonContentMismatch, "the submitted document (%d bytes) is not the content signed by the rsa2048 signature (%d bytes)", len(document), len(p7.Content))
+	if !bytes.Equal(sd.content, document) {
+		return identity.Refuse(identity.ReasonContentMismatch, "the submitted document (%d bytes) is not the content signed by the rsa2048 signature (%d bytes)", len(document), len(sd.content))
 	}
 	return nil
 }
 
-// verifySigner verifies p7's only signature with cert and nothing else.
-// Certificates enclosed in the PKCS#7 envelope are discarded: the signer
-// must be cert (issuer and serial number) and the signature must verify
-// with cert's key.
-func verifySigner(p7 *pkcs7.PKCS7, cert *x509.Certificate, region string) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = identity.Refuse(identity.ReasonBadSignature, "rsa2048 signature cannot be verified (verifier panic: %v)", r)
-		}
-	}()
-	digest := p7.Signers[0].DigestAlgorithm.Algorithm
-	if !slices.ContainsFunc(strongDigests, digest.Equal) {
-		return identity.Refuse(identity.ReasonBadSignature, "the rsa2048 signature uses digest algorithm %s; only SHA-256, SHA-384 and SHA-512 are accepted", digest)
+// trustedKey is a region's AWS certificate and its RSA public key, taken
+// from the certificate once when the verifier is made.
+type trustedKey struct {
+	cert *x509.Certificate
+	pub  *rsa.PublicKey // nil when the certificate's key is not RSA: no signature verifies
+}
+
+func newTrustedKey(cert *x509.Certificate) trustedKey {
+	pub, _ := cert.PublicKey.(*rsa.PublicKey)
+	return trustedKey{cert: cert, pub: pub}
+}
+
+// verifySigner verifies sd's only signature with key and nothing else.
+// Certificates enclosed in the PKCS#7 envelope are not used: the signer
+// must be key's certificate (issuer and serial number), the signed
+// attributes' message digest must be the content's, their signing time (if
+// any) within the certificate's validity, and the signature must verify
+// with the certificate's key.
+func verifySigner(sd *signedData, key trustedKey, region string) error {
+	si := &sd.signer
+	hash, ok := strongDigests[si.digestAlg.String()]
+	if !ok {
+		return identity.Refuse(identity.ReasonBadSignature, "the rsa2048 signature uses digest algorithm %s; only SHA-256, SHA-384 and SHA-512 are accepted", si.digestAlg)
 	}
-	p7.Certificates = []*x509.Certificate{cert}
-	if err := p7.Verify(); err != nil {
-		var mismatch *pkcs7.MessageDigestMismatchError
-		switch {
-		case errors.As(err, &mismatch):
-			return identity.RefuseWrap(identity.ReasonBadSignature, err, "the digest signed for region %s does not match the enclosed document", region)
-		case p7.GetOnlySigner() == nil:
-			return identity.RefuseWrap(identity.ReasonBadSignature, err, "the rsa2048 signature was not made by the AWS certificate of region %s", region)
-		default:
-			return identity.RefuseWrap(identity.ReasonBadSignature, err, "the rsa2048 signature does not verify with the AWS certificate of region %s", region)
+	if si.serial.Cmp(key.cert.SerialNumber) != 0 || !bytes.Equal(si.issuer, key.cert.RawIssuer) {
+		return identity.Refuse(identity.ReasonBadSignature, "the rsa2048 signature was not made by the AWS certificate of region %s", region)
+	}
+	digest := digestOf(hash, 0, sd.content)
+	if si.attributes != nil {
+		if err := checkAttributes(si, digest, key.cert, region); err != nil {
+			return err
 		}
+		// The signature covers the attributes as a DER SET OF.
+		digest = digestOf(hash, 0x31, si.attributes[1:])
+	}
+	if !slices.ContainsFunc(rsaSignatureAlgorithms, si.encryptionAlg.Equal) || key.pub == nil {
+		return identity.Refuse(identity.ReasonBadSignature, "the rsa2048 signature (algorithm %s) does not verify with the AWS certificate of region %s", si.encryptionAlg, region)
+	}
+	if err := rsa.VerifyPKCS1v15(key.pub, hash, digest, si.signature); err != nil {
+		return identity.RefuseWrap(identity.ReasonBadSignature, err, "the rsa2048 signature does not verify with the AWS certificate of region %s", region)
+	}
+	return nil
+}
+
+// digestOf returns the hash of data, preceded by the octet first unless it
+// is 0.
+func digestOf(hash crypto.Hash, first byte, data []byte) []byte {
+	h := hash.New()
+	if first != 0 {
+		h.Write([]byte{first})
+	}
+	h.Write(data)
+	return h.Sum(nil)
+}
+
+// checkAttributes checks si's authenticated attributes against the
+// content's digest and cert: they must be in the order they are signed in,
+// hold the content's message digest, and a signing time, if they hold one
+// that parses, within cert's validity.
+func checkAttributes(si *signerInfo, digest []byte, cert *x509.Certificate, region string) error {
+	if !si.attributesSorted {
+		return identity.Refuse(identity.ReasonBadSignature, "the rsa2048 signature's authenticated attributes are not in DER order, so they are not what was signed")
+	}
+	values := cryptobyte.String(si.messageDigest)
+	var signed cryptobyte.String
+	if si.messageDigest == nil || !values.ReadASN1(&signed, cbasn1.OCTET_STRING) {
+		return identity.Refuse(identity.ReasonBadSignature, "the rsa2048 signature carries no message digest attribute for region %s", region)
+	}
+	if subtle.ConstantTimeCompare(signed, digest) != 1 {
+		return identity.Refuse(identity.ReasonBadSignature, "the digest signed for region %s does not match the enclosed document", region)
+	}
+	if si.signingTime == nil {
+		return nil
+	}
+	var at time.Time
+	if _, err := asn1.Unmarshal(si.signingTime, &at); err != nil {
+		return nil
+	}
+	if at.After(cert.NotAfter) || at.Before(cert.NotBefore) {
+		return identity.Refuse(identity.ReasonBadSignature, "the rsa2048 signature's signing time %s is outside the validity of the AWS certificate of region %s", at.Format(time.RFC3339), region)
 	}
 	return nil
 }

@@ -44,7 +44,8 @@ type Credential = awswire.Credential
 type Verifier struct {
 	audience    string
 	trust       map[string]*x509.Certificate
-	stsEndpoint *url.URL // nil: AWS's regional endpoint for the document's region
+	keys        map[string]trustedKey // trust's certificates with their keys, by region
+	stsEndpoint *url.URL              // nil: AWS's regional endpoint for the document's region
 	stsResolver sts.EndpointResolverV2
 	httpClient  *http.Client
 	now         func() time.Time
@@ -157,6 +158,7 @@ func NewVerifier(audience string, opts ...Option) (*Verifier, error) {
 	v := &Verifier{
 		audience:    audience,
 		trust:       o.trust,
+		keys:        trustedKeys(o.trust),
 		stsResolver: sts.NewDefaultEndpointResolverV2(),
 		httpClient:  o.httpClient,
 		now:         o.now,
@@ -222,6 +224,16 @@ func (o *options) setDefaults() error {
 	return nil
 }
 
+// trustedKeys takes each certificate's public key once, so that no
+// verification parses or converts it again.
+func trustedKeys(trust map[string]*x509.Certificate) map[string]trustedKey {
+	keys := make(map[string]trustedKey, len(trust))
+	for region, cert := range trust {
+		keys[region] = newTrustedKey(cert)
+	}
+	return keys
+}
+
 // Regions returns the regions of the trust set, sorted.
 func (v *Verifier) Regions() []string {
 	return slices.Sorted(maps.Keys(v.trust))
@@ -243,22 +255,22 @@ func (v *Verifier) VerifyDocument(document, signature []byte) (*Document, error)
 	if err != nil {
 		return nil, err
 	}
-	p7, err := parsePKCS7(der)
+	sd, err := parsePKCS7(der)
 	if err != nil {
 		return nil, err
 	}
-	if err := checkContent(p7, document); err != nil {
+	if err := checkContent(sd, document); err != nil {
 		return nil, err
 	}
 	doc, err := ParseDocument(document)
 	if err != nil {
 		return nil, err
 	}
-	cert, ok := v.trust[doc.Region]
+	key, ok := v.keys[doc.Region]
 	if !ok {
 		return nil, identity.Refuse(identity.ReasonUnknownRegion, "no AWS certificate is configured for region %s (a new AWS region? add its certificate to the trust set)", doc.Region)
 	}
-	if err := verifySigner(p7, cert, doc.Region); err != nil {
+	if err := verifySigner(sd, key, doc.Region); err != nil {
 		return nil, err
 	}
 	return doc, nil
