@@ -54,13 +54,6 @@ func testPod(mutate func(*corev1.PodSpec)) *corev1.PodSpec {
 
 var testImage = imageConfig{User: "1000:1000", Entrypoint: []string{"/usr/local/bin/ep"}, Env: []string{"PATH=/usr/local/bin"}, WorkingDir: "/"}
 
-func withVolume(v corev1.Volume, m corev1.VolumeMount) func(*corev1.PodSpec) {
-	return func(s *corev1.PodSpec) {
-		s.Volumes = append(s.Volumes, v)
-		s.Containers[0].VolumeMounts = append(s.Containers[0].VolumeMounts, m)
-	}
-}
-
 func withEnv(e ...corev1.EnvVar) func(*corev1.PodSpec) {
 	return func(s *corev1.PodSpec) { s.Containers[0].Env = append(s.Containers[0].Env, e...) }
 }
