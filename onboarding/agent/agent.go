@@ -424,8 +424,10 @@ func (a *Agent) setOnboarded(on bool) {
 
 // logRefusal logs why onboarding failed, with the endpoint's message.
 func (a *Agent) logRefusal(stage string, err error) {
+	// The status of a wrapped gRPC error, or of err itself (FromError of
+	// nil would be an OK status).
 	st, ok := status.FromError(errors.Unwrap(err))
-	if !ok {
+	if !ok || errors.Unwrap(err) == nil {
 		st, ok = status.FromError(err)
 	}
 	if !ok {
