@@ -118,11 +118,15 @@ func rotateServingCA(t *testing.T, fromSecret bool) {
 	}{{
 		name: "serving certificate renewed under the same CA",
 		do:   func() { w.serve(t, w.issue(t, ca1)) },
-		done: func(s servingState) bool { return s.issuer == ca1.cert.Subject.CommonName && s.serial.Cmp(first.serial) != 0 },
+		done: func(s servingState) bool {
+			return s.issuer == ca1.cert.Subject.CommonName && s.serial.Cmp(first.serial) != 0
+		},
 	}, {
 		name: "the new CA published beside the old one",
 		do:   func() { w.publish(t, ca1, ca2) },
-		done: func(s servingState) bool { return s.installed[ca1.cert.Subject.CommonName] && s.installed[ca2.cert.Subject.CommonName] },
+		done: func(s servingState) bool {
+			return s.installed[ca1.cert.Subject.CommonName] && s.installed[ca2.cert.Subject.CommonName]
+		},
 	}, {
 		name:    "serving certificate issued by the new CA",
 		do:      func() { w.serve(t, w.issue(t, ca2)) },
