@@ -13,12 +13,10 @@ package agent
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -137,7 +135,7 @@ func New(opts Options) (*Agent, error) {
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}
-	creds, err := transportCredentials(opts.Onboarding)
+	creds, err := transportCredentials(opts.Onboarding, opts.Agent.Sidecar.Bootstrap.RootCert)
 	if err != nil {
 		return nil, err
 	}
@@ -155,18 +153,22 @@ func New(opts Options) (*Agent, error) {
 	}, nil
 }
 
-func transportCredentials(cfg *config.OnboardingConfiguration) (credentials.TransportCredentials, error) {
+// transportCredentials verifies the endpoint against the system roots, or,
+// with onboardingEndpoint.caCertificates, against that file and the roots
+// installed from the endpoint (installedRoots), both read again at each
+// handshake (endpointTrust).
+func transportCredentials(cfg *config.OnboardingConfiguration, installedRoots string) (credentials.TransportCredentials, error) {
 	tc := &tls.Config{ServerName: cfg.ServerName(), MinVersion: tls.VersionTLS12}
 	if f := cfg.OnboardingEndpoint.CACertificates; f != "" {
-		pem, err := os.ReadFile(f)
+		trust, err := newEndpointTrust(f, installedRoots)
 		if err != nil {
-			return nil, fmt.Errorf("read onboardingEndpoint.caCertificates: %w", err)
+			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("onboardingEndpoint.caCertificates %s: no PEM certificate", f)
-		}
-		tc.RootCAs = pool
+		// The chain is verified by VerifyConnection against the roots as
+		// they are at this handshake; crypto/tls's own verification, with
+		// roots fixed when the configuration is made, is replaced by it.
+		tc.InsecureSkipVerify = true //nolint:gosec // VerifyConnection verifies the chain and the server name
+		tc.VerifyConnection = trust.verify(cfg.ServerName())
 	}
 	return credentials.NewTLS(tc), nil
 }
@@ -422,8 +424,10 @@ func (a *Agent) setOnboarded(on bool) {
 
 // logRefusal logs why onboarding failed, with the endpoint's message.
 func (a *Agent) logRefusal(stage string, err error) {
+	// The status of a wrapped gRPC error, or of err itself (FromError of
+	// nil would be an OK status).
 	st, ok := status.FromError(errors.Unwrap(err))
-	if !ok {
+	if !ok || errors.Unwrap(err) == nil {
 		st, ok = status.FromError(err)
 	}
 	if !ok {

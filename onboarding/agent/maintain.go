@@ -123,7 +123,38 @@ func (a *Agent) renewSidecarToken(ctx context.Context) error {
 	a.session.sidecarExpiry, a.session.sidecarIssued = res.GetExpiresAt().AsTime(), time.Now()
 	a.mu.Unlock()
 	a.log.Info("sidecar token renewed", "expiresAt", res.GetExpiresAt().AsTime())
+	a.installRoots(ctx, res.GetRootCertificates())
 	return nil
+}
+
+// installRoots installs the endpoint's current roots (sent with each
+// sidecar token renewal) when they differ from the installed ones: a
+// rotated serving CA reaches a running VM this way, without onboarding
+// again or a restart of the sidecar. Written at its path (restart commands
+// configured) or staged with a roots request for
+// onboarding-agent-sidecar.service. A failure is logged and tried again at
+// the next renewal; the token renewal stands.
+func (a *Agent) installRoots(ctx context.Context, roots []byte) {
+	if len(roots) == 0 {
+		return
+	}
+	sc := a.opts.Agent.Sidecar
+	var (
+		changed bool
+		err     error
+		how     = "written to " + sc.Bootstrap.RootCert
+	)
+	if sc.Direct() {
+		changed, err = a.files.InstallRoots(roots)
+	} else if changed, err = a.files.StageRoots(sc.StagingDir, roots); err == nil && changed {
+		how, err = a.sidecarAction(ctx, sidecar.RequestRoots)
+	}
+	switch {
+	case err != nil:
+		a.log.Error("cannot install the endpoint's new root certificates; trying again at the next renewal", "error", err.Error())
+	case changed:
+		a.log.Info("the endpoint's root certificates changed; installed for the sidecar's next connection", "how", how)
+	}
 }
 
 // watch follows the registration with WatchRegistration and reports on gone

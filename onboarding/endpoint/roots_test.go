@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
 )
 
 // selfSignedPEM returns a new self-signed CA certificate in PEM.
@@ -102,5 +104,35 @@ func TestRootCertsFollowTheFile(t *testing.T) {
 	}
 	if got, _ := (&rootCerts{fixed: ca1}).get(); !bytes.Equal(got, ca1) {
 		t.Fatal("fixed roots not returned")
+	}
+}
+
+// A sidecar token renewal carries the roots of the file as it is now: a
+// running VM learns a rotated serving CA from it without onboarding again.
+func TestSidecarTokenRenewalCarriesTheCurrentRoots(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "roots.pem")
+	ca1, ca2 := selfSignedPEM(t, "serving CA one"), selfSignedPEM(t, "serving CA two")
+	if err := os.WriteFile(file, ca1, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(o *Options) { o.Bootstrap.RootCertFile = file })
+	h.apply(narrowPolicy)
+	h.group("ratings", map[string]string{"app": "ratings"})
+	auth, reg := h.registered(h.aws.IMDS, "172.31.5.254")
+	if !bytes.Equal(reg.GetBootstrap().GetRootCertificates(), ca1) {
+		t.Fatal("the bootstrap does not carry the file's roots")
+	}
+	renewCtx := session(t.Context(), auth.GetToken(), reg.GetSessionKey())
+	for i, want := range [][]byte{ca1, append(append([]byte{}, ca1...), ca2...), ca2} {
+		if err := os.WriteFile(file, want, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		res, err := h.client.RenewSidecarToken(renewCtx, &onboardingv1alpha1.RenewSidecarTokenRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(res.GetRootCertificates(), want) {
+			t.Errorf("renewal %d: roots %q, want the file's", i, res.GetRootCertificates())
+		}
 	}
 }

@@ -533,7 +533,16 @@ func (s *Server) RenewSidecarToken(ctx context.Context, _ *onboardingv1alpha1.Re
 	if err != nil {
 		return nil, s.registerStatus(ctx, err, "renew")
 	}
-	return &onboardingv1alpha1.RenewSidecarTokenResponse{SidecarToken: tok.Token, ExpiresAt: timestamppb.New(tok.ExpiresAt)}, nil
+	res := &onboardingv1alpha1.RenewSidecarTokenResponse{SidecarToken: tok.Token, ExpiresAt: timestamppb.New(tok.ExpiresAt)}
+	// The current roots go with every renewal, so that a VM installs a
+	// rotated serving CA without onboarding again. Roots that cannot be read
+	// (and were never read) do not fail the renewal: the VM keeps its own.
+	if roots, err := s.roots.get(); err == nil {
+		res.RootCertificates = roots
+	} else {
+		s.log.Warn("root certificates not sent with the sidecar token renewal", "registration", key.String(), "error", err.Error())
+	}
+	return res, nil
 }
 
 // ReasonTakeoverRefused is the reason of the Warning Event recorded on a

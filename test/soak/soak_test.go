@@ -30,7 +30,9 @@ const (
 	// connected; older ones disconnect and are swept after the grace period.
 	rate      = 2
 	connected = 50
-	grace     = 15 * time.Second
+	// grace outlasts the replica's roll (SIGTERM, start, ready) on a busy
+	// machine, so that the held agents' registrations survive it.
+	grace = time.Minute
 	// eventCacheSize bounds the event correlator's LRU caches (client-go's
 	// default 4096 entries each, about 5 entries per workload: Registered
 	// and GracePeriodExpired events) so that they are full before the
@@ -43,6 +45,8 @@ const (
 
 type sample struct {
 	at time.Duration
+	// afterRoll says the sample was taken after the replica's roll.
+	afterRoll bool
 	// heapMiB is the live heap of a full collection (what is retained);
 	// heapBeforeGCMiB the heap in use before it (with garbage, for the log).
 	heapMiB, heapBeforeGCMiB, goroutines float64
@@ -118,8 +122,29 @@ func TestSoak(t *testing.T) {
 	tick := time.NewTicker(time.Second / rate)
 	defer tick.Stop()
 	nextSample := start
+	// The replica is rolled once, at the end of the first fifth (the
+	// warm-up), as a rolling update does: SIGTERM, then the same replica
+	// started again; the held agents reconnect to it.
+	rollAt, rolled := duration/5, false
+	var rollTook time.Duration
+	rollHeld, rollLost := 0, 0
 	for n := 1; time.Since(start) < duration; n++ {
 		<-tick.C
+		if !rolled && time.Since(start) >= rollAt {
+			rolled = true
+			rollStart := time.Now()
+			if err := r.Stop(); err != nil {
+				t.Fatalf("roll: stop: %v", err)
+			}
+			if err := r.Start(ctx); err != nil {
+				t.Fatalf("roll: start: %v", err)
+			}
+			rollTook = time.Since(rollStart)
+			rollHeld, rollLost = checkRoll(ctx, t, ns, held)
+			t.Logf("t=%-6s replica rolled (stopped and ready again in %v): %d held agents reconnected, %d registrations lost or re-created",
+				time.Since(start).Round(time.Second), rollTook.Round(100*time.Millisecond), rollHeld, rollLost)
+			continue
+		}
 		a := endpointproc.NewAgent(n)
 		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		err := a.Onboard(octx, api, ca, ns, endpointproc.Group)
@@ -156,7 +181,7 @@ func TestSoak(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s := sample{at: now.Sub(start), heapMiB: m["go_gc_heap_live_bytes"] / (1 << 20), goroutines: m["go_goroutines"],
+			s := sample{at: now.Sub(start), afterRoll: rolled, heapMiB: m["go_gc_heap_live_bytes"] / (1 << 20), goroutines: m["go_goroutines"],
 				heapBeforeGCMiB: before["go_memstats_heap_inuse_bytes"] / (1 << 20),
 				onboarded:       onboarded, registrations: len(ws)}
 			s.swept = onboarded - len(ws)
@@ -172,9 +197,11 @@ func TestSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	lost := 0
 	for _, a := range held {
-		if w, ok := ws[a.Registration]; !ok || w.Connected != "True" || !w.WorkloadEntry {
-			t.Errorf("held agent %s: registration %+v (present %v), stream connected %v, last error %v", a.Registration, w, ok, a.Connected(), a.LastError())
+		if w, ok := ws[a.Registration]; !ok || w.Connected != "True" || !w.WorkloadEntry || string(w.UID) != a.UID {
+			lost++
+			t.Errorf("held agent %s (UID %s): registration %+v (present %v), stream connected %v, last error %v", a.Registration, a.UID, w, ok, a.Connected(), a.LastError())
 		}
 	}
 
@@ -182,9 +209,13 @@ func TestSoak(t *testing.T) {
 		t.Logf("endpoint log:\n%s", r.LogTail())
 	}
 
-	// Flatness: skip the warm-up (the first fifth, while the first
-	// connected agents and the first sweeps build up).
-	warm := len(samples) / 5
+	// Flatness: skip the warm-up and the roll (the first fifth), and as
+	// long again after the roll while the restarted replica's caches, held
+	// streams and first sweeps build up again.
+	warm := 0
+	for warm < len(samples) && (!samples[warm].afterRoll || samples[warm].at < 2*rollAt) {
+		warm++
+	}
 	var xs, heap, inuse, gor []float64
 	for _, s := range samples[warm:] {
 		xs = append(xs, s.at.Minutes())
@@ -196,8 +227,10 @@ func TestSoak(t *testing.T) {
 		t.Fatalf("%d samples after the warm-up: too few to tell a trend (SOAK_DURATION of at least 2m)", len(xs))
 	}
 	var report strings.Builder
-	fmt.Fprintf(&report, "soak %v: %d onboardings (%d/s target, %d held, grace %v), %d failed; %d samples, warm-up %d\n",
+	fmt.Fprintf(&report, "soak %v: %d onboardings (%d/s target, %d held, grace %v), %d failed; %d samples, warm-up and roll %d\n",
 		duration, onboarded, rate, connected, grace, failures, len(samples), warm)
+	fmt.Fprintf(&report, "replica rolled at %v (down and ready again in %v): %d held agents reconnected, %d registrations lost or re-created; at the end %d held, %d lost or re-created\n",
+		rollAt, rollTook.Round(100*time.Millisecond), rollHeld, rollLost, len(held), lost)
 	for _, c := range []struct {
 		name string
 		ys   []float64
@@ -217,4 +250,53 @@ func TestSoak(t *testing.T) {
 	fmt.Fprintf(&report, "%-18s mean %8.1f  slope %+7.2f/min  change over window %+7.1f  noise (residual sd) %6.1f  (not checked)\n",
 		"heap in use (MiB)", tr.Mean, tr.Slope, tr.Change, tr.Noise)
 	t.Log("\n" + report.String())
+}
+
+// checkRoll waits (up to the grace period) for every agent held through
+// the replica's roll to be connected again on a new stream, then checks
+// that each one's registration is the one it registered (same UID),
+// connected, with its WorkloadEntry. It returns how many reconnected and
+// how many registrations were lost or re-created (each an error).
+func checkRoll(ctx context.Context, t *testing.T, ns string, held []*endpointproc.Agent) (reconnected, lost int) {
+	t.Helper()
+	deadline := time.Now().Add(grace)
+	for {
+		reconnected = 0
+		for _, a := range held {
+			if a.Connected() && a.Connects() > 1 {
+				reconnected++
+			}
+		}
+		if reconnected == len(held) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	if reconnected != len(held) {
+		t.Errorf("after the roll, %d of %d held agents reconnected within %v", reconnected, len(held), grace)
+	}
+	// The restarted replica writes AgentConnected again after the
+	// reconnects; a second is enough on an idle machine, the poll is for a
+	// busy one.
+	for {
+		ws, err := endpointproc.Workloads(ctx, env.Client, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lost = 0
+		var bad []string
+		for _, a := range held {
+			if w, ok := ws[a.Registration]; !ok || w.Connected != "True" || !w.WorkloadEntry || string(w.UID) != a.UID {
+				lost++
+				bad = append(bad, fmt.Sprintf("%s (UID %s): %+v (present %v)", a.Registration, a.UID, w, ok))
+			}
+		}
+		if lost == 0 || time.Now().After(deadline) {
+			for _, b := range bad {
+				t.Errorf("after the roll, registration %s", b)
+			}
+			return reconnected, lost
+		}
+		time.Sleep(time.Second)
+	}
 }

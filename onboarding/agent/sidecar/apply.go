@@ -29,6 +29,10 @@ const (
 	// RequestDNSOn points the host's resolver at the sidecar's DNS proxy for
 	// the mesh's domains; the agent asks once the proxy answers.
 	RequestDNSOn Action = "dns-on"
+	// RequestRoots installs the staged root certificate alone, without a
+	// restart: pilot-agent watches the file (XDS_ROOT_CA) and uses it for
+	// its next connection to the discovery address.
+	RequestRoots Action = "roots"
 )
 
 // envHeader opens every cluster.env the package renders.
@@ -205,7 +209,9 @@ func enableHostDNS(ctx context.Context, h *HostDNS, log *slog.Logger) error {
 // resolver's mesh DNS configuration, installs canonical copies (0644) at
 // the upstream paths and restarts the unit; for stop it removes the mesh
 // DNS configuration and stops the unit; for dns-on it installs the mesh DNS
-// configuration (HostDNS). It returns the action taken. Staged files are read
+// configuration (HostDNS); for roots it installs the staged root
+// certificate alone (a rotated bundle, no restart). It returns the action
+// taken. Staged files are read
 // through an os.Root, so a symbolic link out of the staging directory is
 // refused; nothing is installed unless all three files are valid.
 func Apply(ctx context.Context, o ApplyOptions) (Action, error) {
@@ -235,9 +241,11 @@ func Apply(ctx context.Context, o ApplyOptions) (Action, error) {
 		}
 		log.Info("sidecar stopped", "unit", o.Unit)
 		return RequestStop, nil
+	case RequestRoots:
+		return RequestRoots, installStagedRoots(root, o.Paths.RootCert, log)
 	case RequestRestart:
 	default:
-		return "", fmt.Errorf("request %q: want restart, stop or dns-on", verb)
+		return "", fmt.Errorf("request %q: want restart, stop, dns-on or roots", verb)
 	}
 	files, err := readStaged(root)
 	if err != nil {
@@ -260,6 +268,50 @@ func Apply(ctx context.Context, o ApplyOptions) (Action, error) {
 	log.Info("sidecar bootstrap installed; sidecar restarted", "unit", o.Unit, "clusterEnv", o.Paths.ClusterEnv,
 		"meshConfig", o.Paths.MeshConfig, "rootCert", o.Paths.RootCert)
 	return RequestRestart, nil
+}
+
+// installStagedRoots installs a canonical copy of the staged root
+// certificate at path when it differs from what is there.
+func installStagedRoots(root *os.Root, path string, log *slog.Logger) error {
+	raw, err := readLimited(root, StagedRootCert, maxStagedFile)
+	if err != nil {
+		return err
+	}
+	certs, err := canonicalCerts(raw)
+	if err != nil {
+		return fmt.Errorf("staged root certificate: %w", err)
+	}
+	changed, err := installRoots(path, certs)
+	if err != nil {
+		return err
+	}
+	if changed {
+		log.Info("root certificates installed; the sidecar uses them for its next connection", "rootCert", path)
+	}
+	return nil
+}
+
+// installRoots writes certs (canonical PEM) at path unless path holds them
+// already, and reports whether it wrote.
+func installRoots(path string, certs []byte) (bool, error) {
+	if installed(path, certs) {
+		return false, nil
+	}
+	if err := WriteAtomic(path, certs, 0o644); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// installed reports whether path holds the certificates certs (canonical
+// PEM), in whatever PEM encoding.
+func installed(path string, certs []byte) bool {
+	cur, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	canon, err := canonicalCerts(cur)
+	return err == nil && bytes.Equal(canon, certs)
 }
 
 type stagedFiles struct{ env, mesh, root []byte }

@@ -134,7 +134,7 @@ func TestApplyRefusesBadStagedFiles(t *testing.T) {
 		{name: "not a certificate", root: "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n", wantErr: "root certificate"},
 		{name: "extra mesh field", mesh: "defaultConfig: {}\nrootNamespace: x\n", wantErr: "mesh config"},
 		{name: "symlink out of the staging directory", link: true, wantErr: "staged cluster.env"},
-		{name: "unknown request", request: "chmod 4755 /bin/sh\n", wantErr: "want restart, stop or dns-on"},
+		{name: "unknown request", request: "chmod 4755 /bin/sh\n", wantErr: "want restart, stop, dns-on or roots"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -281,5 +281,68 @@ func TestApplyHostDNS(t *testing.T) {
 	}
 	if _, err := Apply(t.Context(), opts); err == nil || !strings.Contains(err.Error(), "sidecar.dns.enabled") {
 		t.Errorf("dns-on without HostDNS: %v, want an error naming sidecar.dns.enabled", err)
+	}
+}
+
+// New roots reach a running VM without a restart: written at their path
+// (direct) or staged with a roots request that Apply installs alone. The
+// same roots again change nothing; anything but certificates is refused
+// and the installed roots stay.
+func TestInstallRoots(t *testing.T) {
+	ca1, ca2 := selfSignedPEM(t), selfSignedPEM(t)
+	both := append(append([]byte{}, ca1...), ca2...)
+	for _, tc := range []struct {
+		name    string
+		install func(t *testing.T, f *Files, staging string, roots []byte) (bool, error)
+	}{
+		{"direct", func(_ *testing.T, f *Files, _ string, roots []byte) (bool, error) { return f.InstallRoots(roots) }},
+		{"staged", func(t *testing.T, f *Files, staging string, roots []byte) (bool, error) {
+			changed, err := f.StageRoots(staging, roots)
+			if err != nil || !changed {
+				return changed, err
+			}
+			if err := Request(staging, RequestRoots, 7); err != nil {
+				t.Fatal(err)
+			}
+			var calls systemctlCalls
+			action, err := Apply(t.Context(), ApplyOptions{StagingDir: staging, Paths: f.Paths, Unit: "istio.service", Systemctl: calls.run})
+			if action != RequestRoots || len(calls) != 0 {
+				t.Errorf("Apply = %q, systemctl %q; want roots and no restart", action, calls)
+			}
+			return true, err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, staging := t.TempDir(), t.TempDir()
+			f := &Files{Paths: installPaths(dir)}
+			if err := WriteAtomic(f.Paths.RootCert, ca1, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for i, step := range []struct {
+				roots   []byte
+				changed bool
+				wantErr bool
+				want    []byte
+			}{
+				{roots: ca1, want: ca1},
+				{roots: both, changed: true, want: both},
+				{roots: both, want: both},
+				{roots: []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"), wantErr: true, want: both},
+				{roots: append(append([]byte{}, ca2...), "trailing"...), wantErr: true, want: both},
+				{roots: ca2, changed: true, want: ca2},
+			} {
+				changed, err := tc.install(t, f, staging, step.roots)
+				if (err != nil) != step.wantErr || changed != step.changed {
+					t.Errorf("step %d: changed %v, err %v; want changed %v, error %v", i, changed, err, step.changed, step.wantErr)
+				}
+				got, err := os.ReadFile(f.Paths.RootCert)
+				if err != nil || string(got) != string(step.want) {
+					t.Errorf("step %d: installed %q, %v", i, got, err)
+				}
+			}
+			if info, err := os.Stat(f.Paths.RootCert); err != nil || info.Mode().Perm() != 0o644 {
+				t.Errorf("installed roots: %v, %v; want mode 0644", info, err)
+			}
+		})
 	}
 }

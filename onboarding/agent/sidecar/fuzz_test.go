@@ -40,3 +40,28 @@ func FuzzParseClusterEnv(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCanonicalCerts: the roots an endpoint sends (installed by InstallRoots
+// and the roots request) are admitted only as PEM certificates, and what is
+// admitted re-encodes to itself: a fixed point holding certificates alone.
+func FuzzCanonicalCerts(f *testing.F) {
+	f.Add([]byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"))
+	f.Add([]byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"))
+	f.Add([]byte("garbage"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		out, err := canonicalCerts(data)
+		if err != nil {
+			return
+		}
+		again, err := canonicalCerts(out)
+		if err != nil {
+			t.Fatalf("admitted %q but refuses its canonical form: %v", data, err)
+		}
+		if string(again) != string(out) {
+			t.Fatalf("canonical form is not a fixed point:\n%s\n%s", out, again)
+		}
+		if n := strings.Count(string(out), "-----BEGIN "); n != strings.Count(string(out), "-----BEGIN CERTIFICATE-----") || n == 0 {
+			t.Fatalf("canonical form holds something but certificates:\n%s", out)
+		}
+	})
+}

@@ -119,6 +119,33 @@ func (f *Files) write(id Identity, boot *onboardingv1alpha1.SidecarBootstrap, en
 	return nil
 }
 
+// InstallRoots installs roots (PEM certificates only, re-encoded) at the
+// root certificate's path when they differ from what is installed, and
+// reports whether they did. The file is replaced atomically; pilot-agent
+// watches it and dials the discovery address with it from its next
+// connection on.
+func (f *Files) InstallRoots(roots []byte) (bool, error) {
+	certs, err := canonicalCerts(roots)
+	if err != nil {
+		return false, fmt.Errorf("root certificates: %w", err)
+	}
+	return installRoots(f.Paths.RootCert, certs)
+}
+
+// StageRoots stages roots in dir for a RequestRoots when they differ from
+// the installed root certificate, and reports whether they did (then the
+// caller sends the request).
+func (f *Files) StageRoots(dir string, roots []byte) (bool, error) {
+	certs, err := canonicalCerts(roots)
+	if err != nil {
+		return false, fmt.Errorf("root certificates: %w", err)
+	}
+	if installed(f.Paths.RootCert, certs) {
+		return false, nil
+	}
+	return true, WriteAtomic(filepath.Join(dir, StagedRootCert), certs, 0o644)
+}
+
 // WriteToken replaces the sidecar token file (Istio's agent rereads it for
 // every request).
 func (f *Files) WriteToken(token string) error {

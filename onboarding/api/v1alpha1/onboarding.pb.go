@@ -1246,11 +1246,16 @@ func (*RenewSidecarTokenRequest) Descriptor() ([]byte, []int) {
 
 // RenewSidecarTokenResponse carries it.
 type RenewSidecarTokenResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SidecarToken  string                 `protobuf:"bytes,1,opt,name=sidecar_token,json=sidecarToken,proto3" json:"sidecar_token,omitempty"`
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SidecarToken string                 `protobuf:"bytes,1,opt,name=sidecar_token,json=sidecarToken,proto3" json:"sidecar_token,omitempty"`
+	ExpiresAt    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// The PEM roots the endpoint sends in every bootstrap now (the bootstrap's
+	// root_certificates): a running VM installs them when they changed, so
+	// that a rotated serving CA reaches it without onboarding again. Empty
+	// when the endpoint sends no roots.
+	RootCertificates []byte `protobuf:"bytes,3,opt,name=root_certificates,json=rootCertificates,proto3" json:"root_certificates,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RenewSidecarTokenResponse) Reset() {
@@ -1293,6 +1298,13 @@ func (x *RenewSidecarTokenResponse) GetSidecarToken() string {
 func (x *RenewSidecarTokenResponse) GetExpiresAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *RenewSidecarTokenResponse) GetRootCertificates() []byte {
+	if x != nil {
+		return x.RootCertificates
 	}
 	return nil
 }
@@ -1578,11 +1590,12 @@ const file_onboarding_api_v1alpha1_onboarding_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x1a\n" +
-	"\x18RenewSidecarTokenRequest\"{\n" +
+	"\x18RenewSidecarTokenRequest\"\xa8\x01\n" +
 	"\x19RenewSidecarTokenResponse\x12#\n" +
 	"\rsidecar_token\x18\x01 \x01(\tR\fsidecarToken\x129\n" +
 	"\n" +
-	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x13\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12+\n" +
+	"\x11root_certificates\x18\x03 \x01(\fR\x10rootCertificates\"\x13\n" +
 	"\x11UnregisterRequest\"\\\n" +
 	"\x12UnregisterResponse\x12F\n" +
 	"\x11propagation_delay\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x10propagationDelay\"\x1a\n" +
