@@ -38,6 +38,7 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/platform"
 	"github.com/embark-mesh/embark/onboarding/identity/aws/awstest"
 	"github.com/embark-mesh/embark/test/endpointkit"
+	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/istioagent"
@@ -232,7 +233,7 @@ func newServingWorld(t *testing.T, ns, dir string, fromSecret bool) *servingWorl
 	istiodRoots := filepath.Join(dir, "istiod-root-cert.pem")
 	must(t, os.WriteFile(istiodRoots, []byte(cm.Data["root-cert.pem"]), 0o600))
 
-	w.cfg = endpointkit.Config(ns)
+	w.cfg = configkit.Config(ns)
 	w.cfg.Endpoint.Plaintext = false
 	if fromSecret {
 		w.cfg.Endpoint.SecretName = "embark-serving"
@@ -242,7 +243,7 @@ func newServingWorld(t *testing.T, ns, dir string, fromSecret bool) *servingWorl
 	w.cfg.Endpoint.Hosts = []string{servingHost}
 	w.cfg.Identity.AWS = endpointconfig.AWSIdentity{CertificatesDir: certs, STSEndpoint: w.aws.STS.URL,
 		InstanceProfileCheck: &endpointconfig.InstanceProfileCheck{EC2Endpoint: w.aws.EC2IAM.URL, IAMEndpoint: w.aws.EC2IAM.URL}}
-	w.cfg.Registration.GracePeriod = endpointkit.Duration(time.Hour)
+	w.cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
 	w.cfg.Istiod = endpointconfig.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: istiodRoots}
 	w.cfg.Mesh.RootCertFile = w.publishedFile
 	// Fixed addresses: the restarted endpoint serves where the VM connects.
