@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,6 +24,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -78,16 +78,9 @@ func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, n)
-	xdsRoots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	aenv := map[string]string{"SECRET_TTL": shortTTL.String()}
 	maps.Copy(aenv, agentEnv)
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   xdsRoots, Token: vm.token,
+	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
 		EnvoyStandIn: true,
 		Env:          aenv,
 	})
@@ -108,7 +101,7 @@ func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 	if err := ads.ACK(lds); err != nil {
 		t.Fatal(err)
 	}
-	before := waitAgentConnected(t, vm.key)
+	before := waitAgentConnected(t, vm.Key)
 	node, err := agent.Node()
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +168,7 @@ func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 
 	// No re-onboarding: the same registration, connected all along over the
 	// same ADS stream, which still answers.
-	after := waitAgentConnected(t, vm.key)
+	after := waitAgentConnected(t, vm.Key)
 	if after.uid != before.uid {
 		t.Errorf("the registration was re-created during the rotations: UID %s, then %s", before.uid, after.uid)
 	}

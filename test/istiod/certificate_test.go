@@ -19,13 +19,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/xds/upstream"
 )
 
@@ -62,14 +62,7 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 	wg := ratingsGroup(t, ns)
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 11)
-	roots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   roots, Token: vm.token, // also the CA's root (CA_ROOT_CA), as cluster.env names it
+	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
 		EnvoyStandIn: true,
 	})
 	node, err := agent.Node()
@@ -104,7 +97,7 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 
 	// kubectl delete war: the sidecar's token gets no certificate any more.
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := env.Client.Get(t.Context(), vm.key, war); err != nil {
+	if err := env.Client.Get(t.Context(), vm.Key, war); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.Client.Delete(t.Context(), war); err != nil {
@@ -122,7 +115,7 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 	ca := securityv1alpha1.NewIstioCertificateServiceClient(conn)
 	csr := csrPEM(t)
 	err = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+vm.token)
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+vm.Token)
 		_, err := ca.CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
 		c := status.Code(err)
 		return c == codes.PermissionDenied || c == codes.Unauthenticated, nil

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,8 +23,8 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry/boundtoken"
-	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/xds/upstream"
 )
 
@@ -44,14 +43,7 @@ func TestCertificateRenewalAtShortTTL(t *testing.T) {
 	wg := ratingsGroup(t, ns)
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 13)
-	roots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   roots, Token: vm.token,
+	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
 		EnvoyStandIn: true,
 		Env:          map[string]string{"SECRET_TTL": shortTTL.String()},
 	})
@@ -98,7 +90,7 @@ func TestCertificateRenewalAtShortTTL(t *testing.T) {
 		prev = cur
 	}
 	// Every certificate went through Embark's CA relay, none refused.
-	fams := scrapeMetrics(t, ep)
+	fams := meshkit.Scrape(t, ep.metrics)
 	if ok := metricSum(fams, "embark_ca_requests_total", map[string]string{"code": "OK"}); ok < renewals+1 {
 		t.Errorf("embark_ca_requests_total{code=OK} = %v, want at least %d (the first certificate and %d renewals)", ok, renewals+1, renewals)
 	}
@@ -133,7 +125,7 @@ func waitAgentConnected(t *testing.T, vm *workload) connection {
 	var c connection
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		war := &runtimev1alpha1.WorkloadAutoRegistration{}
-		if err := env.Client.Get(ctx, vm.key, war); err != nil {
+		if err := env.Client.Get(ctx, vm.Key, war); err != nil {
 			return false, nil
 		}
 		cond := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
@@ -144,7 +136,7 @@ func waitAgentConnected(t *testing.T, vm *workload) connection {
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("registration %s never AgentConnected: %v", vm.key, err)
+		t.Fatalf("registration %s never AgentConnected: %v", vm.Key, err)
 	}
 	return c
 }
@@ -224,7 +216,7 @@ func TestCertificateValidityCappedAtTheToken(t *testing.T) {
 	wg := ratingsGroup(t, ns)
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 14)
-	claims, err := boundtoken.Decode(vm.token)
+	claims, err := boundtoken.Decode(vm.Token)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +233,7 @@ func TestCertificateValidityCappedAtTheToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+vm.token)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+vm.Token)
 	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx,
 		&securityv1alpha1.IstioCertificateRequest{Csr: csrPEM(t), ValidityDuration: 90 * 24 * 3600})
 	if err != nil {
