@@ -149,10 +149,3 @@ func register(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) *workloa
 	t.Helper()
 	return &workload{meshkit.Register(t, env, wg, n, fmt.Sprintf("10.0.1.%d", n))}
 }
-
-func tail(s string) string {
-	if len(s) > 4000 {
-		return s[len(s)-4000:]
-	}
-	return s
-}

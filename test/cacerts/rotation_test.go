@@ -85,22 +85,9 @@ func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 		Env:          aenv,
 	})
 	// The sidecar's ADS stream to Embark, through pilot-agent's xDS proxy.
-	ads, err := istioagent.Connect(t.Context(), agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ads.Send(resource.ListenerType, nil, "", ""); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	lds, err := ads.Recv(ctx)
-	if err != nil {
-		t.Fatalf("no listeners through pilot-agent: %v\n%s", err, tail(agent.Logs()))
-	}
-	if err := ads.ACK(lds); err != nil {
-		t.Fatal(err)
-	}
+	ads, lds := meshkit.Listeners(t, ctx, agent)
 	before := waitAgentConnected(t, vm.Key)
 	node, err := agent.Node()
 	if err != nil {
@@ -302,7 +289,7 @@ func (w *watcher) waitFor(t *testing.T, what string, done func(*snapshot) bool) 
 	})
 	if err != nil {
 		t.Fatalf("%s: not reached within %s (last read error: %v)\nlast snapshot: %s\npilot-agent log:\n%s\nistiod log:\n%s",
-			what, 3*shortTTL, lastErr, last, tail(w.agent.Logs()), grepLog(istiod.Log(), "cacerts", "ROOT-CA", "intermediate", "Plug-in"))
+			what, 3*shortTTL, lastErr, last, meshkit.Tail(w.agent.Logs()), grepLog(istiod.Log(), "cacerts", "ROOT-CA", "intermediate", "Plug-in"))
 	}
 }
 
@@ -330,7 +317,7 @@ func grepLog(log string, words ...string) string {
 			}
 		}
 	}
-	return tail(strings.Join(out, "\n"))
+	return meshkit.Tail(strings.Join(out, "\n"))
 }
 
 // violation is a moment when one side did not trust the other's

@@ -4,19 +4,16 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
-	"os"
 	"testing"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
@@ -129,31 +126,12 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 // (a stream of its own, the node first) and returns the first one served.
 func sdsSecret(t *testing.T, agent *istioagent.Agent, node *core.Node, name string) *tlsv3.Secret {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+agent.SDSSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	var st secretv3.SecretDiscoveryService_StreamSecretsClient
-	// The socket appears once pilot-agent's SDS server runs.
-	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if _, err := os.Stat(agent.SDSSocket()); err != nil {
-			return false, nil
-		}
-		st, err = secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
-		return err == nil, nil
-	})
-	if err != nil {
-		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, tail(agent.Logs()))
-	}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
-		t.Fatal(err)
-	}
+	st := meshkit.OpenSDS(t, ctx, agent, node, name)
 	resp, err := st.Recv()
 	if err != nil {
-		t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, err, tail(agent.Logs()))
+		t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, err, meshkit.Tail(agent.Logs()))
 	}
 	for _, r := range resp.GetResources() {
 		s := &tlsv3.Secret{}

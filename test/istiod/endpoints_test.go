@@ -15,6 +15,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/test/adsclient"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
 // podProxy is an in-mesh proxy of another workload (productpage) as istiod
@@ -129,7 +130,7 @@ func (p *podProxy) waitFor(t *testing.T, what string, ok func(map[string]vmEndpo
 				return last
 			}
 		case <-timeout:
-			t.Fatalf("istiod never served %s for %s; last %+v (istiod log:\n%s)", what, p.cluster, last, tail(istiod.Log()))
+			t.Fatalf("istiod never served %s for %s; last %+v (istiod log:\n%s)", what, p.cluster, last, meshkit.Tail(istiod.Log()))
 		}
 	}
 }

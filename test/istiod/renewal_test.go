@@ -52,20 +52,7 @@ func TestCertificateRenewalAtShortTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The sidecar's ADS stream to Embark, through pilot-agent's xDS proxy.
-	ads, err := istioagent.Connect(t.Context(), agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ads.Send(resource.ListenerType, nil, "", ""); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := ads.Recv(t.Context())
-	if err != nil {
-		t.Fatalf("no listeners through pilot-agent: %v\n%s", err, tail(agent.Logs()))
-	}
-	if err := ads.ACK(resp); err != nil {
-		t.Fatal(err)
-	}
+	ads, resp := meshkit.Listeners(t, t.Context(), agent)
 	before := waitAgentConnected(t, vm)
 
 	next := sdsWatch(t, agent, node, "default")
@@ -160,7 +147,7 @@ func sdsWatch(t *testing.T, agent *istioagent.Agent, node *core.Node, name strin
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, tail(agent.Logs()))
+		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, meshkit.Tail(agent.Logs()))
 	}
 	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
 		t.Fatal(err)
@@ -178,10 +165,10 @@ func sdsWatch(t *testing.T, agent *istioagent.Agent, node *core.Node, name strin
 			select {
 			case r = <-ch:
 			case <-time.After(2 * shortTTL):
-				t.Fatalf("SDS %s: no push within %s\npilot-agent log:\n%s", name, 2*shortTTL, tail(agent.Logs()))
+				t.Fatalf("SDS %s: no push within %s\npilot-agent log:\n%s", name, 2*shortTTL, meshkit.Tail(agent.Logs()))
 			}
 			if r.err != nil {
-				t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, r.err, tail(agent.Logs()))
+				t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, r.err, meshkit.Tail(agent.Logs()))
 			}
 			_ = st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.SecretType, ResourceNames: []string{name}, VersionInfo: r.resp.GetVersionInfo(), ResponseNonce: r.resp.GetNonce()})
 			for _, a := range r.resp.GetResources() {

@@ -15,6 +15,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
 func healthyOf(we *istionetworkingv1.WorkloadEntry) *istiometa.IstioCondition {
@@ -96,7 +97,7 @@ func TestIstiodKeepsEmbarkWorkloadEntries(t *testing.T) {
 		for _, w := range []*workload{connected, disconnected, reconnected} {
 			we, err := getEntry(t, w.Key)
 			if err != nil {
-				t.Fatalf("WorkloadEntry %s: %v (istiod's log:\n%s)", w.Key.Name, err, tail(istiod.Log()))
+				t.Fatalf("WorkloadEntry %s: %v (istiod's log:\n%s)", w.Key.Name, err, meshkit.Tail(istiod.Log()))
 			}
 			if we.UID != before[w.Key.Name].UID {
 				t.Fatalf("WorkloadEntry %s was deleted and re-created (UID %s, was %s)", w.Key.Name, we.UID, before[w.Key.Name].UID)
@@ -146,11 +147,4 @@ func TestIstiodKeepsEmbarkWorkloadEntries(t *testing.T) {
 	if war.Status.Connection == nil || war.Status.Connection.DisconnectedAt == nil {
 		t.Errorf("disconnected workload's registration lacks status.connection.disconnectedAt: %+v", war.Status.Connection)
 	}
-}
-
-func tail(s string) string {
-	if len(s) > 4000 {
-		return s[len(s)-4000:]
-	}
-	return s
 }

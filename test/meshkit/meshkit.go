@@ -6,18 +6,27 @@
 package meshkit
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -121,4 +130,63 @@ func ServingCert(t *testing.T, dir string) (certFile, keyFile, rootFile string) 
 		t.Fatal(err)
 	}
 	return certFile, keyFile, rootFile
+}
+
+// Listeners opens the sidecar's ADS stream to Embark through agent's xDS
+// proxy, asks for listeners as Envoy's first request does and ACKs the
+// first response, which it returns with the stream; ctx bounds the wait
+// for that response.
+func Listeners(t *testing.T, ctx context.Context, agent *istioagent.Agent) (*istioagent.Client, *discovery.DiscoveryResponse) {
+	t.Helper()
+	ads, err := istioagent.Connect(t.Context(), agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ads.Send(resource.ListenerType, nil, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := ads.Recv(ctx)
+	if err != nil {
+		t.Fatalf("no listeners through pilot-agent: %v\n%s", err, Tail(agent.Logs()))
+	}
+	if err := ads.ACK(resp); err != nil {
+		t.Fatal(err)
+	}
+	return ads, resp
+}
+
+// OpenSDS opens an SDS stream for the secret name on agent's socket as
+// Envoy does (a stream of its own, the node first) once the socket appears:
+// pilot-agent serves it once its SDS server runs, within a minute. The
+// stream lives as long as ctx; its connection until the test ends.
+func OpenSDS(t *testing.T, ctx context.Context, agent *istioagent.Agent, node *core.Node, name string) secretv3.SecretDiscoveryService_StreamSecretsClient {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+agent.SDSSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	var st secretv3.SecretDiscoveryService_StreamSecretsClient
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		if _, err := os.Stat(agent.SDSSocket()); err != nil {
+			return false, nil
+		}
+		st, err = secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, Tail(agent.Logs()))
+	}
+	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// Tail is the last 4000 bytes of a log, what a failure message shows of it.
+func Tail(log string) string {
+	if len(log) > 4000 {
+		return log[len(log)-4000:]
+	}
+	return log
 }

@@ -296,7 +296,7 @@ func (c *adsClient) waitFor(t *testing.T, typeURL, what string, ok func(map[stri
 		select {
 		case <-c.changed:
 		case <-timeout:
-			t.Fatalf("never served %s; last %d resources of %s: %v\nistiod log (tail):\n%s", what, len(got), typeURL, keys(got), tail(istiod.Log()))
+			t.Fatalf("never served %s; last %d resources of %s: %v\nistiod log (tail):\n%s", what, len(got), typeURL, keys(got), meshkit.Tail(istiod.Log()))
 		}
 	}
 }
@@ -373,11 +373,4 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
-}
-
-func tail(s string) string {
-	if len(s) > 4000 {
-		return s[len(s)-4000:]
-	}
-	return s
 }

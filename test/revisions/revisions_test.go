@@ -48,20 +48,7 @@ func TestVMsFollowTheirNamespaceRevision(t *testing.T) {
 	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
 		Labels: map[string]string{"app": "ratings"},
 	})
-	ads, err := istioagent.Connect(t.Context(), agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ads.Send(resource.ListenerType, nil, "", ""); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := ads.Recv(t.Context())
-	if err != nil {
-		t.Fatalf("no listeners through pilot-agent: %v\n%s", err, agent.Logs())
-	}
-	if err := ads.ACK(resp); err != nil {
-		t.Fatal(err)
-	}
+	ads, resp := meshkit.Listeners(t, t.Context(), agent)
 	var before connection
 	fixtures.Eventually(t, time.Minute, "the VM AgentConnected", func() bool {
 		var ok bool
