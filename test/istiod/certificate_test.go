@@ -11,9 +11,7 @@ import (
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
@@ -23,7 +21,6 @@ import (
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/meshkit"
-	"github.com/embark-mesh/embark/xds/upstream"
 )
 
 func parseChain(t *testing.T, data []byte) []*x509.Certificate {
@@ -100,14 +97,7 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 	if err := env.Client.Delete(t.Context(), war); err != nil {
 		t.Fatal(err)
 	}
-	roots2, err := upstream.NewRoots(ep.rootFile, time.Hour, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(ep.xds, grpc.WithTransportCredentials(credentials.NewTLS(roots2.ClientConfig("127.0.0.1"))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := meshkit.Dial(t, ep.xds, ep.rootFile)
 	defer conn.Close()
 	ca := securityv1alpha1.NewIstioCertificateServiceClient(conn)
 	csr := csrPEM(t)

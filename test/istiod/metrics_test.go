@@ -9,16 +9,13 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
 	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
-	"github.com/embark-mesh/embark/xds/upstream"
 )
 
 // metricSum is the sum of the samples of name whose labels include want
@@ -93,15 +90,7 @@ func firstNotAfter(t *testing.T, data []byte) float64 {
 // token.
 func certificateClient(t *testing.T, e *endpoint, token string) func(csr string) error {
 	t.Helper()
-	roots, err := upstream.NewRoots(e.rootFile, time.Hour, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(e.xds, grpc.WithTransportCredentials(credentials.NewTLS(roots.ClientConfig("127.0.0.1"))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := meshkit.Dial(t, e.xds, e.rootFile)
 	ca := securityv1alpha1.NewIstioCertificateServiceClient(conn)
 	return func(csr string) error {
 		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+token), 30*time.Second)

@@ -13,7 +13,6 @@ import (
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
@@ -25,7 +24,6 @@ import (
 	"github.com/embark-mesh/embark/registry/boundtoken"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/meshkit"
-	"github.com/embark-mesh/embark/xds/upstream"
 )
 
 // shortTTL is the workload certificate lifetime pilot-agent asks for here
@@ -211,14 +209,7 @@ func TestCertificateValidityCappedAtTheToken(t *testing.T) {
 	if !ok {
 		t.Fatal("the sidecar token has no exp")
 	}
-	roots, err := upstream.NewRoots(ep.rootFile, time.Hour, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(ep.xds, grpc.WithTransportCredentials(credentials.NewTLS(roots.ClientConfig("127.0.0.1"))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := meshkit.Dial(t, ep.xds, ep.rootFile)
 	defer conn.Close()
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+vm.Token)
 	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx,

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	meshconfig "istio.io/api/mesh/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -34,6 +35,7 @@ import (
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
 	"github.com/embark-mesh/embark/test/testenv"
+	"github.com/embark-mesh/embark/xds/upstream"
 )
 
 // VM is a registered VM.
@@ -189,4 +191,22 @@ func Tail(log string) string {
 		return log[len(log)-4000:]
 	}
 	return log
+}
+
+// Dial connects to the endpoint's xDS listener at xds (which also serves
+// the certificate service) over TLS, trusting the root in rootFile for
+// 127.0.0.1, as a VM's pilot-agent does; the connection is closed when the
+// test ends at the latest.
+func Dial(t *testing.T, xds, rootFile string) *grpc.ClientConn {
+	t.Helper()
+	roots, err := upstream.NewRoots(rootFile, time.Hour, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(xds, grpc.WithTransportCredentials(credentials.NewTLS(roots.ClientConfig("127.0.0.1"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }

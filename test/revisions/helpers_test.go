@@ -5,7 +5,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
@@ -22,8 +21,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
@@ -218,16 +215,7 @@ func issued(t *testing.T, i *testenv.Istiod) float64 {
 // with w's sidecar token, as pilot-agent does.
 func requestCertificate(t *testing.T, e *endpoint, w *workload) error {
 	t.Helper()
-	pemData, err := os.ReadFile(e.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pemData)
-	conn, err := grpc.NewClient(e.xds, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12})))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := meshkit.Dial(t, e.xds, e.rootFile)
 	defer conn.Close()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{Organization: []string{"embark test"}}}, key)
