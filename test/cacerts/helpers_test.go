@@ -10,20 +10,14 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/embark-mesh/embark/test/meshkit"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/embark-mesh/embark/registry"
-	"github.com/embark-mesh/embark/test/fixtures"
 )
 
 // authority is a CA certificate and its key.
@@ -146,76 +140,12 @@ func holds(bundle []*x509.Certificate, a *authority) bool {
 	return false
 }
 
-// servingCert writes a CA and a serving certificate for 127.0.0.1 in dir.
-func servingCert(t *testing.T, dir string) (certFile, keyFile, rootFile string) {
-	t.Helper()
-	ca, err := newAuthority("embark test serving root", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "onboarding-endpoint"},
-		DNSNames: []string{"onboarding-endpoint.example.corp"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, rootFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
-	for _, f := range []struct {
-		path string
-		data []byte
-	}{
-		{certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})},
-		{keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})},
-		{rootFile, ca.pem},
-	} {
-		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return certFile, keyFile, rootFile
-}
-
 // workload is a registered VM.
-type workload struct {
-	key   client.ObjectKey
-	ip    string
-	token string
-}
+type workload struct{ *meshkit.VM }
 
 // register registers VM n of wg through the registry, as the onboarding
-// endpoint does.
+// endpoint does; its address is 10.0.1.n.
 func register(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) *workload {
 	t.Helper()
-	ctx := t.Context()
-	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ip := fmt.Sprintf("10.0.1.%d", n)
-	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(ip)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &workload{key: client.ObjectKeyFromObject(res.Registration), ip: ip, token: res.SidecarToken.Token}
-}
-
-func tail(s string) string {
-	if len(s) > 4000 {
-		return s[len(s)-4000:]
-	}
-	return s
+	return &workload{meshkit.Register(t, env, wg, n, fmt.Sprintf("10.0.1.%d", n))}
 }

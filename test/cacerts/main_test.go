@@ -15,6 +15,7 @@ import (
 	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/freeport"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -88,7 +89,7 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 		t.Fatal(err)
 	}
 	var certFile, keyFile string
-	certFile, keyFile, e.rootFile = servingCert(t, dir)
+	certFile, keyFile, e.rootFile = meshkit.ServingCert(t, dir)
 	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
 	cfg.Istiod = config.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: e.istiodRoots}

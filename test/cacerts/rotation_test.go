@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,6 +24,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -78,37 +78,17 @@ func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 	fixtures.CreateGroup(t.Context(), t, env.Client, wg)
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, n)
-	xdsRoots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	aenv := map[string]string{"SECRET_TTL": shortTTL.String()}
 	maps.Copy(aenv, agentEnv)
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   xdsRoots, Token: vm.token,
+	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
 		EnvoyStandIn: true,
 		Env:          aenv,
 	})
 	// The sidecar's ADS stream to Embark, through pilot-agent's xDS proxy.
-	ads, err := istioagent.Connect(t.Context(), agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ads.Send(resource.ListenerType, nil, "", ""); err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	lds, err := ads.Recv(ctx)
-	if err != nil {
-		t.Fatalf("no listeners through pilot-agent: %v\n%s", err, tail(agent.Logs()))
-	}
-	if err := ads.ACK(lds); err != nil {
-		t.Fatal(err)
-	}
-	before := waitAgentConnected(t, vm.key)
+	ads, lds := meshkit.Listeners(t, ctx, agent)
+	before := waitAgentConnected(t, vm.Key)
 	node, err := agent.Node()
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +155,7 @@ func rotateUnderVM(t *testing.T, agentEnv map[string]string, n int) {
 
 	// No re-onboarding: the same registration, connected all along over the
 	// same ADS stream, which still answers.
-	after := waitAgentConnected(t, vm.key)
+	after := waitAgentConnected(t, vm.Key)
 	if after.uid != before.uid {
 		t.Errorf("the registration was re-created during the rotations: UID %s, then %s", before.uid, after.uid)
 	}
@@ -309,7 +289,7 @@ func (w *watcher) waitFor(t *testing.T, what string, done func(*snapshot) bool) 
 	})
 	if err != nil {
 		t.Fatalf("%s: not reached within %s (last read error: %v)\nlast snapshot: %s\npilot-agent log:\n%s\nistiod log:\n%s",
-			what, 3*shortTTL, lastErr, last, tail(w.agent.Logs()), grepLog(istiod.Log(), "cacerts", "ROOT-CA", "intermediate", "Plug-in"))
+			what, 3*shortTTL, lastErr, last, meshkit.Tail(w.agent.Logs()), grepLog(istiod.Log(), "cacerts", "ROOT-CA", "intermediate", "Plug-in"))
 	}
 }
 
@@ -337,7 +317,7 @@ func grepLog(log string, words ...string) string {
 			}
 		}
 	}
-	return tail(strings.Join(out, "\n"))
+	return meshkit.Tail(strings.Join(out, "\n"))
 }
 
 // violation is a moment when one side did not trust the other's

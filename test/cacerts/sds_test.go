@@ -2,21 +2,17 @@ package cacerts
 
 import (
 	"context"
-	"os"
 	"sync"
 	"testing"
-	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
 // sdsSecret is what Envoy holds of one SDS secret: pilot-agent's last push
@@ -32,27 +28,9 @@ type sdsSecret struct {
 // does, and keeps the last secret pushed until the test ends.
 func watchSDS(t *testing.T, agent *istioagent.Agent, node *core.Node, name string) *sdsSecret {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+agent.SDSSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	t.Cleanup(cancel)
-	var st secretv3.SecretDiscoveryService_StreamSecretsClient
-	err = wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
-		if _, err := os.Stat(agent.SDSSocket()); err != nil {
-			return false, nil
-		}
-		st, err = secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
-		return err == nil, nil
-	})
-	if err != nil {
-		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, tail(agent.Logs()))
-	}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
-		t.Fatal(err)
-	}
+	st := meshkit.OpenSDS(t, ctx, agent, node, name)
 	s := &sdsSecret{}
 	go s.receive(st, name)
 	return s

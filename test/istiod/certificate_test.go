@@ -4,29 +4,23 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
-	"os"
 	"testing"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
-	"github.com/embark-mesh/embark/xds/upstream"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
 func parseChain(t *testing.T, data []byte) []*x509.Certificate {
@@ -62,14 +56,7 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 	wg := ratingsGroup(t, ns)
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 11)
-	roots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   roots, Token: vm.token, // also the CA's root (CA_ROOT_CA), as cluster.env names it
+	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
 		EnvoyStandIn: true,
 	})
 	node, err := agent.Node()
@@ -104,25 +91,18 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 
 	// kubectl delete war: the sidecar's token gets no certificate any more.
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := env.Client.Get(t.Context(), vm.key, war); err != nil {
+	if err := env.Client.Get(t.Context(), vm.Key, war); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.Client.Delete(t.Context(), war); err != nil {
 		t.Fatal(err)
 	}
-	roots2, err := upstream.NewRoots(ep.rootFile, time.Hour, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(ep.xds, grpc.WithTransportCredentials(credentials.NewTLS(roots2.ClientConfig("127.0.0.1"))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := meshkit.Dial(t, ep.xds, ep.rootFile)
 	defer conn.Close()
 	ca := securityv1alpha1.NewIstioCertificateServiceClient(conn)
 	csr := csrPEM(t)
 	err = wait.PollUntilContextTimeout(t.Context(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+vm.token)
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+vm.Token)
 		_, err := ca.CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{Csr: csr, ValidityDuration: 3600})
 		c := status.Code(err)
 		return c == codes.PermissionDenied || c == codes.Unauthenticated, nil
@@ -136,31 +116,12 @@ func TestSidecarCertificateFromIstiodThroughEmbark(t *testing.T) {
 // (a stream of its own, the node first) and returns the first one served.
 func sdsSecret(t *testing.T, agent *istioagent.Agent, node *core.Node, name string) *tlsv3.Secret {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+agent.SDSSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	var st secretv3.SecretDiscoveryService_StreamSecretsClient
-	// The socket appears once pilot-agent's SDS server runs.
-	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if _, err := os.Stat(agent.SDSSocket()); err != nil {
-			return false, nil
-		}
-		st, err = secretv3.NewSecretDiscoveryServiceClient(conn).StreamSecrets(ctx)
-		return err == nil, nil
-	})
-	if err != nil {
-		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, tail(agent.Logs()))
-	}
-	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
-		t.Fatal(err)
-	}
+	st := meshkit.OpenSDS(t, ctx, agent, node, name)
 	resp, err := st.Recv()
 	if err != nil {
-		t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, err, tail(agent.Logs()))
+		t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, err, meshkit.Tail(agent.Logs()))
 	}
 	for _, r := range resp.GetResources() {
 		s := &tlsv3.Secret{}

@@ -56,10 +56,10 @@ func TestDeadVMLeavesPodsEndpointsWithinTheDelay(t *testing.T) {
 			s := vm.connect(t, ep)
 			if tt.probe {
 				s.reportHealth(t, true)
-				waitHealthy(t, vm.key, "True")
+				waitHealthy(t, vm.Key, "True")
 			}
 			pod := startPodProxy(t, ns, "ratings", 9080)
-			served := func(m map[string]vmEndpoint) bool { e, ok := m[vm.ip]; return ok && e.healthy }
+			served := func(m map[string]vmEndpoint) bool { e, ok := m[vm.IP]; return ok && e.healthy }
 			pod.waitFor(t, "the connected VM", served)
 
 			s.cancel() // the VM powers off: its sidecar's stream ends
@@ -71,10 +71,10 @@ func TestDeadVMLeavesPodsEndpointsWithinTheDelay(t *testing.T) {
 				t.Errorf("the VM left the endpoints %v after its sidecar stopped, before outOfTrafficAfter (%v)", took, config.DefaultOutOfTrafficAfter)
 			}
 			war := &runtimev1alpha1.WorkloadAutoRegistration{}
-			if err := env.Client.Get(t.Context(), vm.key, war); err != nil {
+			if err := env.Client.Get(t.Context(), vm.Key, war); err != nil {
 				t.Fatalf("registration gone with the VM out of traffic: %v", err)
 			}
-			if _, err := getEntry(t, vm.key); err != nil {
+			if _, err := getEntry(t, vm.Key); err != nil {
 				t.Fatalf("WorkloadEntry gone with the VM out of traffic: %v", err)
 			}
 
@@ -101,9 +101,9 @@ func TestReplicaShutdownTakesNoVMOutOfPodsEndpoints(t *testing.T) {
 	vm := register(t, wg, 22)
 	s := vm.connect(t, a)
 	s.reportHealth(t, true)
-	waitHealthy(t, vm.key, "True")
+	waitHealthy(t, vm.Key, "True")
 	pod := startPodProxy(t, ns, "ratings", 9080)
-	served := func(m map[string]vmEndpoint) bool { e, ok := m[vm.ip]; return ok && e.healthy }
+	served := func(m map[string]vmEndpoint) bool { e, ok := m[vm.IP]; return ok && e.healthy }
 	pod.waitFor(t, "the connected VM", served)
 
 	a.stop()

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,7 +14,6 @@ import (
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"golang.org/x/net/dns/dnsmessage"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	istioapi "istio.io/api/networking/v1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -26,9 +24,9 @@ import (
 	"github.com/embark-mesh/embark/onboarding/agent/hostdns"
 	"github.com/embark-mesh/embark/onboarding/agent/sidecar"
 	onboardingv1alpha1 "github.com/embark-mesh/embark/onboarding/api/v1alpha1"
-	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
 // upstreamAnswer is what the test's upstream resolver answers for every
@@ -404,15 +402,8 @@ func freeUDPAddr(t *testing.T) string {
 // the proxy's address.
 func startDNSSidecar(t *testing.T, ep *endpoint, vm *workload, up *testResolver) (*istioagent.Agent, string) {
 	t.Helper()
-	roots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	dnsAddr := freeUDPAddr(t)
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: vm.key.Namespace, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   roots, Token: vm.token,
+	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
 		Env:        dnsEnv(t, dnsAddr),
 		ResolvConf: fmt.Appendf(nil, "nameserver %s\n", up.addr),
 	})

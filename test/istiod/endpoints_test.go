@@ -15,6 +15,7 @@ import (
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/test/adsclient"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
 // podProxy is an in-mesh proxy of another workload (productpage) as istiod
@@ -129,7 +130,7 @@ func (p *podProxy) waitFor(t *testing.T, what string, ok func(map[string]vmEndpo
 				return last
 			}
 		case <-timeout:
-			t.Fatalf("istiod never served %s for %s; last %+v (istiod log:\n%s)", what, p.cluster, last, tail(istiod.Log()))
+			t.Fatalf("istiod never served %s for %s; last %+v (istiod log:\n%s)", what, p.cluster, last, meshkit.Tail(istiod.Log()))
 		}
 	}
 }
@@ -143,32 +144,32 @@ func TestPodsRouteToHealthyRegisteredVMs(t *testing.T) {
 	vm := register(t, wg, 7)
 	s := vm.connect(t, ep)
 	s.reportHealth(t, true)
-	waitHealthy(t, vm.key, "True")
+	waitHealthy(t, vm.Key, "True")
 
 	pod := startPodProxy(t, ns, "ratings", 9080)
-	healthyServed := func(m map[string]vmEndpoint) bool { e, ok := m[vm.ip]; return ok && e.healthy }
-	got := pod.waitFor(t, "the healthy VM", healthyServed)[vm.ip]
+	healthyServed := func(m map[string]vmEndpoint) bool { e, ok := m[vm.IP]; return ok && e.healthy }
+	got := pod.waitFor(t, "the healthy VM", healthyServed)[vm.IP]
 	if got.locality != "us-east-2/us-east-2b" {
 		t.Errorf("VM endpoint: locality %q, want us-east-2/us-east-2b", got.locality)
 	}
 	// This istiod carries no network in the endpoint's "istio" metadata on a
 	// single-network mesh; the network it routes by is the entry's own.
-	if we, err := getEntry(t, vm.key); err != nil || we.Spec.Network != "virtual-machines" {
+	if we, err := getEntry(t, vm.Key); err != nil || we.Spec.Network != "virtual-machines" {
 		t.Errorf("VM WorkloadEntry network: %v, %v; want virtual-machines", we, err)
 	}
 
 	s.reportHealth(t, false)
-	waitHealthy(t, vm.key, "False")
+	waitHealthy(t, vm.Key, "False")
 	pod.waitFor(t, "the unhealthy VM out of the endpoints", func(m map[string]vmEndpoint) bool { return !healthyServed(m) })
 	s.reportHealth(t, true)
 	pod.waitFor(t, "the VM back once healthy", healthyServed)
 
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := env.Client.Get(t.Context(), vm.key, war); err != nil {
+	if err := env.Client.Get(t.Context(), vm.Key, war); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.Client.Delete(t.Context(), war); err != nil {
 		t.Fatal(err)
 	}
-	pod.waitFor(t, "the removed VM out of the endpoints", func(m map[string]vmEndpoint) bool { _, ok := m[vm.ip]; return !ok })
+	pod.waitFor(t, "the removed VM out of the endpoints", func(m map[string]vmEndpoint) bool { _, ok := m[vm.IP]; return !ok })
 }

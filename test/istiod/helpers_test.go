@@ -10,13 +10,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"log/slog"
-	"math/big"
-	"net"
 	"os"
-	"path/filepath"
 	"testing"
-	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -24,81 +19,19 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/adsclient"
-	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
-// servingCert writes a CA and a serving certificate for 127.0.0.1 in dir.
-func servingCert(t *testing.T, dir string) (certFile, keyFile, rootFile string) {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "embark test root"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "onboarding-endpoint"},
-		DNSNames: []string{"onboarding-endpoint.example.corp"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, rootFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "ca.crt")
-	for _, f := range []struct {
-		path, typ string
-		der       []byte
-	}{{certFile, "CERTIFICATE", der}, {keyFile, "PRIVATE KEY", keyDER}, {rootFile, "CERTIFICATE", caDER}} {
-		if err := os.WriteFile(f.path, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return certFile, keyFile, rootFile
-}
-
 // workload is a registered VM.
-type workload struct {
-	key    client.ObjectKey
-	ip     string
-	token  string
-	nodeID string
-	entry  *istionetworkingv1.WorkloadEntry
-}
+type workload struct{ *meshkit.VM }
 
 // register registers VM n of wg through the registry, as the onboarding
-// endpoint does.
+// endpoint does; its address is 10.0.0.n.
 func register(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) *workload {
 	t.Helper()
-	ctx := t.Context()
-	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ip := fmt.Sprintf("10.0.0.%d", n)
-	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(ip)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := client.ObjectKeyFromObject(res.Registration)
-	return &workload{key: key, ip: ip, token: res.SidecarToken.Token, entry: res.WorkloadEntry,
-		nodeID: fixtures.NodeID(ip, key)}
+	return &workload{meshkit.Register(t, env, wg, n, fmt.Sprintf("10.0.0.%d", n))}
 }
 
 // stream is an ADS stream of a workload's sidecar to Embark.
@@ -121,10 +54,10 @@ func (w *workload) connect(t *testing.T, e *endpoint) *stream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := &core.Node{Id: w.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+	node := &core.Node{Id: w.NodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"PROXY_CONFIG": structpb.NewStructValue(&structpb.Struct{}),
 	}}}
-	st, err := adsclient.OpenSotW(context.WithoutCancel(t.Context()), conn, w.token, node)
+	st, err := adsclient.OpenSotW(context.WithoutCancel(t.Context()), conn, w.Token, node)
 	if err != nil {
 		_ = conn.Close()
 		t.Fatal(err)
@@ -135,7 +68,7 @@ func (w *workload) connect(t *testing.T, e *endpoint) *stream {
 		t.Fatal(err)
 	}
 	if _, err := st.Next(); err != nil {
-		t.Fatalf("stream of %s: %v", w.key.Name, err)
+		t.Fatalf("stream of %s: %v", w.Key.Name, err)
 	}
 	go func() { _ = st.Wait() }() // drain pushes
 	return s

@@ -17,6 +17,7 @@ import (
 	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -80,7 +81,7 @@ func startEndpointWith(t *testing.T, ns, replica string, istiod *testenv.Istiod)
 	if err := os.WriteFile(istiodRoots, istiod.RootCert, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	certFile, keyFile, rootFile := servingCert(t, dir)
+	certFile, keyFile, rootFile := meshkit.ServingCert(t, dir)
 	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
 	cfg.Istiod = config.Istiod{Address: istiod.SecureGRPCAddr, ServerName: testenv.IstiodServerName, RootCertFile: istiodRoots}

@@ -4,40 +4,19 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
-	"net/http"
 	"os"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
-	"github.com/embark-mesh/embark/xds/upstream"
 )
-
-// scrapeMetrics reads the endpoint's /metrics.
-func scrapeMetrics(t *testing.T, e *endpoint) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get("http://" + e.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fams
-}
 
 // metricSum is the sum of the samples of name whose labels include want
 // (a histogram's count); -1 when there is none.
@@ -79,7 +58,7 @@ func waitMetric(t *testing.T, e *endpoint, what, name string, want map[string]st
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		v := metricSum(scrapeMetrics(t, e), name, want)
+		v := metricSum(meshkit.Scrape(t, e.metrics), name, want)
 		if ok(v) {
 			return
 		}
@@ -111,15 +90,7 @@ func firstNotAfter(t *testing.T, data []byte) float64 {
 // token.
 func certificateClient(t *testing.T, e *endpoint, token string) func(csr string) error {
 	t.Helper()
-	roots, err := upstream.NewRoots(e.rootFile, time.Hour, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(e.xds, grpc.WithTransportCredentials(credentials.NewTLS(roots.ClientConfig("127.0.0.1"))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := meshkit.Dial(t, e.xds, e.rootFile)
 	ca := securityv1alpha1.NewIstioCertificateServiceClient(conn)
 	return func(csr string) error {
 		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+token), 30*time.Second)
@@ -149,7 +120,7 @@ func TestIstiodModeMetrics(t *testing.T) {
 	vm := register(t, wg, 41)
 	rev := map[string]string{"istiod_revision": "default"}
 
-	fams := scrapeMetrics(t, ep)
+	fams := meshkit.Scrape(t, ep.metrics)
 	if got, want := metricSum(fams, "embark_istiod_root_expiry_timestamp_seconds", nil), firstNotAfter(t, i.RootCert); got != want {
 		t.Errorf("istiod root expiry %v, want %v (its NotAfter)", got, want)
 	}
@@ -168,7 +139,7 @@ func TestIstiodModeMetrics(t *testing.T) {
 	waitMetric(t, ep, "a sidecar stream", "embark_xds_relay_streams", rev, equal(1))
 	waitMetric(t, ep, "the istiod stream", "embark_xds_relay_upstream_streams", rev, equal(1))
 	waitMetric(t, ep, "connection to istiod", "embark_istiod_connection_state", map[string]string{"state": "ready"}, equal(1))
-	fams = scrapeMetrics(t, ep)
+	fams = meshkit.Scrape(t, ep.metrics)
 	if got := metricSum(fams, "embark_xds_relay_pushes_total", map[string]string{"istiod_revision": "default", "type": "envoy.config.listener.v3.Listener"}); got < 1 {
 		t.Errorf("listener pushes relayed: %v", got)
 	}
@@ -181,7 +152,7 @@ func TestIstiodModeMetrics(t *testing.T) {
 		}
 	}
 
-	ask := certificateClient(t, ep, vm.token)
+	ask := certificateClient(t, ep, vm.Token)
 	if err := ask(csrPEM(t)); err != nil {
 		t.Fatalf("certificate through Embark: %v", err)
 	}
@@ -194,7 +165,7 @@ func TestIstiodModeMetrics(t *testing.T) {
 	if err := ask("-----BEGIN CERTIFICATE REQUEST-----\nbm90IGEgQ1NS\n-----END CERTIFICATE REQUEST-----\n"); err == nil {
 		t.Error("istiod signed a request that is no CSR")
 	}
-	fams = scrapeMetrics(t, ep)
+	fams = meshkit.Scrape(t, ep.metrics)
 	for _, c := range []struct {
 		name string
 		lv   map[string]string
@@ -219,7 +190,7 @@ func TestIstiodModeMetrics(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("a certificate request to a frozen istiod: %v, want Unavailable", err)
 	}
-	fams = scrapeMetrics(t, ep)
+	fams = meshkit.Scrape(t, ep.metrics)
 	if got := metricSum(fams, "embark_ca_istiod_failures_total", map[string]string{"code": "Unavailable"}); got != 1 {
 		t.Errorf("certificate requests failed at a frozen istiod: %v, want 1", got)
 	}
@@ -233,7 +204,7 @@ func TestIstiodModeMetrics(t *testing.T) {
 	waitMetric(t, ep, "connection to a stopped istiod", "embark_istiod_connection_state", map[string]string{"state": "ready"}, equal(0))
 	waitMetric(t, ep, "istiod stream failures", "embark_xds_relay_upstream_errors_total", rev, atLeast(1))
 	waitMetric(t, ep, "relayed streams with istiod stopped", "embark_xds_relay_upstream_streams", rev, equal(0))
-	if got := metricSum(scrapeMetrics(t, ep), "embark_xds_relay_streams", rev); got != 1 {
+	if got := metricSum(meshkit.Scrape(t, ep.metrics), "embark_xds_relay_streams", rev); got != 1 {
 		t.Errorf("sidecar streams with istiod stopped: %v, want 1", got)
 	}
 	if err := ask(csrPEM(t)); status.Code(err) != codes.Unavailable {
@@ -250,5 +221,5 @@ func TestIstiodModeMetrics(t *testing.T) {
 	waitMetric(t, ep, "the istiod stream again", "embark_xds_relay_upstream_streams", rev, equal(1))
 	s.cancel()
 	waitMetric(t, ep, "the sidecar gone", "embark_xds_relay_streams", rev, equal(0))
-	t.Logf("istiod stream errors by code: %v", scrapeMetrics(t, ep)["embark_xds_relay_upstream_errors_total"].GetMetric())
+	t.Logf("istiod stream errors by code: %v", meshkit.Scrape(t, ep.metrics)["embark_xds_relay_upstream_errors_total"].GetMetric())
 }

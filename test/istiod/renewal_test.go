@@ -13,10 +13,8 @@ import (
 	secretv3 "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,9 +22,8 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry/boundtoken"
-	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
-	"github.com/embark-mesh/embark/xds/upstream"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
 // shortTTL is the workload certificate lifetime pilot-agent asks for here
@@ -44,14 +41,7 @@ func TestCertificateRenewalAtShortTTL(t *testing.T) {
 	wg := ratingsGroup(t, ns)
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 13)
-	roots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   roots, Token: vm.token,
+	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
 		EnvoyStandIn: true,
 		Env:          map[string]string{"SECRET_TTL": shortTTL.String()},
 	})
@@ -60,20 +50,7 @@ func TestCertificateRenewalAtShortTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The sidecar's ADS stream to Embark, through pilot-agent's xDS proxy.
-	ads, err := istioagent.Connect(t.Context(), agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ads.Send(resource.ListenerType, nil, "", ""); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := ads.Recv(t.Context())
-	if err != nil {
-		t.Fatalf("no listeners through pilot-agent: %v\n%s", err, tail(agent.Logs()))
-	}
-	if err := ads.ACK(resp); err != nil {
-		t.Fatal(err)
-	}
+	ads, resp := meshkit.Listeners(t, t.Context(), agent)
 	before := waitAgentConnected(t, vm)
 
 	next := sdsWatch(t, agent, node, "default")
@@ -98,7 +75,7 @@ func TestCertificateRenewalAtShortTTL(t *testing.T) {
 		prev = cur
 	}
 	// Every certificate went through Embark's CA relay, none refused.
-	fams := scrapeMetrics(t, ep)
+	fams := meshkit.Scrape(t, ep.metrics)
 	if ok := metricSum(fams, "embark_ca_requests_total", map[string]string{"code": "OK"}); ok < renewals+1 {
 		t.Errorf("embark_ca_requests_total{code=OK} = %v, want at least %d (the first certificate and %d renewals)", ok, renewals+1, renewals)
 	}
@@ -133,7 +110,7 @@ func waitAgentConnected(t *testing.T, vm *workload) connection {
 	var c connection
 	err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		war := &runtimev1alpha1.WorkloadAutoRegistration{}
-		if err := env.Client.Get(ctx, vm.key, war); err != nil {
+		if err := env.Client.Get(ctx, vm.Key, war); err != nil {
 			return false, nil
 		}
 		cond := meta.FindStatusCondition(war.Status.Conditions, runtimev1alpha1.ConditionAgentConnected)
@@ -144,7 +121,7 @@ func waitAgentConnected(t *testing.T, vm *workload) connection {
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("registration %s never AgentConnected: %v", vm.key, err)
+		t.Fatalf("registration %s never AgentConnected: %v", vm.Key, err)
 	}
 	return c
 }
@@ -168,7 +145,7 @@ func sdsWatch(t *testing.T, agent *istioagent.Agent, node *core.Node, name strin
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, tail(agent.Logs()))
+		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, meshkit.Tail(agent.Logs()))
 	}
 	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
 		t.Fatal(err)
@@ -186,10 +163,10 @@ func sdsWatch(t *testing.T, agent *istioagent.Agent, node *core.Node, name strin
 			select {
 			case r = <-ch:
 			case <-time.After(2 * shortTTL):
-				t.Fatalf("SDS %s: no push within %s\npilot-agent log:\n%s", name, 2*shortTTL, tail(agent.Logs()))
+				t.Fatalf("SDS %s: no push within %s\npilot-agent log:\n%s", name, 2*shortTTL, meshkit.Tail(agent.Logs()))
 			}
 			if r.err != nil {
-				t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, r.err, tail(agent.Logs()))
+				t.Fatalf("SDS %s: %v\npilot-agent log:\n%s", name, r.err, meshkit.Tail(agent.Logs()))
 			}
 			_ = st.Send(&discovery.DiscoveryRequest{TypeUrl: resource.SecretType, ResourceNames: []string{name}, VersionInfo: r.resp.GetVersionInfo(), ResponseNonce: r.resp.GetNonce()})
 			for _, a := range r.resp.GetResources() {
@@ -224,7 +201,7 @@ func TestCertificateValidityCappedAtTheToken(t *testing.T) {
 	wg := ratingsGroup(t, ns)
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 14)
-	claims, err := boundtoken.Decode(vm.token)
+	claims, err := boundtoken.Decode(vm.Token)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,16 +209,9 @@ func TestCertificateValidityCappedAtTheToken(t *testing.T) {
 	if !ok {
 		t.Fatal("the sidecar token has no exp")
 	}
-	roots, err := upstream.NewRoots(ep.rootFile, time.Hour, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(ep.xds, grpc.WithTransportCredentials(credentials.NewTLS(roots.ClientConfig("127.0.0.1"))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := meshkit.Dial(t, ep.xds, ep.rootFile)
 	defer conn.Close()
-	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+vm.token)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+vm.Token)
 	resp, err := securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx,
 		&securityv1alpha1.IstioCertificateRequest{Csr: csrPEM(t), ValidityDuration: 90 * 24 * 3600})
 	if err != nil {

@@ -127,7 +127,7 @@ func TestMetadataLabelsSelectTheVMForAService(t *testing.T) {
 		"app": "analytics", "version": "v1", registry.LabelHostname: "ip-10-0-0-31", registry.LabelNetwork: "vm-network-1",
 		registry.LabelCanonicalName: "analytics", registry.LabelCanonicalRevision: "v1",
 	}
-	we, err := getEntry(t, vm.key)
+	we, err := getEntry(t, vm.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestMetadataLabelsSelectTheVMForAService(t *testing.T) {
 		t.Errorf("WorkloadEntry labels %v, spec labels %v; want %v", we.Labels, we.Spec.Labels, want)
 	}
 	pod := startPodProxy(t, ns, "analytics", 8080)
-	pod.waitFor(t, "the VM as an endpoint of analytics", func(m map[string]vmEndpoint) bool { e, ok := m[vm.ip]; return ok && e.healthy })
+	pod.waitFor(t, "the VM as an endpoint of analytics", func(m map[string]vmEndpoint) bool { e, ok := m[vm.IP]; return ok && e.healthy })
 }
 
 // A ServiceEntry selecting workloads with a workloadSelector (Istio's
@@ -148,7 +148,7 @@ func TestServiceEntryWorkloadSelectorSelectsTheVM(t *testing.T) {
 	vm.connect(t, ep)
 
 	pod := startPodProxyFor(t, ns, "outbound|80||svc1.internal.com")
-	pod.waitFor(t, "the VM as an endpoint of svc1.internal.com", func(m map[string]vmEndpoint) bool { e, ok := m[vm.ip]; return ok && e.healthy })
+	pod.waitFor(t, "the VM as an endpoint of svc1.internal.com", func(m map[string]vmEndpoint) bool { e, ok := m[vm.IP]; return ok && e.healthy })
 }
 
 // One Service selects a pod and a VM: a pod's proxy gets both as its
@@ -197,10 +197,10 @@ func TestOneServiceSelectsAPodAndAVM(t *testing.T) {
 	viewer := startPodProxy(t, ns, "analytics", 8080)
 	got := viewer.waitFor(t, "the pod and the VM as endpoints of analytics", func(m map[string]vmEndpoint) bool {
 		p, okPod := m[podIP]
-		v, okVM := m[vm.ip]
+		v, okVM := m[vm.IP]
 		return okPod && okVM && p.healthy && v.healthy
 	})
-	if l := got[vm.ip].locality; l != "us-east-2/us-east-2b" {
+	if l := got[vm.IP].locality; l != "us-east-2/us-east-2b" {
 		t.Errorf("VM endpoint locality %q, want us-east-2/us-east-2b (its EC2 zone)", l)
 	}
 	if l := got[podIP].locality; !strings.HasPrefix(l, "eu-west-1/eu-west-1c") {

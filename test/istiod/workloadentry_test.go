@@ -15,6 +15,7 @@ import (
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/registry"
+	"github.com/embark-mesh/embark/test/meshkit"
 )
 
 func healthyOf(we *istionetworkingv1.WorkloadEntry) *istiometa.IstioCondition {
@@ -62,14 +63,14 @@ func TestIstiodKeepsEmbarkWorkloadEntries(t *testing.T) {
 	for _, w := range []*workload{connected, disconnected, reconnected} {
 		s := w.connect(t, ep)
 		s.reportHealth(t, true)
-		streams[w.key.Name] = s
+		streams[w.Key.Name] = s
 	}
 	before := map[string]*istionetworkingv1.WorkloadEntry{}
 	for _, w := range []*workload{connected, disconnected, reconnected} {
-		before[w.key.Name] = waitHealthy(t, w.key, "True")
+		before[w.Key.Name] = waitHealthy(t, w.Key, "True")
 	}
-	streams[disconnected.key.Name].cancel()
-	streams[reconnected.key.Name].cancel()
+	streams[disconnected.Key.Name].cancel()
+	streams[reconnected.Key.Name].cancel()
 	s := reconnected.connect(t, ep)
 	s.reportHealth(t, true)
 
@@ -94,12 +95,12 @@ func TestIstiodKeepsEmbarkWorkloadEntries(t *testing.T) {
 			decoyGone = true
 		}
 		for _, w := range []*workload{connected, disconnected, reconnected} {
-			we, err := getEntry(t, w.key)
+			we, err := getEntry(t, w.Key)
 			if err != nil {
-				t.Fatalf("WorkloadEntry %s: %v (istiod's log:\n%s)", w.key.Name, err, tail(istiod.Log()))
+				t.Fatalf("WorkloadEntry %s: %v (istiod's log:\n%s)", w.Key.Name, err, meshkit.Tail(istiod.Log()))
 			}
-			if we.UID != before[w.key.Name].UID {
-				t.Fatalf("WorkloadEntry %s was deleted and re-created (UID %s, was %s)", w.key.Name, we.UID, before[w.key.Name].UID)
+			if we.UID != before[w.Key.Name].UID {
+				t.Fatalf("WorkloadEntry %s was deleted and re-created (UID %s, was %s)", w.Key.Name, we.UID, before[w.Key.Name].UID)
 			}
 			// The disconnected workload's entry is taken out of traffic by
 			// Embark itself after registration.outOfTrafficAfter (Healthy
@@ -108,11 +109,11 @@ func TestIstiodKeepsEmbarkWorkloadEntries(t *testing.T) {
 			c := healthyOf(we)
 			outByEmbark := w == disconnected && c.GetStatus() == "False" && c.GetReason() == runtimev1alpha1.ReasonAgentDisconnected
 			if c.GetStatus() != "True" && !outByEmbark {
-				t.Fatalf("WorkloadEntry %s lost its Healthy condition: %+v", w.key.Name, c)
+				t.Fatalf("WorkloadEntry %s lost its Healthy condition: %+v", w.Key.Name, c)
 			}
 			for _, k := range registry.IstiodAnnotations {
 				if _, ok := we.Annotations[k]; ok {
-					t.Fatalf("WorkloadEntry %s carries istiod's annotation %s", w.key.Name, k)
+					t.Fatalf("WorkloadEntry %s carries istiod's annotation %s", w.Key.Name, k)
 				}
 			}
 		}
@@ -135,22 +136,15 @@ func TestIstiodKeepsEmbarkWorkloadEntries(t *testing.T) {
 	// The disconnect is stored in the registration's status only: the entry
 	// istiod reads keeps its connection annotations and gets no
 	// disconnected-at.
-	we, _ := getEntry(t, disconnected.key)
+	we, _ := getEntry(t, disconnected.Key)
 	if _, ok := we.Annotations[registry.AnnotationDisconnectedAt]; ok {
 		t.Errorf("disconnected workload's entry carries %s: %v", registry.AnnotationDisconnectedAt, we.Annotations)
 	}
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := env.Client.Get(t.Context(), disconnected.key, war); err != nil {
+	if err := env.Client.Get(t.Context(), disconnected.Key, war); err != nil {
 		t.Fatal(err)
 	}
 	if war.Status.Connection == nil || war.Status.Connection.DisconnectedAt == nil {
 		t.Errorf("disconnected workload's registration lacks status.connection.disconnectedAt: %+v", war.Status.Connection)
 	}
-}
-
-func tail(s string) string {
-	if len(s) > 4000 {
-		return s[len(s)-4000:]
-	}
-	return s
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -30,15 +29,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
-	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/registry/nodeid"
 	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/endpointkit/configkit"
 	"github.com/embark-mesh/embark/test/fixtures"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/meshnet"
 	"github.com/embark-mesh/embark/test/testenv"
 )
@@ -111,33 +108,13 @@ func productpage(t *testing.T, ns, podIP string) {
 }
 
 // workload is a registered VM.
-type workload struct {
-	key    client.ObjectKey
-	ip     string
-	token  string
-	nodeID string
-}
+type workload struct{ *meshkit.VM }
 
 // register registers VM n of wg through the registry, as the onboarding
 // endpoint does; its address is 10.0.0.n.
 func register(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) *workload {
 	t.Helper()
-	ctx := t.Context()
-	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ip := fmt.Sprintf("10.0.0.%d", n)
-	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(ip)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := client.ObjectKeyFromObject(res.Registration)
-	return &workload{key: key, ip: ip, token: res.SidecarToken.Token, nodeID: fixtures.NodeID(ip, key)}
+	return &workload{meshkit.Register(t, env, wg, n, fmt.Sprintf("10.0.0.%d", n))}
 }
 
 // adsClient is one ADS stream: it subscribes, ACKs every response as Envoy
@@ -160,8 +137,8 @@ type adsClient struct {
 func (w *workload) vmSidecar(t *testing.T, e *endpoint) *adsClient {
 	t.Helper()
 	creds := credentials.NewTLS(&tls.Config{RootCAs: e.roots, ServerName: endpointHost, MinVersion: tls.VersionTLS12})
-	ctx := metadata.AppendToOutgoingContext(context.WithoutCancel(t.Context()), "authorization", "Bearer "+w.token)
-	node := &core.Node{Id: w.nodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+	ctx := metadata.AppendToOutgoingContext(context.WithoutCancel(t.Context()), "authorization", "Bearer "+w.Token)
+	node := &core.Node{Id: w.NodeID, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"PROXY_CONFIG":  structpb.NewStructValue(&structpb.Struct{}),
 		"ISTIO_VERSION": structpb.NewStringValue("1.31.0"),
 	}}}
@@ -319,7 +296,7 @@ func (c *adsClient) waitFor(t *testing.T, typeURL, what string, ok func(map[stri
 		select {
 		case <-c.changed:
 		case <-timeout:
-			t.Fatalf("never served %s; last %d resources of %s: %v\nistiod log (tail):\n%s", what, len(got), typeURL, keys(got), tail(istiod.Log()))
+			t.Fatalf("never served %s; last %d resources of %s: %v\nistiod log (tail):\n%s", what, len(got), typeURL, keys(got), meshkit.Tail(istiod.Log()))
 		}
 	}
 }
@@ -396,11 +373,4 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
-}
-
-func tail(s string) string {
-	if len(s) > 4000 {
-		return s[len(s)-4000:]
-	}
-	return s
 }

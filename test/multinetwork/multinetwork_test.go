@@ -74,9 +74,9 @@ func TestPodGetsVMServiceByTheVMNetworksGateway(t *testing.T) {
 			cluster := outbound(ns, "ratings", 9080)
 			pod := podProxy(t, ns)
 			pod.subscribe(t, resource.EndpointType, cluster)
-			pod.waitEndpoints(t, cluster, tc.want(vm.ip))
-			if tc.meshNetworks != "" && pod.everServed(cluster, net.JoinHostPort(vm.ip, "9080")) {
-				t.Errorf("a pod was sent the VM's own address %s although its network has a gateway", vm.ip)
+			pod.waitEndpoints(t, cluster, tc.want(vm.IP))
+			if tc.meshNetworks != "" && pod.everServed(cluster, net.JoinHostPort(vm.IP, "9080")) {
+				t.Errorf("a pod was sent the VM's own address %s although its network has a gateway", vm.IP)
 			}
 		})
 	}

@@ -5,14 +5,12 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,25 +21,19 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	securityv1alpha1 "istio.io/api/security/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
 	"github.com/embark-mesh/embark/cmd/onboarding-endpoint/config"
 	"github.com/embark-mesh/embark/registry"
 	"github.com/embark-mesh/embark/test/endpointkit"
 	"github.com/embark-mesh/embark/test/endpointkit/configkit"
-	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -61,18 +53,7 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 	if err := os.WriteFile(istiodRoots, def.RootCert, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ca, err := fixtures.NewCA("embark test root")
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile, err := ca.ServingCert(dir, "127.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rootFile := filepath.Join(dir, "ca.crt")
-	if err := ca.WritePEM(rootFile); err != nil {
-		t.Fatal(err)
-	}
+	certFile, keyFile, rootFile := meshkit.ServingCert(t, dir)
 	cfg := configkit.Serving(configkit.Config(ns), certFile, keyFile)
 	cfg.Registration.GracePeriod = configkit.Duration(time.Hour)
 	cfg.Istiod = config.Istiod{
@@ -84,32 +65,13 @@ func startEndpoint(t *testing.T, ns string) *endpoint {
 }
 
 // workload is a registered VM.
-type workload struct {
-	key   client.ObjectKey
-	uid   string
-	ip    string
-	token string
-}
+type workload struct{ *meshkit.VM }
 
 // register registers VM n of wg through the registry, as the onboarding
-// endpoint does.
+// endpoint does; its address is 10.0.7.n.
 func register(t *testing.T, wg *istionetworkingv1.WorkloadGroup, n int) *workload {
 	t.Helper()
-	ctx := t.Context()
-	c, err := env.StartCache(ctx, func(c cache.Cache) error { return registry.SetupIndexes(ctx, c) }, &istionetworkingv1.WorkloadEntryList{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg, err := registry.NewRegistrar(registry.Options{Client: env.Client, Cache: c, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ip := fmt.Sprintf("10.0.7.%d", n)
-	res, err := reg.Write(ctx, registry.Request{Group: wg, Identity: fixtures.AWSIdentity(fmt.Sprintf("i-%017x", n)), Registration: fixtures.Registration(ip)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &workload{key: client.ObjectKeyFromObject(res.Registration), uid: string(res.Registration.UID), ip: ip, token: res.SidecarToken.Token}
+	return &workload{meshkit.Register(t, env, wg, n, fmt.Sprintf("10.0.7.%d", n))}
 }
 
 // connection is what the registration records of the workload's connection.
@@ -126,7 +88,7 @@ type connection struct {
 func connectionOf(t *testing.T, w *workload) (connection, bool) {
 	t.Helper()
 	war := &runtimev1alpha1.WorkloadAutoRegistration{}
-	if err := env.Client.Get(t.Context(), w.key, war); err != nil {
+	if err := env.Client.Get(t.Context(), w.Key, war); err != nil {
 		t.Fatal(err)
 	}
 	c := connection{uid: string(war.UID), revision: war.Annotations[registry.AnnotationIstioRevision]}
@@ -145,7 +107,7 @@ func connectionOf(t *testing.T, w *workload) (connection, bool) {
 func entryRevision(t *testing.T, w *workload) (string, bool) {
 	t.Helper()
 	we := &istionetworkingv1.WorkloadEntry{}
-	if err := env.Client.Get(t.Context(), w.key, we); err != nil {
+	if err := env.Client.Get(t.Context(), w.Key, we); err != nil {
 		t.Fatal(err)
 	}
 	_, labelled := we.Labels[registry.LabelRevision]
@@ -215,7 +177,7 @@ func configHolds(t *testing.T, i *testenv.Istiod, w *workload) bool {
 		t.Fatalf("istiod's /debug/configz: %v\n%.500s", err, body)
 	}
 	for _, c := range configs {
-		if c.Kind == "WorkloadEntry" && c.Metadata.Name == w.key.Name && c.Metadata.Namespace == w.key.Namespace {
+		if c.Kind == "WorkloadEntry" && c.Metadata.Name == w.Key.Name && c.Metadata.Namespace == w.Key.Namespace {
 			return true
 		}
 	}
@@ -253,44 +215,19 @@ func issued(t *testing.T, i *testenv.Istiod) float64 {
 // with w's sidecar token, as pilot-agent does.
 func requestCertificate(t *testing.T, e *endpoint, w *workload) error {
 	t.Helper()
-	pemData, err := os.ReadFile(e.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pemData)
-	conn, err := grpc.NewClient(e.xds, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12})))
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := meshkit.Dial(t, e.xds, e.rootFile)
 	defer conn.Close()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{Organization: []string{"embark test"}}}, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+w.token), 30*time.Second)
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+w.Token), 30*time.Second)
 	defer cancel()
 	_, err = securityv1alpha1.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &securityv1alpha1.IstioCertificateRequest{
 		Csr: string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})), ValidityDuration: 3600,
 	})
 	return err
-}
-
-// scrape reads the endpoint's metrics.
-func scrape(t *testing.T, e *endpoint) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get("http://" + e.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fams
 }
 
 // metric is the sum of name's samples whose labels include want.

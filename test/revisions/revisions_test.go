@@ -1,12 +1,10 @@
 package revisions
 
 import (
-	"os"
 	"testing"
 	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	meshconfig "istio.io/api/mesh/v1alpha1"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
 )
 
@@ -46,37 +45,17 @@ func TestVMsFollowTheirNamespaceRevision(t *testing.T) {
 	}
 	ep := startEndpoint(t, ns)
 	vm := register(t, wg, 11)
-	roots, err := os.ReadFile(ep.rootFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: ep.xds, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
-		Labels:      map[string]string{"app": "ratings"},
-		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
-		XDSRootCA:   roots, Token: vm.token,
+	agent := meshkit.StartSidecar(t, ep.xds, ep.rootFile, vm.VM, istioagent.Options{
+		Labels: map[string]string{"app": "ratings"},
 	})
-	ads, err := istioagent.Connect(t.Context(), agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ads.Send(resource.ListenerType, nil, "", ""); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := ads.Recv(t.Context())
-	if err != nil {
-		t.Fatalf("no listeners through pilot-agent: %v\n%s", err, agent.Logs())
-	}
-	if err := ads.ACK(resp); err != nil {
-		t.Fatal(err)
-	}
+	ads, resp := meshkit.Listeners(t, t.Context(), agent)
 	var before connection
 	fixtures.Eventually(t, time.Minute, "the VM AgentConnected", func() bool {
 		var ok bool
 		before, ok = connectionOf(t, vm)
 		return ok
 	})
-	name := vm.key.Name + "." + ns
+	name := vm.Key.Name + "." + ns
 	servedBy(t, name, def, canary)
 	if !configHolds(t, def, vm) || !configHolds(t, canary, vm) {
 		t.Errorf("an entry without istio.io/rev: held by the default istiod %v, by the canary %v; want both", configHolds(t, def, vm), configHolds(t, canary, vm))
@@ -113,12 +92,12 @@ func TestVMsFollowTheirNamespaceRevision(t *testing.T) {
 		switch {
 		case !ok:
 			t.Errorf("%s: the VM is no longer AgentConnected", step.name)
-		case after.uid != vm.uid:
-			t.Errorf("%s: the registration was re-created (UID %s, was %s)", step.name, after.uid, vm.uid)
+		case after.uid != vm.UID:
+			t.Errorf("%s: the registration was re-created (UID %s, was %s)", step.name, after.uid, vm.UID)
 		case !after.cond.LastTransitionTime.Equal(&before.cond.LastTransitionTime) || !after.connectedAt.Equal(before.connectedAt) || after.disconnected:
 			t.Errorf("%s: the connection changed: %+v connected at %v, then %+v connected at %v (disconnected: %v)", step.name, before.cond, before.connectedAt, after.cond, after.connectedAt, after.disconnected)
 		}
-		fams := scrape(t, ep)
+		fams := meshkit.Scrape(t, ep.metrics)
 		if c, d := metric(fams, "embark_xds_connects_total", nil), metric(fams, "embark_xds_disconnects_total", nil); c != 1 || d != 0 {
 			t.Errorf("%s: %v connects and %v disconnects counted, want the one connect: the VM's stream to Embark was closed", step.name, c, d)
 		}
@@ -149,7 +128,7 @@ func TestVMsFollowTheirNamespaceRevision(t *testing.T) {
 	// A revision this Embark has no istiod for: the default serves the VM,
 	// and the registration says why.
 	labelNamespace(t, ns, "nope")
-	fixtures.WaitEvent(t, env.Client, ns, vm.key.Name, "UnknownIstioRevision", `"nope"`)
+	fixtures.WaitEvent(t, env.Client, ns, vm.Key.Name, "UnknownIstioRevision", `"nope"`)
 	servedBy(t, name, def, canary)
 	if c, ok := connectionOf(t, vm); !ok || c.revision != "" {
 		t.Errorf("unknown revision: connected %v, registration revision %q; want connected to the default revision", ok, c.revision)

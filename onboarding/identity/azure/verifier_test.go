@@ -97,99 +97,81 @@ func TestVerifyAcceptsManagedIdentityToken(t *testing.T) {
 // with the reason named.
 func TestVerifyRefusesForgeries(t *testing.T) {
 	vm := azuretest.DefaultVM()
-	otherKey, err := jwttest.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
 	const otherTenant = "f8cdef31-a31e-4b4a-93e4-5f571e91255a"
-	tests := []struct {
-		name string
-		// token builds the token from valid claims.
-		token      func(t *testing.T, f *fixture, claims map[string]any) string
-		wantReason identity.Reason
-		wantMsg    string
-	}{
+	tests := []jwttest.Forgery[*fixture]{
 		{
-			name: "wrong signer, Microsoft's kid",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				tok, err := jwttest.SignWith(otherKey, f.ms.KeyID(), c)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tok
+			Name: "wrong signer, Microsoft's kid",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
+				return jwttest.Forged(t, f.ms.KeyID(), c)
 			},
-			wantReason: identity.ReasonBadSignature, wantMsg: "does not verify",
+			WantReason: identity.ReasonBadSignature, WantMsg: "does not verify",
 		},
 		{
-			name: "wrong audience (Azure Resource Manager's)",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "wrong audience (Azure Resource Manager's)",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["aud"] = "https://management.azure.com/"
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonWrongAudience, wantMsg: "audience",
+			WantReason: identity.ReasonWrongAudience, WantMsg: "audience",
 		},
 		{
-			name: "issuer of a tenant that is not allowed",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "issuer of a tenant that is not allowed",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["iss"], c["tid"] = "https://sts.windows.net/"+otherTenant+"/", otherTenant
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonUnknownIssuer, wantMsg: "issuer",
+			WantReason: identity.ReasonUnknownIssuer, WantMsg: "issuer",
 		},
 		{
-			name: "issuer without the trailing slash",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "issuer without the trailing slash",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["iss"] = "https://sts.windows.net/" + vm.TenantID
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonUnknownIssuer, wantMsg: "issuer",
+			WantReason: identity.ReasonUnknownIssuer, WantMsg: "issuer",
 		},
 		{
-			name: "tid of another tenant under an allowed issuer",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "tid of another tenant under an allowed issuer",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["tid"] = otherTenant
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "tid",
+			WantReason: identity.ReasonMalformed, WantMsg: "tid",
 		},
 		{
-			name: "expired",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "expired",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["iat"], c["nbf"], c["exp"] = f.now.Add(-26*time.Hour).Unix(), f.now.Add(-26*time.Hour).Unix(), f.now.Add(-2*time.Hour).Unix()
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonExpired, wantMsg: "expired",
+			WantReason: identity.ReasonExpired, WantMsg: "expired",
 		},
 		{
-			name: "not yet valid",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "not yet valid",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["iat"], c["nbf"], c["exp"] = f.now.Add(10*time.Minute).Unix(), f.now.Add(10*time.Minute).Unix(), f.now.Add(10*time.Hour).Unix()
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonNotYetValid, wantMsg: "not valid before",
+			WantReason: identity.ReasonNotYetValid, WantMsg: "not valid before",
 		},
 		{
-			name: "lifetime longer than 25 hours",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "lifetime longer than 25 hours",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["exp"] = f.now.Add(30 * 24 * time.Hour).Unix()
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonLifetimeTooLong, wantMsg: "maxTokenLifetime",
+			WantReason: identity.ReasonLifetimeTooLong, WantMsg: "maxTokenLifetime",
 		},
 		{
-			name: "replayed",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				tok := f.sign(t, c)
-				if _, err := f.v.Verify(t.Context(), tok); err != nil {
-					t.Fatalf("first use: %v", err)
-				}
-				return tok
+			Name: "replayed",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
+				return jwttest.Used(t, f.v, f.sign(t, c))
 			},
-			wantReason: identity.ReasonReplayed, wantMsg: "already used",
+			WantReason: identity.ReasonReplayed, WantMsg: "already used",
 		},
 		{
-			name: "subscription edited after signing",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "subscription edited after signing",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				tok := f.sign(t, c)
 				other := vm
 				other.SubscriptionID = "11111111-2222-3333-4444-555555555555"
@@ -198,106 +180,84 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 				parts, forgedParts := strings.Split(tok, "."), strings.Split(forged, ".")
 				return parts[0] + "." + forgedParts[1] + "." + parts[2]
 			},
-			wantReason: identity.ReasonBadSignature, wantMsg: "does not verify",
+			WantReason: identity.ReasonBadSignature, WantMsg: "does not verify",
 		},
 		{
-			name: "no xms_mirid",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "no xms_mirid",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				delete(c, "xms_mirid")
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "xms_mirid",
+			WantReason: identity.ReasonMalformed, WantMsg: "xms_mirid",
 		},
 		{
-			name: "xms_mirid of a user-assigned identity",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "xms_mirid of a user-assigned identity",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["xms_mirid"] = "/subscriptions/" + vm.SubscriptionID + "/resourcegroups/embark-rg/providers/Microsoft.ManagedIdentity/userAssignedIdentities/shared"
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "virtual machine",
+			WantReason: identity.ReasonMalformed, WantMsg: "virtual machine",
 		},
 		{
-			name: "xms_mirid with an extra segment",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "xms_mirid with an extra segment",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["xms_mirid"] = vm.ResourceID() + "/extensions/x"
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "xms_mirid",
+			WantReason: identity.ReasonMalformed, WantMsg: "xms_mirid",
 		},
 		{
-			name: "xms_mirid with a subscription that is not a GUID",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "xms_mirid with a subscription that is not a GUID",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["xms_mirid"] = "/subscriptions/../resourcegroups/embark-rg/providers/Microsoft.Compute/virtualMachines/ratings-1"
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "GUID",
+			WantReason: identity.ReasonMalformed, WantMsg: "GUID",
 		},
 		{
-			name: "no tid",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "no tid",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				delete(c, "tid")
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "tid",
+			WantReason: identity.ReasonMalformed, WantMsg: "tid",
 		},
 		{
-			name: "no oid",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "no oid",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				delete(c, "oid")
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "oid",
+			WantReason: identity.ReasonMalformed, WantMsg: "oid",
 		},
 		{
-			name: "no iat",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "no iat",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				delete(c, "iat")
 				c["exp"] = f.now.Add(time.Hour).Unix()
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "iat",
+			WantReason: identity.ReasonMalformed, WantMsg: "iat",
 		},
 		{
-			name: "unsigned",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				parts := strings.Split(f.sign(t, c), ".")
-				return "eyJhbGciOiJub25lIn0." + parts[1] + "."
+			Name: "unsigned",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
+				return jwttest.Unsigned(f.sign(t, c))
 			},
-			wantReason: identity.ReasonDisallowedAlgorithm, wantMsg: "unsigned",
+			WantReason: identity.ReasonDisallowedAlgorithm, WantMsg: "unsigned",
 		},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t)
-			tok := tt.token(t, f, vm.Claims(audience, f.now.Add(-time.Hour)))
-			id, err := f.v.Verify(t.Context(), tok)
-			if err == nil {
-				t.Fatalf("accepted: %+v", id.Azure)
-			}
-			if !errors.Is(err, tt.wantReason) {
-				t.Errorf("reason %q, want %q (%v)", identity.ReasonOf(err), tt.wantReason, err)
-			}
-			if !strings.Contains(err.Error(), tt.wantMsg) {
-				t.Errorf("error %q does not say %q", err, tt.wantMsg)
-			}
-		})
-	}
+	jwttest.RefuseForgeries(t, tests, func(t *testing.T) (*fixture, jwttest.TokenVerifier, map[string]any) {
+		f := newFixture(t)
+		return f, f.v, vm.Claims(audience, f.now.Add(-time.Hour))
+	})
 }
 
 // TestEachTokenOnce: two tokens of one VM each onboard once.
 func TestEachTokenOnce(t *testing.T) {
 	f := newFixture(t)
 	vm := azuretest.DefaultVM()
-	first := f.sign(t, vm.Claims(audience, f.now.Add(-time.Minute)))
-	second := f.sign(t, vm.Claims(audience, f.now.Add(-2*time.Minute)))
-	for i, tok := range []string{first, second} {
-		if _, err := f.v.Verify(t.Context(), tok); err != nil {
-			t.Fatalf("token %d: %v", i, err)
-		}
-	}
-	if _, err := f.v.Verify(t.Context(), second); !errors.Is(err, identity.ReasonReplayed) {
-		t.Fatalf("second token again: %v, want Replayed", err)
-	}
+	jwttest.EachTokenOnce(t, f.v, f.sign(t, vm.Claims(audience, f.now.Add(-time.Minute))), f.sign(t, vm.Claims(audience, f.now.Add(-2*time.Minute))))
 }
 
 func TestNewVerifierRefusesBadConfig(t *testing.T) {

@@ -1,15 +1,13 @@
 package gce_test
 
 import (
-	"errors"
 	"testing"
 	"time"
 
-	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/gce"
 	"github.com/embark-mesh/embark/onboarding/identity/gce/gcetest"
 	"github.com/embark-mesh/embark/onboarding/identity/jwt"
-	"github.com/embark-mesh/embark/onboarding/identity/replay"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 	"github.com/embark-mesh/embark/onboarding/identity/replay/replaytest"
 )
 
@@ -37,16 +35,5 @@ func TestSharedReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	_, err = a.Verify(t.Context(), tok)
-	if !errors.Is(err, replay.ErrUnavailable) || identity.ReasonOf(err) != "" {
-		t.Fatalf("store down: Verify() = %v, want replay.ErrUnavailable and no refusal reason", err)
-	}
-	shared.SetDown(false)
-	if _, err := a.Verify(t.Context(), tok); err != nil {
-		t.Fatalf("the same token once the store answers, at the same replica: %v", err)
-	}
-	if _, err := b.Verify(t.Context(), tok); identity.ReasonOf(err) != identity.ReasonReplayed {
-		t.Fatalf("the token at the other replica: Verify() = %v, want %s", err, identity.ReasonReplayed)
-	}
+	jwttest.SharedReplay(t, shared, a, b, tok)
 }

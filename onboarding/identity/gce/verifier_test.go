@@ -81,82 +81,64 @@ func TestVerifyAcceptsGoogleToken(t *testing.T) {
 // with the reason named.
 func TestVerifyRefusesForgeries(t *testing.T) {
 	in := gcetest.DefaultInstance()
-	otherKey, err := jwttest.NewKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tests := []struct {
-		name string
-		// token builds the token from valid claims.
-		token      func(t *testing.T, f *fixture, claims map[string]any) string
-		wantReason identity.Reason
-		wantMsg    string
-	}{
+	tests := []jwttest.Forgery[*fixture]{
 		{
-			name: "wrong signer, Google's kid",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				tok, err := jwttest.SignWith(otherKey, f.google.KeyID(), c)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return tok
+			Name: "wrong signer, Google's kid",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
+				return jwttest.Forged(t, f.google.KeyID(), c)
 			},
-			wantReason: identity.ReasonBadSignature, wantMsg: "does not verify",
+			WantReason: identity.ReasonBadSignature, WantMsg: "does not verify",
 		},
 		{
-			name: "wrong audience",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "wrong audience",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["aud"] = "https://other.example.com"
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonWrongAudience, wantMsg: "audience",
+			WantReason: identity.ReasonWrongAudience, WantMsg: "audience",
 		},
 		{
-			name: "wrong issuer",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "wrong issuer",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["iss"] = "accounts.google.com.evil.example"
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonUnknownIssuer, wantMsg: "issuer",
+			WantReason: identity.ReasonUnknownIssuer, WantMsg: "issuer",
 		},
 		{
-			name: "expired",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "expired",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["iat"], c["exp"] = f.now.Add(-3*time.Hour).Unix(), f.now.Add(-2*time.Hour).Unix()
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonExpired, wantMsg: "expired",
+			WantReason: identity.ReasonExpired, WantMsg: "expired",
 		},
 		{
-			name: "issued in the future",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "issued in the future",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["iat"], c["exp"] = f.now.Add(10*time.Minute).Unix(), f.now.Add(70*time.Minute).Unix()
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonNotYetValid, wantMsg: "future",
+			WantReason: identity.ReasonNotYetValid, WantMsg: "future",
 		},
 		{
-			name: "lifetime longer than an hour",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "lifetime longer than an hour",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["exp"] = f.now.Add(24 * time.Hour).Unix()
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonLifetimeTooLong, wantMsg: "maxTokenLifetime",
+			WantReason: identity.ReasonLifetimeTooLong, WantMsg: "maxTokenLifetime",
 		},
 		{
-			name: "replayed",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				tok := f.sign(t, c)
-				if _, err := f.v.Verify(t.Context(), tok); err != nil {
-					t.Fatalf("first use: %v", err)
-				}
-				return tok
+			Name: "replayed",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
+				return jwttest.Used(t, f.v, f.sign(t, c))
 			},
-			wantReason: identity.ReasonReplayed, wantMsg: "already used",
+			WantReason: identity.ReasonReplayed, WantMsg: "already used",
 		},
 		{
-			name: "project edited after signing",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "project edited after signing",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				tok := f.sign(t, c)
 				ce := c["google"].(map[string]any)["compute_engine"].(map[string]any)
 				ce["project_id"] = "victim-project"
@@ -164,98 +146,76 @@ func TestVerifyRefusesForgeries(t *testing.T) {
 				parts, forgedParts := strings.Split(tok, "."), strings.Split(forged, ".")
 				return parts[0] + "." + forgedParts[1] + "." + parts[2]
 			},
-			wantReason: identity.ReasonBadSignature, wantMsg: "does not verify",
+			WantReason: identity.ReasonBadSignature, WantMsg: "does not verify",
 		},
 		{
-			name: "format=standard: no compute_engine claims",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "format=standard: no compute_engine claims",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				delete(c, "google")
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "format=full",
+			WantReason: identity.ReasonMalformed, WantMsg: "format=full",
 		},
 		{
-			name: "compute_engine without zone",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "compute_engine without zone",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				delete(c["google"].(map[string]any)["compute_engine"].(map[string]any), "zone")
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "google.compute_engine.zone",
+			WantReason: identity.ReasonMalformed, WantMsg: "google.compute_engine.zone",
 		},
 		{
-			name: "instance name not a name",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "instance name not a name",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["google"].(map[string]any)["compute_engine"].(map[string]any)["instance_name"] = "Bad/Name"
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "instance_name",
+			WantReason: identity.ReasonMalformed, WantMsg: "instance_name",
 		},
 		{
-			name: "no iat",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "no iat",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				delete(c, "iat")
 				c["exp"] = f.now.Add(30 * time.Minute).Unix()
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "iat",
+			WantReason: identity.ReasonMalformed, WantMsg: "iat",
 		},
 		{
-			name: "service account email not verified",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "service account email not verified",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				c["email_verified"] = false
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "email_verified",
+			WantReason: identity.ReasonMalformed, WantMsg: "email_verified",
 		},
 		{
-			name: "no service account",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
+			Name: "no service account",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
 				delete(c, "email")
 				return f.sign(t, c)
 			},
-			wantReason: identity.ReasonMalformed, wantMsg: "service account",
+			WantReason: identity.ReasonMalformed, WantMsg: "service account",
 		},
 		{
-			name: "unsigned",
-			token: func(t *testing.T, f *fixture, c map[string]any) string {
-				parts := strings.Split(f.sign(t, c), ".")
-				return "eyJhbGciOiJub25lIn0." + parts[1] + "."
+			Name: "unsigned",
+			Token: func(t *testing.T, f *fixture, c map[string]any) string {
+				return jwttest.Unsigned(f.sign(t, c))
 			},
-			wantReason: identity.ReasonDisallowedAlgorithm, wantMsg: "unsigned",
+			WantReason: identity.ReasonDisallowedAlgorithm, WantMsg: "unsigned",
 		},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t)
-			tok := tt.token(t, f, in.Claims(audience, f.now.Add(-time.Minute)))
-			id, err := f.v.Verify(t.Context(), tok)
-			if err == nil {
-				t.Fatalf("accepted: %+v", id.GCE)
-			}
-			if !errors.Is(err, tt.wantReason) {
-				t.Errorf("reason %q, want %q (%v)", identity.ReasonOf(err), tt.wantReason, err)
-			}
-			if !strings.Contains(err.Error(), tt.wantMsg) {
-				t.Errorf("error %q does not say %q", err, tt.wantMsg)
-			}
-		})
-	}
+	jwttest.RefuseForgeries(t, tests, func(t *testing.T) (*fixture, jwttest.TokenVerifier, map[string]any) {
+		f := newFixture(t)
+		return f, f.v, in.Claims(audience, f.now.Add(-time.Minute))
+	})
 }
 
 // TestEachTokenOnce: two tokens of one instance each onboard once.
 func TestEachTokenOnce(t *testing.T) {
 	f := newFixture(t)
 	in := gcetest.DefaultInstance()
-	first := f.sign(t, in.Claims(audience, f.now.Add(-time.Minute)))
-	second := f.sign(t, in.Claims(audience, f.now.Add(-2*time.Minute)))
-	for i, tok := range []string{first, second} {
-		if _, err := f.v.Verify(t.Context(), tok); err != nil {
-			t.Fatalf("token %d: %v", i, err)
-		}
-	}
-	if _, err := f.v.Verify(t.Context(), second); !errors.Is(err, identity.ReasonReplayed) {
-		t.Fatalf("second token again: %v, want Replayed", err)
-	}
+	jwttest.EachTokenOnce(t, f.v, f.sign(t, in.Claims(audience, f.now.Add(-time.Minute))), f.sign(t, in.Claims(audience, f.now.Add(-2*time.Minute))))
 }
 
 func TestMetadataServerIssuesFullTokens(t *testing.T) {

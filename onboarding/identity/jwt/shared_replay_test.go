@@ -7,8 +7,8 @@ import (
 
 	josejwt "github.com/go-jose/go-jose/v4/jwt"
 
-	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/jwt"
+	"github.com/embark-mesh/embark/onboarding/identity/jwt/jwttest"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 	"github.com/embark-mesh/embark/onboarding/identity/replay/replaytest"
 )
@@ -33,17 +33,7 @@ func TestSharedReplay(t *testing.T) {
 	tok := mint(t, k.rsa, "", nil, josejwt.Claims{Issuer: testIssuer, Subject: "vm-01", Audience: josejwt.Audience{testAudience}, ID: "once",
 		IssuedAt: josejwt.NewNumericDate(now), Expiry: josejwt.NewNumericDate(now.Add(10 * time.Minute))})
 
-	_, err := a.Verify(t.Context(), tok)
-	if !errors.Is(err, replay.ErrUnavailable) || identity.ReasonOf(err) != "" {
-		t.Fatalf("store down: Verify() = %v, want replay.ErrUnavailable and no refusal reason", err)
-	}
-	shared.SetDown(false)
-	if _, err := a.Verify(t.Context(), tok); err != nil {
-		t.Fatalf("the same token once the store answers, at the same replica: %v", err)
-	}
-	if _, err := b.Verify(t.Context(), tok); identity.ReasonOf(err) != identity.ReasonReplayed {
-		t.Fatalf("the token at the other replica: Verify() = %v, want %s", err, identity.ReasonReplayed)
-	}
+	jwttest.SharedReplay(t, shared, a, b, tok)
 }
 
 // A token without jti is reserved by its signature: once per verifier and
