@@ -42,6 +42,7 @@ import (
 	"github.com/embark-mesh/embark/test/fixtures"
 	"github.com/embark-mesh/embark/test/freeport"
 	"github.com/embark-mesh/embark/test/istioagent"
+	"github.com/embark-mesh/embark/test/meshkit"
 	"github.com/embark-mesh/embark/test/testenv"
 	"github.com/embark-mesh/embark/test/vmsim"
 )
@@ -89,7 +90,7 @@ func rotateServingCA(t *testing.T, fromSecret bool) {
 
 	vm := w.onboard(t)
 	pa := istioagent.Start(t, istioagent.Options{
-		DiscoveryAddress: w.cfg.Listen.XDS, PodName: vm.key.Name, PodNamespace: ns, InstanceIP: vm.ip, ServiceAccount: fixtures.ServiceAccount,
+		DiscoveryAddress: w.cfg.Listen.XDS, PodName: vm.Key.Name, PodNamespace: ns, InstanceIP: vm.IP, ServiceAccount: fixtures.ServiceAccount,
 		ProxyConfig: &meshconfig.ProxyConfig{ControlPlaneAuthPolicy: meshconfig.AuthenticationPolicy_MUTUAL_TLS},
 		WorkDir:     w.root, EnvoyStandIn: true,
 		// The files the onboarding agent wrote: its roots for Embark's
@@ -98,7 +99,7 @@ func rotateServingCA(t *testing.T, fromSecret bool) {
 	})
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("onboarding agent log:\n%s\npilot-agent log:\n%s", tail(w.logs.String()), tail(grepLog(pa.Logs(), "CSR", "cert", "ca", "upstream", "rror", "arn")))
+			t.Logf("onboarding agent log:\n%s\npilot-agent log:\n%s", meshkit.Tail(w.logs.String()), meshkit.Tail(grepLog(pa.Logs(), "CSR", "cert", "ca", "upstream", "rror", "arn")))
 		}
 	})
 	node, err := pa.Node()
@@ -108,7 +109,7 @@ func rotateServingCA(t *testing.T, fromSecret bool) {
 	workload := watchSDSAsEnvoy(t, pa, node, "default")
 	ads := holdADS(t, pa)
 	ads.waitLDSAfter(t, pa, time.Time{}, "first connection")
-	before := waitAgentConnected(t, vm.key)
+	before := waitAgentConnected(t, vm.Key)
 	stop := w.sample(t)
 
 	steps := []struct {
@@ -186,7 +187,7 @@ func rotateServingCA(t *testing.T, fromSecret bool) {
 	if n := ads.opened(); n != 3 {
 		t.Errorf("the ADS stream was opened %d times, want 3: once, then once after each restart", n)
 	}
-	after := waitAgentConnected(t, vm.key)
+	after := waitAgentConnected(t, vm.Key)
 	if after.uid != before.uid {
 		t.Errorf("the registration was re-created during the rotation: UID %s, then %s", before.uid, after.uid)
 	}
@@ -397,7 +398,7 @@ workload:
 		t.Fatalf("%d registrations, want 1", len(list.Items))
 	}
 	war := list.Items[0]
-	return &workload{key: client.ObjectKeyFromObject(&war), ip: war.Spec.Registration.Host.Addresses[0].IP}
+	return &workload{VM: &meshkit.VM{Key: client.ObjectKeyFromObject(&war), UID: string(war.UID), IP: war.Spec.Registration.Host.Addresses[0].IP}}
 }
 
 // envoyADS holds an ADS stream through pilot-agent's xDS proxy as Envoy
@@ -458,7 +459,7 @@ func (e *envoyADS) waitLDSAfter(t *testing.T, pa *istioagent.Agent, since time.T
 		return e.lastLDS.After(since), nil
 	})
 	if err != nil {
-		t.Fatalf("%s: no listeners through pilot-agent: %v\n%s", what, err, tail(pa.Logs()))
+		t.Fatalf("%s: no listeners through pilot-agent: %v\n%s", what, err, meshkit.Tail(pa.Logs()))
 	}
 }
 
@@ -520,7 +521,7 @@ func (w *servingWorld) waitFor(t *testing.T, what string, done func(servingState
 		return done(s), nil
 	})
 	if err != nil {
-		t.Fatalf("%s: not reached: served by %q, installed %v\nagent log:\n%s", what, last.issuer, last.installed, tail(w.logs.String()))
+		t.Fatalf("%s: not reached: served by %q, installed %v\nagent log:\n%s", what, last.issuer, last.installed, meshkit.Tail(w.logs.String()))
 	}
 }
 
@@ -603,8 +604,21 @@ type envoySDS struct {
 func watchSDSAsEnvoy(t *testing.T, pa *istioagent.Agent, node *core.Node, name string) *envoySDS {
 	t.Helper()
 	e := &envoySDS{secret: watchSDS(t, pa, node, name), opens: 1}
-	ctx := t.Context()
+	// The goroutine reopens streams without t (no t.Fatal or t.Cleanup off
+	// the test's goroutine): its streams end with ctx, their connections
+	// are closed by the cleanup below, after the goroutine has stopped.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan struct{})
+	var closers []func()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		for _, c := range closers {
+			c()
+		}
+	})
 	go func() {
+		defer close(done)
 		for ctx.Err() == nil {
 			time.Sleep(500 * time.Millisecond)
 			e.mu.Lock()
@@ -613,7 +627,13 @@ func watchSDSAsEnvoy(t *testing.T, pa *istioagent.Agent, node *core.Node, name s
 			if _, err := cur.last(); err == nil || ctx.Err() != nil {
 				continue
 			}
-			next := watchSDS(t, pa, node, name)
+			st, closeConn, err := meshkit.DialSDS(ctx, pa, node, name)
+			if err != nil {
+				continue
+			}
+			closers = append(closers, closeConn)
+			next := &sdsSecret{}
+			go next.receive(st, name)
 			e.mu.Lock()
 			e.secret, e.opens = next, e.opens+1
 			e.mu.Unlock()

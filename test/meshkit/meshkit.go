@@ -157,18 +157,28 @@ func Listeners(t *testing.T, ctx context.Context, agent *istioagent.Agent) (*ist
 	return ads, resp
 }
 
-// OpenSDS opens an SDS stream for the secret name on agent's socket as
-// Envoy does (a stream of its own, the node first) once the socket appears:
-// pilot-agent serves it once its SDS server runs, within a minute. The
-// stream lives as long as ctx; its connection until the test ends.
+// OpenSDS opens an SDS stream for name on agent's socket, as Envoy does,
+// once the socket exists (within a minute), and sends the first request;
+// the test fails otherwise. The connection is closed when the test ends.
 func OpenSDS(t *testing.T, ctx context.Context, agent *istioagent.Agent, node *core.Node, name string) secretv3.SecretDiscoveryService_StreamSecretsClient {
 	t.Helper()
+	st, closeConn, err := DialSDS(ctx, agent, node, name)
+	if err != nil {
+		t.Fatalf("%v\npilot-agent log:\n%s", err, Tail(agent.Logs()))
+	}
+	t.Cleanup(closeConn)
+	return st
+}
+
+// DialSDS is OpenSDS for goroutines other than the test's (which must not
+// call t.Fatal or t.Cleanup): it returns the error, and the caller closes
+// the connection with closeConn.
+func DialSDS(ctx context.Context, agent *istioagent.Agent, node *core.Node, name string) (st secretv3.SecretDiscoveryService_StreamSecretsClient, closeConn func(), err error) {
 	conn, err := grpc.NewClient("unix://"+agent.SDSSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, fmt.Errorf("SDS client: %w", err)
 	}
-	t.Cleanup(func() { _ = conn.Close() })
-	var st secretv3.SecretDiscoveryService_StreamSecretsClient
+	closeConn = func() { _ = conn.Close() }
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
 		if _, err := os.Stat(agent.SDSSocket()); err != nil {
 			return false, nil
@@ -177,12 +187,14 @@ func OpenSDS(t *testing.T, ctx context.Context, agent *istioagent.Agent, node *c
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("no SDS socket at %s: %v\npilot-agent log:\n%s", agent.SDSSocket(), err, Tail(agent.Logs()))
+		closeConn()
+		return nil, nil, fmt.Errorf("no SDS socket at %s: %w", agent.SDSSocket(), err)
 	}
 	if err := st.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.SecretType, ResourceNames: []string{name}}); err != nil {
-		t.Fatal(err)
+		closeConn()
+		return nil, nil, fmt.Errorf("first SDS request: %w", err)
 	}
-	return st
+	return st, closeConn, nil
 }
 
 // Tail is the last 4000 bytes of a log, what a failure message shows of it.
