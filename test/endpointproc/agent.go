@@ -124,6 +124,10 @@ func (a *Agent) RenewToken(ctx context.Context, api onboardingv1alpha1.Onboardin
 	return nil
 }
 
+// Token is the agent's sidecar token (Register's, or RenewToken's since):
+// what its sidecar presents to Embark's xDS and CA relay.
+func (a *Agent) Token() string { return a.token }
+
 // Connected reports whether the agent's ADS stream is open and answered.
 func (a *Agent) Connected() bool { return a.connected.Load() }
 

@@ -55,14 +55,7 @@ type sample struct {
 }
 
 func TestSoak(t *testing.T) {
-	duration := 10 * time.Minute
-	if s := os.Getenv("SOAK_DURATION"); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("SOAK_DURATION: %v", err)
-		}
-		duration = d
-	}
+	duration := soakDuration(t)
 	every := max(duration/20, 5*time.Second)
 	ctx := t.Context()
 	ns := env.Namespace(t)
@@ -250,6 +243,20 @@ func TestSoak(t *testing.T) {
 	fmt.Fprintf(&report, "%-18s mean %8.1f  slope %+7.2f/min  change over window %+7.1f  noise (residual sd) %6.1f  (not checked)\n",
 		"heap in use (MiB)", tr.Mean, tr.Slope, tr.Change, tr.Noise)
 	t.Log("\n" + report.String())
+}
+
+// soakDuration is SOAK_DURATION (default 10m): how long each soak runs.
+func soakDuration(t *testing.T) time.Duration {
+	t.Helper()
+	s := os.Getenv("SOAK_DURATION")
+	if s == "" {
+		return 10 * time.Minute
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		t.Fatalf("SOAK_DURATION: %v", err)
+	}
+	return d
 }
 
 // checkRoll waits (up to the grace period) for every agent held through
