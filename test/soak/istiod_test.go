@@ -91,6 +91,8 @@ type istiodSample struct {
 // or goroutine count after both faults.
 func TestSoakIstiodMode(t *testing.T) {
 	duration, n := soakDuration(t), sidecars(t)
+	// Every sidecar stays connected but through the roll: the longest grace.
+	grace := maxGrace
 	ttl := certTTL(duration)
 	every := max(duration/20, 5*time.Second)
 	ctx := t.Context()
@@ -186,7 +188,7 @@ func TestSoakIstiodMode(t *testing.T) {
 				t.Fatalf("roll: start: %v", err)
 			}
 			took := time.Since(rollStart)
-			held, lost := checkRoll(ctx, t, ns, agents)
+			held, lost := checkRoll(ctx, t, ns, agents, grace)
 			fmt.Fprintf(&report, "replica rolled at %v (down and ready again in %v): %d of %d streams reconnected, %d registrations lost or re-created\n",
 				rollAt, took.Round(100*time.Millisecond), held, n, lost)
 			t.Logf("t=%-6s replica rolled: %d streams reconnected, %d registrations lost or re-created", time.Since(start).Round(time.Second), held, lost)

@@ -30,9 +30,11 @@ const (
 	// connected; older ones disconnect and are swept after the grace period.
 	rate      = 2
 	connected = 50
-	// grace outlasts the replica's roll (SIGTERM, start, ready) on a busy
-	// machine, so that the held agents' registrations survive it.
-	grace = time.Minute
+	// maxGrace and minGrace bound the grace period (graceFor): it outlasts
+	// the replica's roll (SIGTERM, start, ready: about 3 s on a busy
+	// machine), so that the held agents' registrations survive it.
+	maxGrace = time.Minute
+	minGrace = 20 * time.Second
 	// eventCacheSize bounds the event correlator's LRU caches (client-go's
 	// default 4096 entries each, about 5 entries per workload: Registered
 	// and GracePeriodExpired events) so that they are full before the
@@ -56,6 +58,7 @@ type sample struct {
 
 func TestSoak(t *testing.T) {
 	duration := soakDuration(t)
+	grace := graceFor(duration)
 	every := max(duration/20, 5*time.Second)
 	ctx := t.Context()
 	ns := env.Namespace(t)
@@ -133,7 +136,7 @@ func TestSoak(t *testing.T) {
 				t.Fatalf("roll: start: %v", err)
 			}
 			rollTook = time.Since(rollStart)
-			rollHeld, rollLost = checkRoll(ctx, t, ns, held)
+			rollHeld, rollLost = checkRoll(ctx, t, ns, held, grace)
 			t.Logf("t=%-6s replica rolled (stopped and ready again in %v): %d held agents reconnected, %d registrations lost or re-created",
 				time.Since(start).Round(time.Second), rollTook.Round(100*time.Millisecond), rollHeld, rollLost)
 			continue
@@ -259,12 +262,19 @@ func soakDuration(t *testing.T) time.Duration {
 	return d
 }
 
+// graceFor is the grace period of a soak of duration d: a fifth of it
+// between minGrace and maxGrace, so that in a short run (CI's soak-short)
+// disconnected registrations are swept, and the number of registrations
+// steady, before the flatness window starts (2 × the roll's time, also a
+// fifth); with a fixed minute a 75 s run only ever grew.
+func graceFor(d time.Duration) time.Duration { return min(maxGrace, max(minGrace, d/5)) }
+
 // checkRoll waits (up to the grace period) for every agent held through
 // the replica's roll to be connected again on a new stream, then checks
 // that each one's registration is the one it registered (same UID),
 // connected, with its WorkloadEntry. It returns how many reconnected and
 // how many registrations were lost or re-created (each an error).
-func checkRoll(ctx context.Context, t *testing.T, ns string, held []*endpointproc.Agent) (reconnected, lost int) {
+func checkRoll(ctx context.Context, t *testing.T, ns string, held []*endpointproc.Agent, grace time.Duration) (reconnected, lost int) {
 	t.Helper()
 	deadline := time.Now().Add(grace)
 	for {
