@@ -336,6 +336,29 @@ type sampleStats struct {
 // returned function is called, which returns what it saw.
 func (w *watcher) sample(t *testing.T) func() sampleStats {
 	t.Helper()
+	return sampleUntilStopped(t, func(ctx context.Context) ([]string, error) {
+		s, err := w.read(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var found []string
+		if err := verifyChain(s.vm, s.podRoots); err != nil {
+			found = append(found, fmt.Sprintf("the VM's certificate is not trusted by pods: %v (%s)", err, s))
+		}
+		if err := verifyChain(s.istiod, s.vmRoots); err != nil {
+			found = append(found, fmt.Sprintf("istiod's certificate is not trusted by the VM: %v (%s)", err, s))
+		}
+		return found, nil
+	})
+}
+
+// sampleUntilStopped calls check every sampleEvery, in a goroutine of its own,
+// until the returned function is called (at the latest when the test
+// ends), which returns what the checks saw: a sample that could not be
+// read (check's error) counts as unreadable, each message it returns as a
+// violation at that moment.
+func sampleUntilStopped(t *testing.T, check func(context.Context) ([]string, error)) func() sampleStats {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	var stats sampleStats
 	done := make(chan struct{})
@@ -349,7 +372,7 @@ func (w *watcher) sample(t *testing.T) func() sampleStats {
 				return
 			case <-tick.C:
 			}
-			s, err := w.read(ctx)
+			found, err := check(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
 					stats.unreadable++
@@ -358,11 +381,8 @@ func (w *watcher) sample(t *testing.T) func() sampleStats {
 			}
 			stats.samples++
 			now := time.Now()
-			if err := verifyChain(s.vm, s.podRoots); err != nil {
-				stats.violations = append(stats.violations, violation{now, fmt.Sprintf("the VM's certificate is not trusted by pods: %v (%s)", err, s)})
-			}
-			if err := verifyChain(s.istiod, s.vmRoots); err != nil {
-				stats.violations = append(stats.violations, violation{now, fmt.Sprintf("istiod's certificate is not trusted by the VM: %v (%s)", err, s)})
+			for _, what := range found {
+				stats.violations = append(stats.violations, violation{now, what})
 			}
 		}
 	}()

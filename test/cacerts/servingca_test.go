@@ -160,7 +160,7 @@ func rotateServingCA(t *testing.T, fromSecret bool) {
 		})
 	}
 	stats := stop()
-	t.Logf("%d samples of the served certificate against the VM's installed roots (%d while the endpoint was down)", stats.samples, stats.unreachable)
+	t.Logf("%d samples of the served certificate against the VM's installed roots (%d while the endpoint was down)", stats.samples, stats.unreadable)
 	if stats.samples < 10 {
 		t.Errorf("only %d samples during the rotation", stats.samples)
 	}
@@ -525,46 +525,20 @@ func (w *servingWorld) waitFor(t *testing.T, what string, done func(servingState
 	}
 }
 
-type servingStats struct {
-	samples, unreachable int
-	violations           []violation
-}
-
 // sample verifies the served certificate against the VM's installed roots
 // every sampleEvery until the returned function is called.
-func (w *servingWorld) sample(t *testing.T) func() servingStats {
+func (w *servingWorld) sample(t *testing.T) func() sampleStats {
 	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
-	var stats servingStats
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(sampleEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			s, err := w.read()
-			if err != nil {
-				stats.unreachable++
-				continue
-			}
-			stats.samples++
-			if s.verifyErr != nil {
-				stats.violations = append(stats.violations, violation{time.Now(), fmt.Sprintf("served by %q: %v (installed %v)", s.issuer, s.verifyErr, s.installed)})
-			}
+	return sampleUntilStopped(t, func(context.Context) ([]string, error) {
+		s, err := w.read()
+		if err != nil {
+			return nil, err
 		}
-	}()
-	var once sync.Once
-	stop := func() servingStats {
-		once.Do(func() { cancel(); <-done })
-		return stats
-	}
-	t.Cleanup(func() { stop() })
-	return stop
+		if s.verifyErr != nil {
+			return []string{fmt.Sprintf("served by %q: %v (installed %v)", s.issuer, s.verifyErr, s.installed)}, nil
+		}
+		return nil, nil
+	})
 }
 
 func writeAtomic(path string, data []byte) error {
