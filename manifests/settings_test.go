@@ -39,7 +39,7 @@ func TestChartEndpointSettingsReachTheEndpoint(t *testing.T) {
 		{"limits.xds.maxSubscribedNamesPerType", cfg.Limits.XDS.MaxSubscribedNamesPerType, 5000},
 		{"limits.xds.maxSubscribedNameBytesPerStream", cfg.Limits.XDS.MaxSubscribedNameBytesPerStream, 1 << 21},
 		{"istiod.maxCertificateValidity", dur(cfg.Istiod.MaxCertificateValidity), 12 * time.Hour},
-		{"istiod.certificateRelay", cfg.Istiod.CertificateRelay, config.CertificateRelay{RequestsPerSecond: 200.5, Burst: 500, MaxInFlight: 256}},
+		{"istiod.certificateRelay", cfg.Istiod.CertificateRelay, &config.CertificateRelay{RequestsPerSecond: 200.5, Burst: 500, MaxInFlight: 256}},
 		{"localRepository.metadataValidity", dur(cfg.LocalRepository.MetadataValidity), 48 * time.Hour},
 	}
 	for _, c := range checks {

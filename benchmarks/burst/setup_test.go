@@ -86,7 +86,7 @@ func startDeployment(b *testing.B, ns string, ca *awstest.CA) *deployment {
 	cfg.Limits.XDS.RequestBurstPerSource = 1e6
 	cfg.Limits.Onboarding.MaxConnectionsPerSource = maxConnections
 	if *caBudget > 0 {
-		cfg.Istiod.CertificateRelay = config.CertificateRelay{RequestsPerSecond: *caBudget, Burst: int(*caBudget), MaxInFlight: 256}
+		cfg.Istiod.CertificateRelay = &config.CertificateRelay{RequestsPerSecond: *caBudget, Burst: int(*caBudget), MaxInFlight: 256}
 	}
 	cfg.Limits.XDS.MaxConnectionsPerSource = maxConnections
 	ep := endpointkit.Start(b, endpointkit.Options{Config: cfg, Kubeconfig: cluster.Env.KubeconfigPath, Replica: "replica-" + ns, Dir: dir})

@@ -27,8 +27,10 @@ func serveCertificates(cfg *config.Configuration, conn *grpc.ClientConn, revs ma
 		return err
 	}
 	opts := ca.Options{Upstream: conn, Revisions: clientConns(revs), Authorizer: auth, MaxValidity: cfg.Istiod.MaxCertificateValidity.Duration,
-		Rate: cfg.Istiod.CertificateRelay.RequestsPerSecond, Burst: cfg.Istiod.CertificateRelay.Burst, MaxInFlight: cfg.Istiod.CertificateRelay.MaxInFlight,
 		Metrics: metrics, Logger: log.With("component", "ca-relay")}
+	if r := cfg.Istiod.CertificateRelay; r != nil {
+		opts.Rate, opts.Burst, opts.MaxInFlight = r.RequestsPerSecond, r.Burst, r.MaxInFlight
+	}
 	if sel != nil {
 		opts.RevisionOf = sel.OfRegistration
 	}

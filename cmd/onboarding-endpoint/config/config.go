@@ -180,8 +180,10 @@ type Istiod struct {
 	// 2160h (90 days).
 	MaxCertificateValidity *metav1.Duration `json:"maxCertificateValidity,omitempty"`
 	// CertificateRelay bounds the certificate requests one replica relays
-	// to istiod's CA.
-	CertificateRelay CertificateRelay `json:"certificateRelay,omitempty"`
+	// to istiod's CA. Unset: the defaults. A pointer, so that a
+	// configuration written without it (e.g. for an earlier release, whose
+	// strict parser refuses unknown fields) does not carry it.
+	CertificateRelay *CertificateRelay `json:"certificateRelay,omitempty"`
 }
 
 // CertificateRelay is istiod.certificateRelay: the budget of the CA relay
@@ -1217,7 +1219,11 @@ func (e *ECSIdentity) validate(p *field.Path) field.ErrorList {
 
 // validateCertificateRelay refuses a negative or non-finite budget and an
 // in-flight bound past maxRelayInFlight.
-func validateCertificateRelay(r CertificateRelay, p *field.Path) field.ErrorList {
+func validateCertificateRelay(rp *CertificateRelay, p *field.Path) field.ErrorList {
+	if rp == nil {
+		return nil
+	}
+	r := *rp
 	var errs field.ErrorList
 	if r.RequestsPerSecond < 0 || math.IsNaN(r.RequestsPerSecond) || math.IsInf(r.RequestsPerSecond, 0) {
 		errs = append(errs, field.Invalid(p.Child("requestsPerSecond"), r.RequestsPerSecond, "must be a positive number"))

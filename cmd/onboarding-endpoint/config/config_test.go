@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -401,5 +402,31 @@ func TestParseAzureVMCheck(t *testing.T) {
 				t.Errorf("vmCheck = %+v, want on %v with armEndpoint %q", vc, tt.wantOn, tt.wantARM)
 			}
 		})
+	}
+}
+
+// A configuration that does not set istiod.certificateRelay writes none
+// back (an earlier release's strict parser refuses the field), and one that
+// sets it keeps what it gives.
+func TestCertificateRelayOnlyWhenSet(t *testing.T) {
+	istiod := "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /r}\n"
+	cfg, err := Parse([]byte(minimal + istiod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "certificateRelay") {
+		t.Errorf("a configuration without istiod.certificateRelay marshals one: %s", out)
+	}
+	set := "istiod: {address: 'istiod.istio-system.svc:15012', rootCertFile: /r, certificateRelay: {requestsPerSecond: 200, burst: 400, maxInFlight: 128}}\n"
+	if cfg, err = Parse([]byte(minimal + set)); err != nil {
+		t.Fatal(err)
+	}
+	want := CertificateRelay{RequestsPerSecond: 200, Burst: 400, MaxInFlight: 128}
+	if cfg.Istiod.CertificateRelay == nil || *cfg.Istiod.CertificateRelay != want {
+		t.Errorf("istiod.certificateRelay = %+v, want %+v", cfg.Istiod.CertificateRelay, want)
 	}
 }
