@@ -22,5 +22,8 @@ func FuzzVerify(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	for _, seed := range jwttest.Seeds(valid) {
+		f.Add(seed)
+	}
 	jwttest.FuzzVerify(f, "Microsoft", valid, func(t *testing.T) jwttest.TokenVerifier { return newFixtureWith(t, m).v })
 }
