@@ -231,22 +231,7 @@ func TestSoakIstiodMode(t *testing.T) {
 		t.Fatalf("%d samples after istiod's restart: too few to tell a trend (SOAK_DURATION of at least 2m)", len(xs))
 	}
 	fmt.Fprintf(&report, "%d samples, %d after istiod's restart checked\n", len(samples), len(xs))
-	for _, c := range []struct {
-		name string
-		ys   []float64
-	}{{"live heap (MiB)", heap}, {"goroutines", gor}} {
-		tr := Fit(xs, c.ys)
-		verdict := "flat"
-		if !tr.Flat(tolerance) {
-			verdict = "GROWING"
-			t.Errorf("%s grows: %+v", c.name, tr)
-		}
-		fmt.Fprintf(&report, "%-18s mean %8.1f  slope %+7.2f/min  change over window %+7.1f  noise (residual sd) %6.1f  -> %s\n",
-			c.name, tr.Mean, tr.Slope, tr.Change, tr.Noise, verdict)
-	}
-	tr := Fit(xs, inuse)
-	fmt.Fprintf(&report, "%-18s mean %8.1f  slope %+7.2f/min  change over window %+7.1f  noise (residual sd) %6.1f  (not checked)\n",
-		"heap in use (MiB)", tr.Mean, tr.Slope, tr.Change, tr.Noise)
+	checkTrends(t, &report, xs, heap, gor, inuse)
 	t.Logf("\nsoak in istiod mode %v: %d sidecars, certificate TTL %v, onboarding token lifetime %v\n%s",
 		duration, n, ttl, onboardingTokenLifetime, report.String())
 }

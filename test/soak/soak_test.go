@@ -227,24 +227,7 @@ func TestSoak(t *testing.T) {
 		duration, onboarded, rate, connected, grace, failures, len(samples), warm)
 	fmt.Fprintf(&report, "replica rolled at %v (down and ready again in %v): %d held agents reconnected, %d registrations lost or re-created; at the end %d held, %d lost or re-created\n",
 		rollAt, rollTook.Round(100*time.Millisecond), rollHeld, rollLost, len(held), lost)
-	for _, c := range []struct {
-		name string
-		ys   []float64
-	}{{"live heap (MiB)", heap}, {"goroutines", gor}} {
-		tr := Fit(xs, c.ys)
-		verdict := "flat"
-		if !tr.Flat(tolerance) {
-			verdict = "GROWING"
-			t.Errorf("%s grows: %+v", c.name, tr)
-		}
-		fmt.Fprintf(&report, "%-18s mean %8.1f  slope %+7.2f/min  change over window %+7.1f  noise (residual sd) %6.1f  -> %s\n",
-			c.name, tr.Mean, tr.Slope, tr.Change, tr.Noise, verdict)
-	}
-	// The heap in use follows the collector's pacing (up to twice the live
-	// heap with GOGC=100), not what is retained: shown, not checked.
-	tr := Fit(xs, inuse)
-	fmt.Fprintf(&report, "%-18s mean %8.1f  slope %+7.2f/min  change over window %+7.1f  noise (residual sd) %6.1f  (not checked)\n",
-		"heap in use (MiB)", tr.Mean, tr.Slope, tr.Change, tr.Noise)
+	checkTrends(t, &report, xs, heap, gor, inuse)
 	t.Log("\n" + report.String())
 }
 
@@ -316,4 +299,29 @@ func checkRoll(ctx context.Context, t *testing.T, ns string, held []*endpointpro
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// checkTrends fits the samples taken at xs (minutes) and fails the test
+// when the live heap or the goroutines grow beyond tolerance; it writes
+// each trend to report, with the heap in use, which follows the
+// collector's pacing (up to twice the live heap with GOGC=100), not what
+// is retained: shown, not checked.
+func checkTrends(t *testing.T, report *strings.Builder, xs, heap, gor, inuse []float64) {
+	t.Helper()
+	for _, c := range []struct {
+		name string
+		ys   []float64
+	}{{"live heap (MiB)", heap}, {"goroutines", gor}} {
+		tr := Fit(xs, c.ys)
+		verdict := "flat"
+		if !tr.Flat(tolerance) {
+			verdict = "GROWING"
+			t.Errorf("%s grows: %+v", c.name, tr)
+		}
+		fmt.Fprintf(report, "%-18s mean %8.1f  slope %+7.2f/min  change over window %+7.1f  noise (residual sd) %6.1f  -> %s\n",
+			c.name, tr.Mean, tr.Slope, tr.Change, tr.Noise, verdict)
+	}
+	tr := Fit(xs, inuse)
+	fmt.Fprintf(report, "%-18s mean %8.1f  slope %+7.2f/min  change over window %+7.1f  noise (residual sd) %6.1f  (not checked)\n",
+		"heap in use (MiB)", tr.Mean, tr.Slope, tr.Change, tr.Noise)
 }
