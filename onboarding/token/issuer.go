@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	runtimev1alpha1 "github.com/embark-mesh/embark/api/runtime/v1alpha1"
+	"github.com/embark-mesh/embark/internal/compactjws"
 )
 
 // Lifetime and leeway defaults and bounds.
@@ -387,6 +388,9 @@ func (i *Issuer) Verify(raw string) (*Claims, error) {
 	}
 	if len(raw) > MaxTokenLength {
 		return nil, refuse(ReasonMalformed, "token of %d bytes, longer than %d", len(raw), MaxTokenLength)
+	}
+	if err := compactjws.Check(raw); err != nil {
+		return nil, refuseWrap(ReasonMalformed, err, "not a compact JWS")
 	}
 	jws, err := jose.ParseSignedCompact(raw, signatureAlgorithms)
 	if err != nil {

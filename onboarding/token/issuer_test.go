@@ -244,6 +244,12 @@ func TestVerifyRefuses(t *testing.T) {
 		{name: "garbage", token: "not a token", wantReason: token.ReasonMalformed},
 		{name: "dots", token: "..", wantReason: token.ReasonMalformed},
 		{name: "bad base64 in the header", token: "!!!." + parts[1] + "." + parts[2], wantReason: token.ReasonMalformed},
+		// FuzzVerify's find: Go's base64 skips CR and LF and go-jose
+		// re-encodes the decoded parts to rebuild the signing input, so
+		// without the strict check these verified as the good token.
+		{name: "CR inserted into the payload", token: parts[0] + "." + parts[1][:8] + "\r\r" + parts[1][8:] + "." + parts[2], wantReason: token.ReasonMalformed},
+		{name: "LF inserted into the signature", token: parts[0] + "." + parts[1] + "." + parts[2][:4] + "\n" + parts[2][4:], wantReason: token.ReasonMalformed},
+		{name: "padding on the signature", token: good + "==", wantReason: token.ReasonMalformed},
 		{name: "header not JSON", token: base64.RawURLEncoding.EncodeToString([]byte("nope")) + "." + parts[1] + "." + parts[2], wantReason: token.ReasonMalformed},
 		{name: "JSON serialization", token: `{"payload":"` + parts[1] + `","protected":"` + parts[0] + `","signature":"` + parts[2] + `"}`, wantReason: token.ReasonMalformed},
 		{name: "too long", token: good + strings.Repeat("A", token.MaxTokenLength), wantReason: token.ReasonMalformed},

@@ -7,11 +7,11 @@ package boundtoken
 import (
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/embark-mesh/embark/internal/compactjws"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -57,10 +57,13 @@ func (c *Claims) SecretRef() (name string, uid types.UID, ok bool) {
 // checking its signature. Use it only on a token the API server has just
 // accepted in a TokenReview: then the claims are the API server's own.
 func Decode(raw string) (*Claims, error) {
-	parts := strings.Split(raw, ".")
-	if len(parts) != 3 {
-		return nil, errors.New("not a JWS compact serialization")
+	// Strictly the compact shape: Go's base64 skips CR and LF, so without
+	// this check another spelling of a token would decode (and pass the API
+	// server's review) as the same token under a different cache key.
+	if err := compactjws.Check(raw); err != nil {
+		return nil, fmt.Errorf("not a JWS compact serialization: %w", err)
 	}
+	parts := strings.Split(raw, ".")
 	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
 		return nil, fmt.Errorf("decode token payload: %w", err)

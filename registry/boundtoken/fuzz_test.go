@@ -39,6 +39,9 @@ func FuzzDecode(f *testing.F) {
 		if n := strings.Count(raw, "."); n != 2 {
 			t.Fatalf("Decode(%q) accepted %d dots", raw, n)
 		}
+		if i := strings.IndexFunc(raw, notBase64URLOrDot); i >= 0 {
+			t.Fatalf("Decode(%q) accepted byte %d, %q", raw, i, raw[i])
+		}
 		if name, uid, ok := c.SecretRef(); !ok && (name != "" || uid != "") {
 			t.Fatalf("SecretRef of %q: %q %q without a Secret", raw, name, uid)
 		}
@@ -47,4 +50,8 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("ExpiresAt of %q = %v %v, exp claim %d", raw, exp, ok, c.Expiry)
 		}
 	})
+}
+
+func notBase64URLOrDot(r rune) bool {
+	return !(r == '.' || r == '-' || r == '_' || ('0' <= r && r <= '9') || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z'))
 }

@@ -21,6 +21,7 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	josejwt "github.com/go-jose/go-jose/v4/jwt"
 
+	"github.com/embark-mesh/embark/internal/compactjws"
 	"github.com/embark-mesh/embark/onboarding/identity"
 	"github.com/embark-mesh/embark/onboarding/identity/replay"
 )
@@ -248,10 +249,10 @@ func (v *Verifier) Verify(ctx context.Context, token string) (*identity.Identity
 	if len(token) > MaxTokenSize {
 		return nil, identity.Refuse(identity.ReasonMalformed, "token is %d bytes, more than %d", len(token), MaxTokenSize)
 	}
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return nil, identity.Refuse(identity.ReasonMalformed, "token is not a signed JWT in compact serialization (%d parts, want 3)", len(parts))
+	if err := compactjws.Check(token); err != nil {
+		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "token is not a signed JWT in compact serialization")
 	}
+	parts := strings.Split(token, ".")
 	rawHeader, err := base64.RawURLEncoding.DecodeString(parts[0])
 	if err != nil {
 		return nil, identity.RefuseWrap(identity.ReasonMalformed, err, "token header is not base64url")

@@ -147,6 +147,11 @@ func TestVerify(t *testing.T) {
 		{name: "two parts", token: "a.b", wantReason: identity.ReasonMalformed},
 		{name: "encrypted (five parts)", token: "a.b.c.d.e", wantReason: identity.ReasonMalformed},
 		{name: "header not base64url", token: "!!!." + validParts[1] + "." + validParts[2], wantReason: identity.ReasonMalformed},
+		// Go's base64 skips CR and LF and go-jose re-encodes the decoded parts
+		// to rebuild the signing input: without the strict check these would
+		// verify as the valid token.
+		{name: "CR inserted into the payload", token: validParts[0] + "." + validParts[1][:8] + "\r\r" + validParts[1][8:] + "." + validParts[2], wantReason: identity.ReasonMalformed},
+		{name: "LF inserted into the signature", token: validParts[0] + "." + validParts[1] + "." + validParts[2][:4] + "\n" + validParts[2][4:], wantReason: identity.ReasonMalformed},
 		{name: "header not JSON", token: base64.RawURLEncoding.EncodeToString([]byte("RS256")) + "." + validParts[1] + "." + validParts[2], wantReason: identity.ReasonMalformed},
 		{name: "too large", token: valid + strings.Repeat("A", jwt.MaxTokenSize), wantReason: identity.ReasonMalformed},
 	}
