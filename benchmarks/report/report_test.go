@@ -318,3 +318,23 @@ func TestOnboardingLatencyTargets(t *testing.T) {
 		t.Errorf("%d p99 target rows for onboarding, want %d", seen, len(want))
 	}
 }
+
+func TestJudgedLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		load RunLoad
+		want float64
+	}{
+		{"idle machine, a run ending in its heaviest phase", RunLoad{Before: 1.2, After: 5.5, OwnCores: 1.75, OtherCores: 0}, 1.2},
+		{"idle machine, even run", RunLoad{Before: 0.5, After: 1.5, OwnCores: 1.2, OtherCores: 0.05}, 0.5},
+		{"another job during the run", RunLoad{Before: 1.2, After: 5.5, OwnCores: 1.0, OtherCores: 0.8}, 4.5},
+		{"busy before the run", RunLoad{Before: 4, After: 2, OwnCores: 1, OtherCores: 0}, 4},
+		{"other work, but the load after is the run's own", RunLoad{Before: 2, After: 2.5, OwnCores: 1.5, OtherCores: 0.3}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := judgedLoad(tc.load); got != tc.want {
+				t.Fatalf("judgedLoad(%+v) = %v, want %v", tc.load, got, tc.want)
+			}
+		})
+	}
+}

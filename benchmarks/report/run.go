@@ -199,7 +199,7 @@ func runOnce(ctx context.Context, p pkgInfo, opts RunOptions, bin string, extra 
 			load.OtherCores = max(0, (busy1-busy0).Seconds()/wall.Seconds()-load.OwnCores)
 		}
 	}
-	load.Load = max(before, after-load.OwnCores)
+	load.Load = judgedLoad(load)
 	var results []PackageResult
 	out, err := ParseGoBench(&buf)
 	if err != nil {
@@ -238,13 +238,35 @@ type RunLoad struct {
 	// OtherCores is the CPU everything else on the machine used during the
 	// run, in cores, averaged over the run.
 	OtherCores float64 `json:"otherCores"`
-	// Load is the load the run's figures were taken at: the larger of the
-	// load average before it and the load average after it less its own
+	// Load is the load the run's figures were taken at (judgedLoad): the
+	// larger of the load average before it and, when something else used
+	// the machine during the run, the load average after it less its own
 	// cores (the run's own work is not "other load").
 	Load float64 `json:"load"`
 	// Attempt is 2 when the first run was above MaxLoad and ran again.
 	Attempt int     `json:"attempt"`
 	Seconds float64 `json:"seconds"`
+}
+
+// quietCores is the CPU everything else may use during a run, in cores,
+// for the machine to count as idle: a shell, the report runner, the
+// kernel's own threads.
+const quietCores = 0.1
+
+// judgedLoad is the load a run's figures count as taken at. The load
+// average before the run says whether the machine was idle when it began.
+// The one after it also counts the run's own work, which the run's average
+// own cores subtract only for a run of even load: a run that ends in its
+// heaviest phase (10,000 relayed streams receiving a large push) leaves a
+// 1-minute load average well above its average own cores with the machine
+// otherwise idle. So the load after the run counts only when something
+// else measurably used the CPU during it (OtherCores, from /proc/stat less
+// the run's own CPU).
+func judgedLoad(l RunLoad) float64 {
+	if l.OtherCores < quietCores {
+		return l.Before
+	}
+	return max(l.Before, l.After-l.OwnCores)
 }
 
 // machineLoad reads the 1-minute load average and the machine's busy CPU

@@ -243,7 +243,7 @@ func EvaluateTargets(figs []Figure, targets []Target) []TargetRow {
 // refused (its value is shown, struck through, and not judged).
 func writeTargets(b *strings.Builder, rows []TargetRow, maxLoad float64) {
 	b.WriteString("\n## Targets\n\n")
-	fmt.Fprintf(b, "Figures taken at a load above %.1f (1-minute load average before the run, or after it less the run's own CPU) are refused: run `make bench` again on an idle machine.\n\n", maxLoad)
+	fmt.Fprintf(b, "Figures taken at a load above %.1f (1-minute load average before the run, or, when anything else used the CPU during it, after it less the run's own CPU) are refused: run `make bench` again on an idle machine.\n\n", maxLoad)
 	b.WriteString("| figure | target | Embark | baseline (same run) | ratio | load | met |\n")
 	b.WriteString("| --- | --- | ---: | --- | ---: | ---: | --- |\n")
 	for _, r := range rows {
