@@ -51,6 +51,11 @@ type SidecarCredentialOptions struct {
 	Audiences []string
 	// Lifetime of a token. Default 1h; at least 10m (the API server's minimum).
 	Lifetime time.Duration
+	// Issued, when set, is told every sidecar token the API server issued
+	// (Register, RenewSidecarToken) with its audiences, before it is
+	// returned: the xDS server remembers it as reviewed
+	// (tokenauth.Authenticator.Issued). It must not block.
+	Issued func(token string, audiences []string)
 }
 
 func (o *SidecarCredentialOptions) setDefaults() {
@@ -190,6 +195,9 @@ func (r *Registrar) requestSidecarToken(ctx context.Context, war *runtimev1alpha
 	}
 	if err != nil {
 		return nil, fmt.Errorf("request a token of ServiceAccount %s/%s bound to Secret %s: %w", sa.Namespace, sa.Name, secret.Name, err)
+	}
+	if r.sidecar.Issued != nil {
+		r.sidecar.Issued(tr.Status.Token, tr.Spec.Audiences)
 	}
 	return &SidecarToken{
 		Token:          tr.Status.Token,

@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -239,5 +240,41 @@ func TestOnboardingWritesAtMostThreeObjects(t *testing.T) {
 	writes, tokens = counter.take()
 	if len(writes) != 0 || tokens != 1 || res.SidecarToken == nil {
 		t.Errorf("register again wrote %v and requested %d tokens, want nothing but 1 token", writes, tokens)
+	}
+}
+
+// TestIssuedSeesEveryToken: SidecarCredentialOptions.Issued is told each
+// token the API server issued, at registration and at renewal, with the
+// audiences it was issued for (the xDS server remembers them as reviewed).
+func TestIssuedSeesEveryToken(t *testing.T) {
+	ctx := t.Context()
+	ns := env.Namespace(t)
+	wg := createGroup(t, ns)
+	type issued struct {
+		token     string
+		audiences []string
+	}
+	var seen []issued
+	r, err := NewRegistrar(Options{Client: env.Client, Cache: cached, Recorder: recorder, Logger: fixtures.Logger(t),
+		Sidecar: SidecarCredentialOptions{Issued: func(token string, audiences []string) { seen = append(seen, issued{token, audiences}) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Write(ctx, Request{Group: wg, Identity: fixtures.AWSIdentity("i-1234567890abcdef0"), Registration: fixtures.Registration("172.31.5.254")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed, err := r.RenewSidecarToken(ctx, client.ObjectKeyFromObject(res.Registration))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{res.SidecarToken.Token, renewed.Token}
+	if len(seen) != 2 || seen[0].token != want[0] || seen[1].token != want[1] {
+		t.Fatalf("Issued saw %d tokens, want the registration's and the renewal's", len(seen))
+	}
+	for _, s := range seen {
+		if !slices.Equal(s.audiences, []string{AudienceIstioCA, DefaultXDSAudience}) {
+			t.Errorf("Issued told audiences %v, want the token's [%s %s]", s.audiences, AudienceIstioCA, DefaultXDSAudience)
+		}
 	}
 }

@@ -223,6 +223,12 @@ func NewServer(ctx context.Context, opts Options) (*Server, error) {
 	return s, nil
 }
 
+// TokenIssued remembers a sidecar token the registrar has just received
+// from the API server as reviewed (registry.SidecarCredentialOptions.Issued).
+func (s *Server) TokenIssued(token string, audiences []string) {
+	s.auth.Issued(token, audiences)
+}
+
 // Register adds the authenticated ADS service to g.
 func (s *Server) Register(g *grpc.Server) {
 	discovery.RegisterAggregatedDiscoveryServiceServer(g, &adsService{s: s})

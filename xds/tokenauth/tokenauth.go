@@ -145,6 +145,37 @@ func BearerToken(ctx context.Context) (string, error) {
 	return strings.TrimSpace(tok), nil
 }
 
+// Issued remembers raw, a sidecar token this process has just received
+// from the API server's TokenRequest (over its own authenticated
+// connection) for audiences, as reviewed: the sidecar's first stream and
+// its first certificate request, which arrive together right after it
+// onboards, then need no TokenReview each (a burst of 500 VMs made two per
+// VM). The credential is what a review would have cached, for as long; a
+// token not for this authenticator's audience, not bound to a Secret or
+// already expired is not remembered, and nothing is remembered without a
+// cache. Forget drops it with the Secret.
+func (a *Authenticator) Issued(raw string, audiences []string) {
+	if a.ttl <= 0 || a.size <= 0 || !slices.Contains(audiences, a.audience) {
+		return
+	}
+	claims, err := boundtoken.Decode(raw)
+	if err != nil {
+		return
+	}
+	secret, uid, ok := claims.SecretRef()
+	exp, hasExp := claims.ExpiresAt()
+	now := a.now()
+	if !ok || secret == "" || uid == "" || !hasExp || !now.Before(exp) ||
+		claims.Kubernetes.Namespace == "" || claims.Kubernetes.ServiceAccount.Name == "" {
+		return
+	}
+	a.store(sha256.Sum256([]byte(raw)), &Credential{
+		ServiceAccount: types.NamespacedName{Namespace: claims.Kubernetes.Namespace, Name: claims.Kubernetes.ServiceAccount.Name},
+		SecretName:     secret, SecretUID: uid, ID: claims.ID, Expires: exp,
+		expires: now.Add(a.ttl),
+	})
+}
+
 // Authenticate reviews raw and returns what it proves.
 func (a *Authenticator) Authenticate(ctx context.Context, raw string) (*Credential, error) {
 	key := sha256.Sum256([]byte(raw))

@@ -339,6 +339,15 @@ func (b *build) onboarding(ctx context.Context) error {
 	regOpts := registry.Options{
 		Client: b.kc, Cache: b.informers, Recorder: b.recorder, Logger: log, Writer: b.writer,
 		Revision: cfg.Istiod.Revision, Topology: topology(cfg.Mesh.Network),
+		// Every sidecar token issued here is known valid to this
+		// replica's xDS server: the sidecar's first stream and certificate
+		// request need no TokenReview. b.xdsServer is set below, before
+		// anything is served.
+		Sidecar: registry.SidecarCredentialOptions{Issued: func(token string, audiences []string) {
+			if b.xdsServer != nil {
+				b.xdsServer.TokenIssued(token, audiences)
+			}
+		}},
 	}
 	if b.revisions != nil {
 		regOpts.RevisionOf = b.revisions.OfGroup
