@@ -187,7 +187,7 @@ func directSigning(b *testing.B, d *deployment, vms []*vm) time.Duration {
 	start := time.Now()
 	for i, v := range vms {
 		wg.Go(func() {
-			if _, err := v.certificate(ctx, securityv1alpha1.NewIstioCertificateServiceClient(conns[i]), d.istiod.RootPool(), false); err != nil {
+			if _, err := v.certificate(ctx, securityv1alpha1.NewIstioCertificateServiceClient(conns[i]), d.istiod.RootPool(), nil); err != nil {
 				errs <- err
 			}
 		})

@@ -180,7 +180,7 @@ func burst(b *testing.B, n int) burstResult {
 		b.Fatalf("%v (and %d more failures)", err, len(errs))
 	}
 	for _, v := range vms {
-		r.retries += v.retries
+		r.retries += int(v.retries.Load())
 		v.close()
 	}
 	slices.SortFunc(r.members, func(a, b times) int { return int(a.member - b.member) })

@@ -21,11 +21,12 @@ import (
 // BenchmarkRenewals: -renewals onboarded sidecars (default 1,000) each
 // renew their workload certificate once, at -renew-rate renewals a second
 // spread evenly (open loop: a renewal starts on time whatever the others
-// do, as sidecars renew on their own clocks), first through Embark's CA
-// relay, then the same CSRs with the same tokens straight to istiod's
-// secure port at the same offered rate. Each sidecar uses its own
-// connection, established before the clock starts (pilot-agent keeps its
-// CA connection). A refusal of the relay's rate or in-flight limit is
+// do, as sidecars renew on their own clocks) through Embark's CA relay
+// and, interleaved with those (half an interval later, so that both ways
+// meet the same API server and istiod), the same CSRs with the same tokens
+// straight to istiod's secure port at the same offered rate. Each sidecar
+// uses its own connection each way, established before the clock starts
+// (pilot-agent keeps its CA connection). A refusal of the relay's rate or in-flight limit is
 // retried as pilot-agent does and counted; a renewal that never succeeds
 // is a failure, and any failure fails the benchmark.
 //
@@ -66,7 +67,7 @@ type renewalSide struct {
 }
 
 // renewals onboards n sidecars (untimed) and measures their renewals
-// relayed, then direct.
+// relayed and direct, interleaved (renewAll).
 func renewals(b *testing.B, n int) [2]renewalSide {
 	ctx := b.Context()
 	ns := cluster.Env.Namespace(b)
@@ -78,7 +79,7 @@ func renewals(b *testing.B, n int) [2]renewalSide {
 	onboardAll(b, d, vms)
 	relayed := dialAll(b, d.ep.Config.Listen.XDS, credentials.NewTLS(d.tlsConfig()), n)
 	direct := dialAll(b, d.istiod.SecureGRPCAddr, credentials.NewTLS(d.istiodTLS()), n)
-	return [2]renewalSide{renewAll(b, d, vms, relayed), renewAll(b, d, vms, direct)}
+	return renewAll(b, d, vms, [2][]*grpc.ClientConn{relayed, direct})
 }
 
 // onboardAll onboards vms through the endpoint, 32 at a time.
@@ -126,48 +127,53 @@ func dialAll(b *testing.B, addr string, creds credentials.TransportCredentials, 
 	return conns
 }
 
-// renewAll starts vms[i]'s renewal on conns[i] at i / -renew-rate seconds
-// and waits for them all.
-func renewAll(b *testing.B, d *deployment, vms []*vm, conns []*grpc.ClientConn) renewalSide {
+// renewAll renews every VM's certificate both ways, interleaved so that
+// both meet the same API server and istiod (the onboarding's aftermath, a
+// collection): vms[i] through the relay on conns[0][i] at i / -renew-rate
+// seconds, and straight to istiod on conns[1][i] half an interval later.
+// Each way is offered -renew-rate renewals a second.
+func renewAll(b *testing.B, d *deployment, vms []*vm, conns [2][]*grpc.ClientConn) [2]renewalSide {
 	b.Helper()
 	ctx := b.Context()
-	took := make([]time.Duration, len(vms))
-	var failures atomic.Int64
-	var firstErr error
-	var once sync.Once
-	retriesBefore := 0
-	for _, v := range vms {
-		retriesBefore += v.retries
-	}
+	var took [2][]time.Duration
+	var failures, retries [2]atomic.Int64
+	var firstErr [2]error
+	var once [2]sync.Once
 	interval := time.Duration(float64(time.Second) / *renewRateFlag)
 	var wg sync.WaitGroup
 	start := time.Now()
+	for side := range 2 {
+		took[side] = make([]time.Duration, len(vms))
+	}
 	for i, v := range vms {
-		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
-			time.Sleep(wait)
-		}
-		wg.Go(func() {
-			t0 := time.Now()
-			_, err := v.certificate(ctx, securityv1alpha1.NewIstioCertificateServiceClient(conns[i]), d.istiod.RootPool(), true)
-			took[i] = time.Since(t0)
-			if err != nil {
-				failures.Add(1)
-				once.Do(func() { firstErr = err })
+		for side := range 2 {
+			at := start.Add(time.Duration(i)*interval + time.Duration(side)*interval/2)
+			if wait := time.Until(at); wait > 0 {
+				time.Sleep(wait)
 			}
-		})
+			wg.Go(func() {
+				t0 := time.Now()
+				_, err := v.certificate(ctx, securityv1alpha1.NewIstioCertificateServiceClient(conns[side][i]), d.istiod.RootPool(), &retries[side])
+				took[side][i] = time.Since(t0)
+				if err != nil {
+					failures[side].Add(1)
+					once[side].Do(func() { firstErr[side] = err })
+				}
+			})
+		}
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	if firstErr != nil {
-		b.Errorf("%d of %d renewals failed; the first: %v", failures.Load(), len(vms), firstErr)
+	var out [2]renewalSide
+	for side, name := range []string{"relayed", "direct"} {
+		if firstErr[side] != nil {
+			b.Errorf("%s: %d of %d renewals failed; the first: %v", name, failures[side].Load(), len(vms), firstErr[side])
+		}
+		slices.Sort(took[side])
+		out[side] = renewalSide{rate: float64(len(vms)) / elapsed.Seconds(), p50: quantile(took[side], 0.5), p99: quantile(took[side], 0.99),
+			failures: int(failures[side].Load()), retries: int(retries[side].Load())}
 	}
-	retries := -retriesBefore
-	for _, v := range vms {
-		retries += v.retries
-	}
-	slices.Sort(took)
-	return renewalSide{rate: float64(len(vms)) / elapsed.Seconds(), p50: quantile(took, 0.5), p99: quantile(took, 0.99),
-		failures: int(failures.Load()), retries: retries}
+	return out
 }
 
 func reportRenewals(b *testing.B, n int, r [2]renewalSide) {

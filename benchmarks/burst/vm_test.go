@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -35,9 +36,9 @@ type vm struct {
 
 	token string
 	node  *core.Node
-	// retries counts the certificate requests refused with
+	// retries counts the certificate requests of join refused with
 	// ResourceExhausted or Unavailable and sent again.
-	retries int
+	retries atomic.Int64
 	stream  *adsclient.SotW
 	conns   []*grpc.ClientConn
 }
@@ -85,7 +86,7 @@ func (v *vm) join(ctx context.Context, d *deployment, start time.Time) (times, e
 	v.conns = append(v.conns, xds)
 	certified := make(chan error, 1)
 	go func() {
-		_, err := v.certificate(ctx, securityv1alpha1.NewIstioCertificateServiceClient(xds), d.istiod.RootPool(), true)
+		_, err := v.certificate(ctx, securityv1alpha1.NewIstioCertificateServiceClient(xds), d.istiod.RootPool(), &v.retries)
 		t.certified = time.Since(start)
 		certified <- err
 	}()
@@ -142,10 +143,10 @@ const (
 
 // certificate asks ca for the VM's workload certificate with its sidecar
 // token, checks that it chains to roots (istiod's CA) and returns how long
-// the request that succeeded took. With retry,
-// refusals of the CA relay's limits are retried (retries counts them);
-// without, the first answer is final.
-func (v *vm) certificate(ctx context.Context, ca securityv1alpha1.IstioCertificateServiceClient, roots *x509.CertPool, retry bool) (time.Duration, error) {
+// the request that succeeded took. With retries set, refusals of the CA
+// relay's limits are retried and counted there; without, the first answer
+// is final.
+func (v *vm) certificate(ctx context.Context, ca securityv1alpha1.IstioCertificateServiceClient, roots *x509.CertPool, retries *atomic.Int64) (time.Duration, error) {
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+v.token)
 	wait := csrBackoff
 	for attempt := 1; ; attempt++ {
@@ -156,10 +157,10 @@ func (v *vm) certificate(ctx context.Context, ca securityv1alpha1.IstioCertifica
 			return took, verifyChain(resp.GetCertChain(), roots)
 		}
 		code := status.Code(err)
-		if !retry || (code != codes.ResourceExhausted && code != codes.Unavailable) || attempt == maxCSRAttempts {
+		if retries == nil || (code != codes.ResourceExhausted && code != codes.Unavailable) || attempt == maxCSRAttempts {
 			return took, fmt.Errorf("certificate of %s (attempt %d): %w", v.inst.InstanceID, attempt, err)
 		}
-		v.retries++
+		retries.Add(1)
 		select {
 		case <-ctx.Done():
 			return took, ctx.Err()
