@@ -307,7 +307,7 @@ func TestPodOptions(t *testing.T) {
 			"extraVolumeMounts": []any{map[string]any{"name": "proxy-ca", "mountPath": "/etc/proxy-ca", "readOnly": true}},
 		},
 			wants: []string{"        app.kubernetes.io/component: onboarding\n        team: mesh\n      annotations:",
-				"              resource: limits.cpu\n        - name: AWS_REGION\n          value: eu-west-1\n",
+				"              resource: limits.cpu\n        - name: GOMEMLIMIT\n          valueFrom:\n            resourceFieldRef:\n              resource: limits.memory\n        - name: AWS_REGION\n          value: eu-west-1\n",
 				"        - mountPath: /etc/proxy-ca\n          name: proxy-ca\n          readOnly: true\n      volumes:",
 				"          sizeLimit: 64Mi\n      - configMap:\n          name: corp-proxy-ca\n        name: proxy-ca\n"},
 			// The selector stays the base's.
