@@ -160,7 +160,10 @@ func TestFuzzCorpus(t *testing.T) {
 		{name: "valid"},
 		{name: "alg-none", wantReason: token.ReasonDisallowedAlgorithm},
 		{name: "hs256-public-key", wantReason: token.ReasonDisallowedAlgorithm},
-		{name: "truncated", wantReason: token.ReasonBadSignature},
+		// Its signature cut short ends in a character whose unused bits
+		// are set: not canonical base64url, refused before the signature
+		// is checked (internal/compactjws).
+		{name: "truncated", wantReason: token.ReasonMalformed},
 		{name: "no-signature", wantReason: token.ReasonBadSignature},
 		{name: "exp-huge", wantReason: token.ReasonMalformed},
 		{name: "audiences", wantReason: token.ReasonWrongAudience},
