@@ -2,12 +2,15 @@ package burst
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -55,28 +58,24 @@ func apiWrites(ctx context.Context, cs kubernetes.Interface) (map[string]float64
 
 // namespacesGone waits until no namespace is being deleted.
 func namespacesGone(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	for {
+	terminating := 0
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		list := &corev1.NamespaceList{}
 		if err := cluster.Env.Client.List(ctx, list); err != nil {
-			return fmt.Errorf("list namespaces: %w", err)
+			return false, fmt.Errorf("list namespaces: %w", err)
 		}
-		terminating := 0
+		terminating = 0
 		for _, ns := range list.Items {
 			if ns.Status.Phase == corev1.NamespaceTerminating {
 				terminating++
 			}
 		}
-		if terminating == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%d namespaces still being deleted: %w", terminating, ctx.Err())
-		case <-time.After(500 * time.Millisecond):
-		}
+		return terminating == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%d namespaces still being deleted: %w", terminating, err)
 	}
+	return nil
 }
 
 // writesPerVM formats after − before per VM, largest first (those of at
@@ -92,13 +91,7 @@ func writesPerVM(before, after map[string]float64, vms int) (total float64, deta
 		}
 	}
 	keys := slices.SortedFunc(maps.Keys(diff), func(a, b string) int {
-		if diff[a] != diff[b] {
-			if diff[a] > diff[b] {
-				return -1
-			}
-			return 1
-		}
-		return strings.Compare(a, b)
+		return cmp.Or(cmp.Compare(diff[b], diff[a]), strings.Compare(a, b))
 	})
 	parts := make([]string, len(keys))
 	for i, k := range keys {

@@ -153,7 +153,7 @@ func burst(b *testing.B, n int) burstResult {
 	if err != nil {
 		b.Fatal(err)
 	}
-	stopProfiles := startProfiles(b, d, n)
+	stopProfiles := startProfiles(b, d, cs, n)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
@@ -212,7 +212,7 @@ func makeVMs(b *testing.B, n int) []*vm {
 
 // startProfiles starts the CPU profiles of istiod and the kube-apiserver
 // the flags ask for; the returned func waits for them and writes them.
-func startProfiles(b *testing.B, d *deployment, n int) func() {
+func startProfiles(b *testing.B, d *deployment, cs kubernetes.Interface, n int) func() {
 	b.Helper()
 	type profile struct {
 		file string
@@ -243,12 +243,8 @@ func startProfiles(b *testing.B, d *deployment, n int) func() {
 		})
 	}
 	if *apiProfile != "" {
-		cs, err := kubernetes.NewForConfig(cluster.Env.Config)
-		if err != nil {
-			b.Fatal(err)
-		}
 		fetch(*apiProfile+suffix, func() ([]byte, error) {
-			return cs.RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", fmt.Sprint(*profileSeconds)).DoRaw(context.Background())
+			return cs.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", fmt.Sprint(*profileSeconds)).DoRaw(context.Background())
 		})
 	}
 	return func() {

@@ -37,28 +37,32 @@ func respellings(t *testing.T, tok string) map[string]string {
 	}
 }
 
-func TestGCETokenReplayedRespelled(t *testing.T) {
-	Attack(t, "a captured GCE token is presented a second time spelled differently (CR/LF inside a part, unused base64 bits)")
-	w := newGCEWorld(t)
-	tok := w.token(gcetest.DefaultInstance(), audience)
-	if _, err := w.authorize(tok); err != nil {
+// replayRespelled onboards with tok once, then presents each of its
+// respellings: every one must be refused Malformed.
+func replayRespelled(t *testing.T, tok string, authorize func(string) error) {
+	t.Helper()
+	if err := authorize(tok); err != nil {
 		t.Fatalf("first use: %v", err)
 	}
 	for name, again := range respellings(t, tok) {
-		_, err := w.authorize(again)
-		wantCode(t, name, err, codes.Unauthenticated, "Malformed")
+		wantCode(t, name, authorize(again), codes.Unauthenticated, "Malformed")
 	}
+}
+
+func TestGCETokenReplayedRespelled(t *testing.T) {
+	Attack(t, "a captured GCE token is presented a second time spelled differently (CR/LF inside a part, unused base64 bits)")
+	w := newGCEWorld(t)
+	replayRespelled(t, w.token(gcetest.DefaultInstance(), audience), func(tok string) error {
+		_, err := w.authorize(tok)
+		return err
+	})
 }
 
 func TestAzureTokenReplayedRespelled(t *testing.T) {
 	Attack(t, "a captured Azure token is presented a second time spelled differently (CR/LF inside a part, unused base64 bits)")
 	w := newAzureWorld(t)
-	tok := w.token(azuretest.DefaultVM(), audience)
-	if _, err := w.authorize(tok); err != nil {
-		t.Fatalf("first use: %v", err)
-	}
-	for name, again := range respellings(t, tok) {
-		_, err := w.authorize(again)
-		wantCode(t, name, err, codes.Unauthenticated, "Malformed")
-	}
+	replayRespelled(t, w.token(azuretest.DefaultVM(), audience), func(tok string) error {
+		_, err := w.authorize(tok)
+		return err
+	})
 }

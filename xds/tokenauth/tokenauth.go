@@ -159,21 +159,35 @@ func (a *Authenticator) Issued(raw string, audiences []string) {
 		return
 	}
 	claims, err := boundtoken.Decode(raw)
-	if err != nil {
+	if err != nil || claims.Kubernetes.Namespace == "" || claims.Kubernetes.ServiceAccount.Name == "" {
 		return
 	}
+	if c, err := a.credential(claims); err == nil {
+		a.store(sha256.Sum256([]byte(raw)), c)
+	}
+}
+
+// credential is what the claims of a token the API server issued or
+// accepted prove, to be cached for the review TTL: it must be bound to a
+// Secret and not expired.
+func (a *Authenticator) credential(claims *boundtoken.Claims) (*Credential, error) {
 	secret, uid, ok := claims.SecretRef()
-	exp, hasExp := claims.ExpiresAt()
-	now := a.now()
-	if !ok || secret == "" || uid == "" || !hasExp || !now.Before(exp) ||
-		claims.Kubernetes.Namespace == "" || claims.Kubernetes.ServiceAccount.Name == "" {
-		return
+	if !ok || secret == "" || uid == "" {
+		return nil, ErrNotBound
 	}
-	a.store(sha256.Sum256([]byte(raw)), &Credential{
+	exp, ok := claims.ExpiresAt()
+	if !ok {
+		return nil, fmt.Errorf("%w: the token has no expiry (exp)", ErrBadToken)
+	}
+	now := a.now()
+	if !now.Before(exp) {
+		return nil, fmt.Errorf("%w at %s", ErrExpiredToken, exp.UTC().Format(time.RFC3339))
+	}
+	return &Credential{
 		ServiceAccount: types.NamespacedName{Namespace: claims.Kubernetes.Namespace, Name: claims.Kubernetes.ServiceAccount.Name},
 		SecretName:     secret, SecretUID: uid, ID: claims.ID, Expires: exp,
 		expires: now.Add(a.ttl),
-	})
+	}, nil
 }
 
 // Authenticate reviews raw and returns what it proves.
@@ -223,22 +237,10 @@ func (a *Authenticator) Authenticate(ctx context.Context, raw string) (*Credenti
 	if ids := st.User.Extra[credentialIDKey]; len(ids) > 0 && claims.ID != "" && ids[0] != "JTI="+claims.ID {
 		return nil, fmt.Errorf("%w: credential id %s does not match the token's jti", ErrBadToken, ids[0])
 	}
-	secret, uid, ok := claims.SecretRef()
-	if !ok || secret == "" || uid == "" {
-		return nil, ErrNotBound
-	}
-	exp, ok := claims.ExpiresAt()
-	if !ok {
-		return nil, fmt.Errorf("%w: the token has no expiry (exp)", ErrBadToken)
-	}
-	now := a.now()
-	if !now.Before(exp) {
-		return nil, fmt.Errorf("%w at %s", ErrExpiredToken, exp.UTC().Format(time.RFC3339))
-	}
-	c := &Credential{
-		ServiceAccount: types.NamespacedName{Namespace: ns, Name: name},
-		SecretName:     secret, SecretUID: uid, ID: claims.ID, Expires: exp,
-		expires: now.Add(a.ttl),
+	// The claims name the review's service account (checked above).
+	c, err := a.credential(claims)
+	if err != nil {
+		return nil, err
 	}
 	a.store(key, c)
 	return c, nil
